@@ -1,0 +1,5 @@
+import sys
+
+from npusim.cli import main
+
+sys.exit(main())

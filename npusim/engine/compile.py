@@ -1,0 +1,157 @@
+"""Split a block program into one instruction stream per pipe, with costs.
+
+Instructions on one pipe run in program order; different pipes run in parallel.
+So a core's program becomes a stream per pipe (loops kept as loops), each entry
+a tuple the pipe process reads without looking anything up:
+
+    (kind, instr, cost, name, ...kind-specific fields)
+
+Fixed costs come from the config (never from constants here):
+- Mmad: ceil(m/m0) * ceil(n/n0) * ceil(k/k0) cycles (the dtype's fractal) + start-up
+- vector op: ceil(bytes / repeat bytes) repeats x the op's cycles per repeat + start-up
+  (bytes counted at the wider of the input and output dtype)
+- MTE1 (L1 -> L0A/L0B/BT) and FixPipe to L1/FB: start-up + bytes / rate
+- scalar: its cycles; PipeBarrier on one pipe: sync.pipe_barrier_cycles
+GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from npusim.hw import HwConfig
+from npusim.isa.program import (
+    Affine,
+    CORE_PIPES,
+    DTYPE_BYTES,
+    Copy,
+    CoreType,
+    CrossSetFlag,
+    CrossWaitFlag,
+    Loop,
+    Mem,
+    Mmad,
+    Pipe,
+    PipeBarrier,
+    Program,
+    Scalar,
+    SetFlag,
+    SyncAll,
+    VecOp,
+    WaitFlag,
+)
+
+# Stream entry kinds.
+FIXED, GM, SET, WAIT, BARRIER, SYNC_ALL, CROSS_SET, CROSS_WAIT, LOOP = range(9)
+
+
+def _div_up(a: int, b: float) -> int:
+    return math.ceil(a / b)
+
+
+def _fixed(instr, cost: int, name: str, flops: float = 0.0, mem: str | None = None, nbytes: int = 0):
+    return (FIXED, instr, cost, name, flops, mem, nbytes)
+
+
+def _copy(c: Copy, core: CoreType, hw: HwConfig) -> tuple:
+    pipe = c.pipe
+    name = f"{c.src.value}->{c.dst.value}"
+    if Mem.GM in (c.src, c.dst):
+        write = c.dst is Mem.GM
+        port = hw.aic if core is CoreType.AIC else hw.aiv
+        cap = port.gm_write_bytes_per_cycle if write else port.gm_read_bytes_per_cycle
+        startup = hw.dma.startup_cycles + c.segments * hw.dma.segment_cycles
+        if pipe is Pipe.FIX:
+            cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
+            startup += hw.aic.fixpipe_startup_cycles
+        gm_addr = c.dst_addr if write else c.src_addr
+        local = c.src if write else c.dst
+        return (GM, c, startup, name, write, cap, gm_addr, c.nbytes, c.segments,
+                c.stride(Mem.GM), local.value, block_step(gm_addr))
+    if pipe is Pipe.MTE1:
+        rate = hw.aic.mte1_l0a_bytes_per_cycle if c.dst is Mem.L0A else hw.aic.mte1_l0b_bytes_per_cycle
+        cost = hw.aic.mte1_startup_cycles + _div_up(c.total_bytes, rate)
+    else:  # FixPipe L0C -> L1 or L1 -> FB
+        cost = hw.aic.fixpipe_startup_cycles + _div_up(c.total_bytes, hw.aic.fixpipe_bytes_per_cycle)
+    return _fixed(c, cost, name, mem=c.dst.value, nbytes=c.total_bytes)
+
+
+def block_step(a) -> int:
+    """How far an address moves from one block to the next (0 if it does not)."""
+    return dict(a.terms).get("block", 0) if isinstance(a, Affine) else 0
+
+
+def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, tuple]]:
+    """The (pipe, stream entry) pairs one instruction contributes."""
+    cls = instr.__class__
+    if cls is Copy:
+        return [(instr.pipe, _copy(instr, core, hw))]
+    if cls is Mmad:
+        f = hw.aic.mmad_fractals[instr.dtype]
+        cost = hw.aic.mmad_startup_cycles + (
+            _div_up(instr.m, f.m0) * _div_up(instr.n, f.n0) * _div_up(instr.k, f.k0))
+        return [(Pipe.M, _fixed(instr, cost, "Mmad", flops=instr.flops))]
+    if cls is VecOp:
+        elem = max(DTYPE_BYTES[instr.dtype], DTYPE_BYTES[instr.out_dtype or instr.dtype])
+        repeats = _div_up(instr.n * elem, hw.aiv.vector_repeat_bytes)
+        cost = hw.aiv.vector_startup_cycles + math.ceil(repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
+        return [(Pipe.V, _fixed(instr, cost, instr.op, flops=instr.n * instr.flops_per_elem))]
+    if cls is Scalar:
+        return [(Pipe.S, _fixed(instr, instr.cycles, "Scalar"))]
+    if cls is SetFlag:
+        return [(instr.src, (SET, instr, 0, f"SetFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
+                             (instr.src, instr.dst, instr.id)))]
+    if cls is WaitFlag:
+        return [(instr.dst, (WAIT, instr, 0, f"WaitFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
+                             (instr.src, instr.dst, instr.id)))]
+    if cls is PipeBarrier:
+        if instr.pipe is not None:
+            return [(instr.pipe, _fixed(instr, hw.sync.pipe_barrier_cycles, "PipeBarrier"))]
+        entry = (BARRIER, instr, hw.sync.pipe_barrier_cycles, "PipeBarrier(ALL)")
+        return [(p, entry) for p in CORE_PIPES[core]]
+    if cls is SyncAll:
+        entry = (SYNC_ALL, instr, hw.sync.sync_all_cycles, "SyncAll")
+        return [(p, entry) for p in CORE_PIPES[core]]
+    if cls is CrossSetFlag:
+        return [(instr.pipe, (CROSS_SET, instr, 0, f"CrossSetFlag #{instr.id}", instr.id))]
+    if cls is CrossWaitFlag:
+        return [(instr.pipe, (CROSS_WAIT, instr, 0, f"CrossWaitFlag #{instr.id}", instr.id))]
+    raise TypeError(f"not an instruction: {instr!r}")
+
+
+def _split(body: tuple, core: CoreType, hw: HwConfig) -> dict[Pipe, list]:
+    streams: dict[Pipe, list] = {p: [] for p in CORE_PIPES[core]}
+    for item in body:
+        if item.__class__ is Loop:
+            for pipe, sub in _split(item.body, core, hw).items():
+                if sub:
+                    streams[pipe].append((LOOP, item, 0, item.var, item.count, tuple(sub)))
+        else:
+            for pipe, entry in lower(item, core, hw):
+                streams[pipe].append(entry)
+    return streams
+
+
+def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple], ...]:
+    """(pipe, stream) for every pipe of `core` that has work, in CORE_PIPES order."""
+    return tuple((p, tuple(s)) for p, s in _split(program.body, core, hw).items() if s)
+
+
+def walk(stream: tuple, vars: dict[str, int]):
+    """Yield the entries of a stream in execution order, setting loop variables in `vars`."""
+    for entry in stream:
+        if entry[0] == LOOP:
+            var, body = entry[3], entry[5]
+            for i in range(entry[4]):
+                vars[var] = i
+                yield from walk(body, vars)
+        else:
+            yield entry
+
+
+def count_instructions(stream: tuple) -> int:
+    """Instructions a stream executes, loops multiplied out (without walking them)."""
+    n = 0
+    for entry in stream:
+        n += entry[4] * count_instructions(entry[5]) if entry[0] == LOOP else 1
+    return n

@@ -1,0 +1,410 @@
+"""The device: AI cores running blocks, their pipes, flags and barriers.
+
+Each pipe of a core is a SimPy process that runs its stream in order. A pipe keeps
+its own clock `t` (never behind env.now) and only synchronises with simulated time
+when it touches something shared: a GM transfer (bandwidth and L2 depend on what
+else is in flight at that moment) or an empty flag it must wait for. Fixed-cost
+instructions just advance `t`, so a run costs events at transfer and
+synchronisation boundaries, not per instruction. This is exact, not an
+approximation: flags are FIFO per (src pipe, dst pipe, id), so the k-th WaitFlag
+always takes the k-th SetFlag, whenever Python happens to process them.
+
+Blocks go onto free cores of the right type (lowest free id first), in waves when
+block_dim exceeds the cores; kernels are served in the order they reached the
+device, and a later kernel may use cores an earlier one leaves free.
+
+Identical blocks that start together are simulated once (a *group*): blocks of
+one kernel share one program, and when every GM address moves from block to
+block by whole bursts, their costs are the same, so one representative runs
+with weight w: its transfers count as w flows in the fair share, each member's
+addresses go through the L2, and its counters are multiplied by w.
+# assumption: members of a group share their L2 hits equally; exact when they
+# hit alike (streaming, or all-resident data), an average otherwise.
+Grouping can be turned off (Device(dedup=False)); tests check both give the
+same results.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+
+import simpy
+from attrs import frozen
+
+from npusim.engine.compile import (
+    BARRIER,
+    CROSS_SET,
+    CROSS_WAIT,
+    FIXED,
+    GM,
+    SET,
+    SYNC_ALL,
+    WAIT,
+    compile_program,
+    count_instructions,
+    walk,
+)
+from npusim.engine.compile import LOOP
+from npusim.engine.memory import MemorySystem
+from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
+from npusim.hw import HwConfig
+from npusim.isa.program import CoreType, Kernel, at
+
+
+@frozen
+class KernelRecord:
+    """One kernel as it ran: when (cycles) and what it did."""
+
+    id: int
+    name: str
+    op_type: str
+    core_type: str
+    block_dim: int
+    stream: int
+    start: float
+    end: float
+    stats: KernelStats
+
+    @property
+    def cycles(self) -> float:
+        return self.end - self.start
+
+
+class _CoreRun:
+    """One core executing its program for one block - or for a group of w identical
+    blocks on w cores, as their representative."""
+
+    __slots__ = ("name", "names", "kind", "vars", "streams", "flags", "waiters", "bar_n", "bar_t", "bar_ev",
+                 "block", "offsets")
+
+    def __init__(self, names: list[str], kind: CoreType, vars: dict, streams: tuple, block, offsets: list[int]):
+        self.name, self.names, self.kind, self.vars, self.streams = names[0], names, kind, vars, streams
+        self.offsets = offsets  # block index of each member minus the representative's
+        self.flags: dict = defaultdict(deque)  # key -> cycles at which each pending set is visible
+        self.waiters: dict = {}  # key -> event of the pipe blocked on that key
+        self.bar_n, self.bar_t, self.bar_ev = 0, 0.0, None
+        self.block = block
+
+    @property
+    def weight(self) -> int:
+        return len(self.names)
+
+
+class _BlockRun:
+    __slots__ = ("index", "aic", "aivs")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.aic: _CoreRun | None = None
+        self.aivs: list[_CoreRun] = []
+
+
+class _KernelRun:
+    def __init__(self, kid: int, kernel: Kernel, stream: int, env: simpy.Environment):
+        self.id = kid
+        self.kernel = kernel
+        self.stream = stream
+        self.acc = StatsAccumulator()
+        self.next_block = 0
+        self.blocks_done = 0
+        self.done = env.event()
+        self.start = env.now
+        self.sync_n, self.sync_t, self.sync_ev = 0, 0.0, env.event()
+        self.sync_parties = 0
+
+
+class Device:
+    def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True):
+        self.env = env
+        self.hw = hw
+        self.tracer = tracer
+        self.memory = MemorySystem(env, hw, record=True)
+        self.free = {CoreType.AIC: list(range(hw.chip.aic_count)), CoreType.AIV: list(range(hw.aiv_count))}
+        self.pending: list[_KernelRun] = []  # kernels with blocks still to dispatch, in arrival order
+        self.blocked: dict[tuple[str, str], str] = {}  # (core, pipe) -> what it waits for
+        self.records: list[KernelRecord] = []
+        self._compiled: dict = {}
+        self._groupable: dict = {}
+        self._next_id = 0
+        self.dedup = dedup
+
+    # ---------------------------------------------------------------- kernels
+
+    def run_kernel(self, kernel: Kernel, stream: int = 0) -> simpy.Event:
+        """Start a kernel now; the returned event fires with its KernelRecord when it ends."""
+        kr = _KernelRun(self._next_id, kernel, stream, self.env)
+        self._next_id += 1
+        kr.sync_parties = sum(self._parties(kernel, b) for b in range(kernel.block_dim))
+        self.pending.append(kr)
+        self._dispatch()
+        return kr.done
+
+    def _streams(self, kernel: Kernel, kind: CoreType, block: int) -> tuple:
+        program = kernel.program(kind, block)
+        key = (id(program), kind)
+        hit = self._compiled.get(key)
+        if hit is None or hit[0] is not program:
+            hit = self._compiled[key] = (program, compile_program(program, kind, self.hw))
+        return hit[1]
+
+    def _parties(self, kernel: Kernel, block: int) -> int:
+        """Pipe processes of one block (they all meet at a SyncAll)."""
+        n = 0
+        if kernel.core_type in (CoreType.AIC, CoreType.MIX):
+            n += len(self._streams(kernel, CoreType.AIC, block))
+        if kernel.core_type is CoreType.AIV:
+            n += len(self._streams(kernel, CoreType.AIV, block))
+        if kernel.core_type is CoreType.MIX:
+            n += self.hw.chip.aiv_per_aic * len(self._streams(kernel, CoreType.AIV, block))
+        return n
+
+    def _take_cores(self, core_type: CoreType) -> tuple[int | None, list[int]]:
+        """Free cores for one block of `core_type` (AIC id, AIV ids), or None if none fit."""
+        per = self.hw.chip.aiv_per_aic
+        if core_type is CoreType.AIC:
+            return (heapq.heappop(self.free[CoreType.AIC]), []) if self.free[CoreType.AIC] else None
+        if core_type is CoreType.AIV:
+            return (None, [heapq.heappop(self.free[CoreType.AIV])]) if self.free[CoreType.AIV] else None
+        # MIX: an AIC together with its own AIVs (the ones wired to it).
+        free_aiv = set(self.free[CoreType.AIV])
+        for c in sorted(self.free[CoreType.AIC]):
+            aivs = [c * per + s for s in range(per)]
+            if all(v in free_aiv for v in aivs):
+                self.free[CoreType.AIC].remove(c)
+                heapq.heapify(self.free[CoreType.AIC])
+                for v in aivs:
+                    self.free[CoreType.AIV].remove(v)
+                heapq.heapify(self.free[CoreType.AIV])
+                return c, aivs
+        return None
+
+    def _can_group(self, kernel: Kernel) -> bool:
+        """Blocks of `kernel` cost the same wherever they run: one shared program per
+        core kind, and GM addresses that move between blocks by whole bursts."""
+        hit = self._groupable.get(id(kernel))
+        if hit is None or hit[0] is not kernel:
+            ok = self.dedup and len(kernel.aic) <= 1 and len(kernel.aiv) <= 1
+            burst = self.hw.dma.burst_bytes
+            kinds = [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
+            for kind in kinds if ok else ():
+                for _, stream in self._streams(kernel, kind, 0):
+                    ok = ok and all(e[11] % burst == 0 for e in _gm_entries(stream))
+            hit = self._groupable[id(kernel)] = (kernel, ok)
+        return hit[1]
+
+    def _dispatch(self) -> None:
+        for kr in list(self.pending):
+            k = kr.kernel
+            group = self._can_group(k)
+            while kr.next_block < k.block_dim:
+                taken = []
+                while kr.next_block + len(taken) < k.block_dim:
+                    cores = self._take_cores(k.core_type)
+                    if cores is None:
+                        break
+                    taken.append(cores)
+                    if not group:
+                        break
+                if not taken:
+                    break
+                self.env.process(self._block(kr, list(range(kr.next_block, kr.next_block + len(taken))), taken))
+                kr.next_block += len(taken)
+            if kr.next_block == k.block_dim:
+                self.pending.remove(kr)
+
+    # ---------------------------------------------------------------- blocks
+
+    def _block(self, kr: _KernelRun, blocks: list[int], cores: list[tuple[int | None, list[int]]]):
+        """Run one block, or a group of identical blocks (one per entry of `cores`)."""
+        env, k = self.env, kr.kernel
+        yield env.timeout(self.hw.runtime.block_start_cycles)
+        start = env.now
+        b0 = blocks[0]
+        offsets = [b - b0 for b in blocks]
+        blk = _BlockRun(b0)
+        runs: list[_CoreRun] = []
+        if cores[0][0] is not None:
+            blk.aic = _CoreRun([f"AIC{aic}" for aic, _ in cores], CoreType.AIC, {"block": b0, "sub": 0},
+                               self._streams(k, CoreType.AIC, b0), blk, offsets)
+            runs.append(blk.aic)
+        for s in range(len(cores[0][1])):
+            blk.aivs.append(_CoreRun([f"AIV{aivs[s]}" for _, aivs in cores], CoreType.AIV, {"block": b0, "sub": s},
+                                     self._streams(k, CoreType.AIV, b0), blk, offsets))
+        runs += blk.aivs
+        procs = [env.process(self._pipe(kr, cr, pipe, stream)) for cr in runs for pipe, stream in cr.streams]
+        if procs:
+            yield env.all_of(procs)
+        end = max([p.value for p in procs], default=env.now)
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        for cr in runs:
+            kr.acc.core_cycles[cr.kind.value] += (end - start) * cr.weight
+            kr.acc.instructions += sum(count_instructions(s) for _, s in cr.streams) * cr.weight
+            if self.tracer.block:
+                for name, b in zip(cr.names, blocks):
+                    self.tracer.block_spans.append((name, k.name, b, start, end, kr.id))
+        for aic, aivs in cores:
+            if aic is not None:
+                heapq.heappush(self.free[CoreType.AIC], aic)
+            for v in aivs:
+                heapq.heappush(self.free[CoreType.AIV], v)
+        kr.blocks_done += len(blocks)
+        if kr.blocks_done == k.block_dim:
+            rec = KernelRecord(kr.id, k.name, k.op_type or k.name, k.core_type.value, k.block_dim, kr.stream,
+                               kr.start, env.now, kr.acc.freeze(env.now - kr.start))
+            self.records.append(rec)
+            kr.done.succeed(rec)
+        self._dispatch()
+
+    # ---------------------------------------------------------------- pipes
+
+    def _wait(self, cr: _CoreRun, key, pipe_name: str, what: str):
+        """Take the oldest pending set of `key` on core `cr`, blocking until there is one.
+        Returns the cycle at which that set became visible."""
+        q = cr.flags[key]
+        if not q:
+            ev = cr.waiters[key] = self.env.event()
+            self.blocked[(cr.name, pipe_name)] = what
+            yield ev
+            del self.blocked[(cr.name, pipe_name)]
+        return q.popleft()
+
+    @staticmethod
+    def _post(cr: _CoreRun, key, visible_at: float) -> None:
+        cr.flags[key].append(visible_at)
+        ev = cr.waiters.pop(key, None)
+        if ev is not None:
+            ev.succeed()
+
+    def _pipe(self, kr: _KernelRun, cr: _CoreRun, pipe, stream: tuple):
+        env, hw, mem, acc = self.env, self.hw, self.memory, kr.acc
+        vars = dict(cr.vars)  # each pipe walks its own loops
+        intervals = self.tracer.intervals if self.tracer.instr else None
+        pipe_name, kid = pipe.value, kr.id
+        names, offsets, w = cr.names, cr.offsets, cr.weight
+        flag_latency = hw.sync.flag_latency_cycles
+        cross_latency = hw.sync.cross_core_flag_latency_cycles
+        t = env.now
+        busy = waited = flops = 0.0
+        local_bytes = acc.local_bytes
+
+        for entry in walk(stream, vars):
+            kind = entry[0]
+            if kind == FIXED:
+                cost = entry[2]
+                if intervals is not None:
+                    for name in names:
+                        intervals.append((name, pipe_name, entry[3], t, t + cost, kid))
+                t += cost
+                busy += cost
+                flops += entry[4]
+                if entry[5] is not None:
+                    local_bytes[entry[5]] += entry[6] * w
+            elif kind == GM:
+                _, instr, startup, name, write, cap, gm_addr, nbytes, segments, stride, local, step = entry
+                a = at(gm_addr, vars)
+                issue = t
+                t += startup
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                done = env.event()
+                st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
+                                  done.succeed)
+                yield done
+                t = env.now
+                busy += t - issue
+                if intervals is not None:
+                    for nm in names:
+                        intervals.append((nm, pipe_name, name, issue, t, kid))
+                if write:
+                    acc.gm_write_bytes += st.moved
+                else:
+                    acc.gm_read_bytes += st.moved
+                    local_bytes[local] += nbytes * segments * w
+                acc.hbm_read_bytes += st.hbm_read
+                acc.hbm_write_bytes += st.hbm_write
+                acc.l2_hit_bytes += st.hit_bytes
+                acc.l2_miss_bytes += st.miss_bytes
+                acc.wasted_burst_bytes += st.wasted
+                acc.misaligned_segments += st.misaligned
+                acc.dma_segments += segments * w
+            elif kind == SET:
+                self._post(cr, entry[4], t + flag_latency)
+            elif kind == WAIT:
+                visible = yield from self._wait(cr, entry[4], pipe_name, entry[3])
+                if visible > t:
+                    if intervals is not None:
+                        for name in names:
+                            intervals.append((name, pipe_name, entry[3], t, visible, kid))
+                    waited += visible - t
+                    t = visible
+            elif kind == BARRIER:
+                t, w = yield from self._barrier(cr, t, entry[2], pipe_name)
+                waited += w
+            elif kind == SYNC_ALL:
+                t, w = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
+                waited += w
+            elif kind == CROSS_SET:
+                blk = cr.block
+                targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
+                for other in targets:
+                    self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry[4]),
+                               t + cross_latency)
+            elif kind == CROSS_WAIT:
+                blk = cr.block
+                sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
+                visible = t
+                for s in sources:
+                    v = yield from self._wait(cr, ("cross", s, entry[4]), pipe_name, entry[3])
+                    visible = max(visible, v)
+                waited += visible - t
+                t = visible
+
+        acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += busy * w
+        acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += waited * w
+        acc.flops += flops * w
+        return t
+
+    def _barrier(self, cr: _CoreRun, t: float, cost: int, pipe_name: str):
+        """PipeBarrier(ALL): every pipe of the core meets here; returns (new t, cycles waited)."""
+        if cr.bar_ev is None:
+            cr.bar_ev = self.env.event()
+        cr.bar_n += 1
+        cr.bar_t = max(cr.bar_t, t)
+        ev = cr.bar_ev
+        if cr.bar_n == len(cr.streams):
+            release = cr.bar_t + cost
+            cr.bar_n, cr.bar_t, cr.bar_ev = 0, 0.0, None
+            ev.succeed(release)
+        else:
+            self.blocked[(cr.name, pipe_name)] = "PipeBarrier(ALL)"
+            yield ev
+            del self.blocked[(cr.name, pipe_name)]
+        release = ev.value
+        return release, release - cost - t
+
+    def _sync_all(self, kr: _KernelRun, cr: _CoreRun, t: float, cost: int, pipe_name: str):
+        """SyncAll: every pipe of every core of the kernel meets here."""
+        kr.sync_n += cr.weight
+        kr.sync_t = max(kr.sync_t, t)
+        ev = kr.sync_ev
+        if kr.sync_n == kr.sync_parties:
+            release = kr.sync_t + cost
+            kr.sync_n, kr.sync_t, kr.sync_ev = 0, 0.0, self.env.event()
+            ev.succeed(release)
+        else:
+            self.blocked[(cr.name, pipe_name)] = f"SyncAll of kernel '{kr.kernel.name}'"
+            yield ev
+            del self.blocked[(cr.name, pipe_name)]
+        release = ev.value
+        return release, release - cost - t
+
+
+def _gm_entries(stream: tuple):
+    """Every GM transfer entry of a stream, loops included (each once)."""
+    for e in stream:
+        if e[0] == LOOP:
+            yield from _gm_entries(e[5])
+        elif e[0] == GM:
+            yield e

@@ -1,0 +1,210 @@
+"""The host and its streams.
+
+A host program is a list of calls, executed in order by one host thread:
+- Launch(kernel, stream, mode): the host spends the launch cost (eager or graph
+  mode), then the kernel joins the stream's FIFO;
+- Memcpy(nbytes, direction, stream): queued on the stream; moves over the PCIe
+  link (one link per direction) after its start-up latency;
+- RecordEvent(name, stream) / WaitEvent(name, stream): queued on the stream; a
+  stream reaching WaitEvent blocks until the latest RecordEvent of that name issued
+  before it has been reached by its own stream (or, if none was issued yet, the
+  first one issued later) - like aclrtStreamWaitEvent;
+- Synchronize(stream): the host blocks until that stream (None: every stream) has
+  drained; the blocked time is host wait;
+- HostWork(us): host-side compute (framework, sampling on the CPU).
+
+A stream runs its queue in order; a kernel at its head pays kernel_start_cycles,
+then its blocks go to the device. Kernels of different streams overlap when cores
+are free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import simpy
+from attrs import frozen
+
+from npusim.engine.device import Device
+from npusim.engine.flows import Link
+from npusim.isa.program import Kernel
+
+LAUNCH_MODES = ("eager", "graph")
+
+
+@frozen
+class Launch:
+    kernel: Kernel
+    stream: int = 0
+    mode: str = "eager"
+
+
+@frozen
+class Memcpy:
+    nbytes: int
+    direction: str = "h2d"  # or "d2h"
+    stream: int = 0
+
+
+@frozen
+class RecordEvent:
+    name: str
+    stream: int = 0
+
+
+@frozen
+class WaitEvent:
+    name: str
+    stream: int = 0
+
+
+@frozen
+class Synchronize:
+    stream: int | None = None
+
+
+@frozen
+class HostWork:
+    us: float
+    name: str = "host work"
+
+
+HostCall = Union[Launch, Memcpy, RecordEvent, WaitEvent, Synchronize, HostWork]
+
+
+class _Stream:
+    def __init__(self, env: simpy.Environment, index: int):
+        self.index = index
+        self.queue = simpy.Store(env)
+        self.outstanding = 0
+        self.drained = env.event()
+        self.drained.succeed()
+
+
+class _Event:
+    """One named event: its record instances, in the order the host issued them."""
+
+    def __init__(self):
+        self.records: list[simpy.Event] = []
+        self.first: simpy.Event | None = None  # for a wait issued before any record
+
+
+class Host:
+    def __init__(self, env: simpy.Environment, device: Device):
+        self.env = env
+        self.device = device
+        hw = device.hw
+        self.hw = hw
+        self.streams: dict[int, _Stream] = {}
+        self.events: dict[str, _Event] = {}
+        self.pcie = {d: Link(env, f"PCIe {d}", hw.pcie_bytes_per_cycle) for d in ("h2d", "d2h")}
+        self.launch_cycles = 0.0
+        self.wait_cycles = 0.0
+        self.done = False
+        self.kernel_streams: dict[int, int] = {}
+
+    def cycles(self, us: float) -> int:
+        """Host costs are configured in µs; the engine counts whole cycles."""
+        return math.ceil(self.hw.cycles(us * 1e-6))
+
+    def _stream(self, index: int) -> _Stream:
+        s = self.streams.get(index)
+        if s is None:
+            s = self.streams[index] = _Stream(self.env, index)
+            self.env.process(self._run_stream(s))
+        return s
+
+    def _span(self, track: str, name: str, start: float, end: float) -> None:
+        self.device.tracer.host_spans.append((track, name, start, end))
+
+    # ---------------------------------------------------------------- the host thread
+
+    def run(self, calls: list[HostCall]):
+        env, rt = self.env, self.hw.runtime
+        for call in calls:
+            start = env.now
+            cls = call.__class__
+            if cls is Launch:
+                if call.mode not in LAUNCH_MODES:
+                    raise ValueError(f"Launch of '{call.kernel.name}': mode must be one of {LAUNCH_MODES}")
+                cost = self.cycles(rt.eager_launch_us if call.mode == "eager" else rt.graph_launch_us)
+                yield env.timeout(cost)
+                self.launch_cycles += cost
+                self._span("host", f"launch {call.kernel.name}", start, env.now)
+                self._enqueue(call.stream, call)
+            elif cls is Synchronize:
+                yield env.timeout(self.cycles(rt.synchronize_us))
+                targets = list(self.streams.values()) if call.stream is None else [self._stream(call.stream)]
+                wait_from = env.now
+                for s in targets:
+                    if not s.drained.triggered:
+                        self.device.blocked[("host", "synchronize")] = f"synchronize on stream {s.index}"
+                        yield s.drained
+                        del self.device.blocked[("host", "synchronize")]
+                self.wait_cycles += env.now - wait_from
+                self._span("host", "synchronize", start, env.now)
+            elif cls is HostWork:
+                yield env.timeout(self.cycles(call.us))
+                self._span("host", call.name, start, env.now)
+            else:  # Memcpy, RecordEvent, WaitEvent: an API call, then queued on the stream
+                yield env.timeout(self.cycles(rt.event_us))
+                self._span("host", call.__class__.__name__, start, env.now)
+                if cls is RecordEvent:
+                    ev = self.events.setdefault(call.name, _Event())
+                    instance = env.event()
+                    if ev.first is not None and not ev.records:
+                        instance = ev.first
+                    ev.records.append(instance)
+                    call = (call, instance)
+                elif cls is WaitEvent:
+                    ev = self.events.setdefault(call.name, _Event())
+                    if ev.records:
+                        target = ev.records[-1]
+                    else:
+                        ev.first = ev.first or env.event()
+                        target = ev.first
+                    call = (call, target)
+                self._enqueue(call[0].stream if isinstance(call, tuple) else call.stream, call)
+        self.done = True
+
+    def _enqueue(self, stream: int, item) -> None:
+        s = self._stream(stream)
+        if s.outstanding == 0:
+            s.drained = self.env.event()
+        s.outstanding += 1
+        s.queue.put(item)
+
+    # ---------------------------------------------------------------- streams
+
+    def _run_stream(self, s: _Stream):
+        env, rt = self.env, self.hw.runtime
+        track = f"stream {s.index}"
+        while True:
+            item = yield s.queue.get()
+            start = env.now
+            if isinstance(item, Launch):
+                yield env.timeout(rt.kernel_start_cycles)
+                rec = yield self.device.run_kernel(item.kernel, s.index)
+                self._span(track, item.kernel.name, start, env.now)
+            elif isinstance(item, Memcpy):
+                yield env.timeout(self.cycles(rt.memcpy_startup_us))
+                done = env.event()
+                self.pcie[item.direction].add(item.nbytes, math.inf, done.succeed)
+                yield done
+                self._span(track, f"memcpy {item.direction}", start, env.now)
+            else:
+                call, target = item
+                if isinstance(call, RecordEvent):
+                    if not target.triggered:
+                        target.succeed(env.now)
+                    self._span(track, f"record {call.name}", start, env.now)
+                else:
+                    if not target.triggered:
+                        self.device.blocked[(track, "wait")] = f"WaitEvent '{call.name}'"
+                        yield target
+                        del self.device.blocked[(track, "wait")]
+                    self._span(track, f"wait {call.name}", start, env.now)
+            s.outstanding -= 1
+            if s.outstanding == 0:
+                s.drained.succeed()

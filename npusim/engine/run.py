@@ -1,0 +1,97 @@
+"""Run a host program (or one kernel) on a simulated device: the engine's entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import simpy
+from attrs import frozen
+
+from npusim.engine.device import Device, KernelRecord
+from npusim.engine.host import Host, HostCall, Launch, Synchronize
+from npusim.engine.stats import KernelStats, Tracer
+from npusim.errors import DeadlockError
+from npusim.hw import HwConfig
+from npusim.isa.program import Kernel
+from npusim.isa.verify import verify
+
+# How many blocked waiters a deadlock message lists before "and N more".
+_DEADLOCK_SHOWN = 4
+
+
+@frozen
+class Trace:
+    """What a run recorded (cycles). intervals: (core, pipe, name, start, end, kernel id);
+    block_spans: (core, kernel, block, start, end, kernel id); host_spans: (track, name,
+    start, end); counters: link name -> ((cycle, bytes per cycle in use), ...)."""
+
+    level: str
+    intervals: tuple
+    block_spans: tuple
+    host_spans: tuple
+    counters: dict
+
+
+@frozen
+class RunResult:
+    hw: HwConfig
+    cycles: float
+    kernels: tuple[KernelRecord, ...]
+    host_launch_cycles: float
+    host_wait_cycles: float
+    trace: Trace
+
+    @property
+    def us(self) -> float:
+        return self.hw.us(self.cycles)
+
+    @property
+    def stats(self) -> KernelStats:
+        return sum((k.stats for k in self.kernels), KernelStats())
+
+    @property
+    def hbm_bw_bytes_per_s(self) -> float:
+        """Achieved HBM bandwidth (read + write) over the whole run."""
+        s = self.stats
+        return (s.hbm_read_bytes + s.hbm_write_bytes) / (self.us * 1e-6) if self.cycles else 0.0
+
+
+def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr") -> RunResult:
+    """Execute host calls (launches, memcpys, events, synchronizes) and return what happened."""
+    calls = list(calls)
+    checked = set()
+    for c in calls:
+        if isinstance(c, Launch) and id(c.kernel) not in checked:
+            verify(c.kernel, hw)
+            checked.add(id(c.kernel))
+    env = simpy.Environment()
+    tracer = Tracer(trace)
+    device = Device(env, hw, tracer)
+    host = Host(env, device)
+    env.process(host.run(calls))
+    env.run()
+    stuck = dict(device.blocked)
+    if not host.done or stuck or any(s.outstanding for s in host.streams.values()):
+        raise DeadlockError(_deadlock_message(stuck, env.now))
+    counters = {link.name: tuple(link.samples) for link in
+                (device.memory.hbm, device.memory.l2_link, *host.pcie.values())}
+    return RunResult(
+        hw=hw,
+        cycles=env.now,
+        kernels=tuple(sorted(device.records, key=lambda r: r.id)),
+        host_launch_cycles=host.launch_cycles,
+        host_wait_cycles=host.wait_cycles,
+        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
+    )
+
+
+def _deadlock_message(stuck: dict, now: float) -> str:
+    items = sorted(stuck.items())
+    shown = "; ".join(f"{core} {pipe} waits on {what}" for (core, pipe), what in items[:_DEADLOCK_SHOWN])
+    more = f" (and {len(items) - _DEADLOCK_SHOWN} more)" if len(items) > _DEADLOCK_SHOWN else ""
+    return f"deadlock at cycle {now:.0f}: {shown or 'work left that nothing will start'}{more}"
+
+
+def simulate(kernel: Kernel, hw: HwConfig, trace: str = "instr", mode: str = "eager") -> RunResult:
+    """One kernel: launch it on stream 0 and synchronize."""
+    return run([Launch(kernel, 0, mode), Synchronize()], hw, trace)

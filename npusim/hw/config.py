@@ -1,0 +1,157 @@
+"""The hardware config: frozen records that nest like the chip.
+
+Every field carries its unit in its name and a help text; the YAML files in
+hwconfigs/ give each value a source comment or mark it "assumed". Internal units
+are cycles and bytes; the few host-side costs are in microseconds because that is
+how they are measured (they are converted to cycles where they are used).
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen, validators
+
+_positive = validators.gt(0)
+_non_negative = validators.ge(0)
+
+
+def _pos(help: str):
+    return field(validator=_positive, metadata={"help": help})
+
+
+def _nonneg(help: str):
+    return field(validator=_non_negative, metadata={"help": help})
+
+
+def _fraction(help: str):
+    return field(validator=[_positive, validators.le(1)], metadata={"help": help})
+
+
+@frozen
+class Chip:
+    freq_hz: float = _pos("core clock; one simulated cycle is 1/freq_hz seconds")
+    aic_count: int = _pos("cube cores (AIC) on the die")
+    aiv_per_aic: int = _pos("vector cores (AIV) per cube core; a MIX block takes 1 AIC + this many AIV")
+
+
+@frozen
+class Fractal:
+    """The cube's base block for one input dtype: one Mmad cycle computes m0 x n0 x k0 MACs."""
+
+    m0: int = _pos("rows of A per fractal")
+    n0: int = _pos("columns of B per fractal")
+    k0: int = _pos("reduction depth per fractal")
+
+
+@frozen
+class CubeCore:
+    """One AIC: pipes MTE2, MTE1, M, FIX, MTE3, S and buffers L1, L0A, L0B, L0C, BT, FB."""
+
+    l1_bytes: int = _pos("L1 buffer")
+    l0a_bytes: int = _pos("L0A buffer (left matrix)")
+    l0b_bytes: int = _pos("L0B buffer (right matrix)")
+    l0c_bytes: int = _pos("L0C buffer (accumulator)")
+    bt_bytes: int = _pos("BT buffer (bias table)")
+    fb_bytes: int = _pos("FB buffer (fixpipe parameters)")
+    mmad_fractals: dict[str, Fractal] = field(metadata={"help": "cube base block per input dtype"})
+    mmad_startup_cycles: int = _nonneg("fixed cost of one Mmad instruction before its fractals")
+    mte1_l0a_bytes_per_cycle: int = _pos("MTE1 rate L1 -> L0A")
+    mte1_l0b_bytes_per_cycle: int = _pos("MTE1 rate L1 -> L0B (also used for L1 -> BT)")
+    mte1_startup_cycles: int = _nonneg("fixed cost of one MTE1 copy")
+    fixpipe_bytes_per_cycle: int = _pos("FixPipe rate out of L0C (to L1, and cap of its GM port)")
+    fixpipe_startup_cycles: int = _nonneg("fixed cost of one FixPipe copy")
+    gm_read_bytes_per_cycle: float = _pos("port cap of this core's reads from GM/L2 (MTE2)")
+    gm_write_bytes_per_cycle: float = _pos("port cap of this core's writes to GM/L2 (MTE3, FIX)")
+
+
+@frozen
+class VectorCore:
+    """One AIV: pipes MTE2, V, MTE3, S and the unified buffer UB."""
+
+    ub_bytes: int = _pos("unified buffer")
+    vector_repeat_bytes: int = _pos("bytes one vector repeat processes (128 fp16 lanes)")
+    vector_startup_cycles: int = _nonneg("fixed cost of one vector instruction")
+    vector_cycles_per_repeat: dict[str, float] = field(
+        metadata={"help": "cycles per 256-byte repeat, per op kind (its cost factor)"}
+    )
+    gm_read_bytes_per_cycle: float = _pos("port cap of this core's reads from GM/L2 (MTE2)")
+    gm_write_bytes_per_cycle: float = _pos("port cap of this core's writes UB -> GM (MTE3)")
+
+
+@frozen
+class Sync:
+    flag_ids: int = _pos("event ids per (src pipe, dst pipe) pair for SetFlag/WaitFlag")
+    flag_latency_cycles: int = _nonneg("from SetFlag on one pipe to the waiting pipe seeing it")
+    pipe_barrier_cycles: int = _nonneg("cost of PipeBarrier once the pipes have drained")
+    sync_all_cycles: int = _nonneg("cost of SyncAll once every core has arrived")
+    cross_core_flag_latency_cycles: int = _nonneg("AIC <-> AIV flag latency in MIX kernels (through GM)")
+
+
+@frozen
+class L2:
+    l2_bytes: int = _pos("capacity of the shared memory-side cache")
+    line_bytes: int = _pos("cache line; hits, misses and write-backs are counted per line")
+    bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
+
+
+@frozen
+class Hbm:
+    hbm_bytes: int = _pos("device memory capacity")
+    peak_bw_bytes_per_s: float = _pos("HBM peak bandwidth, read + write together")
+    bw_efficiency: float = _fraction("fraction of the peak that streaming traffic sustains")
+
+
+@frozen
+class Dma:
+    burst_bytes: int = _pos("GM traffic moves in aligned bursts of this size (the 64-byte rule)")
+    startup_cycles: int = _nonneg("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
+    segment_cycles: int = _nonneg("extra fixed cost per segment of a strided transfer")
+
+
+@frozen
+class Runtime:
+    eager_launch_us: float = _nonneg("host time to launch one kernel op by op (eager mode)")
+    graph_launch_us: float = _nonneg("host time per kernel when replaying a captured graph")
+    kernel_start_cycles: int = _nonneg("device-side cost from a kernel reaching the head of its stream to its first block")
+    block_start_cycles: int = _nonneg("device-side cost to start one block on a free core")
+    synchronize_us: float = _nonneg("host cost of one synchronize call, on top of the wait")
+    event_us: float = _nonneg("host cost of one event record or stream-wait call")
+    pcie_bw_bytes_per_s: float = _pos("host <-> device memcpy bandwidth")
+    memcpy_startup_us: float = _nonneg("fixed latency of one host <-> device memcpy")
+
+
+@frozen
+class HwConfig:
+    name: str = field(metadata={"help": "config name, as in hwconfigs/NAME.yaml"})
+    chip: Chip
+    aic: CubeCore
+    aiv: VectorCore
+    sync: Sync
+    l2: L2
+    hbm: Hbm
+    dma: Dma
+    runtime: Runtime
+
+    # ---- derived figures (cycles and bytes, the engine's units) ----
+
+    @property
+    def aiv_count(self) -> int:
+        return self.chip.aic_count * self.chip.aiv_per_aic
+
+    def cycles(self, seconds: float) -> float:
+        return seconds * self.chip.freq_hz
+
+    def us(self, cycles: float) -> float:
+        return cycles / self.chip.freq_hz * 1e6
+
+    @property
+    def hbm_bytes_per_cycle(self) -> float:
+        """Sustained HBM bandwidth in bytes per cycle (peak x efficiency)."""
+        return self.hbm.peak_bw_bytes_per_s * self.hbm.bw_efficiency / self.chip.freq_hz
+
+    @property
+    def l2_bytes_per_cycle(self) -> float:
+        return self.l2.bw_bytes_per_s / self.chip.freq_hz
+
+    @property
+    def pcie_bytes_per_cycle(self) -> float:
+        return self.runtime.pcie_bw_bytes_per_s / self.chip.freq_hz

@@ -1,0 +1,313 @@
+"""The lowered-program IR: frozen instruction records for the pipes of an AI core.
+
+A block program is what one core runs: a body of instructions and first-class
+loops, plus the local buffers it declares. Addresses are plain ints or `Affine`
+expressions of the loop variables and of the reserved variables `block` (block
+index) and `sub` (AIV index inside a MIX block), so one small program describes
+every block and every iteration (Ascend C's `xGm[blockIdx * len + i * tile]`).
+
+Pipes: MTE2 (GM -> L1/L0A/L0B/UB), MTE1 (L1 -> L0A/L0B/BT), M (cube), FIX
+(L0C -> GM/L1, L1 -> FB), MTE3 (UB/L1 -> GM), V (vector), S (scalar).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+from attrs import field, frozen
+
+
+class Pipe(enum.Enum):
+    MTE2 = "MTE2"
+    MTE1 = "MTE1"
+    MTE3 = "MTE3"
+    FIX = "FIX"
+    M = "M"
+    V = "V"
+    S = "S"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+class Mem(enum.Enum):
+    GM = "GM"
+    L1 = "L1"
+    L0A = "L0A"
+    L0B = "L0B"
+    L0C = "L0C"
+    UB = "UB"
+    BT = "BT"
+    FB = "FB"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+class CoreType(enum.Enum):
+    AIC = "AIC"
+    AIV = "AIV"
+    MIX = "MIX"  # one AIC and aiv_per_aic AIVs per block
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+# Which pipes and local buffers each physical core has.
+CORE_PIPES = {
+    CoreType.AIC: (Pipe.MTE2, Pipe.MTE1, Pipe.M, Pipe.FIX, Pipe.MTE3, Pipe.S),
+    CoreType.AIV: (Pipe.MTE2, Pipe.V, Pipe.MTE3, Pipe.S),
+}
+CORE_MEMS = {
+    CoreType.AIC: (Mem.L1, Mem.L0A, Mem.L0B, Mem.L0C, Mem.BT, Mem.FB),
+    CoreType.AIV: (Mem.UB,),
+}
+
+# The pipe that executes a copy, by (src, dst). Paths not listed do not exist.
+COPY_PIPE = {
+    (Mem.GM, Mem.L1): Pipe.MTE2,
+    (Mem.GM, Mem.L0A): Pipe.MTE2,
+    (Mem.GM, Mem.L0B): Pipe.MTE2,
+    (Mem.GM, Mem.UB): Pipe.MTE2,
+    (Mem.L1, Mem.L0A): Pipe.MTE1,
+    (Mem.L1, Mem.L0B): Pipe.MTE1,
+    (Mem.L1, Mem.BT): Pipe.MTE1,
+    (Mem.L0C, Mem.GM): Pipe.FIX,
+    (Mem.L0C, Mem.L1): Pipe.FIX,
+    (Mem.L1, Mem.FB): Pipe.FIX,
+    (Mem.UB, Mem.GM): Pipe.MTE3,
+    (Mem.L1, Mem.GM): Pipe.MTE3,
+}
+
+# Start-address alignment of each local buffer, in bytes (Ascend C docs).
+ALIGN_BYTES = {Mem.UB: 32, Mem.L1: 32, Mem.L0A: 512, Mem.L0B: 512, Mem.L0C: 64, Mem.BT: 64, Mem.FB: 64}
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "uint8": 1, "int16": 2, "int32": 4}
+
+RESERVED_VARS = ("block", "sub")
+
+
+@frozen
+class Affine:
+    """base + sum(step * var): an address that moves with loop and block indices."""
+
+    base: int
+    terms: tuple[tuple[str, int], ...] = ()
+
+    def at(self, vars: dict[str, int]) -> int:
+        a = self.base
+        for var, step in self.terms:
+            a += step * vars[var]
+        return a
+
+    def __repr__(self) -> str:
+        return "+".join([hex(self.base)] + [f"{s}*{v}" for v, s in self.terms])
+
+
+Addr = Union[int, Affine]
+
+
+def addr(base: int, **steps: int) -> Addr:
+    """addr(0x1000, block=4096, i=256) -> Affine; with no steps, the plain int."""
+    terms = tuple((v, s) for v, s in steps.items() if s)
+    return Affine(base, terms) if terms else base
+
+
+def at(a: Addr, vars: dict[str, int]) -> int:
+    return a if a.__class__ is int else a.at(vars)
+
+
+# ---------------------------------------------------------------- instructions
+
+
+@frozen
+class Copy:
+    """Move `nbytes` per segment, `segments` times, from src to dst.
+
+    Segment i reads [src_addr + i*src_stride, +nbytes) and writes
+    [dst_addr + i*dst_stride, +nbytes); strides default to nbytes (contiguous).
+    GM segments pay the burst rule and a per-segment start-up."""
+
+    src: Mem
+    dst: Mem
+    src_addr: Addr
+    dst_addr: Addr
+    nbytes: int
+    segments: int = 1
+    src_stride: int | None = None
+    dst_stride: int | None = None
+
+    @property
+    def pipe(self) -> Pipe:
+        return COPY_PIPE[(self.src, self.dst)]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * self.segments
+
+    def stride(self, mem: Mem) -> int:
+        s = self.src_stride if mem is self.src else self.dst_stride
+        return self.nbytes if s is None else s
+
+
+@frozen
+class Mmad:
+    """C[m, n] (+)= A[m, k] @ B[k, n] on the cube, A in L0A, B in L0B, C in L0C (fp32 acc)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp16"
+    a_addr: Addr = 0
+    b_addr: Addr = 0
+    c_addr: Addr = 0
+    accumulate: bool = False
+    pipe = Pipe.M
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@frozen
+class VecOp:
+    """A vector instruction over `n` elements in UB; `out_n` elements written (default n)."""
+
+    op: str
+    n: int
+    dtype: str = "fp16"
+    dst: Addr = 0
+    srcs: tuple[Addr, ...] = ()
+    out_dtype: str | None = None
+    out_n: int | None = None
+    flops_per_elem: int = 1
+    pipe = Pipe.V
+
+
+@frozen
+class Scalar:
+    """Scalar work on the S pipe (address arithmetic, loop control), in cycles."""
+
+    cycles: int
+    pipe = Pipe.S
+
+
+@frozen
+class SetFlag:
+    """Issued on `src`; lets the `dst` pipe's matching WaitFlag proceed (counting)."""
+
+    src: Pipe
+    dst: Pipe
+    id: int = 0
+
+    @property
+    def pipe(self) -> Pipe:
+        return self.src
+
+
+@frozen
+class WaitFlag:
+    """Issued on `dst`; blocks it until `src` has set the flag, then consumes it."""
+
+    src: Pipe
+    dst: Pipe
+    id: int = 0
+
+    @property
+    def pipe(self) -> Pipe:
+        return self.dst
+
+
+@frozen
+class PipeBarrier:
+    """pipe=None (PIPE_ALL): every pipe of the core waits until all have drained to here.
+    With a pipe: a barrier inside that pipe only (orders its memory accesses)."""
+
+    pipe: Pipe | None = None
+
+
+@frozen
+class SyncAll:
+    """Every core of the kernel waits here until all have arrived."""
+
+
+@frozen
+class CrossSetFlag:
+    """MIX kernels: issued on `pipe`; AIC -> each AIV of its block, or AIV -> its AIC."""
+
+    pipe: Pipe
+    id: int = 0
+
+
+@frozen
+class CrossWaitFlag:
+    """MIX kernels: block `pipe` until the other side of the block has set `id`.
+    An AIC waits for every AIV of its block; an AIV waits for its AIC."""
+
+    pipe: Pipe
+    id: int = 0
+
+
+Instr = Union[Copy, Mmad, VecOp, Scalar, SetFlag, WaitFlag, PipeBarrier, SyncAll, CrossSetFlag, CrossWaitFlag]
+
+
+@frozen
+class Loop:
+    """`body` run `count` times with `var` = 0..count-1 (usable in Affine addresses)."""
+
+    var: str
+    count: int
+    body: tuple = field(converter=tuple)
+
+
+@frozen
+class Buffer:
+    """A local buffer a program declares (Ascend C's pipe.InitBuffer): live all program long."""
+
+    name: str
+    mem: Mem
+    addr: int
+    nbytes: int
+
+
+@frozen
+class Program:
+    """What one core of a block runs."""
+
+    body: tuple = field(converter=tuple)
+    buffers: tuple[Buffer, ...] = field(default=(), converter=tuple)
+
+
+@frozen
+class GmTensor:
+    """A GM allocation the kernel reads or writes (an argument or its workspace)."""
+
+    name: str
+    addr: int
+    nbytes: int
+
+
+@frozen
+class Kernel:
+    """A launchable kernel.
+
+    `aic` / `aiv` hold one Program shared by every block (addresses may use `block`)
+    or one Program per block. AIC kernels use `aic`, AIV kernels `aiv`, MIX kernels
+    both: each MIX block runs `aic` on one cube core and `aiv` on aiv_per_aic vector
+    cores (with `sub` = 0, 1, ...)."""
+
+    name: str
+    core_type: CoreType
+    block_dim: int
+    aic: tuple[Program, ...] = field(default=(), converter=tuple)
+    aiv: tuple[Program, ...] = field(default=(), converter=tuple)
+    gm: tuple[GmTensor, ...] = field(default=(), converter=tuple)
+    workspace_bytes: int = 0
+    op_type: str = ""
+
+    def program(self, core: CoreType, block: int) -> Program | None:
+        progs = self.aic if core is CoreType.AIC else self.aiv
+        if not progs:
+            return None
+        return progs[0] if len(progs) == 1 else progs[block]

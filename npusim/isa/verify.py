@@ -1,0 +1,488 @@
+"""verify(kernel, hw): reject a lowered kernel the hardware could not run.
+
+The engine trusts what it runs, so this is where a lowering bug becomes one
+readable line instead of a wrong number or a hang. Checked, against the config:
+
+- the kernel's shape: block_dim, one shared program or one per block, the
+  programs its core type needs;
+- every buffer: its core has that memory, it fits, it is aligned, no two overlap;
+- every instruction: its pipe exists on the core, its operands fall inside one
+  declared buffer (or GM tensor) for *every* block, sub-core and loop iteration
+  and are aligned, Mmad and vector dtypes/ops are ones the config knows;
+- synchronisation: flag ids in range, SetFlag/WaitFlag counts balance per
+  program, cross-core flags balance between the AIC and AIV sides of a MIX block,
+  SyncAll only when every block can be resident at once.
+
+Loops are walked once, never unrolled: each loop var is carried as its range
+[0, count-1] and each instruction as a multiplicity (the product of the counts of
+its enclosing loops). An Affine address is linear, so its extremes sit at the
+corners of those ranges. A shared program is checked once with `block` over
+[0, block_dim-1]; a per-block program with `block` fixed; a MIX AIV program once
+per sub-core with `sub` fixed, so an error can name the sub-core at fault.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+
+import attrs
+
+from npusim.errors import ProgramError
+from npusim.hw.config import HwConfig
+from npusim.isa.program import (
+    ALIGN_BYTES,
+    CORE_MEMS,
+    CORE_PIPES,
+    COPY_PIPE,
+    DTYPE_BYTES,
+    RESERVED_VARS,
+    Addr,
+    Affine,
+    Buffer,
+    Copy,
+    CoreType,
+    CrossSetFlag,
+    CrossWaitFlag,
+    Kernel,
+    Loop,
+    Mem,
+    Mmad,
+    Pipe,
+    PipeBarrier,
+    Program,
+    Scalar,
+    SetFlag,
+    SyncAll,
+    VecOp,
+    WaitFlag,
+)
+
+# L0C accumulates in fp32 (int32 for int8 inputs: the same width).
+ACC_DTYPE = "fp32"
+
+Scope = dict[str, tuple[int, int]]  # var -> (lowest, highest) value in this part of the walk
+Path = tuple[int, ...]  # index path of an instruction in the body: (3, 1) is body[3].body[1]
+
+
+def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
+    """Check `kernel` against `hw`; return it unchanged, or raise one-line ProgramError."""
+    _check_shape(kernel)
+    capacity = _mem_capacity(hw)
+    walks = {}
+    for site in _sites(kernel, hw):
+        walks[site.key] = _check_program(kernel, hw, capacity, site)
+    if kernel.core_type is CoreType.MIX:
+        _check_cross_balance(kernel, hw, walks)
+    return kernel
+
+
+# ------------------------------------------------------------------ kernel shape
+
+
+def _check_shape(kernel: Kernel) -> None:
+    """block_dim >= 1; the program tuples the core type needs, each of length 1 or block_dim."""
+    where = f"kernel {kernel.name!r}"
+    if kernel.block_dim < 1:
+        raise ProgramError(f"{where}: block_dim {kernel.block_dim} must be >= 1")
+    ct = kernel.core_type
+    wanted = {"aic": ct in (CoreType.AIC, CoreType.MIX), "aiv": ct in (CoreType.AIV, CoreType.MIX)}
+    for side, progs in (("aic", kernel.aic), ("aiv", kernel.aiv)):
+        if wanted[side] and not progs:
+            raise ProgramError(f"{where}: {ct.value} kernel has no {side} program")
+        if not wanted[side] and progs:
+            raise ProgramError(f"{where}: {ct.value} kernel has {len(progs)} {side} program(s), expected none")
+        if progs and len(progs) not in (1, kernel.block_dim):
+            raise ProgramError(
+                f"{where}: {len(progs)} {side} programs for block_dim {kernel.block_dim}: "
+                f"expected 1 (shared by all blocks) or {kernel.block_dim} (one per block)"
+            )
+        for i, p in enumerate(progs):
+            if not isinstance(p, Program):
+                raise ProgramError(f"{where}: {side}[{i}] is a {type(p).__name__}, expected a Program")
+
+
+def _mem_capacity(hw: HwConfig) -> dict[Mem, int]:
+    """Bytes of each local memory, from the config (what-if runs change them)."""
+    return {
+        Mem.L1: hw.aic.l1_bytes,
+        Mem.L0A: hw.aic.l0a_bytes,
+        Mem.L0B: hw.aic.l0b_bytes,
+        Mem.L0C: hw.aic.l0c_bytes,
+        Mem.BT: hw.aic.bt_bytes,
+        Mem.FB: hw.aic.fb_bytes,
+        Mem.UB: hw.aiv.ub_bytes,
+    }
+
+
+@attrs.frozen
+class _Site:
+    """One core's view of one program: which program, on which core, for which blocks."""
+
+    core: CoreType  # the physical core: AIC or AIV
+    index: int  # position in kernel.aic / kernel.aiv
+    sub: int  # the AIV's index in a MIX block (0 otherwise)
+    label: str  # "kernel 'k', block 3, AIV sub 1": the head of every error line
+    scope: Scope  # ranges of the reserved vars `block` and `sub`
+
+    @property
+    def key(self) -> tuple[CoreType, int, int]:
+        return (self.core, self.index, self.sub)
+
+
+def _sites(kernel: Kernel, hw: HwConfig):
+    """Every (program, core, blocks, sub-core) combination to check, each once."""
+    mix = kernel.core_type is CoreType.MIX
+    for core, progs in ((CoreType.AIC, kernel.aic), (CoreType.AIV, kernel.aiv)):
+        subs = range(hw.chip.aiv_per_aic) if mix and core is CoreType.AIV else range(1)
+        for index in range(len(progs)):
+            if len(progs) == 1:
+                where, blocks = "all blocks", (0, kernel.block_dim - 1)
+            else:
+                where, blocks = f"block {index}", (index, index)
+            for sub in subs:
+                name = f"AIV sub {sub}" if mix and core is CoreType.AIV else core.value
+                label = f"kernel {kernel.name!r}, {where}, {name}"
+                yield _Site(core, index, sub, label, {"block": blocks, "sub": (sub, sub)})
+
+
+# ------------------------------------------------------------------ one program
+
+
+@attrs.define
+class _Walk:
+    """The state of one walk over one program: its context and what it has counted."""
+
+    kernel: Kernel
+    hw: HwConfig
+    site: _Site
+    buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)
+    sets: Counter = attrs.Factory(Counter)  # (src, dst, id) -> SetFlags issued
+    waits: Counter = attrs.Factory(Counter)  # (src, dst, id) -> WaitFlags issued
+    first_flag: dict = attrs.Factory(dict)  # (src, dst, id) -> (path, instr) of its first use
+    cross_sets: Counter = attrs.Factory(Counter)  # id -> CrossSetFlags issued
+    cross_waits: Counter = attrs.Factory(Counter)  # id -> CrossWaitFlags issued
+    first_cross: dict = attrs.Factory(dict)  # (is_set, id) -> (path, instr) of its first use
+
+    def fail(self, msg: str, path: Path | None = None, instr=None):
+        """Raise the one-line error: kernel, block, core, instruction, what was expected."""
+        at = "" if path is None else f" instr {'.'.join(map(str, path))} {_short(instr)}:"
+        raise ProgramError(f"{self.site.label}:{at} {msg}")
+
+    def need_pipe(self, pipe: Pipe, path: Path, instr) -> None:
+        """The core this program runs on must have `pipe`."""
+        have = CORE_PIPES[self.site.core]
+        if pipe not in have:
+            core = self.site.core.value
+            self.fail(f"pipe {pipe!r} does not exist on {core} (has {_names(have)})", path, instr)
+
+
+def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site) -> _Walk:
+    """Check one program as it runs on `site`; return the walk with its flag counts."""
+    progs = kernel.aic if site.core is CoreType.AIC else kernel.aiv
+    program = progs[site.index]
+    w = _Walk(kernel, hw, site)
+    w.buffers = _check_buffers(w, program.buffers, capacity)
+    _walk(w, program.body, (), site.scope, 1)
+    _check_flag_balance(w)
+    return w
+
+
+def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, int]) -> dict[Mem, tuple[Buffer, ...]]:
+    """Each buffer is in a memory of its core, aligned, inside its capacity; none overlap.
+
+    Returns the buffers of each memory sorted by address, for the access checks."""
+    core = w.site.core
+    by_mem: dict[Mem, list[Buffer]] = {}
+    for b in buffers:
+        if b.mem not in CORE_MEMS[core]:
+            w.fail(f"buffer {b.name!r} in {b.mem!r}: {core.value} has no {b.mem!r} (has {_names(CORE_MEMS[core])})")
+        if b.nbytes < 1 or b.addr < 0:
+            w.fail(f"buffer {b.name!r} in {b.mem!r}: addr {b.addr} must be >= 0 and nbytes {b.nbytes} >= 1")
+        align = ALIGN_BYTES[b.mem]
+        if b.addr % align:
+            w.fail(f"buffer {b.name!r} in {b.mem!r}: addr {b.addr:#x} is not {align}-byte aligned")
+        end, cap = b.addr + b.nbytes, capacity[b.mem]
+        if end > cap:
+            w.fail(f"buffer {b.name!r} [{b.addr:#x}, {end:#x}) needs {end} bytes of {b.mem!r} "
+                   f"but {core.value} has {cap}")
+        by_mem.setdefault(b.mem, []).append(b)
+    for mem, bufs in by_mem.items():
+        bufs.sort(key=lambda b: b.addr)
+        # sorted by address, the first overlap is always between neighbours
+        for a, b in itertools.pairwise(bufs):
+            if b.addr < a.addr + a.nbytes:
+                w.fail(f"buffers {a.name!r} {_range(a)} and {b.name!r} {_range(b)} overlap in {mem!r}")
+    return {mem: tuple(bufs) for mem, bufs in by_mem.items()}
+
+
+def _walk(w: _Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
+    """Check each instruction of `body`, which runs `mult` times, with vars in `scope`."""
+    for i, instr in enumerate(body):
+        path = prefix + (i,)
+        check = _CHECKS.get(instr.__class__)
+        if check is None:
+            kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
+            w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
+        check(w, instr, path, scope, mult)
+
+
+def _check_loop(w: _Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> None:
+    """count >= 1 and a fresh var; the body runs count times more, with var in [0, count-1]."""
+    if loop.count < 1:
+        w.fail(f"loop count {loop.count} must be >= 1", path, loop)
+    if loop.var in RESERVED_VARS:
+        w.fail(f"loop var {loop.var!r} is reserved ({', '.join(RESERVED_VARS)})", path, loop)
+    if loop.var in scope:
+        w.fail(f"loop var {loop.var!r} shadows an enclosing loop's var", path, loop)
+    _walk(w, loop.body, path, {**scope, loop.var: (0, loop.count - 1)}, mult * loop.count)
+
+
+# ------------------------------------------------------------------ instructions
+
+
+def _check_copy(w: _Walk, c: Copy, path: Path, scope: Scope, mult: int) -> None:
+    """A copy path that exists, on a pipe of this core, both ends inside declared memory."""
+    if c.nbytes < 1 or c.segments < 1:
+        w.fail(f"nbytes {c.nbytes} and segments {c.segments} must be >= 1", path, c)
+    pipe = COPY_PIPE.get((c.src, c.dst))
+    if pipe is None:
+        w.fail(f"no copy path {c.src!r} -> {c.dst!r} (not in COPY_PIPE)", path, c)
+    w.need_pipe(pipe, path, c)
+    _check_access(w, c, path, scope, "src", c.src, c.src_addr, c.nbytes, c.segments, c.src_stride)
+    _check_access(w, c, path, scope, "dst", c.dst, c.dst_addr, c.nbytes, c.segments, c.dst_stride)
+
+
+def _check_mmad(w: _Walk, mm: Mmad, path: Path, scope: Scope, mult: int) -> None:
+    """A cube dtype the config has fractals for; A, B, C inside L0A, L0B, L0C buffers."""
+    if min(mm.m, mm.n, mm.k) < 1:
+        w.fail(f"m {mm.m}, n {mm.n}, k {mm.k} must all be >= 1", path, mm)
+    w.need_pipe(Pipe.M, path, mm)
+    fractals = w.hw.aic.mmad_fractals
+    if mm.dtype not in fractals or mm.dtype not in DTYPE_BYTES:
+        w.fail(f"Mmad dtype {mm.dtype!r} has no cube fractal (have {', '.join(fractals)})", path, mm)
+    elem = DTYPE_BYTES[mm.dtype]
+    _check_access(w, mm, path, scope, "A", Mem.L0A, mm.a_addr, mm.m * mm.k * elem)
+    _check_access(w, mm, path, scope, "B", Mem.L0B, mm.b_addr, mm.k * mm.n * elem)
+    _check_access(w, mm, path, scope, "C", Mem.L0C, mm.c_addr, mm.m * mm.n * DTYPE_BYTES[ACC_DTYPE])
+
+
+def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
+    """A vector op and dtypes the config knows; dst and every src inside UB buffers."""
+    if v.n < 1 or (v.out_n is not None and v.out_n < 1):
+        w.fail(f"n {v.n} and out_n {v.out_n} must be >= 1", path, v)
+    w.need_pipe(Pipe.V, path, v)
+    ops = w.hw.aiv.vector_cycles_per_repeat
+    if v.op not in ops:
+        w.fail(f"vector op {v.op!r} has no cost in the config (have {', '.join(ops)})", path, v)
+    for dt in (v.dtype, v.out_dtype):
+        if dt is not None and dt not in DTYPE_BYTES:
+            w.fail(f"dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}", path, v)
+    out_n = v.n if v.out_n is None else v.out_n
+    out_dtype = v.dtype if v.out_dtype is None else v.out_dtype
+    _check_access(w, v, path, scope, "dst", Mem.UB, v.dst, out_n * DTYPE_BYTES[out_dtype])
+    for i, src in enumerate(v.srcs):
+        _check_access(w, v, path, scope, f"src {i}", Mem.UB, src, v.n * DTYPE_BYTES[v.dtype])
+
+
+def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> None:
+    """Non-negative cycles on the S pipe."""
+    if s.cycles < 0:
+        w.fail(f"cycles {s.cycles} must be >= 0", path, s)
+    w.need_pipe(Pipe.S, path, s)
+
+
+def _check_flag(w: _Walk, f: SetFlag | WaitFlag, path: Path, scope: Scope, mult: int) -> None:
+    """Two different pipes of this core, an id in range; counted for the balance check."""
+    if f.src is f.dst:
+        w.fail(f"src and dst are both {f.src!r}: a flag orders two different pipes", path, f)
+    w.need_pipe(f.src, path, f)
+    w.need_pipe(f.dst, path, f)
+    _check_flag_id(w, f.id, path, f)
+    key = (f.src, f.dst, f.id)
+    (w.sets if f.__class__ is SetFlag else w.waits)[key] += mult
+    w.first_flag.setdefault(key, (path, f))
+
+
+def _check_barrier(w: _Walk, b: PipeBarrier, path: Path, scope: Scope, mult: int) -> None:
+    """PIPE_ALL, or a pipe of this core."""
+    if b.pipe is not None:
+        w.need_pipe(b.pipe, path, b)
+
+
+def _check_sync_all(w: _Walk, s: SyncAll, path: Path, scope: Scope, mult: int) -> None:
+    """Every block must be resident at once, or the first wave waits for the second forever."""
+    k, chip = w.kernel, w.hw.chip
+    if k.core_type is CoreType.AIV:
+        resident, kind = w.hw.aiv_count, "AIV"
+    else:  # an AIC or MIX block holds one cube core
+        resident, kind = chip.aic_count, "AIC"
+    if k.block_dim > resident:
+        w.fail(f"SyncAll with block_dim {k.block_dim} > {resident} {kind} cores resident at once: "
+               "would deadlock", path, s)
+
+
+def _check_cross(w: _Walk, f: CrossSetFlag | CrossWaitFlag, path: Path, scope: Scope, mult: int) -> None:
+    """Only in MIX kernels, on a pipe of this core, an id in range; counted for the balance check."""
+    ct = w.kernel.core_type
+    if ct is not CoreType.MIX:
+        w.fail(f"cross-core flag in a {ct.value} kernel: only MIX kernels pair an AIC with AIVs", path, f)
+    w.need_pipe(f.pipe, path, f)
+    _check_flag_id(w, f.id, path, f)
+    is_set = f.__class__ is CrossSetFlag
+    (w.cross_sets if is_set else w.cross_waits)[f.id] += mult
+    w.first_cross.setdefault((is_set, f.id), (path, f))
+
+
+def _check_flag_id(w: _Walk, flag_id: int, path: Path, instr) -> None:
+    """Flag ids are 0 .. hw.sync.flag_ids-1."""
+    n = w.hw.sync.flag_ids
+    if not 0 <= flag_id < n:
+        w.fail(f"flag id {flag_id} outside [0, {n})", path, instr)
+
+
+_CHECKS: dict[type, Callable] = {
+    Loop: _check_loop,
+    Copy: _check_copy,
+    Mmad: _check_mmad,
+    VecOp: _check_vec,
+    Scalar: _check_scalar,
+    SetFlag: _check_flag,
+    WaitFlag: _check_flag,
+    PipeBarrier: _check_barrier,
+    SyncAll: _check_sync_all,
+    CrossSetFlag: _check_cross,
+    CrossWaitFlag: _check_cross,
+}
+
+
+# ------------------------------------------------------------------ addresses
+
+
+def _check_access(
+    w: _Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
+    nbytes: int, segments: int = 1, stride: int | None = None,
+) -> None:
+    """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned;
+    for GM, inside one of the kernel's GmTensors when it declares any."""
+    lo, hi = _span(w, instr, path, scope, role, a)
+    step = nbytes if stride is None else stride
+    reach = (segments - 1) * step  # offset of the last segment from the first
+    start, end = lo + min(0, reach), hi + max(0, reach) + nbytes
+    if mem is Mem.GM:
+        _check_gm(w, instr, path, role, start, end)
+    else:
+        _check_local(w, instr, path, role, mem, a, start, end, segments, step)
+
+
+def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int]:
+    """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners)."""
+    if a.__class__ is int:
+        return a, a
+    if a.__class__ is not Affine:  # e.g. a numpy int: program.at() would fail on it in the engine
+        w.fail(f"{role} address {a!r} is a {type(a).__name__}, expected an int or Affine", path, instr)
+    lo = hi = a.base
+    for var, step in a.terms:
+        r = scope.get(var)
+        if r is None:
+            w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
+        lo += step * (r[0] if step > 0 else r[1])
+        hi += step * (r[1] if step > 0 else r[0])
+    return lo, hi
+
+
+def _check_local(
+    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int
+) -> None:
+    """A local access: a memory of this core, aligned base/steps/stride, inside ONE buffer."""
+    core = w.site.core
+    if mem not in CORE_MEMS[core]:
+        w.fail(f"{role} in {mem!r}: {core.value} has no {mem!r} (has {_names(CORE_MEMS[core])})", path, instr)
+    align = ALIGN_BYTES[mem]
+    parts = [("base", a)] if a.__class__ is int else [("base", a.base)] + [(f"step of {v!r}", s) for v, s in a.terms]
+    if segments > 1:
+        parts.append(("segment stride", stride))
+    for what, value in parts:
+        if value % align:
+            w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
+                   f"({mem!r} alignment)", path, instr)
+    bufs = w.buffers.get(mem, ())
+    if not any(b.addr <= start and end <= b.addr + b.nbytes for b in bufs):
+        have = ", ".join(f"{b.name!r} {_range(b)}" for b in bufs) or "none declared"
+        w.fail(f"{role} {mem!r} [{start:#x}, {end:#x}) over all blocks and iterations is not inside one "
+               f"declared {mem!r} buffer (have {have})", path, instr)
+
+
+def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
+    """A GM access lands inside one declared GmTensor (checked only when the kernel declares some)."""
+    gm = w.kernel.gm
+    if gm and not any(t.addr <= start and end <= t.addr + t.nbytes for t in gm):
+        have = ", ".join(f"{t.name!r} {_range(t)}" for t in gm)
+        w.fail(f"{role} GM [{start:#x}, {end:#x}) over all blocks and iterations is outside every "
+               f"GmTensor (have {have})", path, instr)
+
+
+# ------------------------------------------------------------------ flag balance
+
+
+def _check_flag_balance(w: _Walk) -> None:
+    """Per (src, dst, id), sets x trips == waits x trips, or some wait never returns
+    (or a flag is left set for the next kernel)."""
+    for key, (path, instr) in w.first_flag.items():
+        sets, waits = w.sets[key], w.waits[key]
+        if sets != waits:
+            src, dst, flag_id = key
+            w.fail(f"flag {src!r}->{dst!r} id {flag_id} cannot balance: {sets} sets vs {waits} waits "
+                   "(loop trips counted)", path, instr)
+
+
+def _check_cross_balance(kernel: Kernel, hw: HwConfig, walks: dict) -> None:
+    """In each MIX block, AIC sets of an id == each AIV's waits of it and each AIV's sets ==
+    AIC waits (an AIC set reaches every AIV; an AIC wait needs every AIV's set)."""
+    shared = len(kernel.aic) == 1 and len(kernel.aiv) == 1
+    for b in range(1 if shared else kernel.block_dim):
+        block = "" if shared else f" in block {b}"
+        cube = walks[(CoreType.AIC, 0 if len(kernel.aic) == 1 else b, 0)]
+        for sub in range(hw.chip.aiv_per_aic):
+            vec = walks[(CoreType.AIV, 0 if len(kernel.aiv) == 1 else b, sub)]
+            _check_cross_direction(cube, vec, "AIC", f"AIV sub {sub}", block)
+            _check_cross_direction(vec, cube, f"AIV sub {sub}", "AIC", block)
+
+
+def _check_cross_direction(sender: _Walk, receiver: _Walk, src: str, dst: str, block: str) -> None:
+    """Per id, the cross sets `sender` issues == the cross waits `receiver` issues.
+
+    The error names the first instruction involved: the sender's set, else the receiver's wait."""
+    for flag_id in sorted(set(sender.cross_sets) | set(receiver.cross_waits)):
+        sets, waits = sender.cross_sets[flag_id], receiver.cross_waits[flag_id]
+        if sets != waits:
+            at, site = sender, sender.first_cross.get((True, flag_id))
+            if site is None:
+                at, site = receiver, receiver.first_cross[(False, flag_id)]
+            at.fail(f"cross flag id {flag_id} {src} -> {dst}{block} cannot balance: "
+                    f"{src} sets {sets} vs {dst} waits {waits} (loop trips counted)", *site)
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def _short(instr) -> str:
+    """A one-line repr: a Loop without its body; other records with non-default fields only."""
+    if instr.__class__ is Loop:
+        return f"Loop({instr.var!r}, count={instr.count})"
+    if not attrs.has(instr.__class__):
+        return repr(instr)
+    fields = attrs.fields(instr.__class__)
+    shown = [f"{f.name}={getattr(instr, f.name)!r}" for f in fields if getattr(instr, f.name) != f.default]
+    return f"{instr.__class__.__name__}({', '.join(shown)})"
+
+
+def _range(x) -> str:
+    """[addr, end) of a Buffer or GmTensor, in hex."""
+    return f"[{x.addr:#x}, {x.addr + x.nbytes:#x})"
+
+
+def _names(items) -> str:
+    """'MTE2, V, MTE3, S': the pipes or memories a core has, for messages."""
+    return ", ".join(repr(i) for i in items)
