@@ -15,6 +15,13 @@ def _cmd_hw(args) -> int:
     return 0
 
 
+def _cmd_demo(args) -> int:
+    from npusim.demo import main as demo
+
+    demo(args.hw)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npusim", description="Cycle-approximate simulator of a 910B-like NPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -25,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name", nargs="?", default="ascend910b2", help="config name or path")
     show.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a field")
     show.set_defaults(func=_cmd_hw)
+
+    demo = sub.add_parser("demo", help="run the README's hand-built vector add on every AIV core")
+    demo.add_argument("--hw", default="ascend910b2", help="config name or path")
+    demo.set_defaults(func=_cmd_demo)
     return p
 
 

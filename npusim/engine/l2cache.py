@@ -35,6 +35,14 @@ class L2Cache:
         hits = 0
         starts, extents = self.starts, self.extents
         i = bisect.bisect_right(starts, first) - 1
+        if i >= 0:
+            below = extents[starts[i]]
+            if below[0] == first and below[1] == write and (i + 1 == len(starts) or starts[i + 1] >= end):
+                # Fast path: a stream continuing where it left off, into lines nobody holds.
+                below[0], below[2] = end, self.stamp
+                heapq.heappush(self.lru, (self.stamp, starts[i]))
+                self.used += end - first
+                return 0, self._evict()
         if i < 0 or extents[starts[i]][0] <= first:
             i += 1
         pieces_dirty = []  # overlapped (start, end, dirty) pieces, re-stamped as one access
@@ -106,13 +114,17 @@ class L2Cache:
                 continue  # stale heap entry
             e, dirty, _ = ext
             drop = min(e - s, self.used - self.capacity)
+            idx = bisect.bisect_left(self.starts, s)
             del self.extents[s]
-            self.starts.pop(bisect.bisect_left(self.starts, s))
-            self.used -= e - s
+            if drop < e - s:  # trim the low end; the extent keeps its place in `starts`
+                self.starts[idx] = s + drop
+                self.extents[s + drop] = [e, dirty, stamp]
+                heapq.heappush(self.lru, (stamp, s + drop))
+            else:
+                del self.starts[idx]
+            self.used -= drop
             if dirty:
                 written_back += drop
-            if drop < e - s:
-                self._insert(s + drop, e, dirty, stamp)
         return written_back
 
     def dirty_lines(self) -> int:

@@ -4,12 +4,14 @@ A GM transfer of `segments` pieces of `nbytes` (start addresses `stride` apart):
 - each segment costs its bytes rounded out to aligned bursts (dma.burst_bytes);
   the extra bytes are counted as wasted and segments with an unaligned start or
   end as misaligned;
-- the lines it touches go through the L2 (hits, misses, dirty write-backs);
-- the moved bytes then flow on the L2 link and, for the bytes that miss (reads)
-  plus the dirty lines evicted (write-backs), on the HBM link, both capped by the
+- the lines it touches go through the L2 (hits, misses, evictions);
+- the moved bytes then flow on the L2 link and, for a read, the bytes that miss
+  flow on the HBM link too, both capped by the
   core's port rate. The transfer ends when both flows have ended.
   # assumption: hit and miss parts of one transfer proceed in parallel; the
   # slower link sets the transfer's time.
+- dirty lines its accesses evict are written back to HBM as a background flow:
+  it takes its share of HBM bandwidth but nobody waits for it.
 """
 
 from __future__ import annotations
@@ -80,27 +82,32 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
-        hit_lines = total_lines = written_back = 0
+        hit_lines = total_lines = 0
+        write_backs: dict[int, int] = {}  # lines written back by one member -> members
         contiguous = segments == 1 or stride - nbytes < line
         for addr in addrs:
+            wb = 0
             if contiguous:
                 first, end = addr // line, -(-(addr + (segments - 1) * stride + nbytes) // line)
                 h, wb = self.l2.access(first, end, write)
                 hit_lines += h
-                written_back += wb
                 total_lines += end - first
             else:  # segments far apart touch separate lines
                 for i in range(segments):
                     a = addr + i * stride
                     first, end = a // line, -(-(a + nbytes) // line)
-                    h, wb = self.l2.access(first, end, write)
+                    h, w_ = self.l2.access(first, end, write)
                     hit_lines += h
-                    written_back += wb
+                    wb += w_
                     total_lines += end - first
+            if wb:
+                write_backs[wb] = write_backs.get(wb, 0) + 1
         st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
-        st.hbm_write = written_back * line
         st.hbm_read = 0.0 if write else st.miss_bytes
+        for lines, members in write_backs.items():
+            st.hbm_write += lines * line * members
+            self.hbm.add(lines * line, math.inf, _nothing, members)
 
         pending = [1]
 
@@ -110,8 +117,11 @@ class MemorySystem:
                 on_done()
 
         self.l2_link.add(moved, cap, one_done, w)
-        hbm_bytes = st.hbm_read + st.hbm_write
-        if hbm_bytes > 0:
+        if st.hbm_read > 0:
             pending[0] += 1
-            self.hbm.add(hbm_bytes / w, cap, one_done, w)
+            self.hbm.add(st.hbm_read / w, cap, one_done, w)
         return st
+
+
+def _nothing() -> None:
+    """Completion of a background write-back: nobody waits for it."""
