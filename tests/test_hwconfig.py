@@ -140,6 +140,8 @@ B2 = str(find_file("ascend910b2", "hwconfigs"))  # as load_hw names it in messag
         ({"bogus": 3}, "unknown key 'bogus'"),
         ({"aic.mmad_fractals.fp16.z0": 3}, "unknown key 'aic.mmad_fractals.fp16.z0'"),
         ({"chip": 3}, "key 'chip': expected a mapping, got 3"),
+        ({"aiv.vector_cycles_per_repeat.exp": 0},
+         "key 'aiv.vector_cycles_per_repeat.exp': expected a value > 0, got 0"),
     ],
 )
 def test_override_is_validated_like_a_file(overrides, message):

@@ -14,6 +14,13 @@ _positive = validators.gt(0)
 _non_negative = validators.ge(0)
 
 
+def _positive_values(instance, attribute, value: dict) -> None:
+    """Every entry of a mapping field must be > 0 (named in the error like a field)."""
+    for key, v in value.items():
+        if not v > 0:
+            raise ValueError(f"'{attribute.name}.{key}' must be > 0: {v}")
+
+
 def _pos(help: str):
     return field(validator=_positive, metadata={"help": help})
 
@@ -71,7 +78,8 @@ class VectorCore:
     vector_repeat_bytes: int = _pos("bytes one vector repeat processes (128 fp16 lanes)")
     vector_startup_cycles: int = _nonneg("fixed cost of one vector instruction")
     vector_cycles_per_repeat: dict[str, float] = field(
-        metadata={"help": "cycles per 256-byte repeat, per op kind (its cost factor)"}
+        validator=_positive_values,
+        metadata={"help": "cycles per 256-byte repeat, per op kind (its cost factor)"},
     )
     gm_read_bytes_per_cycle: float = _pos("port cap of this core's reads from GM/L2 (MTE2)")
     gm_write_bytes_per_cycle: float = _pos("port cap of this core's writes UB -> GM (MTE3)")

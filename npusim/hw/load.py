@@ -212,9 +212,9 @@ def _describe(path: tuple[str, ...], exc: BaseException, type_: Any, raw: dict) 
         return f"missing key '{'.'.join(path)}'"
     # attrs validators raise in the record's __init__, so the path stops at the record:
     # "'l1_bytes' must be > 0: 0" names the field
-    m = re.match(r"'(\w+)' must be (.*?): ", str(exc))
+    m = re.match(r"'([\w.]+)' must be (.*?): ", str(exc))
     if isinstance(exc, ValueError) and m:
-        path += (m[1],)
+        path += tuple(m[1].split("."))
         return f"key '{'.'.join(path)}': expected a value {m[2]}, got {_value_at(raw, path)!r}"
     if type_ is None:
         return f"key '{'.'.join(path)}': {exc}"
