@@ -1,0 +1,262 @@
+"""Closed-form checks of GM transfers: one DMA, many DMAs sharing HBM (the flow
+model), and the 64-byte burst rule. Every expected number is derived from the config."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import (
+    GM,
+    GM_A,
+    MTE2,
+    S,
+    UB,
+    aiv_kernel,
+    aiv_kernel_per_block,
+    ceil_div,
+    intervals,
+    mix_kernel,
+    read_kernel,
+    simulate_on_device,
+)
+from npusim.engine import simulate
+from npusim.hw import load_hw
+from npusim.isa import Copy, Mem, Scalar, SetFlag, WaitFlag, addr
+
+# Round, distinguishable start-ups; HBM at its peak so hbm_bytes_per_cycle is the peak.
+BASE = {"dma.startup_cycles": 100, "dma.segment_cycles": 10, "hbm.bw_efficiency": 1.0}
+
+
+def hw_with(**over):
+    return load_hw("ascend910b2", overrides={**BASE, **over})
+
+
+def the_interval(result, core="AIV0", pipe="MTE2"):
+    (iv,) = intervals(result, core, pipe)
+    return iv
+
+
+def rounded(addr: int, nbytes: int, burst: int) -> int:
+    """Bytes a segment [addr, addr+nbytes) moves once rounded out to aligned bursts."""
+    lo = addr // burst * burst
+    hi = -(-(addr + nbytes) // burst) * burst
+    return hi - lo
+
+
+# ------------------------------------------------------------------ one transfer
+
+
+# per-cycle figures at 1.8 GHz: hbm 40 B/cycle = 7.2e10 B/s, l2 20 B/cycle = 3.6e10 B/s
+@pytest.mark.parametrize("limit, over", [
+    ("port", {}),
+    ("hbm", {"hbm.peak_bw_bytes_per_s": 7.2e10}),
+    ("l2", {"l2.bw_bytes_per_s": 3.6e10}),
+])
+def test_single_read_takes_startup_plus_bytes_over_slowest_link(limit, over):
+    hw = hw_with(**over)
+    nbytes = 65536
+    port = hw.aiv.gm_read_bytes_per_cycle
+    hbm, l2 = hw.hbm_bytes_per_cycle, hw.l2_bytes_per_cycle
+    slowest = {"port": port, "hbm": hbm, "l2": l2}[limit]
+    assert slowest == min(port, hbm, l2)  # the override made `limit` the bottleneck
+
+    r = simulate(read_kernel(hw, GM_A, nbytes), hw)
+    _, _, name, start, end, _ = the_interval(r)
+    assert name == "GM->UB"
+    startup = hw.dma.startup_cycles + 1 * hw.dma.segment_cycles
+    assert end - start == startup + ceil_div(nbytes, slowest)
+
+    # cold L2: the bytes flow on both links, each at min(port cap, link)
+    hbm_rates = [rate for _, rate in r.trace.counters["HBM"] if rate]
+    l2_rates = [rate for _, rate in r.trace.counters["L2"] if rate]
+    assert hbm_rates == [pytest.approx(min(port, hbm))]
+    assert l2_rates == [pytest.approx(min(port, l2))]
+    s = r.kernels[0].stats
+    assert s.hbm_read_bytes == s.l2_miss_bytes == s.gm_read_bytes == nbytes
+    assert s.l2_hit_bytes == 0 and s.dma_segments == 1
+
+
+def test_single_write_goes_at_write_port_and_stays_in_l2():
+    hw = hw_with()
+    nbytes = 65536
+    r = simulate(aiv_kernel(hw, [Copy(UB, GM, 0, GM_A, nbytes)]), hw)
+    _, pipe, name, start, end, _ = the_interval(r, pipe="MTE3")
+    assert name == "UB->GM"
+    assert end - start == hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(
+        nbytes, min(hw.aiv.gm_write_bytes_per_cycle, hw.l2_bytes_per_cycle))
+    s = r.kernels[0].stats
+    assert s.gm_write_bytes == nbytes
+    assert s.hbm_write_bytes == 0 and s.hbm_read_bytes == 0  # write-back L2: nothing evicted yet
+
+
+def test_kernel_time_is_block_start_plus_program():
+    hw = hw_with(**{"runtime.block_start_cycles": 70})
+    nbytes = 4096
+    r = simulate(read_kernel(hw, GM_A, nbytes), hw)
+    k = r.kernels[0]
+    _, _, _, start, end, _ = the_interval(r)
+    assert start == k.start + hw.runtime.block_start_cycles
+    assert k.end == end
+    assert k.cycles == hw.runtime.block_start_cycles + hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(
+        nbytes, hw.aiv.gm_read_bytes_per_cycle)
+
+
+# ------------------------------------------------------------------ many transfers share HBM
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_n_cores_share_hbm_fairly(n, dedup):
+    # HBM = 4 ports: 2 cores are port-limited, 4 exactly fill HBM, 8 and 16 are HBM-limited
+    hw = hw_with(**{"hbm.peak_bw_bytes_per_s": 4 * 110 * 1.8e9, "aiv.gm_read_bytes_per_cycle": 110})
+    port, hbm = hw.aiv.gm_read_bytes_per_cycle, hw.hbm_bytes_per_cycle
+    nbytes = 65536
+    r = simulate_on_device(read_kernel(hw, GM_A, nbytes, block_dim=n, block_step=nbytes), hw, dedup=dedup)
+
+    ivs = intervals(r, pipe="MTE2")
+    assert sorted(iv[0] for iv in ivs) == sorted(f"AIV{i}" for i in range(n))
+    assert len({(iv[3], iv[4]) for iv in ivs}) == 1  # every core the same share
+    _, _, _, start, end, _ = ivs[0]
+    share = min(port, hbm / n)
+    startup = hw.dma.startup_cycles + hw.dma.segment_cycles
+    assert end - start == startup + ceil_div(nbytes, share)
+    if n * port >= hbm:  # HBM-limited: the whole copy takes n * bytes at the HBM rate
+        assert end - start == startup + ceil_div(n * nbytes, hbm)
+    # achieved bandwidth never beats the link, and the link is never over-subscribed
+    flow_cycles = end - start - startup
+    assert n * nbytes / flow_cycles <= hbm
+    samples = r.trace.counters["HBM"]
+    assert samples and max(rate for _, rate in samples) <= hbm * (1 + 1e-12)
+    assert max(rate for _, rate in samples) == pytest.approx(min(n * port, hbm))
+    assert r.kernels[0].stats.hbm_read_bytes == n * nbytes
+
+
+def test_late_flow_shares_then_finishes_alone():
+    """Max-min fair sharing when flows start at different times: block 0 starts at
+    once, block 1 `delay` cycles later; HBM is slower than one port."""
+    hw = hw_with(**{"dma.startup_cycles": 0, "dma.segment_cycles": 0, "sync.flag_latency_cycles": 0,
+                    "hbm.peak_bw_bytes_per_s": 100 * 1.8e9})
+    cap = hw.hbm_bytes_per_cycle
+    assert cap < hw.aiv.gm_read_bytes_per_cycle
+    nbytes, delay = 64000, 200
+    copy = Copy(GM, UB, GM_A, 0, nbytes)
+    late = Copy(GM, UB, GM_A + nbytes, 0, nbytes)
+    k = aiv_kernel_per_block(hw, [
+        [copy],
+        [Scalar(delay), SetFlag(S, MTE2, 0), WaitFlag(S, MTE2, 0), late],
+    ])
+    for dedup in (True, False):
+        r = simulate_on_device(k, hw, dedup=dedup)
+        (a,) = intervals(r, "AIV0", "MTE2", "GM->UB")
+        (b,) = intervals(r, "AIV1", "MTE2", "GM->UB")
+        t0 = a[3]
+        assert b[3] - t0 == delay
+        # A alone at `cap` for `delay`, then both at cap/2 until A is done; then B alone
+        a_end = delay + (nbytes - cap * delay) / (cap / 2)
+        b_end = a_end + (nbytes - (a_end - delay) * cap / 2) / cap
+        assert a[4] - t0 == pytest.approx(a_end)
+        assert b[4] - t0 == pytest.approx(b_end)
+        assert b_end == pytest.approx(2 * nbytes / cap)  # work-conserving
+
+
+def test_water_filling_gives_a_capped_flow_its_cap_and_the_rest_to_others():
+    """A MIX block: the AIC reads with a small port cap, its two AIVs with a large one,
+    all at once. Max-min fairness: the AIC gets its cap, the AIVs split what is left."""
+    aic_cap, aiv_cap, hbm = 30, 110, 150
+    hw = hw_with(**{"dma.startup_cycles": 0, "dma.segment_cycles": 0,
+                    "aic.gm_read_bytes_per_cycle": aic_cap, "aiv.gm_read_bytes_per_cycle": aiv_cap,
+                    "hbm.peak_bw_bytes_per_s": hbm * 1.8e9})
+    aiv_rate = (hbm - aic_cap) / 2
+    assert aiv_rate < aiv_cap
+    span = 1024  # sizes (whole bursts) chosen so that everyone ends together at `span`
+    assert (aic_cap * span) % hw.dma.burst_bytes == 0 and (aiv_rate * span) % hw.dma.burst_bytes == 0
+    # each AIV of the block reads its own region (`sub` moves the address)
+    k = mix_kernel(hw, [Copy(GM, Mem.L1, GM_A, 0, aic_cap * span)],
+                   [Copy(GM, UB, addr(GM_A + 0x100000, sub=0x100000), 0, int(aiv_rate * span))])
+    r = simulate(k, hw)
+    (c,) = intervals(r, "AIC0", "MTE2")
+    v = intervals(r, pipe="MTE2", name="GM->UB")
+    assert [iv[0] for iv in v] == ["AIV0", "AIV1"]
+    for iv in [c, *v]:
+        assert iv[4] - iv[3] == span
+
+
+# ------------------------------------------------------------------ the 64-byte rule
+
+
+def test_misaligned_start_moves_extra_bursts_and_takes_longer():
+    hw = hw_with()
+    burst, port = hw.dma.burst_bytes, hw.aiv.gm_read_bytes_per_cycle
+    nbytes = 65536
+    off = burst // 2
+    aligned = simulate(read_kernel(hw, GM_A, nbytes), hw)
+    shifted = simulate(read_kernel(hw, GM_A + off, nbytes), hw)
+
+    moved = rounded(GM_A + off, nbytes, burst)
+    assert moved == nbytes + burst  # half a burst wasted at each end
+    s = shifted.kernels[0].stats
+    assert s.gm_read_bytes == moved
+    assert s.wasted_burst_bytes == moved - nbytes
+    assert s.misaligned_segments == 1
+    a = aligned.kernels[0].stats
+    assert a.wasted_burst_bytes == 0 and a.misaligned_segments == 0
+
+    startup = hw.dma.startup_cycles + hw.dma.segment_cycles
+    ta, ts = the_interval(aligned), the_interval(shifted)
+    assert ta[4] - ta[3] == startup + ceil_div(nbytes, port)
+    assert ts[4] - ts[3] == startup + ceil_div(moved, port)
+    assert ts[4] - ts[3] > ta[4] - ta[3]
+
+
+def test_unaligned_end_only_is_one_misaligned_segment():
+    hw = hw_with()
+    burst = hw.dma.burst_bytes
+    nbytes = 100 * burst + burst // 4
+    s = simulate(read_kernel(hw, GM_A, nbytes), hw).kernels[0].stats
+    assert s.wasted_burst_bytes == rounded(GM_A, nbytes, burst) - nbytes == burst - burst // 4
+    assert s.misaligned_segments == 1
+
+
+def test_fragmented_copy_pays_a_startup_per_segment_and_rounded_bytes():
+    hw = hw_with()
+    burst, port = hw.dma.burst_bytes, hw.aiv.gm_read_bytes_per_cycle
+    segs, seg_bytes, stride, ub_stride = 64, 100, 256, 128
+    frag = simulate(read_kernel(hw, GM_A, seg_bytes, segments=segs, gm_stride=stride, ub_stride=ub_stride), hw)
+    whole = simulate(read_kernel(hw, GM_A, segs * seg_bytes), hw)
+
+    moved = sum(rounded(GM_A + i * stride, seg_bytes, burst) for i in range(segs))
+    s = frag.kernels[0].stats
+    assert s.gm_read_bytes == moved
+    assert s.wasted_burst_bytes == moved - segs * seg_bytes
+    assert s.misaligned_segments == segs  # each ends mid-burst
+    assert s.dma_segments == segs
+    _, _, _, start, end, _ = the_interval(frag)
+    assert end - start == hw.dma.startup_cycles + segs * hw.dma.segment_cycles + ceil_div(moved, port)
+    _, _, _, start_w, end_w, _ = the_interval(whole)
+    assert end_w - start_w == hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(segs * seg_bytes, port)
+    assert end - start > end_w - start_w
+
+
+@pytest.mark.parametrize("burst", [64, 128, 256])
+@pytest.mark.parametrize("offset, seg_bytes, segments, stride", [
+    (32, 65536, 1, None),   # one misaligned contiguous piece
+    (0, 100, 64, 192),      # strided pieces whose start residues cycle with the burst
+    (96, 100, 10, 320),
+    (0, 4000, 1, None),     # aligned start, ragged end
+])
+def test_burst_override_changes_the_waste_as_predicted(burst, offset, seg_bytes, segments, stride):
+    hw = hw_with(**{"dma.burst_bytes": burst})
+    step = seg_bytes if stride is None else stride
+    ub_stride = None if segments == 1 else -(-seg_bytes // 32) * 32
+    r = simulate(read_kernel(hw, GM_A + offset, seg_bytes, segments=segments, gm_stride=stride,
+                             ub_stride=ub_stride), hw)
+    starts = [GM_A + offset + i * step for i in range(segments)]
+    moved = sum(rounded(a, seg_bytes, burst) for a in starts)
+    mis = sum(1 for a in starts if a % burst or (a + seg_bytes) % burst)
+    s = r.kernels[0].stats
+    assert s.gm_read_bytes == moved
+    assert s.wasted_burst_bytes == moved - segments * seg_bytes
+    assert s.misaligned_segments == mis
+    _, _, _, start, end, _ = the_interval(r)
+    assert end - start == hw.dma.startup_cycles + segments * hw.dma.segment_cycles + ceil_div(
+        moved, hw.aiv.gm_read_bytes_per_cycle)

@@ -1,0 +1,286 @@
+"""Host and streams (launch cost, synchronize, overlap on two streams, graph mode,
+waves), determinism, and block grouping (Device(dedup=True)) against one process
+per block (dedup=False)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+
+from kernels import (
+    GM_A,
+    GM_B,
+    MTE2,
+    M,
+    ceil_div,
+    mix_kernel,
+    pipeline_kernel,
+    read_kernel,
+    run_on_device,
+    vec_kernel,
+)
+from npusim.engine import HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent, run
+from npusim.hw import load_hw
+from npusim.isa import Copy, CrossSetFlag, CrossWaitFlag, Mem, Mmad, addr
+
+# A small chip (4 AIC, 8 AIV) keeps the tests fast; round host costs.
+SMALL = {"chip.aic_count": 4, "runtime.eager_launch_us": 10.0, "runtime.graph_launch_us": 1.0,
+         "runtime.synchronize_us": 5.0, "runtime.event_us": 2.0}
+HW = load_hw("ascend910b2", overrides=SMALL)
+
+
+def host_cycles(hw, us: float) -> int:
+    return math.ceil(hw.cycles(us * 1e-6))
+
+
+def vec_body_cycles(hw, op: str, n: int, count: int) -> int:
+    repeats = ceil_div(n * 2, hw.aiv.vector_repeat_bytes)
+    return count * (hw.aiv.vector_startup_cycles + math.ceil(repeats * hw.aiv.vector_cycles_per_repeat[op]))
+
+
+def compute_kernel(hw, name: str, block_dim: int = 2, count: int = 40):
+    """A kernel of pure vector work: its time is closed-form (block start + its ops)."""
+    n = 16384
+    return (vec_kernel(hw, "exp", n, count, block_dim, name),
+            hw.runtime.block_start_cycles + vec_body_cycles(hw, "exp", n, count))
+
+
+# ------------------------------------------------------------------ host and streams
+
+
+def test_one_stream_with_a_sync_after_each_launch_is_the_sum():
+    hw = HW
+    k1, c = compute_kernel(hw, "k1")
+    k2, _ = compute_kernel(hw, "k2")
+    L, S, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.synchronize_us), \
+        hw.runtime.kernel_start_cycles
+    assert K + c > S  # the host really waits
+    r = run([Launch(k1, 0), Synchronize(), Launch(k2, 0), Synchronize()], hw)
+    assert [k.cycles for k in r.kernels] == [c, c]
+    # the synchronize call's own cost overlaps the device work it waits for
+    assert r.cycles == 2 * (L + max(S, K + c))
+    assert r.host_launch_cycles == 2 * L
+    assert r.host_wait_cycles == 2 * (K + c - S)
+    a, b = r.kernels
+    assert b.start >= a.end + L  # the device idles while the host launches the next one
+
+
+def test_two_streams_without_syncs_overlap():
+    hw = HW
+    k1, c = compute_kernel(hw, "k1")
+    k2, _ = compute_kernel(hw, "k2")
+    assert 2 * k1.block_dim <= hw.aiv_count  # they fit on the cores together
+    L, S, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.synchronize_us), \
+        hw.runtime.kernel_start_cycles
+    serial = run([Launch(k1, 0), Synchronize(), Launch(k2, 0), Synchronize()], hw)
+    r = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
+    a, b = sorted(r.kernels, key=lambda k: k.stream)
+    assert b.start < a.end  # overlap
+    assert (a.cycles, b.cycles) == (c, c)  # no shared resource: neither slows down
+    assert r.cycles == 2 * L + K + c
+    assert r.cycles < serial.cycles
+    assert r.host_launch_cycles == 2 * L
+    assert r.host_wait_cycles == r.cycles - 2 * L - S
+
+
+def test_two_streams_that_do_not_fit_together_run_one_after_the_other():
+    hw = HW
+    k1, c = compute_kernel(hw, "k1", block_dim=hw.aiv_count)
+    k2, _ = compute_kernel(hw, "k2", block_dim=hw.aiv_count)
+    L, K = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_cycles
+    assert c > L  # k2 reaches the device while k1 still holds every core
+    r = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
+    a, b = sorted(r.kernels, key=lambda k: k.stream)
+    assert b.end == a.end + c
+    assert r.cycles == L + K + 2 * c
+
+
+def test_graph_mode_lowers_host_launch_time():
+    hw = HW
+    k1, c = compute_kernel(hw, "k1")
+    k2, _ = compute_kernel(hw, "k2")
+    G, K = host_cycles(hw, hw.runtime.graph_launch_us), hw.runtime.kernel_start_cycles
+    eager = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
+    graph = run([Launch(k1, 0, "graph"), Launch(k2, 1, "graph"), Synchronize()], hw)
+    assert graph.host_launch_cycles == 2 * G < eager.host_launch_cycles
+    assert graph.cycles == 2 * G + K + c < eager.cycles
+
+
+def test_host_costs_follow_the_runtime_config():
+    hw = load_hw("ascend910b2", overrides={**SMALL, "runtime.eager_launch_us": 7.5, "runtime.synchronize_us": 0.5,
+                                           "runtime.kernel_start_cycles": 0})
+    k, c = compute_kernel(hw, "k", count=1)
+    L, S = host_cycles(hw, 7.5), host_cycles(hw, 0.5)
+    r = run([Launch(k, 0), Launch(k, 0), Launch(k, 0), Synchronize()], hw)
+    assert r.host_launch_cycles == 3 * L
+    assert r.cycles == 3 * L + max(S, c)
+
+
+def test_event_orders_a_kernel_after_another_stream():
+    hw = HW
+    k1, c = compute_kernel(hw, "k1", count=80)
+    k2, _ = compute_kernel(hw, "k2", count=80)
+    L, E, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.event_us), \
+        hw.runtime.kernel_start_cycles
+    r = run([Launch(k1, 0), RecordEvent("e", 0), WaitEvent("e", 1), Launch(k2, 1), Synchronize()], hw)
+    a, b = sorted(r.kernels, key=lambda k: k.stream)
+    assert a.end == L + K + c
+    assert 2 * L + 2 * E < a.end  # k2 reached stream 1 before the record: the wait is what holds it
+    assert b.start == a.end + K
+    assert r.cycles == b.end == L + 2 * K + 2 * c
+
+
+def test_memcpy_over_pcie():
+    hw = HW
+    nbytes = 4 << 20
+    E, M0, S = (host_cycles(hw, hw.runtime.event_us), host_cycles(hw, hw.runtime.memcpy_startup_us),
+                host_cycles(hw, hw.runtime.synchronize_us))
+    r = run([Memcpy(nbytes, "h2d", 0), Synchronize()], hw)
+    assert r.cycles == E + max(S, M0 + ceil_div(nbytes, hw.pcie_bytes_per_cycle))
+    # the two directions are separate links: an H2D and a D2H on two streams overlap fully
+    both = run([Memcpy(nbytes, "h2d", 0), Memcpy(nbytes, "d2h", 1), Synchronize()], hw)
+    assert both.cycles == 2 * E + M0 + ceil_div(nbytes, hw.pcie_bytes_per_cycle)
+
+
+def test_host_work_delays_the_next_launch():
+    hw = HW
+    k, c = compute_kernel(hw, "k", count=1)
+    L, K, S = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_cycles, \
+        host_cycles(hw, hw.runtime.synchronize_us)
+    H = host_cycles(hw, 20.0)
+    r = run([HostWork(20.0), Launch(k, 0), Synchronize()], hw)
+    assert r.kernels[0].start == H + L + K
+    assert r.cycles == H + L + max(S, K + c)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_block_dim_twice_the_cores_runs_in_two_waves(dedup):
+    hw = HW
+    one, c = compute_kernel(hw, "one", block_dim=hw.aiv_count, count=4)
+    two, _ = compute_kernel(hw, "two", block_dim=2 * hw.aiv_count, count=4)
+    r1 = run_on_device([Launch(one), Synchronize()], hw, dedup=dedup)
+    r2 = run_on_device([Launch(two), Synchronize()], hw, dedup=dedup)
+    assert r1.kernels[0].cycles == c
+    assert r2.kernels[0].cycles == 2 * c
+    spans = r2.trace.block_spans
+    assert len(spans) == 2 * hw.aiv_count
+    assert sorted({s[3] for s in spans}) == [r2.kernels[0].start + hw.runtime.block_start_cycles,
+                                            r2.kernels[0].start + c + hw.runtime.block_start_cycles]
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def busy_program(hw):
+    """Two streams, events, shared HBM, L2 reuse and a MIX kernel: plenty of interleaving."""
+    reader = read_kernel(hw, GM_A, 16384, block_dim=6, block_step=16384, repeat=3, name="reader")
+    piped = pipeline_kernel(hw, 8192, 6, True)
+    mm = mix_kernel(hw, [Mmad(64, 64, 64), CrossSetFlag(M, 0)],
+                    [CrossWaitFlag(MTE2, 0), Copy(Mem.GM, Mem.UB, addr(GM_B, block=4096), 0, 4096)],
+                    block_dim=2, name="mix")
+    return [Launch(reader, 0), RecordEvent("r", 0), Launch(piped, 1), WaitEvent("r", 1), Launch(mm, 1),
+            Launch(reader, 0, "graph"), Synchronize(1), Launch(piped, 0), Synchronize()]
+
+
+def test_same_program_twice_gives_identical_results():
+    hw = HW
+    a = run(busy_program(hw), hw)
+    b = run(busy_program(hw), hw)
+    assert a.cycles == b.cycles
+    assert a.kernels == b.kernels
+    assert a.trace.intervals == b.trace.intervals
+    assert a.trace.counters == b.trace.counters
+    assert a.trace.host_spans == b.trace.host_spans
+    assert a == b
+    assert len(a.kernels) == 5 and a.trace.intervals
+
+
+# ------------------------------------------------------------------ grouping (dedup)
+
+
+def same_results(calls, hw):
+    grouped = run_on_device(calls, hw, dedup=True)
+    single = run_on_device(calls, hw, dedup=False)
+    return grouped, single
+
+
+def assert_same(grouped, single):
+    assert [k.cycles for k in grouped.kernels] == [k.cycles for k in single.kernels]
+    assert [k.stats for k in grouped.kernels] == [k.stats for k in single.kernels]
+    assert grouped.cycles == single.cycles
+    assert sorted(grouped.trace.intervals) == sorted(single.trace.intervals)
+
+
+HBM_BOUND = {**SMALL, "hbm.peak_bw_bytes_per_s": 300 * 1.8e9, "hbm.bw_efficiency": 1.0}
+
+
+@pytest.mark.parametrize("case", ["streaming", "waves", "pipeline", "mix", "misaligned base"])
+def test_grouping_gives_the_same_stats_and_cycles(case):
+    hw = load_hw("ascend910b2", overrides=HBM_BOUND)
+    if case == "streaming":  # every block its own region, HBM-limited
+        k = read_kernel(hw, GM_A, 32768, block_dim=hw.aiv_count, block_step=32768, repeat=2)
+    elif case == "waves":
+        k = read_kernel(hw, GM_A, 8192, block_dim=3 * hw.aiv_count, block_step=8192)
+    elif case == "pipeline":
+        k = pipeline_kernel(hw, 8192, 4, True)
+        k = type(k)(k.name, k.core_type, 5, aiv=k.aiv)  # same region for every block: L2 reuse
+    elif case == "mix":
+        k = mix_kernel(hw, [Mmad(64, 64, 64), Copy(Mem.L0C, Mem.GM, 0, addr(GM_B, block=16384), 16384)],
+                       [Copy(Mem.GM, Mem.UB, addr(GM_A, block=8192, sub=4096), 0, 4096)], block_dim=hw.chip.aic_count)
+    else:  # every block starts 32 bytes past a burst: same rounding for each
+        k = read_kernel(hw, GM_A + 32, 4096, block_dim=hw.aiv_count, block_step=8192)
+    grouped, single = same_results([Launch(k), Synchronize()], hw)
+    assert_same(grouped, single)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "grouping changes results (device.py Device._can_group + memory.py transfer): blocks that "
+    "read the same cold data share its HBM fill equally when grouped (each waits for 1/w of it), "
+    "but run alone the first block misses and the others hit at L2 speed at once, so busy and "
+    "core cycles differ (kernel time does not)"))
+def test_grouping_same_results_when_all_blocks_read_the_same_cold_data():
+    hw = load_hw("ascend910b2", overrides={**HBM_BOUND, "hbm.peak_bw_bytes_per_s": 20 * 1.8e9})
+    k = read_kernel(hw, GM_A, 65536, block_dim=hw.aiv_count, block_step=0)
+    grouped, single = same_results([Launch(k), Synchronize()], hw)
+    assert_same(grouped, single)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "grouping changes results (device.py Device._can_group): blocks are grouped when their GM "
+    "addresses move by whole *bursts*, but the L2 works in 512-byte *lines*; with a block step "
+    "that is not a multiple of the line, neighbouring blocks share lines, the group averages "
+    "their hits, and HBM read bytes, L2 hit bytes and cycles all differ from dedup=False"))
+def test_grouping_same_results_when_blocks_share_l2_lines():
+    hw = load_hw("ascend910b2", overrides=HBM_BOUND)
+    step = 3 * hw.dma.burst_bytes  # 192 B: a whole number of bursts, not of lines
+    assert step % hw.l2.line_bytes
+    k = read_kernel(hw, GM_A, step, block_dim=hw.aiv_count, block_step=step, repeat=3)
+    grouped, single = same_results([Launch(k), Synchronize()], hw)
+    assert_same(grouped, single)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine bug (host.py Host.cycles: math.ceil(hw.cycles(us * 1e-6))): the float product "
+    "overshoots a whole number of cycles (1.12 us at 1.8 GHz -> 2016.0000000000002), so the "
+    "ceil charges one cycle too many per launch"))
+def test_host_cost_in_us_converts_without_float_overshoot():
+    us = "1.12"
+    hw = load_hw("ascend910b2", overrides={**SMALL, "runtime.graph_launch_us": float(us)})
+    exact = Fraction(us) * Fraction(hw.chip.freq_hz) / 10**6  # cycles, in exact arithmetic
+    assert exact.denominator == 1
+    k, _ = compute_kernel(hw, "k", count=1)
+    r = run([Launch(k, 0, "graph"), Synchronize()], hw)
+    assert r.host_launch_cycles == exact
+
+
+@pytest.mark.parametrize("level", ["kernel", "block"])
+def test_trace_level_does_not_change_the_run(level):
+    hw = HW
+    full = run(busy_program(hw), hw, trace="instr")
+    less = run(busy_program(hw), hw, trace=level)
+    assert less.kernels == full.kernels
+    assert less.cycles == full.cycles
+    assert less.trace.counters == full.trace.counters
+    assert less.trace.intervals == ()
