@@ -177,10 +177,10 @@ def test_lru_is_not_fooled_by_an_adjacent_tensor():
 
 def test_l2cache_unit_lru_order_and_write_back():
     c = L2Cache(4)
-    assert c.access(0, 4, write=True) == (0, 0)
-    assert c.access(0, 2, write=False) == (2, 0)  # lines 0,1 now newer than 2,3
-    assert c.access(10, 12, write=False) == (0, 2)  # evicts dirty 2,3
-    assert c.access(2, 4, write=False) == (0, 2)  # misses; evicts dirty 0,1
+    assert c.access(0, 4, write=True)[:2] == (0, 0)
+    assert c.access(0, 2, write=False)[:2] == (2, 0)  # lines 0,1 now newer than 2,3
+    assert c.access(10, 12, write=False)[:2] == (0, 2)  # evicts dirty 2,3
+    assert c.access(2, 4, write=False)[:2] == (0, 2)  # misses; evicts dirty 0,1
     assert c.dirty_lines() == 0
 
 

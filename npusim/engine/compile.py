@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
 from npusim.isa.program import (
     Affine,
@@ -94,7 +95,7 @@ def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, tuple]]:
     if cls is VecOp:
         elem = max(DTYPE_BYTES[instr.dtype], DTYPE_BYTES[instr.out_dtype or instr.dtype])
         repeats = _div_up(instr.n * elem, hw.aiv.vector_repeat_bytes)
-        cost = hw.aiv.vector_startup_cycles + math.ceil(repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
+        cost = hw.aiv.vector_startup_cycles + whole_cycles(repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
         return [(Pipe.V, _fixed(instr, cost, instr.op, flops=instr.n * instr.flops_per_elem))]
     if cls is Scalar:
         return [(Pipe.S, _fixed(instr, instr.cycles, "Scalar"))]

@@ -49,7 +49,7 @@ from npusim.engine.compile import LOOP
 from npusim.engine.memory import MemorySystem
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
-from npusim.isa.program import CoreType, Kernel, at
+from npusim.isa.program import Affine, CoreType, Kernel, at
 
 
 @frozen
@@ -82,7 +82,7 @@ class _CoreRun:
         self.name, self.names, self.kind, self.vars, self.streams = names[0], names, kind, vars, streams
         self.offsets = offsets  # block index of each member minus the representative's
         self.flags: dict = defaultdict(deque)  # key -> cycles at which each pending set is visible
-        self.waiters: dict = {}  # key -> event of the pipe blocked on that key
+        self.waiters: dict = defaultdict(deque)  # key -> events of pipes blocked on it, FIFO
         self.bar_n, self.bar_t, self.bar_ev = 0, 0.0, None
         self.block = block
 
@@ -180,16 +180,19 @@ class Device:
         return None
 
     def _can_group(self, kernel: Kernel) -> bool:
-        """Blocks of `kernel` cost the same wherever they run: one shared program per
-        core kind, and GM addresses that move between blocks by whole bursts."""
+        """Blocks of `kernel` cost the same wherever they run and do not touch each
+        other's data: one shared program per core kind, and every GM access moves
+        from block to block by a nonzero whole number of L2 lines, at least as far
+        as one block's accesses spread."""
         hit = self._groupable.get(id(kernel))
         if hit is None or hit[0] is not kernel:
             ok = self.dedup and len(kernel.aic) <= 1 and len(kernel.aiv) <= 1
-            burst = self.hw.dma.burst_bytes
+            line = self.hw.l2.line_bytes
             kinds = [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
             for kind in kinds if ok else ():
                 for _, stream in self._streams(kernel, kind, 0):
-                    ok = ok and all(e[11] % burst == 0 for e in _gm_entries(stream))
+                    for step, spread in _gm_steps(stream, {"sub": self.hw.chip.aiv_per_aic}):
+                        ok = ok and step != 0 and step % line == 0 and spread <= abs(step)
             hit = self._groupable[id(kernel)] = (kernel, ok)
         return hit[1]
 
@@ -264,7 +267,8 @@ class Device:
         Returns the cycle at which that set became visible."""
         q = cr.flags[key]
         if not q:
-            ev = cr.waiters[key] = self.env.event()
+            ev = self.env.event()
+            cr.waiters[key].append(ev)
             self.blocked[(cr.name, pipe_name)] = what
             yield ev
             del self.blocked[(cr.name, pipe_name)]
@@ -273,9 +277,9 @@ class Device:
     @staticmethod
     def _post(cr: _CoreRun, key, visible_at: float) -> None:
         cr.flags[key].append(visible_at)
-        ev = cr.waiters.pop(key, None)
-        if ev is not None:
-            ev.succeed()
+        waiting = cr.waiters[key]
+        if waiting:
+            waiting.popleft().succeed()
 
     def _pipe(self, kr: _KernelRun, cr: _CoreRun, pipe, stream: tuple):
         env, hw, mem, acc = self.env, self.hw, self.memory, kr.acc
@@ -283,6 +287,7 @@ class Device:
         intervals = self.tracer.intervals if self.tracer.instr else None
         pipe_name, kid = pipe.value, kr.id
         names, offsets, w = cr.names, cr.offsets, cr.weight
+        owners = [(kid, name) for name in names]  # who touches the L2, per member
         flag_latency = hw.sync.flag_latency_cycles
         cross_latency = hw.sync.cross_core_flag_latency_cycles
         t = env.now
@@ -310,7 +315,7 @@ class Device:
                     yield env.timeout(t - env.now)
                 done = env.event()
                 st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
-                                  done.succeed)
+                                  done.succeed, owners)
                 yield done
                 t = env.now
                 busy += t - issue
@@ -340,11 +345,11 @@ class Device:
                     waited += visible - t
                     t = visible
             elif kind == BARRIER:
-                t, w = yield from self._barrier(cr, t, entry[2], pipe_name)
-                waited += w
+                t, stalled = yield from self._barrier(cr, t, entry[2], pipe_name)
+                waited += stalled
             elif kind == SYNC_ALL:
-                t, w = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
-                waited += w
+                t, stalled = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
+                waited += stalled
             elif kind == CROSS_SET:
                 blk = cr.block
                 targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
@@ -401,10 +406,14 @@ class Device:
         return release, release - cost - t
 
 
-def _gm_entries(stream: tuple):
-    """Every GM transfer entry of a stream, loops included (each once)."""
+def _gm_steps(stream: tuple, counts: dict[str, int]):
+    """(block step, bytes one block's accesses spread over) of every GM transfer in a
+    stream; `counts` gives the range of each variable in scope besides `block`."""
     for e in stream:
         if e[0] == LOOP:
-            yield from _gm_entries(e[5])
+            yield from _gm_steps(e[5], {**counts, e[3]: e[4]})
         elif e[0] == GM:
-            yield e
+            gm_addr, nbytes, segments, stride = e[6], e[7], e[8], e[9]
+            terms = dict(gm_addr.terms) if isinstance(gm_addr, Affine) else {}
+            spread = sum(abs(step) * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block")
+            yield terms.get("block", 0), spread + (segments - 1) * stride + nbytes

@@ -23,9 +23,13 @@ from collections.abc import Callable
 
 import simpy
 
-# Relative slack when deciding that a flow has finished: absorbs float rounding of
-# the virtual clocks (about 1e-16 per step); far below one burst of any transfer.
+from npusim.engine.cycles import whole_cycles
+
+# Slack when deciding that a flow has finished, relative and in bytes: absorbs float
+# rounding of the virtual clocks and of completion times (whole_cycles); far below
+# one burst of any transfer.
 _DONE_SLACK = 1e-9
+_DONE_SLACK_BYTES = 1e-2
 
 
 class _CapClass:
@@ -111,7 +115,7 @@ class Link:
         if nxt is math.inf:
             self._timer_at = math.inf
             return
-        when = math.ceil(self.env.now + max(nxt, 0.0) - 1e-9)
+        when = whole_cycles(self.env.now + max(nxt, 0.0))
         if when == self._timer_at:
             return
         self._timer_at = when
@@ -126,7 +130,7 @@ class Link:
         finished = []
         for cls in self._order:
             heap = cls.heap
-            done_at = cls.clock * (1 + _DONE_SLACK) + _DONE_SLACK
+            done_at = cls.clock * (1 + _DONE_SLACK) + _DONE_SLACK_BYTES
             while heap and heap[0][0] <= done_at:
                 _, _, weight, on_done = heapq.heappop(heap)
                 cls.count -= weight

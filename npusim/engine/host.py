@@ -26,6 +26,7 @@ from typing import Union
 import simpy
 from attrs import frozen
 
+from npusim.engine.cycles import whole_cycles
 from npusim.engine.device import Device
 from npusim.engine.flows import Link
 from npusim.isa.program import Kernel
@@ -102,11 +103,12 @@ class Host:
         self.launch_cycles = 0.0
         self.wait_cycles = 0.0
         self.done = False
+        self.end = 0.0  # when the host program and all its stream work had finished
         self.kernel_streams: dict[int, int] = {}
 
     def cycles(self, us: float) -> int:
         """Host costs are configured in µs; the engine counts whole cycles."""
-        return math.ceil(self.hw.cycles(us * 1e-6))
+        return whole_cycles(self.hw.cycles(us * 1e-6))
 
     def _stream(self, index: int) -> _Stream:
         s = self.streams.get(index)
@@ -167,6 +169,7 @@ class Host:
                     call = (call, target)
                 self._enqueue(call[0].stream if isinstance(call, tuple) else call.stream, call)
         self.done = True
+        self.end = max(self.end, env.now)
 
     def _enqueue(self, stream: int, item) -> None:
         s = self._stream(stream)
@@ -206,5 +209,6 @@ class Host:
                         del self.device.blocked[(track, "wait")]
                     self._span(track, f"wait {call.name}", start, env.now)
             s.outstanding -= 1
+            self.end = max(self.end, env.now)
             if s.outstanding == 0:
                 s.drained.succeed()

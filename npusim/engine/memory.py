@@ -66,13 +66,12 @@ class MemorySystem:
 
     def transfer(
         self, addrs: list[int], nbytes: int, segments: int, stride: int, write: bool, cap: float,
-        on_done: Callable[[], None],
+        on_done: Callable[[], None], owners: list,
     ) -> TransferStats:
         """Start a GM read (write=False) or write now, one per address in `addrs` (the
-        identical blocks of a group, see device.py); on_done() fires when they have
-        moved. Burst rounding is the same for every address of a group (the group's
-        addresses differ by whole bursts); each address goes through the L2 itself,
-        and the group's flows share its hits and write-backs equally."""
+        identical blocks of a group, see device.py; `owners` names each one's core for
+        the L2); on_done() fires when they have all moved. Burst rounding is the same
+        for every address of a group (they differ by whole lines)."""
         if stride == nbytes:  # back-to-back segments are one contiguous segment
             nbytes, segments = nbytes * segments, 1
         w = len(addrs)
@@ -82,44 +81,52 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
+        fill = None if write else self.env.event()  # fires when the missed lines have arrived
         hit_lines = total_lines = 0
+        waits: list = []
         write_backs: dict[int, int] = {}  # lines written back by one member -> members
         contiguous = segments == 1 or stride - nbytes < line
-        for addr in addrs:
+        for addr, owner in zip(addrs, owners):
+            ranges = ([(addr // line, -(-(addr + (segments - 1) * stride + nbytes) // line))] if contiguous
+                      else [((addr + i * stride) // line, -(-(addr + i * stride + nbytes) // line))
+                            for i in range(segments)])  # segments far apart touch separate lines
             wb = 0
-            if contiguous:
-                first, end = addr // line, -(-(addr + (segments - 1) * stride + nbytes) // line)
-                h, wb = self.l2.access(first, end, write)
+            for first, end in ranges:
+                h, wb_, wait = self.l2.access(first, end, write, owner, fill)
                 hit_lines += h
+                wb += wb_
                 total_lines += end - first
-            else:  # segments far apart touch separate lines
-                for i in range(segments):
-                    a = addr + i * stride
-                    first, end = a // line, -(-(a + nbytes) // line)
-                    h, w_ = self.l2.access(first, end, write)
-                    hit_lines += h
-                    wb += w_
-                    total_lines += end - first
+                waits += [ev for ev in wait if ev not in waits]
             if wb:
                 write_backs[wb] = write_backs.get(wb, 0) + 1
         st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
-        st.hbm_read = 0.0 if write else st.miss_bytes
+        # A read miss fills whole lines from HBM.
+        st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
         for lines, members in write_backs.items():
             st.hbm_write += lines * line * members
             self.hbm.add(lines * line, math.inf, _nothing, members)
 
-        pending = [1]
+        pending = [1 + len(waits)]
 
-        def one_done() -> None:
+        def one_done(_event=None) -> None:
             pending[0] -= 1
             if not pending[0]:
                 on_done()
 
+        for ev in waits:  # lines another transfer is still bringing in
+            ev.callbacks.append(one_done)
         self.l2_link.add(moved, cap, one_done, w)
         if st.hbm_read > 0:
             pending[0] += 1
-            self.hbm.add(st.hbm_read / w, cap, one_done, w)
+
+            def filled() -> None:
+                fill.succeed()
+                one_done()
+
+            self.hbm.add(st.hbm_read / w, math.inf, filled, w)  # HBM -> L2 does not cross the core's port
+        elif fill is not None:
+            fill.succeed()
         return st
 
 
