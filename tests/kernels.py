@@ -102,18 +102,20 @@ def vec_kernel(hw: HwConfig, op: str, n: int, count: int = 1, block_dim: int = 1
 
 
 def pipeline_kernel(hw: HwConfig, tile: int, iters: int, double: bool, op: str = "add",
-                    name: str | None = None) -> Kernel:
+                    name: str | None = None, block_dim: int = 1, block_step: int = 0) -> Kernel:
     """copy-in (MTE2) -> vector op (V) -> copy-out (MTE3) over `iters` tiles of `tile` bytes (fp16).
 
     double=True: ping-pong slots 0/1 in UB; MTE3->MTE2 flags say a slot is free
     again (primed before the loop, drained after), MTE2->V its input is in, V->MTE3
     its output is ready; `iters` must be even (the loop body does a ping then a pong).
-    double=False: one slot; the copy-in of tile j+1 waits for the copy-out of tile j."""
+    double=False: one slot; the copy-in of tile j+1 waits for the copy-out of tile j.
+    Block b works on the tiles `b * block_step` bytes further on (0: all on the same)."""
     n = tile // 2
     src, dst = GM_A, GM_B
     inp, out = 0, 2 * tile  # UB: two input slots, then two output slots
 
     def stage(slot: int, gm_step: dict) -> list:
+        gm_step = {**gm_step, "block": block_step}
         return [
             WaitFlag(MTE3, MTE2, slot),
             Copy(GM, UB, addr(src + slot * tile, **gm_step), inp + slot * tile, tile),
@@ -133,15 +135,17 @@ def pipeline_kernel(hw: HwConfig, tile: int, iters: int, double: bool, op: str =
                 WaitFlag(MTE3, MTE2, 0), WaitFlag(MTE3, MTE2, 1)]
     else:
         body = [SetFlag(MTE3, MTE2, 0), Loop("j", iters, stage(0, {"j": tile})), WaitFlag(MTE3, MTE2, 0)]
-    return aiv_kernel(hw, body, 1, name or ("double" if double else "single"))
+    return aiv_kernel(hw, body, block_dim, name or ("double" if double else "single"))
 
 
 # ------------------------------------------------------------------ running
 
 
-def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr") -> RunResult:
+def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr",
+                  group_sizes: list | None = None) -> RunResult:
     """What npusim.engine.run.run() does, with the Device built here so that block
-    grouping can be switched off (Device(dedup=False))."""
+    grouping can be switched off (Device(dedup=False)). If `group_sizes` is a list,
+    the number of blocks each GM transfer stood for (its group's size) is appended to it."""
     calls = list(calls)
     for c in calls:
         if isinstance(c, Launch):
@@ -149,6 +153,14 @@ def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr")
     env = simpy.Environment()
     tracer = Tracer(trace)
     device = Device(env, hw, tracer, dedup=dedup)
+    if group_sizes is not None:
+        transfer = device.memory.transfer
+
+        def counting_transfer(addrs, *args, **kwargs):
+            group_sizes.append(len(addrs))
+            return transfer(addrs, *args, **kwargs)
+
+        device.memory.transfer = counting_transfer
     host = Host(env, device)
     env.process(host.run(calls))
     env.run()
@@ -156,7 +168,7 @@ def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr")
     counters = {link.name: tuple(link.samples) for link in
                 (device.memory.hbm, device.memory.l2_link, *host.pcie.values())}
     return RunResult(
-        hw=hw, cycles=env.now, kernels=tuple(sorted(device.records, key=lambda r: r.id)),
+        hw=hw, cycles=host.end, kernels=tuple(sorted(device.records, key=lambda r: r.id)),
         host_launch_cycles=host.launch_cycles, host_wait_cycles=host.wait_cycles,
         trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
     )

@@ -66,10 +66,11 @@ def test_single_read_takes_startup_plus_bytes_over_slowest_link(limit, over):
     startup = hw.dma.startup_cycles + 1 * hw.dma.segment_cycles
     assert end - start == startup + ceil_div(nbytes, slowest)
 
-    # cold L2: the bytes flow on both links, each at min(port cap, link)
+    # cold L2: the moved bytes cross the port on the L2 link, at min(port cap, L2); the
+    # line fill HBM -> L2 does not cross the port, so it runs at the whole HBM rate
     hbm_rates = [rate for _, rate in r.trace.counters["HBM"] if rate]
     l2_rates = [rate for _, rate in r.trace.counters["L2"] if rate]
-    assert hbm_rates == [pytest.approx(min(port, hbm))]
+    assert hbm_rates == [pytest.approx(hbm)]
     assert l2_rates == [pytest.approx(min(port, l2))]
     s = r.kernels[0].stats
     assert s.hbm_read_bytes == s.l2_miss_bytes == s.gm_read_bytes == nbytes
@@ -127,7 +128,11 @@ def test_n_cores_share_hbm_fairly(n, dedup):
     assert n * nbytes / flow_cycles <= hbm
     samples = r.trace.counters["HBM"]
     assert samples and max(rate for _, rate in samples) <= hbm * (1 + 1e-12)
-    assert max(rate for _, rate in samples) == pytest.approx(min(n * port, hbm))
+    # the fills are not capped by the ports: they always take the whole HBM; the port
+    # caps show on the L2 link, where the moved bytes cross them
+    assert max(rate for _, rate in samples) == pytest.approx(hbm)
+    l2_samples = r.trace.counters["L2"]
+    assert max(rate for _, rate in l2_samples) == pytest.approx(min(n * port, hw.l2_bytes_per_cycle))
     assert r.kernels[0].stats.hbm_read_bytes == n * nbytes
 
 
@@ -161,24 +166,49 @@ def test_late_flow_shares_then_finishes_alone():
 
 def test_water_filling_gives_a_capped_flow_its_cap_and_the_rest_to_others():
     """A MIX block: the AIC reads with a small port cap, its two AIVs with a large one,
-    all at once. Max-min fairness: the AIC gets its cap, the AIVs split what is left."""
-    aic_cap, aiv_cap, hbm = 30, 110, 150
+    all at once, through an L2 link slower than the three ports together. Max-min
+    fairness on the L2 link (where the port caps apply): the AIC gets its cap, the
+    AIVs split what is left. HBM is fast: the (uncapped) line fills end well before."""
+    aic_cap, aiv_cap, l2 = 30, 110, 150
     hw = hw_with(**{"dma.startup_cycles": 0, "dma.segment_cycles": 0,
                     "aic.gm_read_bytes_per_cycle": aic_cap, "aiv.gm_read_bytes_per_cycle": aiv_cap,
-                    "hbm.peak_bw_bytes_per_s": hbm * 1.8e9})
-    aiv_rate = (hbm - aic_cap) / 2
-    assert aiv_rate < aiv_cap
-    span = 1024  # sizes (whole bursts) chosen so that everyone ends together at `span`
-    assert (aic_cap * span) % hw.dma.burst_bytes == 0 and (aiv_rate * span) % hw.dma.burst_bytes == 0
+                    "l2.bw_bytes_per_s": l2 * 1.8e9})
+    assert hw.l2_bytes_per_cycle == l2
+    aiv_rate = (l2 - aic_cap) / 2
+    assert aic_cap < aiv_rate < aiv_cap
+    span = 1024  # sizes (whole lines) chosen so that everyone ends together at `span`
+    aic_bytes, aiv_bytes = aic_cap * span, int(aiv_rate * span)
+    assert aic_bytes % hw.l2.line_bytes == 0 and aiv_bytes % hw.l2.line_bytes == 0
+    assert aiv_bytes / (hw.hbm_bytes_per_cycle / 3) < span  # the fills are not what limits
     # each AIV of the block reads its own region (`sub` moves the address)
-    k = mix_kernel(hw, [Copy(GM, Mem.L1, GM_A, 0, aic_cap * span)],
-                   [Copy(GM, UB, addr(GM_A + 0x100000, sub=0x100000), 0, int(aiv_rate * span))])
+    k = mix_kernel(hw, [Copy(GM, Mem.L1, GM_A, 0, aic_bytes)],
+                   [Copy(GM, UB, addr(GM_A + 0x100000, sub=0x100000), 0, aiv_bytes)])
     r = simulate(k, hw)
     (c,) = intervals(r, "AIC0", "MTE2")
     v = intervals(r, pipe="MTE2", name="GM->UB")
     assert [iv[0] for iv in v] == ["AIV0", "AIV1"]
     for iv in [c, *v]:
         assert iv[4] - iv[3] == span
+    assert max(rate for _, rate in r.trace.counters["L2"]) == pytest.approx(l2)
+
+
+def test_hbm_fill_is_not_capped_by_the_port():
+    """One core, HBM faster than its port: the line fill runs at the HBM rate and ends
+    early; the transfer takes the port time (the L2 side, capped by the port)."""
+    hw = hw_with()
+    port, hbm = hw.aiv.gm_read_bytes_per_cycle, hw.hbm_bytes_per_cycle
+    assert hbm > port
+    nbytes = 65536
+    r = simulate(read_kernel(hw, GM_A, nbytes), hw)
+    _, _, _, start, end, _ = the_interval(r)
+    flows_start = start + hw.dma.startup_cycles + hw.dma.segment_cycles
+    assert end == flows_start + ceil_div(nbytes, port)
+    # HBM busy at its full rate from the start of the flows until the fill is done
+    busy = [(t, rate) for t, rate in r.trace.counters["HBM"]]
+    assert [t for t, rate in busy if rate] == [flows_start]
+    assert [rate for _, rate in busy if rate] == [pytest.approx(hbm)]
+    assert min(t for t, rate in busy if t > flows_start and not rate) == flows_start + ceil_div(nbytes, hbm)
+    assert r.kernels[0].stats.hbm_read_bytes == nbytes
 
 
 # ------------------------------------------------------------------ the 64-byte rule

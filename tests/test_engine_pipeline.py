@@ -174,9 +174,6 @@ def test_double_buffering_timeline_overlaps_copy_in_with_copy_out():
     assert r.kernels[0].cycles < single.kernels[0].cycles
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (compile.py lower(), VecOp: math.ceil(repeats * factor)): the float product "
-    "overshoots a whole number (50 * 1.1 == 55.00000000000001), so the ceil adds a cycle"))
 def test_fractional_cost_factor_has_no_float_overshoot():
     factor, repeats = "1.1", 50
     hw = load_hw("ascend910b2", overrides={"aiv.vector_cycles_per_repeat.add": float(factor)})

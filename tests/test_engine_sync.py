@@ -102,11 +102,6 @@ def test_pipe_barrier_all_waits_for_the_slowest_pipe():
     assert [iv[3] for iv in s_ivs] == [t0, release]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (device.py Device._pipe, the BARRIER and SYNC_ALL branches): "
-    "`t, w = yield from self._barrier(...)` / `self._sync_all(...)` rebind `w`, the group "
-    "weight, to the cycles waited; every later stat of that pipe (busy_cycles, flops, "
-    "local_bytes, dma_segments) is multiplied by the wait instead of the weight"))
 def test_stats_after_a_pipe_barrier_are_not_scaled_by_the_wait():
     slow, n = 1000, 4096
     r = simulate(barrier_kernel(slow, n), HW)
@@ -117,7 +112,6 @@ def test_stats_after_a_pipe_barrier_are_not_scaled_by_the_wait():
     assert s.dma_segments == 1
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: same `w` rebinding after SyncAll (device.py Device._pipe)")
 def test_stats_after_sync_all_are_not_scaled_by_the_wait():
     n = 4096
     k = aiv_kernel_per_block(HW, [[Scalar(100 * (b + 1)), SyncAll(), VecOp("add", n, dst=0)] for b in range(2)])

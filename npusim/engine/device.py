@@ -13,9 +13,9 @@ Blocks go onto free cores of the right type (lowest free id first), in waves whe
 block_dim exceeds the cores; kernels are served in the order they reached the
 device, and a later kernel may use cores an earlier one leaves free.
 
-Identical blocks that start together are simulated once (a *group*): blocks of
-one kernel share one program, and when every GM address moves from block to
-block by whole bursts, their costs are the same, so one representative runs
+Identical blocks that start together are simulated once (a *group*): consecutive
+blocks of one kernel running the same Program object, when every GM address moves
+from block to block by whole L2 lines and blocks touch disjoint data, cost the same, so one representative runs
 with weight w: its transfers count as w flows in the fair share, each member's
 addresses go through the L2, and its counters are multiplied by w.
 # assumption: members of a group share their L2 hits equally; exact when they
@@ -179,39 +179,48 @@ class Device:
                 return c, aivs
         return None
 
-    def _can_group(self, kernel: Kernel) -> bool:
-        """Blocks of `kernel` cost the same wherever they run and do not touch each
-        other's data: one shared program per core kind, and every GM access moves
-        from block to block by a nonzero whole number of L2 lines, at least as far
-        as one block's accesses spread."""
-        hit = self._groupable.get(id(kernel))
-        if hit is None or hit[0] is not kernel:
-            ok = self.dedup and len(kernel.aic) <= 1 and len(kernel.aiv) <= 1
-            line = self.hw.l2.line_bytes
-            kinds = [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
-            for kind in kinds if ok else ():
-                for _, stream in self._streams(kernel, kind, 0):
-                    for step, spread in _gm_steps(stream, {"sub": self.hw.chip.aiv_per_aic}):
-                        ok = ok and step != 0 and step % line == 0 and spread <= abs(step)
-            hit = self._groupable[id(kernel)] = (kernel, ok)
-        return hit[1]
+    def _kinds(self, kernel: Kernel) -> list[CoreType]:
+        return [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
+
+    def _can_group(self, kernel: Kernel, block: int) -> bool:
+        """Blocks running this block's program(s) cost the same wherever they run and
+        do not touch each other's data: every GM access moves from block to block by a
+        nonzero whole number of L2 lines, at least as far as one block's accesses spread."""
+        if not self.dedup:
+            return False
+        ok = True
+        for kind in self._kinds(kernel):
+            program = kernel.program(kind, block)
+            hit = self._groupable.get(id(program))
+            if hit is None or hit[0] is not program:
+                line = self.hw.l2.line_bytes
+                fine = all(step != 0 and step % line == 0 and spread <= abs(step)
+                           for _, stream in self._streams(kernel, kind, block)
+                           for step, spread in _gm_steps(stream, {"sub": self.hw.chip.aiv_per_aic}))
+                hit = self._groupable[id(program)] = (program, fine)
+            ok = ok and hit[1]
+        return ok
+
+    def _same_programs(self, kernel: Kernel, a: int, b: int) -> bool:
+        return all(kernel.program(kind, a) is kernel.program(kind, b) for kind in self._kinds(kernel))
 
     def _dispatch(self) -> None:
         for kr in list(self.pending):
             k = kr.kernel
-            group = self._can_group(k)
             while kr.next_block < k.block_dim:
+                first = kr.next_block
+                group = self._can_group(k, first)
                 taken = []
-                while kr.next_block + len(taken) < k.block_dim:
+                while first + len(taken) < k.block_dim:
+                    if taken and not (group and self._same_programs(k, first, first + len(taken))):
+                        break
                     cores = self._take_cores(k.core_type)
                     if cores is None:
                         break
                     taken.append(cores)
-                    if not group:
-                        break
                 if not taken:
                     break
-                self.env.process(self._block(kr, list(range(kr.next_block, kr.next_block + len(taken))), taken))
+                self.env.process(self._block(kr, list(range(first, first + len(taken))), taken))
                 kr.next_block += len(taken)
             if kr.next_block == k.block_dim:
                 self.pending.remove(kr)
