@@ -23,6 +23,7 @@ from npusim.isa import (
     Buffer,
     Copy,
     CoreType,
+    GmTensor,
     Kernel,
     Loop,
     Mem,
@@ -66,9 +67,9 @@ def cube_program(hw: HwConfig, body) -> Program:
     ])
 
 
-def aiv_kernel(hw: HwConfig, body, block_dim: int = 1, name: str = "aiv") -> Kernel:
-    """An AIV kernel: one program shared by every block."""
-    return Kernel(name, CoreType.AIV, block_dim, aiv=[ub_program(hw, body)], op_type=name)
+def aiv_kernel(hw: HwConfig, body, block_dim: int = 1, name: str = "aiv", gm=()) -> Kernel:
+    """An AIV kernel: one program shared by every block (gm: the GmTensors it declares)."""
+    return Kernel(name, CoreType.AIV, block_dim, aiv=[ub_program(hw, body)], gm=gm, op_type=name)
 
 
 def aiv_kernel_per_block(hw: HwConfig, bodies: list, name: str = "aiv_blocks") -> Kernel:
@@ -135,7 +136,9 @@ def pipeline_kernel(hw: HwConfig, tile: int, iters: int, double: bool, op: str =
                 WaitFlag(MTE3, MTE2, 0), WaitFlag(MTE3, MTE2, 1)]
     else:
         body = [SetFlag(MTE3, MTE2, 0), Loop("j", iters, stage(0, {"j": tile})), WaitFlag(MTE3, MTE2, 0)]
-    return aiv_kernel(hw, body, block_dim, name or ("double" if double else "single"))
+    span = (block_dim - 1) * block_step + iters * tile
+    gm = [GmTensor("src", src, span), GmTensor("dst", dst, span)]
+    return aiv_kernel(hw, body, block_dim, name or ("double" if double else "single"), gm)
 
 
 # ------------------------------------------------------------------ running

@@ -276,12 +276,6 @@ def test_grouping_same_results_when_blocks_share_l2_lines():
 
 
 @pytest.mark.parametrize("case", ["block steps differ", "bases differ"])
-@pytest.mark.xfail(strict=True, reason=(
-    "grouping changes results (device.py Device._can_group / _gm_steps): each GM access is checked "
-    "on its own (its block step a nonzero whole number of lines, at least its own spread), but not "
-    "against the kernel's other accesses; when two accesses use different block steps, or the same "
-    "step from bases less than a step apart, one block reads lines another block reads too; the "
-    "group still averages its members' hits, so busy cycles and transfer times differ from dedup=False"))
 def test_grouping_same_results_when_accesses_of_different_blocks_overlap(case):
     hw = load_hw("ascend910b2", overrides={**HBM_BOUND, "hbm.peak_bw_bytes_per_s": 20 * 1.8e9})
     t = 4096

@@ -184,12 +184,6 @@ def test_lru_is_not_fooled_by_an_adjacent_tensor_of_another_owner():
     assert [k.stats.l2_hit_bytes for k in r.kernels] == [0, 0, 0, 0, t]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine modelling bug (l2cache.py L2Cache._access, the fast path): an access by the same "
-    "owner (kernel, core) that starts where that owner's older extent ends extends it, and the "
-    "whole extent takes the new stamp; so when one core reads A, then C, then B just after A "
-    "(e.g. the next tensor of a memory pool), A's lines look newer than C's and outlive them "
-    "(LRU would evict A). Per-owner merging (commit 42c771b) fixed only the other-owner case"))
 def test_lru_is_not_fooled_by_an_adjacent_tensor():
     line = 512
     hw = hw_with(**{"l2.l2_bytes": 30 * line})
@@ -299,11 +293,6 @@ def test_a_block_arriving_during_the_fill_waits_only_for_the_rest_of_it():
     assert r.kernels[0].stats.hbm_read_bytes == nbytes
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (l2cache.py L2Cache._access, the fast path): when an owner's read continues its "
-    "own extent, the whole extent takes the new read's fill event (below[_FILL] = fill), so lines "
-    "that arrived long ago look in flight again; another core hitting them waits for the owner's "
-    "unrelated new fill instead of reading them at L2 speed"))
 def test_a_hit_on_filled_lines_does_not_wait_for_the_owners_next_fill():
     hw = hw_with(**{"dma.startup_cycles": 0, "sync.flag_latency_cycles": 0,
                     "hbm.peak_bw_bytes_per_s": 20 * 1.8e9})
@@ -334,10 +323,6 @@ def test_l2cache_unit_a_hit_on_lines_being_filled_returns_that_fill():
     assert c.access(0, 8, False, "c", env.event()) == (8, 0, [])  # they have arrived
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (l2cache.py L2Cache._access, the fast path): an owner's read that continues its "
-    "own extent sets the whole extent's fill to the new read's (below[_FILL] = fill), so lines "
-    "filled long ago are reported as still in flight"))
 def test_l2cache_unit_lines_already_filled_are_not_in_flight_again():
     env = simpy.Environment()
     c = L2Cache(1024)

@@ -184,8 +184,8 @@ class Device:
 
     def _can_group(self, kernel: Kernel, block: int) -> bool:
         """Blocks running this block's program(s) cost the same wherever they run and
-        do not touch each other's data: every GM access moves from block to block by a
-        nonzero whole number of L2 lines, at least as far as one block's accesses spread."""
+        touch disjoint data: in every GM tensor, all accesses move from block to block
+        by the same nonzero whole number of L2 lines, and together spread no further."""
         if not self.dedup:
             return False
         ok = True
@@ -193,11 +193,9 @@ class Device:
             program = kernel.program(kind, block)
             hit = self._groupable.get(id(program))
             if hit is None or hit[0] is not program:
-                line = self.hw.l2.line_bytes
-                fine = all(step != 0 and step % line == 0 and spread <= abs(step)
-                           for _, stream in self._streams(kernel, kind, block)
-                           for step, spread in _gm_steps(stream, {"sub": self.hw.chip.aiv_per_aic}))
-                hit = self._groupable[id(program)] = (program, fine)
+                accesses = [a for _, stream in self._streams(kernel, kind, block)
+                            for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
+                hit = self._groupable[id(program)] = (program, _disjoint_blocks(accesses, kernel, self.hw))
             ok = ok and hit[1]
         return ok
 
@@ -296,7 +294,7 @@ class Device:
         intervals = self.tracer.intervals if self.tracer.instr else None
         pipe_name, kid = pipe.value, kr.id
         names, offsets, w = cr.names, cr.offsets, cr.weight
-        owners = [(kid, name) for name in names]  # who touches the L2, per member
+        tensors: dict = {}  # GM instruction -> the tensor it touches (its L2 stream)
         flag_latency = hw.sync.flag_latency_cycles
         cross_latency = hw.sync.cross_core_flag_latency_cycles
         t = env.now
@@ -323,8 +321,11 @@ class Device:
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 done = env.event()
+                tensor = tensors.get(id(instr))
+                if tensor is None:
+                    tensor = tensors[id(instr)] = _tensor_of(kr.kernel, a, instr)
                 st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
-                                  done.succeed, owners)
+                                  done.succeed, [(kid, name, tensor) for name in names])
                 yield done
                 t = env.now
                 busy += t - issue
@@ -415,14 +416,40 @@ class Device:
         return release, release - cost - t
 
 
-def _gm_steps(stream: tuple, counts: dict[str, int]):
-    """(block step, bytes one block's accesses spread over) of every GM transfer in a
-    stream; `counts` gives the range of each variable in scope besides `block`."""
+def _gm_accesses(stream: tuple, counts: dict[str, int]):
+    """(block step, first byte, end byte) of every GM transfer in a stream, over all
+    values of the other variables in scope (`counts` gives each one's range)."""
     for e in stream:
         if e[0] == LOOP:
-            yield from _gm_steps(e[5], {**counts, e[3]: e[4]})
+            yield from _gm_accesses(e[5], {**counts, e[3]: e[4]})
         elif e[0] == GM:
             gm_addr, nbytes, segments, stride = e[6], e[7], e[8], e[9]
-            terms = dict(gm_addr.terms) if isinstance(gm_addr, Affine) else {}
-            spread = sum(abs(step) * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block")
-            yield terms.get("block", 0), spread + (segments - 1) * stride + nbytes
+            base, terms = (gm_addr.base, dict(gm_addr.terms)) if isinstance(gm_addr, Affine) else (gm_addr, {})
+            moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
+            lo = base + sum(m for m in moves if m < 0)
+            hi = base + sum(m for m in moves if m > 0) + (segments - 1) * stride + nbytes
+            yield terms.get("block", 0), lo, hi
+
+
+def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig) -> bool:
+    """Per GM tensor of the kernel (all of GM if it declares none): one common block
+    step, a nonzero multiple of the L2 line, at least as long as the accesses spread."""
+    tensors: dict = {}
+    for step, lo, hi in accesses:
+        owner = next((t.name for t in kernel.gm if t.addr <= lo < t.addr + t.nbytes), None)
+        tensors.setdefault(owner, []).append((step, lo, hi))
+    for group in tensors.values():
+        steps = {step for step, _, _ in group}
+        if len(steps) != 1:
+            return False
+        step = steps.pop()
+        spread = max(hi for _, _, hi in group) - min(lo for _, lo, _ in group)
+        if step == 0 or step % hw.l2.line_bytes or spread > abs(step):
+            return False
+    return True
+
+
+def _tensor_of(kernel: Kernel, gm_addr: int, instr) -> object:
+    """The kernel's GM tensor holding `gm_addr` (the instruction itself if it declares none):
+    accesses that continue each other within one tensor are one stream for the L2."""
+    return next((t.name for t in kernel.gm if t.addr <= gm_addr < t.addr + t.nbytes), id(instr))

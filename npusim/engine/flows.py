@@ -25,11 +25,10 @@ import simpy
 
 from npusim.engine.cycles import whole_cycles
 
-# Slack when deciding that a flow has finished, relative and in bytes: absorbs float
-# rounding of the virtual clocks and of completion times (whole_cycles); far below
-# one burst of any transfer.
-_DONE_SLACK = 1e-9
-_DONE_SLACK_BYTES = 1e-2
+# A flow counts as finished when what it still has to move would take less than
+# this many cycles: completion times are rounded by whole_cycles(), which may land
+# a hair (< 1e-6 cycle) before the exact end, and the clocks carry float rounding.
+_DONE_SLACK_CYCLES = 1e-6
 
 
 class _CapClass:
@@ -130,7 +129,7 @@ class Link:
         finished = []
         for cls in self._order:
             heap = cls.heap
-            done_at = cls.clock * (1 + _DONE_SLACK) + _DONE_SLACK_BYTES
+            done_at = cls.clock + cls.rate * _DONE_SLACK_CYCLES
             while heap and heap[0][0] <= done_at:
                 _, _, weight, on_done = heapq.heappop(heap)
                 cls.count -= weight

@@ -9,7 +9,8 @@ extent first, trimming it from its low end when only part must go (lines of one
 access are taken as touched in address order). Evicted dirty lines are the
 write-back traffic to HBM.
 
-Each extent remembers its *owner* (who touched it: a kernel's core) and the
+Each extent remembers its *owner* (who touched it: one GM tensor as seen by one
+core of one kernel) and the
 *fill* event of the read that brought it in. An access continuing the owner's
 own extent (a stream) extends it instead of adding one, which keeps the cache
 small; data of other owners never merges, so a neighbour in memory does not look
@@ -31,8 +32,9 @@ import heapq
 # (true LRU order inside one huge transfer). Smaller accesses are applied at once.
 _CHUNKS_PER_CAPACITY = 16
 
-# Extent fields: [end line (exclusive), dirty, stamp, owner, fill event or None]
-_END, _DIRTY, _STAMP, _OWNER, _FILL = range(5)
+# Extent fields: [end line (exclusive), dirty, stamp, owner, fill event or None,
+# first line the fill brings (lines below it had arrived before)]
+_END, _DIRTY, _STAMP, _OWNER, _FILL, _FILL_FROM = range(6)
 
 
 class L2Cache:
@@ -63,9 +65,13 @@ class L2Cache:
         if i >= 0:
             below = extents[starts[i]]
             if (below[_END] == first and below[_OWNER] == owner and below[_DIRTY] == write
+                    and (below[_FILL] is None or below[_FILL].triggered or fill is None)
                     and (i + 1 == len(starts) or starts[i + 1] >= end)):
-                # Fast path: the owner's stream continues into lines nobody holds.
-                below[_END], below[_STAMP], below[_FILL] = end, self.stamp, fill
+                # Fast path: the owner's stream continues into lines nobody holds. An
+                # extent waits on one fill at most: the new one, for the new lines.
+                below[_END], below[_STAMP] = end, self.stamp
+                if fill is not None:
+                    below[_FILL], below[_FILL_FROM] = fill, first
                 heapq.heappush(self.lru, (self.stamp, starts[i]))
                 self.used += end - first
                 return 0, self._evict()
@@ -77,34 +83,35 @@ class L2Cache:
         pieces = []  # overlapped (lo, hi, dirty, fill) pieces, re-stamped as this access
         while i < len(starts) and starts[i] < end:
             s = starts[i]
-            e, dirty, stamp, own, ext_fill = extents[s]
+            e, dirty, stamp, own, ext_fill, fill_from = extents[s]
             lo, hi = max(s, first), min(e, end)
             hits += hi - lo
-            if ext_fill is not None and not ext_fill.triggered and ext_fill not in waits:
+            pending = ext_fill is not None and not ext_fill.triggered and hi > fill_from
+            if pending and ext_fill not in waits:
                 waits.append(ext_fill)
-            pieces.append((lo, hi, dirty or write, ext_fill))
+            pieces.append((lo, hi, dirty or write, ext_fill if pending else None, max(lo, fill_from)))
             del extents[s]
             del starts[i]
             self.used -= e - s
             if s < lo:  # the part below keeps its age
-                self._insert(s, lo, dirty, stamp, own, ext_fill)
+                self._insert(s, lo, dirty, stamp, own, ext_fill, fill_from)
                 i += 1
             if hi < e:  # the part above keeps its age
-                self._insert(hi, e, dirty, stamp, own, ext_fill)
+                self._insert(hi, e, dirty, stamp, own, ext_fill, fill_from)
                 i += 1
         # The access becomes the newest data: gaps arrive with this access's fill and
-        # are dirty if written; overlapped pieces keep their dirtiness and fill.
+        # are dirty if written; overlapped pieces keep their dirtiness and pending fill.
         cursor = first
-        for lo, hi, dirty, ext_fill in pieces + [(end, end, write, fill)]:
+        for lo, hi, dirty, ext_fill, fill_from in pieces + [(end, end, write, fill, end)]:
             if cursor < lo:
-                self._insert(cursor, lo, write, self.stamp, owner, fill)
+                self._insert(cursor, lo, write, self.stamp, owner, fill, cursor)
             if lo < hi:
-                self._insert(lo, hi, dirty, self.stamp, owner, ext_fill)
+                self._insert(lo, hi, dirty, self.stamp, owner, ext_fill, fill_from)
             cursor = hi
         return hits, self._evict()
 
-    def _insert(self, s: int, e: int, dirty: bool, stamp: int, owner, fill) -> None:
-        self.extents[s] = [e, dirty, stamp, owner, fill]
+    def _insert(self, s: int, e: int, dirty: bool, stamp: int, owner, fill, fill_from: int) -> None:
+        self.extents[s] = [e, dirty, stamp, owner, fill, fill_from]
         bisect.insort(self.starts, s)
         heapq.heappush(self.lru, (stamp, s))
         self.used += e - s

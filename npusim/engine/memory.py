@@ -5,9 +5,10 @@ A GM transfer of `segments` pieces of `nbytes` (start addresses `stride` apart):
   the extra bytes are counted as wasted and segments with an unaligned start or
   end as misaligned;
 - the lines it touches go through the L2 (hits, misses, evictions);
-- the moved bytes then flow on the L2 link and, for a read, the bytes that miss
-  flow on the HBM link too, both capped by the
-  core's port rate. The transfer ends when both flows have ended.
+- the moved bytes flow on the L2 link, capped by the core's port rate; for a read,
+  the missed lines (whole lines) flow on the HBM link too, uncapped (HBM -> L2
+  does not cross the core's port). The transfer ends when both flows have ended
+  and any line it hit that another transfer is still filling has arrived.
   # assumption: hit and miss parts of one transfer proceed in parallel; the
   # slower link sets the transfer's time.
 - dirty lines its accesses evict are written back to HBM as a background flow:
@@ -69,8 +70,8 @@ class MemorySystem:
         on_done: Callable[[], None], owners: list,
     ) -> TransferStats:
         """Start a GM read (write=False) or write now, one per address in `addrs` (the
-        identical blocks of a group, see device.py; `owners` names each one's core for
-        the L2); on_done() fires when they have all moved. Burst rounding is the same
+        identical blocks of a group, see device.py; `owners` names, for the L2, the
+        stream each one belongs to); on_done() fires when they have all moved. Burst rounding is the same
         for every address of a group (they differ by whole lines)."""
         if stride == nbytes:  # back-to-back segments are one contiguous segment
             nbytes, segments = nbytes * segments, 1
