@@ -294,7 +294,7 @@ class Device:
         intervals = self.tracer.intervals if self.tracer.instr else None
         pipe_name, kid = pipe.value, kr.id
         names, offsets, w = cr.names, cr.offsets, cr.weight
-        tensors: dict = {}  # GM instruction -> the tensor it touches (its L2 stream)
+        streams: dict = {}  # GM instruction -> its L2 stream per member: (kernel, core, tensor)
         flag_latency = hw.sync.flag_latency_cycles
         cross_latency = hw.sync.cross_core_flag_latency_cycles
         t = env.now
@@ -321,11 +321,12 @@ class Device:
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 done = env.event()
-                tensor = tensors.get(id(instr))
-                if tensor is None:
-                    tensor = tensors[id(instr)] = _tensor_of(kr.kernel, a, instr)
+                owners = streams.get(id(instr))
+                if owners is None:
+                    tensor = _tensor_of(kr.kernel, a, instr)
+                    owners = streams[id(instr)] = [(kid, name, tensor) for name in names]
                 st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
-                                  done.succeed, [(kid, name, tensor) for name in names])
+                                  done.succeed, owners)
                 yield done
                 t = env.now
                 busy += t - issue

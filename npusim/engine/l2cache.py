@@ -50,8 +50,10 @@ class L2Cache:
     def access(self, first: int, end: int, write: bool, owner=None, fill=None):
         """Touch lines [first, end). `fill`: the event that fires when a read's missing
         lines have arrived. Returns (hit lines, dirty lines written back, fills to wait for)."""
-        hits = written_back = 0
         waits: list = []
+        if end - first <= self.chunk:
+            return (*self._access(first, end, write, owner, fill, waits), waits)
+        hits = written_back = 0
         for lo in range(first, end, self.chunk):
             h, wb = self._access(lo, min(end, lo + self.chunk), write, owner, fill, waits)
             hits += h

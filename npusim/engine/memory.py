@@ -97,7 +97,8 @@ class MemorySystem:
                 hit_lines += h
                 wb += wb_
                 total_lines += end - first
-                waits += [ev for ev in wait if ev not in waits]
+                if wait:
+                    waits += [ev for ev in wait if ev not in waits]
             if wb:
                 write_backs[wb] = write_backs.get(wb, 0) + 1
         st.hit_bytes = st.moved * hit_lines / total_lines
