@@ -6,6 +6,8 @@ fill is still in flight waits for it."""
 
 from __future__ import annotations
 
+import numpy as np
+
 import pytest
 import simpy
 
@@ -192,12 +194,18 @@ def test_lru_is_not_fooled_by_an_adjacent_tensor():
     assert s.l2_hit_bytes == t
 
 
+def touch(c: L2Cache, first: int, end: int, write: bool, fill=None):
+    """Access lines [first, end): (hit lines, lines written back, fills to wait for)."""
+    hit, wb, waits = c.access(np.arange(first, end, dtype=np.int64), write, fill)
+    return int(hit.sum()), int(wb.sum()), waits
+
+
 def test_l2cache_unit_lru_order_and_write_back():
-    c = L2Cache(4)
-    assert c.access(0, 4, write=True)[:2] == (0, 0)
-    assert c.access(0, 2, write=False)[:2] == (2, 0)  # lines 0,1 now newer than 2,3
-    assert c.access(10, 12, write=False)[:2] == (0, 2)  # evicts dirty 2,3
-    assert c.access(2, 4, write=False)[:2] == (0, 2)  # misses; evicts dirty 0,1
+    c = L2Cache(4, 16)
+    assert touch(c, 0, 4, True)[:2] == (0, 0)
+    assert touch(c, 0, 2, False)[:2] == (2, 0)  # lines 0,1 now newer than 2,3
+    assert touch(c, 10, 12, False)[:2] == (0, 2)  # evicts dirty 2,3
+    assert touch(c, 2, 4, False)[:2] == (0, 2)  # misses; evicts dirty 0,1
     assert c.dirty_lines() == 0
 
 
@@ -314,30 +322,30 @@ def test_a_hit_on_filled_lines_does_not_wait_for_the_owners_next_fill():
 
 def test_l2cache_unit_a_hit_on_lines_being_filled_returns_that_fill():
     env = simpy.Environment()
-    c = L2Cache(1024)  # large: each access below is applied in one piece
+    c = L2Cache(1024, 16)  # large: each access below is applied in one piece
     filling = env.event()
-    assert c.access(0, 8, False, "a", filling) == (0, 0, [])
-    assert c.access(4, 12, False, "b", env.event()) == (4, 0, [filling])  # 4..7 are on their way
+    assert touch(c, 0, 8, False, filling) == (0, 0, [])
+    assert touch(c, 4, 12, False, env.event()) == (4, 0, [filling])  # 4..7 are on their way
     filling.succeed()
     env.run()
-    assert c.access(0, 8, False, "c", env.event()) == (8, 0, [])  # they have arrived
+    assert touch(c, 0, 8, False, env.event()) == (8, 0, [])  # they have arrived
 
 
 def test_l2cache_unit_lines_already_filled_are_not_in_flight_again():
     env = simpy.Environment()
-    c = L2Cache(1024)
+    c = L2Cache(1024, 16)
     first = env.event()
-    c.access(0, 8, False, "a", first)
+    touch(c, 0, 8, False, first)
     first.succeed()
     env.run()
-    c.access(8, 16, False, "a", env.event())  # the owner's stream goes on; this fill is in flight
-    assert c.access(0, 8, False, "b", env.event()) == (8, 0, [])  # 0..7 arrived with `first`
+    touch(c, 8, 16, False, env.event())  # the owner's stream goes on; this fill is in flight
+    assert touch(c, 0, 8, False, env.event()) == (8, 0, [])  # 0..7 arrived with `first`
 
 
 def test_l2cache_unit_one_access_twice_the_capacity_misses_every_line_the_second_time():
-    c = L2Cache(64)
+    c = L2Cache(64, 16)
     for _ in range(2):
-        hits, written_back, _ = c.access(0, 128, True)
+        hits, written_back, _ = touch(c, 0, 128, True)
         assert hits == 0
     assert written_back == 128  # every dirty line of the first pass, and the second's front half
     assert c.dirty_lines() == 64

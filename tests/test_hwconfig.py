@@ -302,6 +302,7 @@ UNIT_SUFFIXES = ("_bytes", "_hz", "_cycles", "_us", "_per_s", "_per_cycle", "_co
 DIMENSIONLESS = {
     "name": "the config's name",
     "bw_efficiency": "a fraction of the peak",
+    "ways": "lines per set",
     "m0": "elements", "n0": "elements", "k0": "elements",
     "mmad_fractals": "a dict of Fractal records",
     "vector_cycles_per_repeat": "a dict of cycles per repeat",

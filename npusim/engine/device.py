@@ -294,7 +294,6 @@ class Device:
         intervals = self.tracer.intervals if self.tracer.instr else None
         pipe_name, kid = pipe.value, kr.id
         names, offsets, w = cr.names, cr.offsets, cr.weight
-        streams: dict = {}  # GM instruction -> its L2 stream per member: (kernel, core, tensor)
         flag_latency = hw.sync.flag_latency_cycles
         cross_latency = hw.sync.cross_core_flag_latency_cycles
         t = env.now
@@ -321,12 +320,8 @@ class Device:
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 done = env.event()
-                owners = streams.get(id(instr))
-                if owners is None:
-                    tensor = _tensor_of(kr.kernel, a, instr)
-                    owners = streams[id(instr)] = [(kid, name, tensor) for name in names]
                 st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
-                                  done.succeed, owners)
+                                  done.succeed)
                 yield done
                 t = env.now
                 busy += t - issue
@@ -449,8 +444,3 @@ def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: H
             return False
     return True
 
-
-def _tensor_of(kernel: Kernel, gm_addr: int, instr) -> object:
-    """The kernel's GM tensor holding `gm_addr` (the instruction itself if it declares none):
-    accesses that continue each other within one tensor are one stream for the L2."""
-    return next((t.name for t in kernel.gm if t.addr <= gm_addr < t.addr + t.nbytes), id(instr))

@@ -1,147 +1,133 @@
-"""The L2: a memory-side cache shared by all cores (LRU, write-back, write-allocate).
+"""The L2: a memory-side cache shared by all cores (set-associative, LRU, write-back,
+write-allocate), counted in lines of hw.l2.line_bytes.
 
-Counted in lines (hw.l2.line_bytes). Tracking every line of a 192 MiB cache one
-by one would cost a dict entry per line and a Python step per line touched, so
-the cache holds *extents*: runs of consecutive lines last touched together. An
-access splits the extents it overlaps, counts the overlapped lines as hits, and
-records itself as the newest extent. Eviction takes the least recently used
-extent first, trimming it from its low end when only part must go (lines of one
-access are taken as touched in address order). Evicted dirty lines are the
-write-back traffic to HBM.
+State is held in numpy arrays [sets, ways] (tag, last use, dirty, pending fill),
+and one access handles all the lines of a transfer (every segment of a strided
+copy, every block of a group) with a few array operations, so the cost of a
+transfer grows with its lines at array speed, not at Python speed.
 
-Each extent remembers its *owner* (who touched it: one GM tensor as seen by one
-core of one kernel) and the
-*fill* event of the read that brought it in. An access continuing the owner's
-own extent (a stream) extends it instead of adding one, which keeps the cache
-small; data of other owners never merges, so a neighbour in memory does not look
-recent. A hit on lines whose fill is still in flight waits for that fill (the
-data is not there yet): blocks reading the same cold data all wait for HBM.
+- The set of a line is its address modulo the sets, rotated by a hash of the
+  higher address bits (real L2s hash the index so that power-of-two strides do
+  not pile onto a few sets); a contiguous run still spreads evenly over the sets.
+- Within one access, lines are used in address order: a later line is more
+  recent. An access longer than the number of sets is applied in pieces of that
+  size, so its own front part can evict lines before its back part looks them up.
+- A read that misses records the event of its fill (the HBM flow bringing the
+  line); a later access that hits a line whose fill is still in flight must wait
+  for it - blocks reading the same cold data all wait for HBM.
 
-Assumptions: fully associative (no set conflicts); a write allocates its lines
-without reading HBM (whole-line writes); a stream extended by its owner takes the
-newest stamp as a whole (its older lines still leave first, from the low end).
+Assumptions: a write allocates its lines without reading HBM (whole-line writes);
+within one piece, hits and misses are decided against the state at its start.
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
+import numpy as np
 
-# An access longer than capacity / _CHUNKS_PER_CAPACITY lines is applied in pieces,
-# so that its own front part can evict lines before its back part looks them up
-# (true LRU order inside one huge transfer). Smaller accesses are applied at once.
-_CHUNKS_PER_CAPACITY = 16
-
-# Extent fields: [end line (exclusive), dirty, stamp, owner, fill event or None,
-# first line the fill brings (lines below it had arrived before)]
-_END, _DIRTY, _STAMP, _OWNER, _FILL, _FILL_FROM = range(6)
+# Odd multiplier of the set-index rotation (hashes the line's high bits).
+_ROTATE = 40503
 
 
 class L2Cache:
-    def __init__(self, capacity_lines: int):
-        self.capacity = capacity_lines
-        self.used = 0
-        self.extents: dict[int, list] = {}  # start line -> extent
-        self.starts: list[int] = []  # sorted keys of `extents`
-        self.lru: list[tuple[int, int]] = []  # heap of (stamp, start); stale entries skipped
-        self.stamp = 0
-        self.chunk = max(1, capacity_lines // _CHUNKS_PER_CAPACITY)
+    def __init__(self, capacity_lines: int, ways: int):
+        # A capacity that is not a whole number of sets gives its extra lines to the
+        # ways (a small test L2 becomes fully associative rather than smaller).
+        self.sets = max(1, capacity_lines // ways)
+        self.ways = max(1, capacity_lines // self.sets)
+        shape = (self.sets, self.ways)
+        self.tags = np.full(shape, -1, np.int64)
+        self.last_use = np.zeros(shape, np.int64)
+        self.dirty = np.zeros(shape, bool)
+        self.fill = np.full(shape, -1, np.int64)  # index into self.fills; -1: arrived
+        self.fills: list = []
+        self.clock = 0
 
-    def access(self, first: int, end: int, write: bool, owner=None, fill=None):
-        """Touch lines [first, end). `fill`: the event that fires when a read's missing
-        lines have arrived. Returns (hit lines, dirty lines written back, fills to wait for)."""
+    def set_of(self, lines: np.ndarray) -> np.ndarray:
+        return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
+
+    def access(self, lines: np.ndarray, write: bool, fill=None):
+        """Touch `lines` (int64 line numbers, ascending, each once). Returns (hit mask,
+        write-back mask: this line's miss evicted a dirty line, fills to wait for)."""
+        fill_id = -1
+        if fill is not None:
+            fill_id = len(self.fills)
+            self.fills.append(fill)
         waits: list = []
-        if end - first <= self.chunk:
-            return (*self._access(first, end, write, owner, fill, waits), waits)
-        hits = written_back = 0
-        for lo in range(first, end, self.chunk):
-            h, wb = self._access(lo, min(end, lo + self.chunk), write, owner, fill, waits)
-            hits += h
-            written_back += wb
-        return hits, written_back, waits
+        if len(lines) <= self.sets:
+            hit, wb = self._piece(lines, write, fill_id, waits)
+            return hit, wb, waits
+        hit = np.empty(len(lines), bool)
+        wb = np.empty(len(lines), bool)
+        for lo in range(0, len(lines), self.sets):
+            sl = slice(lo, lo + self.sets)
+            hit[sl], wb[sl] = self._piece(lines[sl], write, fill_id, waits)
+        return hit, wb, waits
 
-    def _access(self, first: int, end: int, write: bool, owner, fill, waits: list) -> tuple[int, int]:
-        self.stamp += 1
-        starts, extents = self.starts, self.extents
-        i = bisect.bisect_right(starts, first) - 1
-        if i >= 0:
-            below = extents[starts[i]]
-            if (below[_END] == first and below[_OWNER] == owner and below[_DIRTY] == write
-                    and (below[_FILL] is None or below[_FILL].triggered or fill is None)
-                    and (i + 1 == len(starts) or starts[i + 1] >= end)):
-                # Fast path: the owner's stream continues into lines nobody holds. An
-                # extent waits on one fill at most: the new one, for the new lines.
-                below[_END], below[_STAMP] = end, self.stamp
-                if fill is not None:
-                    below[_FILL], below[_FILL_FROM] = fill, first
-                heapq.heappush(self.lru, (self.stamp, starts[i]))
-                self.used += end - first
-                return 0, self._evict()
-            if below[_END] <= first:
-                i += 1
+    def _piece(self, lines: np.ndarray, write: bool, fill_id: int, waits: list):
+        n = len(lines)
+        first_use = self.clock + 1
+        self.clock += n
+        sets = self.set_of(lines)
+        match = self.tags[sets] == lines[:, None]
+        hit = match.any(axis=1)
+        wb = np.zeros(n, bool)
+        if hit.any():
+            at = np.flatnonzero(hit)
+            hs, hw = sets[at], match[at].argmax(axis=1)
+            self.last_use[hs, hw] = first_use + at
+            if write:
+                self.dirty[hs, hw] = True
+            pending = self.fill[hs, hw]
+            for f in np.unique(pending[pending >= 0]).tolist():
+                ev = self.fills[f]
+                if not ev.triggered and ev not in waits:
+                    waits.append(ev)
+            if at.size == n:
+                return hit, wb
+            miss = np.flatnonzero(~hit)
         else:
-            i = 0
-        hits = 0
-        pieces = []  # overlapped (lo, hi, dirty, fill) pieces, re-stamped as this access
-        while i < len(starts) and starts[i] < end:
-            s = starts[i]
-            e, dirty, stamp, own, ext_fill, fill_from = extents[s]
-            lo, hi = max(s, first), min(e, end)
-            hits += hi - lo
-            pending = ext_fill is not None and not ext_fill.triggered and hi > fill_from
-            if pending and ext_fill not in waits:
-                waits.append(ext_fill)
-            pieces.append((lo, hi, dirty or write, ext_fill if pending else None, max(lo, fill_from)))
-            del extents[s]
-            del starts[i]
-            self.used -= e - s
-            if s < lo:  # the part below keeps its age
-                self._insert(s, lo, dirty, stamp, own, ext_fill, fill_from)
-                i += 1
-            if hi < e:  # the part above keeps its age
-                self._insert(hi, e, dirty, stamp, own, ext_fill, fill_from)
-                i += 1
-        # The access becomes the newest data: gaps arrive with this access's fill and
-        # are dirty if written; overlapped pieces keep their dirtiness and pending fill.
-        cursor = first
-        for lo, hi, dirty, ext_fill, fill_from in pieces + [(end, end, write, fill, end)]:
-            if cursor < lo:
-                self._insert(cursor, lo, write, self.stamp, owner, fill, cursor)
-            if lo < hi:
-                self._insert(lo, hi, dirty, self.stamp, owner, ext_fill, fill_from)
-            cursor = hi
-        return hits, self._evict()
+            miss = None  # all of them
+        ml = lines if miss is None else lines[miss]
+        ms = sets if miss is None else sets[miss]
+        mu = first_use + (np.arange(n) if miss is None else miss)
+        order = np.argsort(ms, kind="stable")
+        sorted_sets = ms[order]
+        if len(ms) < 2 or (sorted_sets[1:] != sorted_sets[:-1]).all():
+            # Every missing line has a set of its own: it takes that set's LRU way.
+            vs, vw = ms, self.last_use[ms].argmin(axis=1)
+            wb_miss = (self.tags[vs, vw] >= 0) & self.dirty[vs, vw]
+        else:
+            vs, vw, ml, mu, wb_miss = self._crowded(ml, mu, order, sorted_sets, write)
+        if miss is None:
+            wb = wb_miss
+        else:
+            wb[miss] = wb_miss
+        self.tags[vs, vw] = ml
+        self.last_use[vs, vw] = mu
+        self.dirty[vs, vw] = write
+        self.fill[vs, vw] = fill_id
+        return hit, wb
 
-    def _insert(self, s: int, e: int, dirty: bool, stamp: int, owner, fill, fill_from: int) -> None:
-        self.extents[s] = [e, dirty, stamp, owner, fill, fill_from]
-        bisect.insort(self.starts, s)
-        heapq.heappush(self.lru, (stamp, s))
-        self.used += e - s
-        if len(self.lru) > 4 * len(self.extents) + 1024:  # drop stale entries now and then
-            self.lru = [(ext[_STAMP], k) for k, ext in self.extents.items()]
-            heapq.heapify(self.lru)
-
-    def _evict(self) -> int:
-        written_back = 0
-        while self.used > self.capacity:
-            stamp, s = heapq.heappop(self.lru)
-            ext = self.extents.get(s)
-            if ext is None or ext[_STAMP] != stamp:
-                continue  # stale heap entry
-            e = ext[_END]
-            drop = min(e - s, self.used - self.capacity)
-            idx = bisect.bisect_left(self.starts, s)
-            del self.extents[s]
-            if drop < e - s:  # trim the low end; the extent keeps its place in `starts`
-                self.starts[idx] = s + drop
-                self.extents[s + drop] = ext
-                heapq.heappush(self.lru, (stamp, s + drop))
-            else:
-                del self.starts[idx]
-            self.used -= drop
-            if ext[_DIRTY]:
-                written_back += drop
-        return written_back
+    def _crowded(self, ml, mu, order, sorted_sets, write: bool):
+        """Misses of one piece that share sets: the r-th miss of a set takes its r-th
+        least recently used way; past `ways` misses, only the last `ways` stay (the
+        earlier ones are evicted by the later ones, written back if dirty)."""
+        ml, mu = ml[order], mu[order]
+        uniq, first, counts = np.unique(sorted_sets, return_index=True, return_counts=True)
+        per_miss = np.repeat(counts, counts)
+        rank = np.arange(len(sorted_sets)) - np.repeat(first, counts)
+        lru = np.argsort(self.last_use[uniq], axis=1, kind="stable")
+        keep = rank >= per_miss - self.ways
+        slot = (rank - np.maximum(per_miss - self.ways, 0))[keep]
+        row = np.repeat(np.arange(len(uniq)), counts)[keep]
+        vs, vw = uniq[row], lru[row, slot]
+        wb_sorted = np.zeros(len(sorted_sets), bool)
+        wb_sorted[np.flatnonzero(keep)] = (self.tags[vs, vw] >= 0) & self.dirty[vs, vw]
+        if write:
+            wb_sorted[~keep] = True
+        wb_miss = np.empty(len(sorted_sets), bool)
+        wb_miss[order] = wb_sorted
+        return vs, vw, ml[keep], mu[keep], wb_miss
 
     def dirty_lines(self) -> int:
-        return sum(ext[_END] - s for s, ext in self.extents.items() if ext[_DIRTY])
+        return int(((self.tags >= 0) & self.dirty).sum())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from npusim.engine.flows import Link
@@ -61,18 +62,18 @@ class MemorySystem:
         self.hw = hw
         self.hbm = Link(env, "HBM", hw.hbm_bytes_per_cycle, record)
         self.l2_link = Link(env, "L2", hw.l2_bytes_per_cycle, record)
-        self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes)
+        self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes, hw.l2.ways)
         self.line = hw.l2.line_bytes
         self.burst = hw.dma.burst_bytes
 
     def transfer(
         self, addrs: list[int], nbytes: int, segments: int, stride: int, write: bool, cap: float,
-        on_done: Callable[[], None], owners: list,
+        on_done: Callable[[], None],
     ) -> TransferStats:
         """Start a GM read (write=False) or write now, one per address in `addrs` (the
-        identical blocks of a group, see device.py; `owners` names, for the L2, the
-        stream each one belongs to); on_done() fires when they have all moved. Burst rounding is the same
-        for every address of a group (they differ by whole lines)."""
+        identical blocks of a group, see device.py); on_done() fires when they have
+        all moved. Burst rounding is the same for every address of a group (they
+        differ by whole lines)."""
         if stride == nbytes:  # back-to-back segments are one contiguous segment
             nbytes, segments = nbytes * segments, 1
         w = len(addrs)
@@ -83,31 +84,18 @@ class MemorySystem:
 
         line = self.line
         fill = None if write else self.env.event()  # fires when the missed lines have arrived
-        hit_lines = total_lines = 0
-        waits: list = []
-        write_backs: dict[int, int] = {}  # lines written back by one member -> members
-        contiguous = segments == 1 or stride - nbytes < line
-        for addr, owner in zip(addrs, owners):
-            ranges = ([(addr // line, -(-(addr + (segments - 1) * stride + nbytes) // line))] if contiguous
-                      else [((addr + i * stride) // line, -(-(addr + i * stride + nbytes) // line))
-                            for i in range(segments)])  # segments far apart touch separate lines
-            wb = 0
-            for first, end in ranges:
-                h, wb_, wait = self.l2.access(first, end, write, owner, fill)
-                hit_lines += h
-                wb += wb_
-                total_lines += end - first
-                if wait:
-                    waits += [ev for ev in wait if ev not in waits]
-            if wb:
-                write_backs[wb] = write_backs.get(wb, 0) + 1
+        lines, member = _lines(addrs, nbytes, segments, stride, line)
+        hit, wb, waits = self.l2.access(lines, write, fill)
+        hit_lines, total_lines = int(np.count_nonzero(hit)), len(lines)
         st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
         # A read miss fills whole lines from HBM.
         st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
-        for lines, members in write_backs.items():
-            st.hbm_write += lines * line * members
-            self.hbm.add(lines * line, math.inf, _nothing, members)
+        if wb.any():  # one background write-back flow per member, members alike merged
+            per_member = np.bincount(member[wb], minlength=w)
+            for lines_wb, members in zip(*np.unique(per_member[per_member > 0], return_counts=True)):
+                st.hbm_write += int(lines_wb) * line * int(members)
+                self.hbm.add(int(lines_wb) * line, math.inf, _nothing, int(members))
 
         pending = [1 + len(waits)]
 
@@ -134,3 +122,23 @@ class MemorySystem:
 
 def _nothing() -> None:
     """Completion of a background write-back: nobody waits for it."""
+
+
+def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int):
+    """The L2 lines a transfer touches (ascending, each once) and, per line, which
+    member (index into `addrs`) touched it."""
+    if segments == 1 and len(addrs) == 1:
+        first = addrs[0] // line
+        lines = np.arange(first, -(-(addrs[0] + nbytes) // line), dtype=np.int64)
+        return lines, np.zeros(len(lines), np.int64)
+    starts = (np.asarray(addrs, np.int64)[:, None] + np.arange(segments, dtype=np.int64) * stride).ravel()
+    first = starts // line
+    count = -(-(starts + nbytes) // line) - first
+    total = int(count.sum())
+    offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+    lines = np.repeat(first, count) + offsets
+    members = np.repeat(np.repeat(np.arange(len(addrs)), segments), count)
+    if len(lines) > 1 and not (lines[1:] > lines[:-1]).all():
+        lines, idx = np.unique(lines, return_index=True)  # segments closer than a line share lines
+        members = members[idx]
+    return lines, members

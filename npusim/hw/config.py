@@ -98,6 +98,7 @@ class Sync:
 class L2:
     l2_bytes: int = _pos("capacity of the shared memory-side cache")
     line_bytes: int = _pos("cache line; hits, misses and write-backs are counted per line")
+    ways: int = _pos("associativity: lines per set (LRU within a set)")
     bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
 
 

@@ -1,0 +1,7 @@
+"""Operator lowerings: each op type -> tiled kernels for a hardware config."""
+
+from npusim.ops import matmul  # noqa: F401  (registers its op types)
+from npusim.ops.registry import OPS, GmArena, Lowered, TensorInfo, lower
+from npusim.ops.roofline import OpReport, roofline, simulate_op
+
+__all__ = ["OPS", "GmArena", "Lowered", "OpReport", "TensorInfo", "lower", "roofline", "simulate_op"]

@@ -1,0 +1,93 @@
+"""Small helpers every lowering uses: local buffer allocation, ping-pong loops,
+splitting work over cores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import ALIGN_BYTES, Buffer, Loop, Mem
+
+
+def capacity(hw: HwConfig, mem: Mem) -> int:
+    return {
+        Mem.L1: hw.aic.l1_bytes, Mem.L0A: hw.aic.l0a_bytes, Mem.L0B: hw.aic.l0b_bytes,
+        Mem.L0C: hw.aic.l0c_bytes, Mem.BT: hw.aic.bt_bytes, Mem.FB: hw.aic.fb_bytes, Mem.UB: hw.aiv.ub_bytes,
+    }[mem]
+
+
+def align_up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Buffers:
+    """Bump allocator of one core's local buffers (Ascend C's pipe.InitBuffer).
+    A tiling that does not fit stops with the buffer, bytes needed and available."""
+
+    def __init__(self, hw: HwConfig, op: str):
+        self.hw = hw
+        self.op = op
+        self.next: dict[Mem, int] = {}
+        self.buffers: list[Buffer] = []
+
+    def alloc(self, name: str, mem: Mem, nbytes: int) -> int:
+        start = align_up(self.next.get(mem, 0), ALIGN_BYTES[mem])
+        end = start + align_up(max(nbytes, 1), ALIGN_BYTES[mem])
+        have = capacity(self.hw, mem)
+        if end > have:
+            raise ProgramError(
+                f"op {self.op}: tiling does not fit {mem.value}: buffer '{name}' needs {end - start} bytes "
+                f"at {start}, {mem.value} has {have} bytes ({end} needed in all)")
+        self.next[mem] = end
+        self.buffers.append(Buffer(name, mem, start, end - start))
+        return start
+
+
+def pingpong(var: str, count: int, make: Callable[[int, int], list]) -> list:
+    """`count` iterations j = 0..count-1 alternating buffers ping (0) and pong (1):
+    make(p, j_offset) builds iteration 2*var + j_offset with buffer p; the loop body
+    holds a ping and a pong, and an odd count ends with one more ping (in a loop of
+    one, so `var` is in scope there too, as 0)."""
+    out: list = []
+    if count >= 2:
+        out.append(Loop(var, count // 2, make(0, 0) + make(1, 1)))
+    if count % 2:
+        out.append(Loop(var, 1, make(0, count - 1)))
+    return out
+
+
+def ranges(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """Split [0, total) into at most `parts` contiguous (start, length) pieces of
+    nearly equal length, each a multiple of `align` except the last."""
+    size = align_up(cdiv(total, parts), align)
+    return [(s, min(size, total - s)) for s in range(0, total, size)]
+
+
+def boxes(t0: int, t1: int, dims: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Decompose the linear range [t0, t1) of a row-major grid `dims` into boxes
+    (start index, extent per dim), so each box is a plain loop nest."""
+    if t0 >= t1:
+        return []
+    if len(dims) == 1:
+        return [((t0,), (t1 - t0,))]
+    inner = 1
+    for d in dims[1:]:
+        inner *= d
+    out = []
+    first, last = t0 // inner, (t1 - 1) // inner
+    if first == last:
+        return [((first,) + s, (1,) + e) for s, e in boxes(t0 - first * inner, t1 - first * inner, dims[1:])]
+    if t0 % inner:  # partial leading slab
+        out += [((first,) + s, (1,) + e) for s, e in boxes(t0 - first * inner, inner, dims[1:])]
+        first += 1
+    full_end = t1 // inner
+    if full_end > first:  # whole slabs
+        out.append(((first,) + (0,) * (len(dims) - 1), (full_end - first,) + dims[1:]))
+    if t1 % inner:  # partial trailing slab
+        out += [((full_end,) + s, (1,) + e) for s, e in boxes(0, t1 - full_end * inner, dims[1:])]
+    return out

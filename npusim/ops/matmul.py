@@ -1,0 +1,392 @@
+"""MatMul and BatchMatMul on the cube (AIC).
+
+C[b] = A[b] @ B[b] (+ bias), A [m, k], B [k, n] (or [n, k] with trans_b), C [m, n].
+
+The output is cut into base_m x base_n tiles; the tiles (x split_k pieces of K)
+are dealt to the cores as contiguous runs in (batch, m, n) order. For one tile a
+core streams K in L1 chunks of step_k x base_k (MTE2: GM -> L1, ping-pong), feeds
+base_k slices to L0A/L0B (MTE1, ping-pong) for Mmad into L0C, and FixPipe writes
+the finished tile to GM (fp32 -> out dtype). With split_k, every piece adds its
+partial sum into C with an atomic FixPipe write, after a vector kernel has zeroed C.
+
+Layouts: ND (row-major) operands arrive by strided DMA, one segment per row of a
+tile (the DMA converts to the cube's fractal layout on the way); NZ operands are
+already in 16 x 16 fractals, so a tile is one segment per 16-wide column block.
+W8A16 (weight_dtype=int8): B moves as int8, MTE1 widens it to fp16 into L0B, and
+FixPipe applies per-channel scales it loads into FB.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from attrs import frozen, validators
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import (
+    DTYPE_BYTES,
+    Affine,
+    Copy,
+    CoreType,
+    Kernel,
+    Loop,
+    Mem,
+    Mmad,
+    Pipe,
+    Program,
+    SetFlag,
+    WaitFlag,
+    addr,
+)
+from npusim.ops.build import Buffers, align_up, boxes, cdiv, pingpong
+from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.vector_kernels import fill_kernel
+
+_FORMATS = ("ND", "NZ")
+_pos = validators.gt(0)
+
+# Flag ids of the matmul pipeline (each (src, dst) pipe pair has its own 0..7).
+_CHUNK = (0, 1)  # L1 chunk ping / pong: MTE2 <-> MTE1
+_SLICE = (0, 1)  # L0A/L0B slice ping / pong: MTE1 <-> M
+_PANEL = 2  # resident A panel: MTE2 <-> MTE1
+_TILE_EXTRA = 3  # bias / scales of a tile: MTE2 <-> MTE1 / FIX
+_L0C = 0  # accumulator: M <-> FIX
+
+
+@frozen
+class MatmulParams:
+    m: int = param(1024, "rows of A and C", validator=_pos)
+    n: int = param(1024, "columns of B and C", validator=_pos)
+    k: int = param(1024, "reduction length", validator=_pos)
+    dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype)", validator=validators.in_(("fp16", "bf16")))
+    out_dtype: str = param("fp16", "dtype of C", validator=validators.in_(("fp16", "bf16", "fp32")))
+    bias: bool = param(False, "add an fp32 bias row to C")
+    trans_b: bool = param(False, "B stored as [n, k] (a Linear weight) instead of [k, n]")
+    format_a: str = param("ND", "layout of A in GM: ND or NZ (16x16 fractals)", validator=validators.in_(_FORMATS))
+    format_b: str = param("ND", "layout of B in GM: ND or NZ", validator=validators.in_(_FORMATS))
+    weight_dtype: str = param("", "dtype of B in GM: empty = dtype; int8 = W8A16 with per-channel scales",
+                              validator=validators.in_(("", "fp16", "bf16", "int8")))
+
+
+@frozen
+class BatchMatmulParams(MatmulParams):
+    batch: int = param(1, "independent matmuls of the same shape", validator=_pos)
+
+
+@frozen
+class MatmulTiling:
+    base_m: int = param(128, "L0 tile rows (multiple of 16)", validator=_pos)
+    base_n: int = param(256, "L0 tile columns (multiple of 16)", validator=_pos)
+    base_k: int = param(64, "L0 slice depth (multiple of 16)", validator=_pos)
+    step_k: int = param(4, "base_k slices per L1 chunk", validator=_pos)
+    split_k: int = param(1, "pieces K is split into across cores (partials added atomically)", validator=_pos)
+    a_resident: bool = param(False, "keep a tile row's whole A panel in L1 for all its N tiles")
+    l1_double: bool = param(True, "ping-pong L1 chunks (loads overlap compute)")
+    l0_double: bool = param(True, "ping-pong L0A/L0B slices (MTE1 overlaps Mmad)")
+    block_dim: int = param(0, "cores used; 0 = every AIC", validator=validators.ge(0))
+
+
+def _b_dtype(p: MatmulParams) -> str:
+    return p.weight_dtype or p.dtype
+
+
+def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
+    """Pick base tiles and a K split by a small cost model: per core, waves of work
+    units each costing max(cube cycles, load cycles at the core's port)."""
+    cores = hw.chip.aic_count
+    batch = getattr(p, "batch", 1)
+    f = hw.aic.mmad_fractals[p.dtype]
+    e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
+    base_k = 4 * f.k0
+    base_m = min(128, align_up(p.m, f.m0))
+    m_tiles = cdiv(p.m, base_m)
+    port = hw.aic.gm_read_bytes_per_cycle
+    best = None
+    for base_n, split_k in itertools.product(range(256, 15, -16), (1, 2, 3, 4, 6, 8)):
+        if base_n > align_up(p.n, f.n0) and base_n != 256 or split_k > max(1, p.k // (base_k * 4)):
+            continue
+        base_n = min(base_n, align_up(p.n, f.n0))
+        units = batch * m_tiles * cdiv(p.n, base_n) * split_k
+        k_piece = cdiv(p.k, split_k)
+        cube = cdiv(base_m, f.m0) * cdiv(base_n, f.n0) * cdiv(k_piece, f.k0)
+        load = (base_m * k_piece * e + k_piece * base_n * eb) / port
+        cost = cdiv(units, min(units, cores)) * max(cube, load)
+        if best is None or cost < best[0]:
+            best = (cost, base_n, split_k, units)
+    _, base_n, split_k, units = best
+    a_panel = base_m * p.k * e
+    return MatmulTiling(
+        base_m=base_m, base_n=base_n, base_k=base_k, step_k=4, split_k=split_k,
+        a_resident=m_tiles * batch < units and a_panel <= hw.aic.l1_bytes // 4,
+        block_dim=min(cores, units),
+    )
+
+
+class _Layout:
+    """How a logical [rows, cols] operand sits in GM. Tile offsets are multiples of 16,
+    so an element's address is linear in its row and column in every layout:
+    base + r * dr + c * dc. A [nr, nc] tile is `segments` runs of `seg` bytes."""
+
+    def __init__(self, tensor, rows: int, cols: int, elem: int, fmt: str, transposed: bool = False):
+        self.base, self.rows, self.cols, self.e, self.fmt, self.t = tensor.addr, rows, cols, elem, fmt, transposed
+        rows_pad = align_up(rows, 16)
+        if fmt == "NZ":  # 16-wide column blocks, each holding all (padded) rows contiguously
+            self.dr, self.dc = 16 * elem, rows_pad * elem
+        elif transposed:  # stored [cols, rows]
+            self.dr, self.dc = elem, rows * elem
+        else:
+            self.dr, self.dc = cols * elem, elem
+        self.batch_bytes = (rows_pad * align_up(cols, 16) if fmt == "NZ" else rows * cols) * elem
+
+    def pieces(self, nr: int, nc: int) -> tuple[int, int, int]:
+        """(segment bytes, segments, stride) of a [nr, nc] tile."""
+        if self.fmt == "NZ":
+            return nr * 16 * self.e, cdiv(nc, 16), 16 * self.dc
+        if self.t:
+            return nr * self.e, nc, self.dc
+        return nc * self.e, nr, self.dr
+
+    def copy(self, r0: int, c0: int, nr: int, nc: int, steps: dict[str, tuple[int, int]], dst: int,
+             dst_mem: Mem = Mem.L1) -> Copy:
+        """GM -> local copy of the tile at (r0, c0); steps: loop var -> (rows, cols) it moves by."""
+        seg, nseg, stride = self.pieces(nr, nc)
+        gm = addr(self.base + r0 * self.dr + c0 * self.dc,
+                  **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
+                     for v, (dr, dc) in steps.items()})
+        return Copy(Mem.GM, dst_mem, gm, dst, seg, nseg, stride, None)
+
+    def store(self, src: int, r0: int, c0: int, nr: int, nc: int, steps: dict[str, tuple[int, int]],
+              src_row_bytes: int) -> Copy:
+        """FixPipe L0C -> GM of the tile at (r0, c0)."""
+        seg, nseg, stride = self.pieces(nr, nc)
+        gm = addr(self.base + r0 * self.dr + c0 * self.dc,
+                  **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
+                     for v, (dr, dc) in steps.items()})
+        return Copy(Mem.L0C, Mem.GM, src, gm, seg, nseg, src_row_bytes, stride)
+
+
+@register("matmul", MatmulParams, MatmulTiling)
+def lower_matmul(p: MatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
+    """Matrix multiply on the cube: C = A @ B (+ bias)."""
+    return _lower(p, hw, gm, tiling, "matmul")
+
+
+@register("batch_matmul", BatchMatmulParams, MatmulTiling)
+def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
+    """Batched matrix multiply on the cube: C[b] = A[b] @ B[b]."""
+    return _lower(p, hw, gm, tiling, "batch_matmul")
+
+
+@frozen
+class _Plan:
+    """Everything one tile loop nest needs, shared by all cores."""
+
+    p: MatmulParams
+    t: MatmulTiling
+    la: _Layout
+    lb: _Layout
+    lc: _Layout
+    kc: int  # K per L1 chunk
+    k_piece: int  # K per split-K piece
+    a_l1: tuple
+    b_l1: tuple
+    extra_l1: int | None
+    a_l0: tuple
+    b_l0: tuple
+    c_l0: int
+    bt: int | None
+    fb: int | None
+    bias: object
+    scale: object
+
+
+def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, op: str) -> Lowered:
+    t = t or choose_tiling(p, hw)
+    batch = getattr(p, "batch", 1)
+    f = hw.aic.mmad_fractals[p.dtype]
+    for name, v, q in (("base_m", t.base_m, f.m0), ("base_n", t.base_n, f.n0), ("base_k", t.base_k, f.k0)):
+        if v % q:
+            raise ProgramError(f"op {op}: tiling {name}={v} is not a multiple of the {p.dtype} fractal ({q})")
+    e, eb, eo = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)], DTYPE_BYTES[p.out_dtype]
+    w8 = _b_dtype(p) == "int8"
+    cores = t.block_dim or hw.chip.aic_count
+    if cores > hw.chip.aic_count:
+        raise ProgramError(f"op {op}: tiling block_dim={cores} exceeds the {hw.chip.aic_count} AIC cores")
+    kc = t.base_k * t.step_k
+    k_piece = align_up(cdiv(p.k, t.split_k), t.base_k)
+    split_k = cdiv(p.k, k_piece)
+
+    A = gm.tensor("a", batch * p.m * p.k * e)
+    B = gm.tensor("b", batch * p.k * p.n * eb)
+    C = gm.tensor("c", batch * p.m * p.n * eo)
+    bias = gm.tensor("bias", p.n * 4) if p.bias else None
+    scale = gm.tensor("scale", p.n * 4) if w8 else None
+
+    buf = Buffers(hw, op)
+    l1_sets = 2 if t.l1_double else 1
+    l0_sets = 2 if t.l0_double else 1
+    a_l1 = (buf.alloc("a_panel", Mem.L1, t.base_m * align_up(p.k, t.base_k) * e),) if t.a_resident else tuple(
+        buf.alloc(f"a_chunk{i}", Mem.L1, t.base_m * kc * e) for i in range(l1_sets))
+    b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, kc * t.base_n * eb) for i in range(l1_sets))
+    extra = t.base_n * 4 * (int(p.bias) + int(w8))
+    plan = _Plan(
+        p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale,
+        la=_Layout(A, p.m, p.k, e, p.format_a), lb=_Layout(B, p.k, p.n, eb, p.format_b, p.trans_b),
+        lc=_Layout(C, p.m, p.n, eo, "ND"),
+        a_l1=a_l1, b_l1=b_l1, extra_l1=buf.alloc("bias_scale", Mem.L1, extra) if extra else None,
+        a_l0=tuple(buf.alloc(f"a_slice{i}", Mem.L0A, t.base_m * t.base_k * e) for i in range(l0_sets)),
+        b_l0=tuple(buf.alloc(f"b_slice{i}", Mem.L0B, t.base_k * t.base_n * e) for i in range(l0_sets)),
+        c_l0=buf.alloc("acc", Mem.L0C, t.base_m * t.base_n * 4),
+        bt=buf.alloc("bias", Mem.BT, t.base_n * 4) if p.bias else None,
+        fb=buf.alloc("scale", Mem.FB, t.base_n * 4) if w8 else None,
+    )
+
+    m_tiles, n_tiles = cdiv(p.m, t.base_m), cdiv(p.n, t.base_n)
+    dims = (batch, m_tiles, n_tiles, split_k)
+    units = batch * m_tiles * n_tiles * split_k
+    per_core = cdiv(units, cores)
+    programs = []
+    for core in range(cdiv(units, per_core)):
+        body = []
+        for start, extent in boxes(core * per_core, min(units, (core + 1) * per_core), dims):
+            body += _box(plan, start, extent, dims)
+        programs.append(Program(_prologue(t) + body + _epilogue(t), buf.buffers))
+    tensors = [x for x in (A, B, C, bias, scale) if x is not None]
+    kernels = []
+    if split_k > 1:  # partial sums are added into C: it must start at zero
+        kernels.append(fill_kernel(f"{op}_zero_c", hw, C, 0.0, p.out_dtype))
+    kernels.append(Kernel(op, CoreType.AIC, len(programs), aic=programs, gm=tensors, op_type=op))
+    lead = (batch,) if batch > 1 else ()
+    ins = [TensorInfo("a", lead + (p.m, p.k), p.dtype, p.format_a),
+           TensorInfo("b", lead + ((p.n, p.k) if p.trans_b else (p.k, p.n)), _b_dtype(p), p.format_b)]
+    if p.bias:
+        ins.append(TensorInfo("bias", (p.n,), "fp32"))
+    if w8:
+        ins.append(TensorInfo("scale", (p.n,), "fp32"))
+    outs = [TensorInfo("c", lead + (p.m, p.n), p.out_dtype)]
+    return Lowered(
+        op_type=op, params=p, tiling=t, kernels=kernels,
+        flops=2.0 * batch * p.m * p.n * p.k,
+        min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
+        unit="cube", inputs=ins, outputs=outs,
+    )
+
+
+def _prologue(t: MatmulTiling) -> list:
+    """Every buffer starts free: consumers pre-set the 'free' flags producers wait on."""
+    out = [SetFlag(Pipe.MTE1, Pipe.MTE2, i) for i in _CHUNK[: 2 if t.l1_double else 1]]
+    out += [SetFlag(Pipe.M, Pipe.MTE1, i) for i in _SLICE[: 2 if t.l0_double else 1]]
+    return out + [SetFlag(Pipe.FIX, Pipe.M, _L0C), SetFlag(Pipe.MTE1, Pipe.MTE2, _PANEL),
+                  SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA)]
+
+
+def _epilogue(t: MatmulTiling) -> list:
+    """Drain: take back every 'free' flag so sets and waits balance."""
+    out = [WaitFlag(Pipe.MTE1, Pipe.MTE2, i) for i in _CHUNK[: 2 if t.l1_double else 1]]
+    out += [WaitFlag(Pipe.M, Pipe.MTE1, i) for i in _SLICE[: 2 if t.l0_double else 1]]
+    return out + [WaitFlag(Pipe.FIX, Pipe.M, _L0C), WaitFlag(Pipe.MTE1, Pipe.MTE2, _PANEL),
+                  WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA)]
+
+
+def _box(plan: _Plan, start, extent, dims) -> list:
+    """Loop nests over one box of work units (batch, m tile, n tile, k piece); the
+    last m or n tile, when smaller, gets its own nest."""
+    p, t = plan.p, plan.t
+    (b0, m0, n0, s0), (nb, nm, nn, ns) = start, extent
+    _, m_tiles, n_tiles, split_k = dims
+    out = []
+    for m_lo, m_cnt, bm in _edges(m0, nm, m_tiles, p.m, t.base_m):
+        for n_lo, n_cnt, bn in _edges(n0, nn, n_tiles, p.n, t.base_n):
+            for s_lo, s_cnt, kl in _edges(s0, ns, split_k, p.k, plan.k_piece):
+                out += _nest(plan, (b0, m_lo, n_lo, s_lo), (nb, m_cnt, n_cnt, s_cnt), bm, bn, kl)
+    return out
+
+
+def _edges(lo: int, count: int, tiles: int, total: int, size: int) -> list[tuple[int, int, int]]:
+    """(first, count, tile size) runs of [lo, lo+count): a smaller last tile stands alone."""
+    tail = total - (tiles - 1) * size
+    if tail == size or lo + count < tiles:
+        return [(lo, count, size)]
+    head = [(lo, count - 1, size)] if count > 1 else []
+    return head + [(tiles - 1, 1, tail)]
+
+
+def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
+    """The loop nest bb / kp / mi / ni over tiles of one size, each tile streaming its K."""
+    p, t, la, lb, lc = plan.p, plan.t, plan.la, plan.lb, plan.lc
+    b0, m0, n0, s0 = start
+    nb, nm, nn, ns = extent
+    r0, c0, k0 = m0 * t.base_m, n0 * t.base_n, s0 * plan.k_piece
+    e, eb = la.e, lb.e
+    chunks, tail = divmod(k_len, plan.kc)
+    a_moves = {"bb": (0, 0), "mi": (t.base_m, 0), "kp": (0, plan.k_piece)}
+    b_moves = {"bb": (0, 0), "ni": (0, t.base_n), "kp": (plan.k_piece, 0)}
+
+    def slices(kk: int, a_src, b_src) -> list:
+        """MTE1 feeds the base_k slices of an L1 chunk to L0A/L0B; M multiplies each.
+        In L1 the chunk is in fractal layout: A slice s is contiguous, B slice s is
+        one run of s_k x 16 per 16-wide column block."""
+        out = []
+        for s in range(cdiv(kk, t.base_k)):
+            q = s % len(plan.a_l0)
+            sk = min(t.base_k, kk - s * t.base_k)
+            out += [
+                WaitFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
+                Copy(Mem.L1, Mem.L0A, _plus(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * sk * e),
+                Copy(Mem.L1, Mem.L0B, _plus(b_src, s * t.base_k * 16 * eb), plan.b_l0[q], sk * 16 * eb,
+                     cdiv(bn, 16), kk * 16 * eb, None),
+                SetFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
+                WaitFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
+                Mmad(bm, bn, sk, p.dtype, plan.a_l0[q], plan.b_l0[q], plan.c_l0, accumulate=True),
+                SetFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
+            ]
+        return out
+
+    def chunk(kk: int, first_k: int, in_loop: bool):
+        def make(pp: int, j_off: int) -> list:
+            i = pp % len(plan.b_l1)
+            k_at = first_k + j_off * plan.kc
+            j = {"j": (0, 2 * plan.kc)} if in_loop else {}
+            jb = {"j": (2 * plan.kc, 0)} if in_loop else {}
+            loads = [lb.copy(k0 + k_at, c0, kk, bn, {**b_moves, **jb}, plan.b_l1[i])]
+            if t.a_resident:  # the panel holds all of K: this chunk's part of it
+                a_src = addr(plan.a_l1[0] + k_at * bm * e, **({"j": 2 * plan.kc * bm * e} if in_loop else {}))
+            else:
+                a_src = plan.a_l1[i]
+                loads.insert(0, la.copy(r0, k0 + k_at, bm, kk, {**a_moves, **j}, a_src))
+            return [WaitFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i]), *loads, SetFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]),
+                    WaitFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]), *slices(kk, a_src, plan.b_l1[i]),
+                    SetFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i])]
+        return make
+
+    tile: list = [WaitFlag(Pipe.FIX, Pipe.M, _L0C)]
+    if plan.extra_l1 is not None:  # this tile's bias and/or dequant scales
+        src = plan.bias if plan.bias is not None else plan.scale
+        nbytes = bn * 4 * (int(plan.bias is not None) + int(plan.scale is not None))
+        tile += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA),
+                 Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1, nbytes),
+                 SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
+        if plan.bt is not None:
+            tile.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
+        if plan.fb is not None:
+            tile.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (bn * 4 if plan.bt is not None else 0), plan.fb, bn * 4))
+        tile.append(SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA))
+    tile += pingpong("j", chunks, chunk(plan.kc, 0, True))
+    if tail:
+        tile += chunk(tail, chunks * plan.kc, False)(chunks % 2, 0)
+    tile += [SetFlag(Pipe.M, Pipe.FIX, _L0C), WaitFlag(Pipe.M, Pipe.FIX, _L0C),
+             lc.store(plan.c_l0, r0, c0, bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)}, bn * 4),
+             SetFlag(Pipe.FIX, Pipe.M, _L0C)]
+
+    m_body: list = [Loop("ni", nn, tile)]
+    if t.a_resident:
+        panel = la.copy(r0, k0, bm, k_len, a_moves, plan.a_l1[0])
+        m_body = [WaitFlag(Pipe.MTE1, Pipe.MTE2, _PANEL), panel, SetFlag(Pipe.MTE2, Pipe.MTE1, _PANEL),
+                  WaitFlag(Pipe.MTE2, Pipe.MTE1, _PANEL), *m_body, SetFlag(Pipe.MTE1, Pipe.MTE2, _PANEL)]
+    return [Loop("bb", nb, [Loop("kp", ns, [Loop("mi", nm, m_body)])])]
+
+
+def _plus(a, delta: int):
+    """An address (int or Affine) moved by delta bytes."""
+    return a + delta if isinstance(a, int) else Affine(a.base + delta, a.terms)

@@ -1,0 +1,157 @@
+"""The operator registry: op type -> (parameter record, tiling record, lowering).
+
+A lowering is a plain function `lower(params, hw, gm, tiling) -> Lowered`: given
+the op's shapes and dtypes, the hardware config and where its tensors live in GM,
+it picks a tiling (or takes the one given), emits kernels that pass verify(), and
+states the op's analytic FLOPs and minimum GM bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from npusim.errors import ConfigError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel
+
+# GM allocations of a standalone op start here and are aligned like the runtime's
+# allocator (aclrtMalloc returns 512-byte aligned addresses; we use the L2 line).
+GM_BASE = 1 << 30
+GM_ALIGN_BYTES = 512
+
+
+@frozen
+class TensorInfo:
+    """An operand as profiling tools list it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    format: str = "ND"
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class GmArena:
+    """Where an op's GM tensors live: addresses given by the caller (a memory plan)
+    for names it binds, the rest bump-allocated, GM_ALIGN_BYTES aligned."""
+
+    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE):
+        self.bound = dict(bound or {})
+        self.next = base
+        self.tensors: dict[str, GmTensor] = {}
+
+    def tensor(self, name: str, nbytes: int) -> GmTensor:
+        if name in self.tensors:
+            return self.tensors[name]
+        if name in self.bound:
+            addr = self.bound[name]
+        else:
+            addr = self.next
+            self.next += -(-nbytes // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
+        t = self.tensors[name] = GmTensor(name, addr, nbytes)
+        return t
+
+
+@frozen
+class Lowered:
+    """An operator lowered for one hardware config: kernels in launch order plus
+    what the roofline needs (FLOPs on its unit, minimum GM bytes)."""
+
+    op_type: str
+    params: Any
+    tiling: Any
+    kernels: tuple[Kernel, ...] = field(converter=tuple)
+    flops: float
+    min_gm_bytes: float
+    unit: str  # "cube" or "vector": whose peak bounds the FLOPs
+    inputs: tuple[TensorInfo, ...] = field(converter=tuple)
+    outputs: tuple[TensorInfo, ...] = field(converter=tuple)
+    workspace_bytes: int = 0
+
+
+@frozen
+class OpSpec:
+    op_type: str
+    params: type  # frozen attrs class of the op's parameters (with defaults and help)
+    tiling: type | None  # frozen attrs class of its tiling, or None if it has no knobs
+    lower: Callable[..., Lowered]
+    help: str
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register(op_type: str, params: type, tiling: type | None = None):
+    """Decorator: register a lowering under `op_type`."""
+
+    def deco(fn):
+        if op_type in OPS:
+            raise ValueError(f"op type '{op_type}' registered twice")
+        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+
+    return deco
+
+
+def param(default, help: str, **kw):
+    """A parameter field with its help text (shown by `npusim op TYPE --help`)."""
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def spec(op_type: str) -> OpSpec:
+    from npusim import ops  # noqa: F401  (importing the package registers every lowering)
+
+    if op_type not in OPS:
+        raise ConfigError(f"op: unknown op type '{op_type}' (known: {', '.join(sorted(OPS))})")
+    return OPS[op_type]
+
+
+def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
+    """Parameters from the CLI arrive as strings; convert by the field's default type."""
+    kind = type(f.default) if f.default is not None else str
+    if not isinstance(value, str):
+        return value
+    try:
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return value.lower() in ("true", "1", "yes")
+        if kind is tuple:
+            return tuple(int(x) for x in value.replace("x", ",").strip("[]()").split(",") if x.strip())
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {kind.__name__}, got '{value}'") from None
+
+
+def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = "parameter"):
+    """Build a params/tiling record from a mapping, with one-line errors naming the field."""
+    fields = {f.name: f for f in attrs.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"op {op_type}: unknown {what} '{unknown[0]}' (expected one of: {', '.join(fields)})")
+    kw = {k: _coerce(op_type, fields[k], v) for k, v in values.items()}
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"op {op_type}: {e}") from None
+
+
+def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: Mapping[str, Any] | Any = None,
+          gm: GmArena | None = None) -> Lowered:
+    """Lower one operator. `params` / `tiling` may be records or plain mappings."""
+    s = spec(op_type)
+    if not isinstance(params, s.params):
+        params = make_record(op_type, s.params, params or {})
+    if tiling is not None and s.tiling is not None and not isinstance(tiling, s.tiling):
+        tiling = make_record(op_type, s.tiling, tiling, "tiling field")
+    return s.lower(params, hw, gm or GmArena(), tiling)

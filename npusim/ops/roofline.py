@@ -1,0 +1,106 @@
+"""Run one lowered operator on the engine and place it against its roofline."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from npusim.engine import Launch, RunResult, Synchronize, run
+from npusim.engine.stats import KernelStats
+from npusim.hw import HwConfig
+from npusim.hw.derived import cube_peak_flops_per_s, vector_peak_ops_per_s
+from npusim.isa.program import DTYPE_BYTES
+from npusim.ops.registry import Lowered
+
+# An op that reaches less than this fraction of its roofline time is called
+# latency-bound: start-ups, synchronisation and pipeline fill dominate it.
+LATENCY_BOUND_FRACTION = 0.5
+
+
+def peak_flops_per_s(lowered: Lowered, hw: HwConfig) -> float:
+    """Peak of the unit the op's FLOPs run on, at its input dtype."""
+    dtype = lowered.inputs[0].dtype if lowered.inputs else "fp16"
+    if lowered.unit == "cube":
+        return cube_peak_flops_per_s(hw, dtype if dtype in hw.aic.mmad_fractals else "fp16")
+    return vector_peak_ops_per_s(hw, DTYPE_BYTES[dtype])
+
+
+def hbm_floor_bytes(lowered: Lowered, hw: HwConfig) -> float:
+    """Least HBM traffic possible from a cold L2: every input byte is read once, and
+    written bytes beyond what the write-back L2 can hold must reach HBM."""
+    reads = sum(t.nbytes for t in lowered.inputs)
+    writes = sum(t.nbytes for t in lowered.outputs)
+    return reads + max(0, writes - hw.l2.l2_bytes)
+
+
+@frozen
+class Roofline:
+    compute_s: float  # FLOPs / peak of the unit
+    hbm_s: float  # HBM floor bytes / sustained HBM bandwidth
+    l2_s: float  # minimum GM bytes / L2 bandwidth
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.hbm_s, self.l2_s)
+
+
+def roofline(lowered: Lowered, hw: HwConfig) -> Roofline:
+    return Roofline(
+        compute_s=lowered.flops / peak_flops_per_s(lowered, hw),
+        hbm_s=hbm_floor_bytes(lowered, hw) / (hw.hbm.peak_bw_bytes_per_s * hw.hbm.bw_efficiency),
+        l2_s=lowered.min_gm_bytes / hw.l2.bw_bytes_per_s,
+    )
+
+
+@frozen
+class OpReport:
+    """One operator as simulated: time, throughput, bound and pipe utilisation."""
+
+    lowered: Lowered
+    run: RunResult
+    cycles: float  # first kernel start to last kernel end
+    stats: KernelStats
+    roofline: Roofline
+
+    @property
+    def hw(self) -> HwConfig:
+        return self.run.hw
+
+    @property
+    def us(self) -> float:
+        return self.hw.us(self.cycles)
+
+    @property
+    def seconds(self) -> float:
+        return self.us * 1e-6
+
+    @property
+    def tflops(self) -> float:
+        return self.lowered.flops / self.seconds / 1e12
+
+    @property
+    def gm_bw_bytes_per_s(self) -> float:
+        return self.stats.gm_bytes / self.seconds
+
+    @property
+    def hbm_bw_bytes_per_s(self) -> float:
+        return (self.stats.hbm_read_bytes + self.stats.hbm_write_bytes) / self.seconds
+
+    @property
+    def bound(self) -> str:
+        r = self.roofline
+        if r.time_s < LATENCY_BOUND_FRACTION * self.seconds:
+            return "latency"
+        return "compute" if r.compute_s >= max(r.hbm_s, r.l2_s) else "memory"
+
+    def utilisation(self) -> dict[str, float]:
+        """Busy fraction of every pipe that did work, over the cycles its cores held blocks."""
+        return {p: self.stats.utilisation(p) for p in sorted(self.stats.busy_cycles)}
+
+
+def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr") -> OpReport:
+    """Launch the op's kernels in order on one stream (graph mode) and synchronize."""
+    calls = [Launch(k, 0, "graph") for k in lowered.kernels] + [Synchronize()]
+    result = run(calls, hw, trace)
+    ks = result.kernels
+    stats = sum((k.stats for k in ks), KernelStats())
+    return OpReport(lowered, result, ks[-1].end - ks[0].start, stats, roofline(lowered, hw))
