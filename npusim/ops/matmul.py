@@ -25,6 +25,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
+    ALIGN_BYTES,
     DTYPE_BYTES,
     Affine,
     Copy,
@@ -103,8 +104,11 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     m_tiles = cdiv(p.m, base_m)
     port = hw.aic.gm_read_bytes_per_cycle
     best = None
+    tiles = batch * m_tiles * cdiv(p.n, min(256, align_up(p.n, f.n0)))
     for base_n, split_k in itertools.product(range(256, 15, -16), (1, 2, 3, 4, 6, 8)):
         if base_n > align_up(p.n, f.n0) and base_n != 256 or split_k > max(1, p.k // (base_k * 4)):
+            continue
+        if split_k > 1 and tiles >= cores:  # split K only when the tiles cannot fill the cores
             continue
         base_n = min(base_n, align_up(p.n, f.n0))
         units = batch * m_tiles * cdiv(p.n, base_n) * split_k
@@ -151,19 +155,21 @@ class _Layout:
              dst_mem: Mem = Mem.L1) -> Copy:
         """GM -> local copy of the tile at (r0, c0); steps: loop var -> (rows, cols) it moves by."""
         seg, nseg, stride = self.pieces(nr, nc)
-        gm = addr(self.base + r0 * self.dr + c0 * self.dc,
-                  **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
-                     for v, (dr, dc) in steps.items()})
-        return Copy(Mem.GM, dst_mem, gm, dst, seg, nseg, stride, None)
+        # In L1 the tile lands in fractal layout; each segment's share is padded to
+        # the buffer alignment.
+        return Copy(Mem.GM, dst_mem, self._gm(r0, c0, steps), dst, seg, nseg, stride,
+                    align_up(seg, ALIGN_BYTES[dst_mem]))
+
+    def _gm(self, r0: int, c0: int, steps: dict[str, tuple[int, int]]):
+        return addr(self.base + r0 * self.dr + c0 * self.dc,
+                    **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
+                       for v, (dr, dc) in steps.items()})
 
     def store(self, src: int, r0: int, c0: int, nr: int, nc: int, steps: dict[str, tuple[int, int]],
               src_row_bytes: int) -> Copy:
         """FixPipe L0C -> GM of the tile at (r0, c0)."""
         seg, nseg, stride = self.pieces(nr, nc)
-        gm = addr(self.base + r0 * self.dr + c0 * self.dc,
-                  **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
-                     for v, (dr, dc) in steps.items()})
-        return Copy(Mem.L0C, Mem.GM, src, gm, seg, nseg, src_row_bytes, stride)
+        return Copy(Mem.L0C, Mem.GM, src, self._gm(r0, c0, steps), seg, nseg, src_row_bytes, stride)
 
 
 @register("matmul", MatmulParams, MatmulTiling)
@@ -335,7 +341,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
                 WaitFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
                 Copy(Mem.L1, Mem.L0A, _plus(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * sk * e),
                 Copy(Mem.L1, Mem.L0B, _plus(b_src, s * t.base_k * 16 * eb), plan.b_l0[q], sk * 16 * eb,
-                     cdiv(bn, 16), kk * 16 * eb, None),
+                     cdiv(bn, 16), align_up(kk * 16 * eb, ALIGN_BYTES[Mem.L1]),
+                     align_up(sk * 16 * eb, ALIGN_BYTES[Mem.L0B])),
                 SetFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
                 WaitFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
                 Mmad(bm, bn, sk, p.dtype, plan.a_l0[q], plan.b_l0[q], plan.c_l0, accumulate=True),
@@ -376,7 +383,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
     if tail:
         tile += chunk(tail, chunks * plan.kc, False)(chunks % 2, 0)
     tile += [SetFlag(Pipe.M, Pipe.FIX, _L0C), WaitFlag(Pipe.M, Pipe.FIX, _L0C),
-             lc.store(plan.c_l0, r0, c0, bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)}, bn * 4),
+             lc.store(plan.c_l0, r0, c0, bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
+                      align_up(bn, 16) * 4),
              SetFlag(Pipe.FIX, Pipe.M, _L0C)]
 
     m_body: list = [Loop("ni", nn, tile)]
