@@ -89,10 +89,10 @@ def test_derived_figures_are_the_closed_forms():
     assert d.cube_peak_flops_per_s["int8"] == pytest.approx(2 * d.cube_peak_flops_per_s["fp16"])
     assert d.vector_peak_ops_per_s["fp16"] == pytest.approx(48 * f * 128)  # add: 1 cycle per repeat
     assert d.vector_peak_ops_per_s["fp32"] == pytest.approx(48 * f * 64)
-    assert d.hbm_sustained_bw_bytes_per_s == pytest.approx(1.6e12 * 0.85)
-    assert d.cube_hbm_ridge_flops_per_byte == pytest.approx(24 * f * 16**3 * 2 / (1.6e12 * 0.85))
+    assert d.hbm_sustained_bw_bytes_per_s == pytest.approx(1.6e12 * hw.hbm.bw_efficiency)
+    assert d.cube_hbm_ridge_flops_per_byte == pytest.approx(24 * f * 16**3 * 2 / (1.6e12 * hw.hbm.bw_efficiency))
     assert d.cube_l2_ridge_flops_per_byte == pytest.approx(24 * f * 16**3 * 2 / 8e12)
-    assert d.vector_hbm_ridge_ops_per_byte == pytest.approx(48 * f * 128 / (1.6e12 * 0.85))
+    assert d.vector_hbm_ridge_ops_per_byte == pytest.approx(48 * f * 128 / (1.6e12 * hw.hbm.bw_efficiency))
     assert hw.hbm_bytes_per_cycle == pytest.approx(d.hbm_sustained_bw_bytes_per_s / f)
 
 
@@ -197,7 +197,7 @@ BAD_FILES = {
     "zero size": (b2_with("l1_bytes: 524288", "l1_bytes: 0"), "key 'aic.l1_bytes': expected a value > 0, got 0"),
     "negative size": (b2_with("l2_bytes: 201326592", "l2_bytes: -1"), "key 'l2.l2_bytes': expected a value > 0, got -1"),
     "negative cycles": (
-        b2_with("segment_cycles: 4", "segment_cycles: -4"), "key 'dma.segment_cycles': expected a value >= 0, got -4"),
+        b2_with("segment_cycles: 1 ", "segment_cycles: -4 "), "key 'dma.segment_cycles': expected a value >= 0, got -4"),
     # aic and aiv both have gm_read_bytes_per_cycle: the path must name the right one
     "zero rate, second of two same-named fields": (
         b2_with("gm_read_bytes_per_cycle: 110    # ini: l2_read_bandwidth 110 B/cycle per core\n  gm_write_bytes_per_cycle: 64",
@@ -207,7 +207,7 @@ BAD_FILES = {
         b2_with("int8: {m0: 16, n0: 32, k0: 16}", "int8: {m0: 16, n0: 32, k0: 0}"),
         "key 'aic.mmad_fractals.int8.k0': expected a value > 0, got 0"),
     "efficiency above 1": (
-        b2_with("bw_efficiency: 0.85", "bw_efficiency: 1.5"), "key 'hbm.bw_efficiency': expected a value <= 1, got 1.5"),
+        b2_with("bw_efficiency: 0.66", "bw_efficiency: 1.5"), "key 'hbm.bw_efficiency': expected a value <= 1, got 1.5"),
     "missing field": (b2_with("  aic_count: 24", ""), "missing key 'chip.aic_count'"),
     "missing section": (B2_TEXT[: B2_TEXT.index("\nruntime:")] + "\n", "missing key 'runtime'"),
     "missing key in a fractal": (

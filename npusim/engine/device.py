@@ -62,6 +62,7 @@ class KernelRecord:
     core_type: str
     block_dim: int
     stream: int
+    queued: float  # reached the head of its stream; start - queued is the kernel start cost
     start: float
     end: float
     stats: KernelStats
@@ -131,9 +132,11 @@ class Device:
 
     # ---------------------------------------------------------------- kernels
 
-    def run_kernel(self, kernel: Kernel, stream: int = 0) -> simpy.Event:
-        """Start a kernel now; the returned event fires with its KernelRecord when it ends."""
+    def run_kernel(self, kernel: Kernel, stream: int = 0, queued: float | None = None) -> simpy.Event:
+        """Start a kernel now (it reached the head of its stream at `queued`, before its
+        start cost); the returned event fires with its KernelRecord when it ends."""
         kr = _KernelRun(self._next_id, kernel, stream, self.env)
+        kr.queued = self.env.now if queued is None else queued
         self._next_id += 1
         kr.sync_parties = sum(self._parties(kernel, b) for b in range(kernel.block_dim))
         self.pending.append(kr)
@@ -262,7 +265,7 @@ class Device:
         kr.blocks_done += len(blocks)
         if kr.blocks_done == k.block_dim:
             rec = KernelRecord(kr.id, k.name, k.op_type or k.name, k.core_type.value, k.block_dim, kr.stream,
-                               kr.start, env.now, kr.acc.freeze(env.now - kr.start))
+                               kr.queued, kr.start, env.now, kr.acc.freeze(env.now - kr.start))
             self.records.append(rec)
             kr.done.succeed(rec)
         self._dispatch()

@@ -188,7 +188,7 @@ class Host:
             start = env.now
             if isinstance(item, Launch):
                 yield env.timeout(rt.kernel_start_cycles)
-                rec = yield self.device.run_kernel(item.kernel, s.index)
+                yield self.device.run_kernel(item.kernel, s.index, start)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, Memcpy):
                 yield env.timeout(self.cycles(rt.memcpy_startup_us))

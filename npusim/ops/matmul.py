@@ -113,8 +113,12 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
         base_n = min(base_n, align_up(p.n, f.n0))
         units = batch * m_tiles * cdiv(p.n, base_n) * split_k
         k_piece = cdiv(p.k, split_k)
-        cube = cdiv(base_m, f.m0) * cdiv(base_n, f.n0) * cdiv(k_piece, f.k0)
-        load = (base_m * k_piece * e + k_piece * base_n * eb) / port
+        chunks = cdiv(k_piece, base_k * 4)
+        cube = (cdiv(base_m, f.m0) * cdiv(base_n, f.n0) * cdiv(k_piece, f.k0)
+                + cdiv(k_piece, base_k) * hw.aic.mmad_startup_cycles)
+        load = ((base_m * k_piece * e + k_piece * base_n * eb) / port
+                + chunks * 2 * hw.dma.startup_cycles
+                + chunks * (base_m + base_k * 4) * hw.dma.segment_cycles)
         cost = cdiv(units, min(units, cores)) * max(cube, load)
         if best is None or cost < best[0]:
             best = (cost, base_n, split_k, units)

@@ -11,9 +11,20 @@ from npusim.hw.derived import cube_peak_flops_per_s, vector_peak_ops_per_s
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.registry import Lowered
 
-# An op that reaches less than this fraction of its roofline time is called
+# An op whose busiest pipe is busy less than this fraction of the time is called
 # latency-bound: start-ups, synchronisation and pipeline fill dominate it.
 LATENCY_BOUND_FRACTION = 0.5
+COMPUTE_PIPES = ("M", "V")
+
+
+def bound_of(stats: KernelStats) -> str:
+    """compute (the cube or vector unit is the busiest pipe), memory (a data-moving
+    pipe is), or latency (no pipe is busy LATENCY_BOUND_FRACTION of the time)."""
+    util = {p: stats.utilisation(p) for p in stats.busy_cycles}
+    if not util or max(util.values()) < LATENCY_BOUND_FRACTION:
+        return "latency"
+    busiest = max(sorted(util), key=util.get)
+    return "compute" if busiest.split(".")[1] in COMPUTE_PIPES else "memory"
 
 
 def peak_flops_per_s(lowered: Lowered, hw: HwConfig) -> float:
@@ -57,7 +68,7 @@ class OpReport:
 
     lowered: Lowered
     run: RunResult
-    cycles: float  # first kernel start to last kernel end
+    cycles: float  # first kernel reaching its stream's head (incl. its start cost) to last kernel end
     stats: KernelStats
     roofline: Roofline
 
@@ -87,10 +98,7 @@ class OpReport:
 
     @property
     def bound(self) -> str:
-        r = self.roofline
-        if r.time_s < LATENCY_BOUND_FRACTION * self.seconds:
-            return "latency"
-        return "compute" if r.compute_s >= max(r.hbm_s, r.l2_s) else "memory"
+        return bound_of(self.stats)
 
     def utilisation(self) -> dict[str, float]:
         """Busy fraction of every pipe that did work, over the cycles its cores held blocks."""
@@ -103,4 +111,4 @@ def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr") -> OpRepor
     result = run(calls, hw, trace)
     ks = result.kernels
     stats = sum((k.stats for k in ks), KernelStats())
-    return OpReport(lowered, result, ks[-1].end - ks[0].start, stats, roofline(lowered, hw))
+    return OpReport(lowered, result, ks[-1].end - ks[0].queued, stats, roofline(lowered, hw))

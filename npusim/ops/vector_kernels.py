@@ -13,66 +13,103 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import attrs
 from attrs import frozen
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    Buffer, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag, addr,
+    Affine, Buffer, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag, addr,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 
 
 @frozen
 class Stream:
-    """A GM operand read or written row by row: row r is at tensor.addr + r * row_bytes
-    (+ offset), optionally in `segments` pieces `stride` apart (a strided layout)."""
+    """A GM operand read or written row by row: row r is `row_bytes` at
+    tensor.addr + offset + r * stride (stride 0: row_bytes, rows back to back).
+
+    In UB row r sits at r * ub_row_bytes (0: row_bytes). When either pitch differs
+    from row_bytes a tile moves as one segment per row (DataCopyPad: a strided GM
+    layout such as one half of a [.., 2h] row, or rows padded to 32 bytes in UB so
+    per-row vector instructions start aligned)."""
 
     tensor: GmTensor
     row_bytes: int
     offset: int = 0
+    stride: int = 0
+    ub_row_bytes: int = 0
+
+    @property
+    def gm_pitch(self) -> int:
+        return self.stride or self.row_bytes
+
+    @property
+    def ub_pitch(self) -> int:
+        return self.ub_row_bytes or self.row_bytes
+
+    @property
+    def rowwise(self) -> bool:
+        """True when a tile of several rows is not one contiguous run on both sides."""
+        return self.gm_pitch != self.row_bytes or self.ub_pitch != self.row_bytes
 
 
 @frozen
 class Const:
-    """A GM operand every core loads once into UB (a norm's weight, a scale vector)."""
+    """A GM operand every core loads once into UB (a norm's weight, a scale vector).
+    ub_bytes (0: nbytes) reserves more room behind it, e.g. for an fp32 copy made
+    once by the kernel's `setup`."""
 
     tensor: GmTensor
     nbytes: int
+    ub_bytes: int = 0
 
 
-# compute(rows in tile, UB address of each input, of each output, of the scratch, of each const)
+# compute(rows in tile, UB address of each input, of each output, of the scratch, of each const).
+# The scratch is one address when tmp_row_bytes is an int, a tuple of addresses (one
+# region per entry) when it is a sequence.
 Compute = Callable[[int, Sequence[int], Sequence[int], int, Sequence[int]], list]
 
 
 def streaming_kernel(
     name: str, op_type: str, hw: HwConfig, rows: int, ins: Sequence[Stream], outs: Sequence[Stream],
-    compute: Compute, consts: Sequence[Const] = (), tmp_row_bytes: int = 0, quantum: int = 1,
+    compute: Compute, consts: Sequence[Const] = (), tmp_row_bytes: int | Sequence[int] = 0, quantum: int = 1,
     max_tile_rows: int | None = None, gm: Sequence[GmTensor] = (),
+    setup: Callable[[Sequence[int]], list] | None = None,
 ) -> Kernel:
+    """`setup(const UB addresses)`: V instructions run once per core after the consts
+    have arrived (e.g. cast a norm weight to fp32 once instead of every tile)."""
+    for s in (*ins, *outs):
+        if s.rowwise and s.ub_pitch % 32:
+            raise ProgramError(f"op {op_type}: UB row pitch {s.ub_pitch} of '{s.tensor.name}' is not a multiple "
+                               "of 32 bytes (pad it with ub_row_bytes)")
+    tmp_parts = (tmp_row_bytes,) if isinstance(tmp_row_bytes, int) else tuple(tmp_row_bytes)
+    tmp_total = sum(tmp_parts)
     buf = Buffers(hw, op_type)
-    const_ub = [buf.alloc(f"const{i}", Mem.UB, c.nbytes) for i, c in enumerate(consts)]
+    const_ub = [buf.alloc(f"const{i}", Mem.UB, c.ub_bytes or c.nbytes) for i, c in enumerate(consts)]
     used = max(buf.next.get(Mem.UB, 0), 0)
-    per_row = sum(s.row_bytes for s in (*ins, *outs))
+    per_row = sum(s.ub_pitch for s in (*ins, *outs))
     budget = hw.aiv.ub_bytes - used
     # Each ping/pong set holds every in and out tile; the scratch is shared.
-    slack = 32 * (len(ins) + len(outs) + 1) * 2  # alignment padding of each buffer
-    tile_rows = (budget - slack) // (2 * per_row + tmp_row_bytes)
+    slack = 32 * ((len(ins) + len(outs)) * 2 + len(tmp_parts))  # alignment padding of each buffer
+    tile_rows = (budget - slack) // (2 * per_row + tmp_total)
     if max_tile_rows:
         tile_rows = min(tile_rows, max_tile_rows)
     tile_rows = tile_rows // quantum * quantum if tile_rows >= quantum else tile_rows
     if tile_rows < 1:
         raise ProgramError(
-            f"op {op_type}: one row needs {2 * per_row + tmp_row_bytes} bytes of UB (ping, pong and scratch), "
+            f"op {op_type}: one row needs {2 * per_row + tmp_total + slack} bytes of UB (ping, pong and scratch), "
             f"UB has {budget} left")
     cores = hw.aiv_count
     per_core = align_up(cdiv(rows, cores), quantum)
     tile_rows = min(tile_rows, per_core)
     sets = []
     for p in (0, 1):
-        sets.append(([buf.alloc(f"in{i}_{p}", Mem.UB, tile_rows * s.row_bytes) for i, s in enumerate(ins)],
-                     [buf.alloc(f"out{i}_{p}", Mem.UB, tile_rows * s.row_bytes) for i, s in enumerate(outs)]))
-    tmp = buf.alloc("tmp", Mem.UB, tile_rows * tmp_row_bytes) if tmp_row_bytes else 0
+        sets.append(([buf.alloc(f"in{i}_{p}", Mem.UB, tile_rows * s.ub_pitch) for i, s in enumerate(ins)],
+                     [buf.alloc(f"out{i}_{p}", Mem.UB, tile_rows * s.ub_pitch) for i, s in enumerate(outs)]))
+    tmps = tuple(buf.alloc("tmp" if isinstance(tmp_row_bytes, int) else f"tmp{i}", Mem.UB, tile_rows * b) if b else 0
+                 for i, b in enumerate(tmp_parts))
+    tmp = tmps[0] if isinstance(tmp_row_bytes, int) else tmps
     blocks = cdiv(rows, per_core)
 
     def program(run: int) -> Program:
@@ -84,17 +121,27 @@ def streaming_kernel(
                 ub_in, ub_out = sets[p]
 
                 def gm_addr(s: Stream):
-                    return addr(s.tensor.addr + s.offset + row0 * s.row_bytes,
-                                block=per_core * s.row_bytes, j=j_step * nr * s.row_bytes)
+                    return addr(s.tensor.addr + s.offset + row0 * s.gm_pitch,
+                                block=per_core * s.gm_pitch, j=j_step * nr * s.gm_pitch)
+
+                def load(s: Stream, ub: int) -> Copy:
+                    if s.rowwise and nr > 1:
+                        return Copy(Mem.GM, Mem.UB, gm_addr(s), ub, s.row_bytes, nr, s.gm_pitch, s.ub_pitch)
+                    return Copy(Mem.GM, Mem.UB, gm_addr(s), ub, nr * s.row_bytes)
+
+                def store(s: Stream, ub: int) -> Copy:
+                    if s.rowwise and nr > 1:
+                        return Copy(Mem.UB, Mem.GM, ub, gm_addr(s), s.row_bytes, nr, s.ub_pitch, s.gm_pitch)
+                    return Copy(Mem.UB, Mem.GM, ub, gm_addr(s), nr * s.row_bytes)
 
                 body = [WaitFlag(Pipe.V, Pipe.MTE2, p)]
-                body += [Copy(Mem.GM, Mem.UB, gm_addr(s), ub, nr * s.row_bytes) for s, ub in zip(ins, ub_in)]
+                body += [load(s, ub) for s, ub in zip(ins, ub_in)]
                 body += [SetFlag(Pipe.MTE2, Pipe.V, p), WaitFlag(Pipe.MTE2, Pipe.V, p),
                          WaitFlag(Pipe.MTE3, Pipe.V, p)]
                 body += compute(nr, ub_in, ub_out, tmp, const_ub)
                 body += [SetFlag(Pipe.V, Pipe.MTE2, p), SetFlag(Pipe.V, Pipe.MTE3, p),
                          WaitFlag(Pipe.V, Pipe.MTE3, p)]
-                body += [Copy(Mem.UB, Mem.GM, ub, gm_addr(s), nr * s.row_bytes) for s, ub in zip(outs, ub_out)]
+                body += [store(s, ub) for s, ub in zip(outs, ub_out)]
                 body += [SetFlag(Pipe.MTE3, Pipe.V, p)]
                 return body
             return make
@@ -103,6 +150,8 @@ def streaming_kernel(
         if consts:
             body += [Copy(Mem.GM, Mem.UB, c.tensor.addr, ub, c.nbytes) for c, ub in zip(consts, const_ub)]
             body += [SetFlag(Pipe.MTE2, Pipe.V, 2), WaitFlag(Pipe.MTE2, Pipe.V, 2)]
+            if setup is not None:
+                body += setup(const_ub)
         body += pingpong("j", tiles, tile(tile_rows, 0, 2))
         if tail:
             body += tile(tail, tiles * tile_rows, 0)(tiles % 2, 0)
@@ -127,3 +176,169 @@ def fill_kernel(name: str, hw: HwConfig, tensor: GmTensor, value: float, dtype: 
         return [VecOp("dup", nr, dtype, ub_out[0])]
 
     return streaming_kernel(name, "fill", hw, tensor.nbytes // e, [], [Stream(tensor, e)], compute, quantum=quantum)
+
+
+# ---------------------------------------------------------------- custom tile pipelines
+#
+# Kernels whose tiles do not follow one row stream (a layout change, a gather, a
+# cache write) list their tiles explicitly: per core, a sequence of tiles, each
+# loads (MTE2), vector work (V) and stores (MTE3) on ping/pong buffer set p.
+# `compress` then folds runs of tiles whose addresses move by constant steps into
+# Loops with Affine addresses, and `share_blocks` folds cores whose programs differ
+# only by a constant step per block into one Program, so the IR stays small and
+# the engine can simulate identical blocks once.
+
+# make(p) -> (loads, vector work, stores) of one tile on buffer set p (0 ping, 1 pong)
+TileFn = Callable[[int], tuple[list, list, list]]
+
+
+def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
+    """The instructions of `tiles` run double-buffered: MTE2 loads tile i+1 while V
+    works on tile i and MTE3 stores tile i-1. direct=True (no tile has vector work):
+    MTE3 stores straight from the load buffer, MTE2 -> MTE3 flags, no V stage."""
+    bodies = []
+    for i in range(0, len(tiles), 2):
+        body = []
+        for k, make in enumerate(tiles[i:i + 2]):
+            loads, work, stores = make(k)
+            if direct:
+                body += [WaitFlag(Pipe.MTE3, Pipe.MTE2, k), *loads, SetFlag(Pipe.MTE2, Pipe.MTE3, k),
+                         WaitFlag(Pipe.MTE2, Pipe.MTE3, k), *stores, SetFlag(Pipe.MTE3, Pipe.MTE2, k)]
+            else:
+                body += [WaitFlag(Pipe.V, Pipe.MTE2, k), *loads, SetFlag(Pipe.MTE2, Pipe.V, k),
+                         WaitFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE3, Pipe.V, k), *work,
+                         SetFlag(Pipe.V, Pipe.MTE2, k), SetFlag(Pipe.V, Pipe.MTE3, k),
+                         WaitFlag(Pipe.V, Pipe.MTE3, k), *stores, SetFlag(Pipe.MTE3, Pipe.V, k)]
+        bodies.append(body)
+    return compress(bodies, "j")
+
+
+def pipeline_prologue(direct: bool = False) -> list:
+    """Both buffer sets start free (pair with pipeline_epilogue)."""
+    if direct:
+        return [SetFlag(Pipe.MTE3, Pipe.MTE2, p) for p in (0, 1)]
+    return [SetFlag(Pipe.V, Pipe.MTE2, p) for p in (0, 1)] + [SetFlag(Pipe.MTE3, Pipe.V, p) for p in (0, 1)]
+
+
+def pipeline_epilogue(direct: bool = False) -> list:
+    """Take back the 'free' flags so sets and waits balance."""
+    if direct:
+        return [WaitFlag(Pipe.MTE3, Pipe.MTE2, p) for p in (0, 1)]
+    return [WaitFlag(Pipe.V, Pipe.MTE2, p) for p in (0, 1)] + [WaitFlag(Pipe.MTE3, Pipe.V, p) for p in (0, 1)]
+
+
+def _map_addrs(items, fn) -> list:
+    """Rebuild `items` with every address (Copy ends, VecOp operands) replaced by fn(addr),
+    visited in a fixed order."""
+    out = []
+    for it in items:
+        cls = it.__class__
+        if cls is Loop:
+            out.append(Loop(it.var, it.count, _map_addrs(it.body, fn)))
+        elif cls is Copy:
+            out.append(attrs.evolve(it, src_addr=fn(it.src_addr), dst_addr=fn(it.dst_addr)))
+        elif cls is VecOp:
+            out.append(attrs.evolve(it, dst=fn(it.dst), srcs=tuple(fn(s) for s in it.srcs)))
+        else:
+            out.append(it)
+    return out
+
+
+def _shape(items) -> tuple[tuple, list[int]]:
+    """(the body with every address reduced to its loop terms, the address bases in order):
+    two bodies with equal shapes differ only in where they point."""
+    bases: list[int] = []
+
+    def strip(a):
+        if a.__class__ is int:
+            bases.append(a)
+            return ()
+        bases.append(a.base)
+        return a.terms
+
+    return tuple(_map_addrs(items, strip)), bases
+
+
+def _shift(items, steps: list[int], var: str) -> list:
+    """`items` with address k moving by steps[k] per unit of `var`."""
+    it = iter(steps)
+
+    def move(a):
+        step = next(it)
+        if not step:
+            return a
+        base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
+        return Affine(base, terms + ((var, step),))
+
+    return _map_addrs(items, move)
+
+
+def compress(bodies: Sequence[list], var: str) -> list:
+    """Concatenate `bodies`, folding each run of consecutive bodies that have the same
+    shape and whose addresses move by the same steps from one to the next into
+    Loop(var, run length, first body with Affine steps)."""
+    shapes = [_shape(b) for b in bodies]
+    out: list = []
+    i = 0
+    while i < len(bodies):
+        j = i
+        if i + 1 < len(bodies) and shapes[i + 1][0] == shapes[i][0]:
+            steps = [b - a for a, b in zip(shapes[i][1], shapes[i + 1][1])]
+            j = i + 1
+            while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and all(
+                    b - a == s for a, b, s in zip(shapes[j][1], shapes[j + 1][1], steps)):
+                j += 1
+        if j > i:
+            out.append(Loop(var, j - i + 1, _shift(bodies[i], steps, var)))
+        else:
+            out += list(bodies[i])
+        i = j + 1
+    return out
+
+
+def share_blocks(bodies: Sequence[list]) -> list[list]:
+    """One body per block -> one body per block where every run of blocks with the same
+    shape, moving by constant steps per block, is the same list object using `block`
+    (the first block of a run keeps its addresses: the run's body is shifted back)."""
+    shapes = [_shape(b) for b in bodies]
+    out: list = []
+    i = 0
+    while i < len(bodies):
+        j = i
+        steps: list[int] = []
+        if i + 1 < len(bodies) and shapes[i + 1][0] == shapes[i][0]:
+            steps = [b - a for a, b in zip(shapes[i][1], shapes[i + 1][1])]
+            j = i + 1
+            while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and all(
+                    b - a == s for a, b, s in zip(shapes[j][1], shapes[j + 1][1], steps)):
+                j += 1
+        if j > i:
+            back = iter([-i * s for s in steps])
+            base_body = _map_addrs(bodies[i], lambda a: _plus(a, next(back)))
+            shared = _shift(base_body, steps, "block")
+            out += [shared] * (j - i + 1)
+        else:
+            out.append(list(bodies[i]))
+        i = j + 1
+    return out
+
+
+def _plus(a, delta: int):
+    if not delta:
+        return a
+    return a + delta if a.__class__ is int else Affine(a.base + delta, a.terms)
+
+
+def tile_kernel(name: str, op_type: str, buffers, bodies: Sequence[list], gm: Sequence[GmTensor]) -> Kernel:
+    """An AIV kernel from one body per block (each a complete program body): runs of
+    blocks that differ by constant steps share one Program object."""
+    shared = share_blocks(bodies)
+    programs: list[Program] = []
+    made: dict[int, Program] = {}
+    for body in shared:
+        if id(body) not in made:
+            made[id(body)] = Program(body, buffers)
+        programs.append(made[id(body)])
+    if len({id(p) for p in programs}) == 1:
+        programs = programs[:1]
+    return Kernel(name, CoreType.AIV, len(bodies), aiv=programs, gm=list(gm), op_type=op_type)

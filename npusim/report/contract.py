@@ -1,0 +1,83 @@
+"""The JSON report of DESIGN.md's contract, for a run or for one operator."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from npusim.engine import RunResult
+from npusim.engine.device import KernelRecord
+from npusim.hw import HwConfig
+from npusim.ops.roofline import OpReport, bound_of
+
+
+def _kernel_entry(k: KernelRecord, hw: HwConfig) -> dict:
+    return {
+        "name": k.name,
+        "type": k.op_type,
+        "core_type": k.core_type,
+        "block_dim": k.block_dim,
+        "stream": k.stream,
+        "start_us": hw.us(k.start),
+        "duration_us": hw.us(k.cycles),
+        "flops": k.stats.flops,
+        "gm_bytes": k.stats.gm_bytes,
+        "hbm_read_bytes": k.stats.hbm_read_bytes,
+        "hbm_write_bytes": k.stats.hbm_write_bytes,
+        "bound": bound_of(k.stats),
+        "pipe_utilisation": {p: k.stats.utilisation(p) for p in k.stats.busy_cycles},
+    }
+
+
+def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra: dict | None = None) -> dict:
+    hw = result.hw
+    s = result.stats
+    by_type: dict = defaultdict(lambda: {"count": 0, "total_us": 0.0})
+    for k in result.kernels:
+        by_type[k.op_type]["count"] += 1
+        by_type[k.op_type]["total_us"] += hw.us(k.cycles)
+    busy = sum(v["total_us"] for v in by_type.values()) or 1.0
+    for v in by_type.values():
+        v["ratio"] = v["total_us"] / busy
+    out = {
+        "hw": hw.name,
+        "latency_us": result.us,
+        "tokens_per_s": tokens / (result.us * 1e-6) if tokens and result.cycles else 0.0,
+        "hbm_read_bytes": s.hbm_read_bytes,
+        "hbm_write_bytes": s.hbm_write_bytes,
+        "l2_hit_rate": s.l2_hit_rate,
+        "peak_memory_bytes": peak_memory_bytes,
+        "kernel_count": len(result.kernels),
+        "host_launch_us": hw.us(result.host_launch_cycles),
+        "host_wait_us": hw.us(result.host_wait_cycles),
+        "ops": [_kernel_entry(k, hw) for k in result.kernels],
+        "by_type": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["total_us"])),
+    }
+    out.update(extra or {})
+    return out
+
+
+def op_json(report: OpReport) -> dict:
+    """The run contract for one operator, plus its roofline and tiling."""
+    low = report.lowered
+    memory = sum(t.nbytes for t in (*low.inputs, *low.outputs)) + low.workspace_bytes
+    r = report.roofline
+    return run_json(report.run, memory, extra={
+        "op_type": low.op_type,
+        "params": {k: v for k, v in vars_of(low.params).items()},
+        "tiling": vars_of(low.tiling) if low.tiling is not None else None,
+        "op_us": report.us,
+        "op_cycles": report.cycles,
+        "flops": low.flops,
+        "tflops": report.tflops,
+        "min_gm_bytes": low.min_gm_bytes,
+        "gm_bw_bytes_per_s": report.gm_bw_bytes_per_s,
+        "hbm_bw_bytes_per_s": report.hbm_bw_bytes_per_s,
+        "bound": report.bound,
+        "roofline_us": {"compute": r.compute_s * 1e6, "hbm": r.hbm_s * 1e6, "l2": r.l2_s * 1e6},
+    })
+
+
+def vars_of(record) -> dict:
+    import attrs
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(record).items()}
