@@ -145,7 +145,7 @@ class _Layout:
             self.dr, self.dc = elem, rows * elem
         else:
             self.dr, self.dc = cols * elem, elem
-        self.batch_bytes = (rows_pad * align_up(cols, 16) if fmt == "NZ" else rows * cols) * elem
+        self.batch_bytes = _stored_bytes(rows, cols, elem, fmt)
 
     def pieces(self, nr: int, nc: int) -> tuple[int, int, int]:
         """(segment bytes, segments, stride) of a [nr, nc] tile."""
@@ -227,8 +227,8 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     k_piece = align_up(cdiv(p.k, t.split_k), t.base_k)
     split_k = cdiv(p.k, k_piece)
 
-    A = gm.tensor("a", batch * p.m * p.k * e)
-    B = gm.tensor("b", batch * p.k * p.n * eb)
+    A = gm.tensor("a", batch * _stored_bytes(p.m, p.k, e, p.format_a))
+    B = gm.tensor("b", batch * _stored_bytes(p.k, p.n, eb, p.format_b))
     C = gm.tensor("c", batch * p.m * p.n * eo)
     bias = gm.tensor("bias", p.n * 4) if p.bias else None
     scale = gm.tensor("scale", p.n * 4) if w8 else None
@@ -281,6 +281,13 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
         unit="cube", inputs=ins, outputs=outs,
     )
+
+
+def _stored_bytes(rows: int, cols: int, elem: int, fmt: str) -> int:
+    """GM bytes of one operand: NZ pads both dimensions to whole 16 x 16 fractals."""
+    if fmt == "NZ":
+        return align_up(rows, 16) * align_up(cols, 16) * elem
+    return rows * cols * elem
 
 
 def _prologue(t: MatmulTiling) -> list:
