@@ -101,10 +101,10 @@ def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, tuple]]:
         return [(Pipe.S, _fixed(instr, instr.cycles, "Scalar"))]
     if cls is SetFlag:
         return [(instr.src, (SET, instr, 0, f"SetFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
-                             (instr.src, instr.dst, instr.id)))]
+                             (instr.src.value, instr.dst.value, instr.id)))]
     if cls is WaitFlag:
         return [(instr.dst, (WAIT, instr, 0, f"WaitFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
-                             (instr.src, instr.dst, instr.id)))]
+                             (instr.src.value, instr.dst.value, instr.id)))]
     if cls is PipeBarrier:
         if instr.pipe is not None:
             return [(instr.pipe, _fixed(instr, hw.sync.pipe_barrier_cycles, "PipeBarrier"))]

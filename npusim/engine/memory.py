@@ -134,6 +134,10 @@ def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int)
     starts = (np.asarray(addrs, np.int64)[:, None] + np.arange(segments, dtype=np.int64) * stride).ravel()
     first = starts // line
     count = -(-(starts + nbytes) // line) - first
+    if stride % line == 0 and (count == count[0]).all() and (stride >= count[0] * line or segments == 1):
+        # every segment covers the same number of lines and none shares a line
+        lines = (first[:, None] + np.arange(count[0], dtype=np.int64)).ravel()
+        return lines, np.repeat(np.arange(len(addrs)), segments * int(count[0]))
     total = int(count.sum())
     offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     lines = np.repeat(first, count) + offsets
