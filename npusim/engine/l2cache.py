@@ -40,6 +40,7 @@ class L2Cache:
         self.dirty = np.zeros(shape, bool)
         self.fill = np.full(shape, -1, np.int64)  # index into self.fills; -1: arrived
         self.fills: list = []
+        self.filled = np.ones(1024, bool)  # per fill index: has its event fired?
         self.clock = 0
 
     def set_of(self, lines: np.ndarray) -> np.ndarray:
@@ -52,6 +53,10 @@ class L2Cache:
         if fill is not None:
             fill_id = len(self.fills)
             self.fills.append(fill)
+            if fill_id >= len(self.filled):
+                self.filled = np.concatenate([self.filled, np.ones(len(self.filled), bool)])
+            self.filled[fill_id] = False
+            fill.callbacks.append(lambda _ev, i=fill_id: self.filled.__setitem__(i, True))
         waits: list = []
         if len(lines) <= self.sets:
             hit, wb = self._piece(lines, write, fill_id, waits)
@@ -78,10 +83,12 @@ class L2Cache:
             if write:
                 self.dirty[hs, hw] = True
             pending = self.fill[hs, hw]
-            for f in np.unique(pending[pending >= 0]).tolist():
-                ev = self.fills[f]
-                if not ev.triggered and ev not in waits:
-                    waits.append(ev)
+            pending = pending[pending >= 0]
+            pending = pending[~self.filled[pending]]
+            if pending.size:
+                for f in np.unique(pending).tolist():
+                    if self.fills[f] not in waits:
+                        waits.append(self.fills[f])
             if at.size == n:
                 return hit, wb
             miss = np.flatnonzero(~hit)

@@ -27,7 +27,7 @@ from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
-from npusim.ops.vector import UB_BLOCK, numel, shape_validator
+from npusim.ops.vector import UB_BLOCK, numel, one_of, shape_validator
 from npusim.ops.vector_kernels import (
     compress, pipeline_epilogue, pipeline_prologue, tile_kernel, tile_pipeline,
 )
@@ -72,10 +72,10 @@ def _pipeline_kernel(name: str, op: str, buf: Buffers, per_core: list[list], gm:
 @frozen
 class TransDataParams:
     shape: tuple = param((4096, 4096), "logical shape [.., rows, cols]", validator=shape_validator(min_ndim=2))
-    dtype: str = param("fp16", "element dtype", validator=validators.in_(("fp16", "bf16", "fp32", "int8")))
+    dtype: str = param("fp16", "element dtype", validator=one_of(("fp16", "bf16", "fp32", "int8")))
     src_format: str = param("ND", "layout read: ND (row-major) or NZ (16 x c0 fractals)",
-                            validator=validators.in_(("ND", "NZ")))
-    dst_format: str = param("NZ", "layout written: ND or NZ", validator=validators.in_(("ND", "NZ")))
+                            validator=one_of(("ND", "NZ")))
+    dst_format: str = param("NZ", "layout written: ND or NZ", validator=one_of(("ND", "NZ")))
 
 
 @frozen
@@ -111,10 +111,12 @@ def _trans_tiling(g: _Nz, hw: HwConfig) -> tuple[int, int]:
     core's share of HBM). Full-width tiles read one segment; full-height tiles write one."""
     max_elems = (hw.aiv.ub_bytes - _UB_RESERVE) // (4 * g.e)
     total = g.batch * g.rows_p * g.cols_p
-    cap = max(16 * g.c0, min(max_elems, cdiv(total, hw.aiv_count)))
+    # column chunks start on a DMA burst (and on a column block)
+    step = math.lcm(g.c0, max(1, hw.dma.burst_bytes // g.e))
+    cap = max(16 * step, min(max_elems, cdiv(total, hw.aiv_count)))
     best = None
     for tr in range(16, g.rows_p + 1, 16):
-        tc = min(g.cols_p, cap // tr // g.c0 * g.c0)
+        tc = min(g.cols_p, cap // tr // step * step)
         if tc < g.c0:
             break
         tiles = g.batch * cdiv(g.rows, tr) * cdiv(g.cols, tc)
@@ -208,9 +210,9 @@ class KvCacheWriteParams:
     layer: int = param(0, "the layer written", validator=validators.ge(0))
     position: int = param(-1, "first position written; -1: context - new_tokens (the cache ends full)",
                           validator=validators.ge(-1))
-    layout: str = param("per_layer", "per_layer | contiguous | paged", validator=validators.in_(KV_LAYOUTS))
+    layout: str = param("per_layer", "per_layer | contiguous | paged", validator=one_of(KV_LAYOUTS))
     block_tokens: int = param(128, "tokens per block of the paged layout", validator=_pos)
-    dtype: str = param("fp16", "cache dtype", validator=validators.in_(("fp16", "bf16", "fp32", "int8")))
+    dtype: str = param("fp16", "cache dtype", validator=one_of(("fp16", "bf16", "fp32", "int8")))
 
     def __attrs_post_init__(self):
         if self.layer >= self.layers:
@@ -430,7 +432,7 @@ class EmbeddingParams:
     tokens: int = param(8, "token ids looked up", validator=_pos)
     vocab: int = param(64000, "rows of the table", validator=_pos)
     hidden: int = param(4096, "elements per row", validator=_pos)
-    dtype: str = param("fp16", "table dtype", validator=validators.in_(("fp16", "bf16", "fp32", "int8")))
+    dtype: str = param("fp16", "table dtype", validator=one_of(("fp16", "bf16", "fp32", "int8")))
 
 
 @register("embedding", EmbeddingParams)

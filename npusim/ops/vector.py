@@ -55,12 +55,22 @@ def shape_validator(ndim: int | None = None, min_ndim: int = 1):
     return check
 
 
+def one_of(choices: Sequence[str]):
+    """Like attrs' in_, with a one-line message (in_ packs the attribute into the error)."""
+
+    def check(instance, attribute, value) -> None:
+        if value not in choices:
+            raise ValueError(f"'{attribute.name}' must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
 def _dtype(choices=FLOAT_DTYPES):
-    return validators.in_(choices)
+    return one_of(choices)
 
 
 def _lowered(op: str, p, kernels, flops: float, ins: list[TensorInfo], outs: list[TensorInfo],
@@ -75,7 +85,7 @@ def _lowered(op: str, p, kernels, flops: float, ins: list[TensorInfo], outs: lis
 def quantum(hw: HwConfig, rows: int, pitch: int, fallback: int = 1) -> int:
     """Rows per core come in multiples of this: whole L2 lines per core when there are
     rows enough for every core to get several lines (identical blocks, no line shared
-    between cores), else `fallback` (32-byte blocks for elementwise streams)."""
+    between cores), else `fallback` (whole DMA bursts for elementwise streams)."""
     q = hw.l2.line_bytes // math.gcd(pitch, hw.l2.line_bytes)
     return q if rows >= 4 * q * hw.aiv_count else fallback
 
@@ -154,7 +164,7 @@ def _eltwise(op: str, p, hw: HwConfig, gm: GmArena, in_names: Sequence[str], bod
     n, e = numel(p.shape), DTYPE_BYTES[p.dtype]
     tensors = [gm.tensor(name, n * e) for name in in_names]
     y = gm.tensor("y", n * e)
-    q = quantum(hw, n, e, fallback=UB_BLOCK // e)
+    q = quantum(hw, n, e, fallback=max(1, hw.dma.burst_bytes // e))
     k = _eltwise_kernel(op, hw, p.dtype, n, [Stream(t, e) for t in tensors], Stream(y, e), 1, body, n_tmp, q)
     return _lowered(op, p, [k], flops_per_elem * n, [TensorInfo(name, p.shape, p.dtype) for name in in_names],
                     [TensorInfo("y", p.shape, p.dtype)])
@@ -236,11 +246,23 @@ def lower_swiglu(p: SwigluParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
     up = Stream(x, h * e, h * e, two_h * e, ub)
     out = Stream(y, h * e, 0, 0, ub)
 
-    def body(n, s, d, t, dt):
-        return silu_ops(n, s[0], t[0], t[0], dt) + [vop("mul", n, dt, d, t[0], s[1])]
+    q = quantum(hw, rows, two_h * e)
+    if p.dtype == "bf16":  # two fp32 scratch rows, not three: silu(gate) in place, then up
+        hp = pitch // e
 
-    k = _eltwise_kernel("swiglu", hw, p.dtype, rows, [gate, up], out, pitch // e, body, 1,
-                        quantum(hw, rows, two_h * e))
+        def compute(nr, ub_in, ub_out, tmp, consts):
+            n, (a, b) = nr * hp, tmp
+            return ([cast(n, "bf16", "fp32", a, ub_in[0])] + silu_ops(n, a, a, b, "fp32")
+                    + [cast(n, "bf16", "fp32", b, ub_in[1]), vop("mul", n, "fp32", a, a, b),
+                       cast(n, "fp32", "bf16", ub_out[0], a)])
+
+        k = streaming_kernel("swiglu", "swiglu", hw, rows, [gate, up], [out], compute,
+                             tmp_row_bytes=[hp * 4, hp * 4], quantum=q)
+    else:
+        def body(n, s, d, t, dt):
+            return silu_ops(n, s[0], t[0], t[0], dt) + [vop("mul", n, dt, d, t[0], s[1])]
+
+        k = _eltwise_kernel("swiglu", hw, p.dtype, rows, [gate, up], out, pitch // e, body, 1, q)
     return _lowered("swiglu", p, [k], 5 * rows * h, [TensorInfo("x", p.shape, p.dtype)],
                     [TensorInfo("y", (*lead, h), p.dtype)])
 
@@ -256,7 +278,7 @@ def lower_cast(p: CastParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
     def compute(nr, ub_in, ub_out, tmp, consts):
         return [cast(nr, p.dtype, p.out_dtype, ub_out[0], ub_in[0])]
 
-    q = quantum(hw, n, min(ei, eo), fallback=UB_BLOCK // min(ei, eo))
+    q = quantum(hw, n, min(ei, eo), fallback=max(1, hw.dma.burst_bytes // min(ei, eo)))
     k = streaming_kernel("cast", "cast", hw, n, [Stream(x, ei)], [Stream(y, eo)], compute, quantum=q)
     # a conversion is one op per element (it is the op's whole work)
     return _lowered("cast", p, [k], n, [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.out_dtype)])
@@ -304,6 +326,14 @@ class _Rows:
         return Stream(tensor, self.h * self.e, 0, 0, self.pitch if self.pitch != self.h * self.e else 0)
 
 
+def row_kernel(op: str, r: _Rows, *args, **kw):
+    """streaming_kernel for whole rows; a row too long for UB names the parameter."""
+    try:
+        return streaming_kernel(op, op, *args, **kw)
+    except ProgramError as err:
+        raise ProgramError(f"{err}: shape[-1]={r.h} is too long to keep a row whole in UB") from None
+
+
 def _rows(shape: tuple, dtype: str) -> _Rows:
     *lead, h = shape
     e = DTYPE_BYTES[dtype]
@@ -312,10 +342,13 @@ def _rows(shape: tuple, dtype: str) -> _Rows:
 
 
 def _weight(gm: GmArena, name: str, r: _Rows, dtype: str) -> tuple[Const, object]:
-    """A [h] weight every core loads once; for a 16-bit dtype its fp32 copy sits behind it."""
+    """A [h] weight every core loads once. A 16-bit weight lands in the upper half of
+    an fp32 row and `setup` widens it in place (increasing addresses never overtake
+    the unread half), so UB holds only the fp32 copy."""
     t = gm.tensor(name, r.h * r.e)
-    extra = r.f32_pitch if dtype != "fp32" else 0
-    return Const(t, r.h * r.e, r.pitch + extra), t
+    if dtype == "fp32":
+        return Const(t, r.h * r.e, r.pitch), t
+    return Const(t, r.h * r.e, r.f32_pitch, r.f32_pitch - r.pitch), t
 
 
 def _weight_setup(r: _Rows, dtype: str, n_weights: int):
@@ -324,9 +357,9 @@ def _weight_setup(r: _Rows, dtype: str, n_weights: int):
         return None, lambda consts, i: consts[i]
 
     def setup(consts):
-        return [cast(r.hp, dtype, "fp32", c + r.pitch, c) for c in consts[:n_weights]]
+        return [cast(r.hp, dtype, "fp32", c, c + r.f32_pitch - r.pitch) for c in consts[:n_weights]]
 
-    return setup, lambda consts, i: consts[i] + r.pitch
+    return setup, lambda consts, i: consts[i]
 
 
 def _per_row(nr: int, pitch: int, ops: Callable[[Callable[[int], object]], list]) -> list:
@@ -364,7 +397,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
         ops += _rms_ops(nr, r, w, w if up else ub_out[0], tmp[-2], tmp[-1], w32(consts, 0))
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
-    k = streaming_kernel("rms_norm", "rms_norm", hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+    k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                          consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
     # per element: square, sum, * rstd, * gamma; per row: / h, + eps, rsqrt
     return _lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
@@ -404,7 +437,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
         ops += _rms_ops(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0))
         return ops + ([cast(n, "fp32", dt, y_ub, w)] if dt != "fp32" else [])
 
-    k = streaming_kernel("add_rms_norm", "add_rms_norm", hw, r.rows, [r.stream(x), r.stream(res)],
+    k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
                          [r.stream(s_out), r.stream(y)], compute, consts=[g_const], tmp_row_bytes=parts,
                          setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
     return _lowered("add_rms_norm", p, [k], 5 * r.rows * r.h + 3 * r.rows,
@@ -444,7 +477,7 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
                                                      vop("add", r.hp, "fp32", at(dst), at(w), b)])
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
-    k = streaming_kernel("layer_norm", "layer_norm", hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+    k = row_kernel("layer_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                          consts=[g_const, b_const], tmp_row_bytes=parts, setup=setup,
                          quantum=quantum(hw, r.rows, r.h * r.e))
     # per element: sum, - mean, square, sum, * rstd, * gamma, + beta; per row: / h (twice), + eps, rsqrt
@@ -478,7 +511,7 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
         ops += _per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w))])
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
-    k = streaming_kernel("softmax", "softmax", hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+    k = row_kernel("softmax", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                          tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e))
     # per element: max, - max, exp, sum, * (1/sum); per row: 1/sum
     return _lowered("softmax", p, [k], 5 * r.rows * r.h + r.rows,
@@ -545,6 +578,7 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
 # straddle rows.
 
 RECORD_BYTES = 32  # an argmax partial: (value, index) padded to one 32-byte block
+MIN_CHUNK_BYTES = 4096  # assumed: a shorter chunk costs more in start-ups than it saves
 
 
 @frozen
@@ -561,17 +595,21 @@ class TopKParams:
     k: int = param(50, "candidates kept per row", validator=validators.gt(0))
 
 
-def _split_vocab(op: str, hw: HwConfig, rows: int, vocab: int, e: int, ub_per_elem: int, ub_fixed: int) -> int:
+def _split_vocab(op: str, hw: HwConfig, rows: int, vocab: int, e: int, ub_per_elem: int, ub_fixed: int,
+                 min_chunk: int = 1) -> int:
     """Chunks per row: the fewest (a divisor of vocab) that give every AIV a chunk and
-    whose UB need (ub_per_elem bytes per element + ub_fixed) fits; else the most that fit."""
+    whose UB need (ub_per_elem bytes per element + ub_fixed) fits; else the most that
+    fit. A chunk is never shorter than min_chunk elements (nor than a few KiB: shorter
+    ones are not worth a core)."""
     budget = hw.aiv.ub_bytes - 1024  # alignment slack of the buffers
+    shortest = max(min_chunk, MIN_CHUNK_BYTES // e)
 
     def fits(p: int) -> bool:
         return align_up(vocab // p * e, UB_BLOCK) // e * ub_per_elem + ub_fixed <= budget
 
     want = cdiv(hw.aiv_count, rows)
-    divisors = [p for p in range(1, vocab + 1) if vocab % p == 0 and p <= max(want, 1) * 64]
-    ok = [p for p in divisors if fits(p)]
+    ok = [p for p in range(1, vocab + 1)
+          if vocab % p == 0 and (p == 1 or vocab // p >= shortest) and fits(p)]
     if not ok:
         raise ProgramError(f"op {op}: shape[-1]={vocab} has no divisor that makes a chunk fit UB "
                            f"({hw.aiv.ub_bytes} bytes at {ub_per_elem} bytes per element)")
@@ -653,7 +691,7 @@ def lower_top_k(p: TopKParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowere
     pair = 8
     out_pitch = align_up(k * pair, UB_BLOCK)
     # UB per element of a chunk: logits ping+pong, fp32 values, indices, pairs, merge scratch
-    parts = _split_vocab("top_k", hw, rows, vocab, e, 2 * e + 4 + 4 + 2 * pair, 2 * out_pitch)
+    parts = _split_vocab("top_k", hw, rows, vocab, e, 2 * e + 4 + 4 + 2 * pair, 2 * out_pitch, min_chunk=k)
     chunk = vocab // parts
     if chunk < k:
         raise ProgramError(f"op top_k: k={k} is larger than a vocab chunk ({chunk} of shape[-1]={vocab})")

@@ -57,12 +57,14 @@ class Stream:
 @frozen
 class Const:
     """A GM operand every core loads once into UB (a norm's weight, a scale vector).
-    ub_bytes (0: nbytes) reserves more room behind it, e.g. for an fp32 copy made
-    once by the kernel's `setup`."""
+    ub_bytes (0: nbytes) is the room it takes in UB and ub_offset where in that room
+    the GM bytes land: e.g. an fp16 weight landing in the upper half of its fp32
+    room, widened in place once by the kernel's `setup`."""
 
     tensor: GmTensor
     nbytes: int
     ub_bytes: int = 0
+    ub_offset: int = 0
 
 
 # compute(rows in tile, UB address of each input, of each output, of the scratch, of each const).
@@ -78,7 +80,10 @@ def streaming_kernel(
     setup: Callable[[Sequence[int]], list] | None = None,
 ) -> Kernel:
     """`setup(const UB addresses)`: V instructions run once per core after the consts
-    have arrived (e.g. cast a norm weight to fp32 once instead of every tile)."""
+    have arrived (e.g. cast a norm weight to fp32 once instead of every tile).
+    A row that fits UB once but not twice over (with the scratch) is streamed
+    single-buffered: one buffer set, so load, compute and store of a tile no longer
+    overlap the next tile's."""
     for s in (*ins, *outs):
         if s.rowwise and s.ub_pitch % 32:
             raise ProgramError(f"op {op_type}: UB row pitch {s.ub_pitch} of '{s.tensor.name}' is not a multiple "
@@ -92,19 +97,23 @@ def streaming_kernel(
     budget = hw.aiv.ub_bytes - used
     # Each ping/pong set holds every in and out tile; the scratch is shared.
     slack = 32 * ((len(ins) + len(outs)) * 2 + len(tmp_parts))  # alignment padding of each buffer
+    nsets = 2
     tile_rows = (budget - slack) // (2 * per_row + tmp_total)
+    if tile_rows < 1:  # single-buffered
+        nsets, slack = 1, slack - 32 * (len(ins) + len(outs))
+        tile_rows = (budget - slack) // (per_row + tmp_total)
     if max_tile_rows:
         tile_rows = min(tile_rows, max_tile_rows)
     tile_rows = tile_rows // quantum * quantum if tile_rows >= quantum else tile_rows
     if tile_rows < 1:
         raise ProgramError(
-            f"op {op_type}: one row needs {2 * per_row + tmp_total + slack} bytes of UB (ping, pong and scratch), "
-            f"UB has {budget} left")
+            f"op {op_type}: one row needs {per_row + tmp_total + slack} bytes of UB (in, out and scratch, "
+            f"single-buffered), UB has {budget} left")
     cores = hw.aiv_count
     per_core = align_up(cdiv(rows, cores), quantum)
     tile_rows = min(tile_rows, per_core)
     sets = []
-    for p in (0, 1):
+    for p in range(nsets):
         sets.append(([buf.alloc(f"in{i}_{p}", Mem.UB, tile_rows * s.ub_pitch) for i, s in enumerate(ins)],
                      [buf.alloc(f"out{i}_{p}", Mem.UB, tile_rows * s.ub_pitch) for i, s in enumerate(outs)]))
     tmps = tuple(buf.alloc("tmp" if isinstance(tmp_row_bytes, int) else f"tmp{i}", Mem.UB, tile_rows * b) if b else 0
@@ -118,6 +127,7 @@ def streaming_kernel(
         def tile(nr: int, first_row: int, j_step: int):
             def make(p: int, j_off: int) -> list:
                 row0 = first_row + j_off * nr
+                p %= nsets
                 ub_in, ub_out = sets[p]
 
                 def gm_addr(s: Stream):
@@ -146,16 +156,17 @@ def streaming_kernel(
                 return body
             return make
 
-        body: list = [SetFlag(Pipe.V, Pipe.MTE2, p) for p in (0, 1)] + [SetFlag(Pipe.MTE3, Pipe.V, p) for p in (0, 1)]
+        ids = range(nsets)
+        body: list = [SetFlag(Pipe.V, Pipe.MTE2, p) for p in ids] + [SetFlag(Pipe.MTE3, Pipe.V, p) for p in ids]
         if consts:
-            body += [Copy(Mem.GM, Mem.UB, c.tensor.addr, ub, c.nbytes) for c, ub in zip(consts, const_ub)]
+            body += [Copy(Mem.GM, Mem.UB, c.tensor.addr, ub + c.ub_offset, c.nbytes) for c, ub in zip(consts, const_ub)]
             body += [SetFlag(Pipe.MTE2, Pipe.V, 2), WaitFlag(Pipe.MTE2, Pipe.V, 2)]
             if setup is not None:
                 body += setup(const_ub)
         body += pingpong("j", tiles, tile(tile_rows, 0, 2))
         if tail:
             body += tile(tail, tiles * tile_rows, 0)(tiles % 2, 0)
-        body += [WaitFlag(Pipe.V, Pipe.MTE2, p) for p in (0, 1)] + [WaitFlag(Pipe.MTE3, Pipe.V, p) for p in (0, 1)]
+        body += [WaitFlag(Pipe.V, Pipe.MTE2, p) for p in ids] + [WaitFlag(Pipe.MTE3, Pipe.V, p) for p in ids]
         return Program(body, buf.buffers)
 
     full = program(per_core)
