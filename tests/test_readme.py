@@ -34,3 +34,8 @@ def test_readme_example_runs_and_reports(capsys):
     assert re.search(r"achieved [\d.]+ TB/s", out)
     for pipe in ("AIV.MTE2", "AIV.V", "AIV.MTE3"):
         assert re.search(rf"{re.escape(pipe)}\s+busy\s+[\d.]+%", out)
+
+
+def test_every_other_readme_python_block_runs():
+    for block in _blocks("python")[1:]:
+        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
