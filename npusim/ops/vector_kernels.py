@@ -7,6 +7,10 @@ tiles that fit UB twice over (ping and pong): MTE2 loads a tile of every input,
 V computes it, MTE3 stores every output, and flags let the three overlap. Blocks
 with the same run length share one Program (addresses move with `block`), which
 the engine can simulate once for all of them.
+
+Kernels that do not stream rows (a layout change, a gather, a cache write) list
+their tiles instead: `tile_pipeline` runs them with the same double buffering and
+`compress` / `share_blocks` fold regular runs back into loops and shared programs.
 """
 
 from __future__ import annotations
