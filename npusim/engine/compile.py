@@ -61,14 +61,17 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> tuple:
         write = c.dst is Mem.GM
         port = hw.aic if core is CoreType.AIC else hw.aiv
         cap = port.gm_write_bytes_per_cycle if write else port.gm_read_bytes_per_cycle
-        startup = hw.dma.startup_cycles + c.segments * hw.dma.segment_cycles
+        nbytes, segments, stride = c.nbytes, c.segments, c.stride(Mem.GM)
+        if stride == nbytes:  # back-to-back segments are one contiguous segment
+            nbytes, segments, stride = nbytes * segments, 1, nbytes * segments
+        startup = hw.dma.startup_cycles + segments * hw.dma.segment_cycles
         if pipe is Pipe.FIX:
             cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
             startup += hw.aic.fixpipe_startup_cycles
         gm_addr = c.dst_addr if write else c.src_addr
         local = c.src if write else c.dst
-        return (GM, c, startup, name, write, cap, gm_addr, c.nbytes, c.segments,
-                c.stride(Mem.GM), local.value, block_step(gm_addr))
+        return (GM, c, startup, name, write, cap, gm_addr, nbytes, segments, stride, local.value,
+                block_step(gm_addr))
     if pipe is Pipe.MTE1:
         rate = hw.aic.mte1_l0a_bytes_per_cycle if c.dst is Mem.L0A else hw.aic.mte1_l0b_bytes_per_cycle
         cost = hw.aic.mte1_startup_cycles + _div_up(c.total_bytes, rate)

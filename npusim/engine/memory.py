@@ -74,8 +74,6 @@ class MemorySystem:
         identical blocks of a group, see device.py); on_done() fires when they have
         all moved. Burst rounding is the same for every address of a group (they
         differ by whole lines)."""
-        if stride == nbytes:  # back-to-back segments are one contiguous segment
-            nbytes, segments = nbytes * segments, 1
         w = len(addrs)
         st = TransferStats()
         moved, misaligned = burst_cost(addrs[0], nbytes, segments, stride, self.burst)

@@ -142,8 +142,8 @@ def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = 
     kw = {k: _coerce(op_type, fields[k], v) for k, v in values.items()}
     try:
         return cls(**kw)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"op {op_type}: {e}") from None
+    except (TypeError, ValueError) as e:  # attrs validators put the message first
+        raise ConfigError(f"op {op_type}: {e.args[0] if e.args else e}") from None
 
 
 def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: Mapping[str, Any] | Any = None,
