@@ -288,26 +288,33 @@ def _shift(items, steps: list[int], var: str) -> list:
     return _map_addrs(items, move)
 
 
-def compress(bodies: Sequence[list], var: str) -> list:
-    """Concatenate `bodies`, folding each run of consecutive bodies that have the same
-    shape and whose addresses move by the same steps from one to the next into
-    Loop(var, run length, first body with Affine steps)."""
+def _runs(bodies: Sequence[list]):
+    """(first, last, steps) of each maximal run of consecutive bodies with the same
+    shape whose addresses move by the same steps from one body to the next."""
     shapes = [_shape(b) for b in bodies]
-    out: list = []
     i = 0
     while i < len(bodies):
-        j = i
+        j, steps = i, []
         if i + 1 < len(bodies) and shapes[i + 1][0] == shapes[i][0]:
             steps = [b - a for a, b in zip(shapes[i][1], shapes[i + 1][1])]
             j = i + 1
             while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and all(
                     b - a == s for a, b, s in zip(shapes[j][1], shapes[j + 1][1], steps)):
                 j += 1
+        yield i, j, steps
+        i = j + 1
+
+
+def compress(bodies: Sequence[list], var: str) -> list:
+    """Concatenate `bodies`, folding each run of consecutive bodies that have the same
+    shape and whose addresses move by the same steps from one to the next into
+    Loop(var, run length, first body with Affine steps)."""
+    out: list = []
+    for i, j, steps in _runs(bodies):
         if j > i:
             out.append(Loop(var, j - i + 1, _shift(bodies[i], steps, var)))
         else:
             out += list(bodies[i])
-        i = j + 1
     return out
 
 
@@ -315,26 +322,14 @@ def share_blocks(bodies: Sequence[list]) -> list[list]:
     """One body per block -> one body per block where every run of blocks with the same
     shape, moving by constant steps per block, is the same list object using `block`
     (the first block of a run keeps its addresses: the run's body is shifted back)."""
-    shapes = [_shape(b) for b in bodies]
     out: list = []
-    i = 0
-    while i < len(bodies):
-        j = i
-        steps: list[int] = []
-        if i + 1 < len(bodies) and shapes[i + 1][0] == shapes[i][0]:
-            steps = [b - a for a, b in zip(shapes[i][1], shapes[i + 1][1])]
-            j = i + 1
-            while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and all(
-                    b - a == s for a, b, s in zip(shapes[j][1], shapes[j + 1][1], steps)):
-                j += 1
+    for i, j, steps in _runs(bodies):
         if j > i:
             back = iter([-i * s for s in steps])
             base_body = _map_addrs(bodies[i], lambda a: _plus(a, next(back)))
-            shared = _shift(base_body, steps, "block")
-            out += [shared] * (j - i + 1)
+            out += [_shift(base_body, steps, "block")] * (j - i + 1)
         else:
             out.append(list(bodies[i]))
-        i = j + 1
     return out
 
 
