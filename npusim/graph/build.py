@@ -1,0 +1,280 @@
+"""The baseline decoder graph: every operator unfused, as an eager framework runs it.
+
+    embedding
+    per layer: rms_norm -> q, k, v matmuls (three GEMMs) -> rope(q), rope(k)
+               -> kv_cache_write (per_layer cache) -> batch_matmul Q K^T -> scale
+               -> [add mask] -> softmax -> batch_matmul P V -> o matmul -> add (residual)
+               -> rms_norm -> gate, up matmuls -> silu -> mul -> down matmul -> add (residual)
+    [prefill: gather each sequence's last token]
+    final rms_norm -> lm_head matmul -> argmax
+
+Passes (fusion, layout, memory planning, KV layout, ...) start from this graph.
+
+Conventions
+- Activations are token-major, [batch x seq, ...]: seq = 1 in decode, the longest
+  prompt in prefill. Weights are Linear weights [out, in], multiplied with trans_b.
+- Q after RoPE and the attention output are BSND ([batch, seq, heads, head_dim]);
+  the attention batch matmuls read / write them per head through strides. The K/V
+  caches are per layer [batch, kv_heads, context, head_dim] (BNSD), written by
+  kv_cache_write (which does the token-major -> head-major move) and read from there.
+- GQA: the query heads sharing a K/V head are folded into the batch matmul's M:
+  batch = batch x kv_heads, m = group x seq. Scores are [batch, heads, seq, context].
+- Ragged batches: shapes use the longest length; `Graph.lengths` keeps each
+  sequence's own. In decode a sequence of length L writes its new token at position
+  L - 1 and attends to L keys; when lengths differ an additive mask hides each
+  sequence's padding keys (the lowering writes and reads at the longest length: the
+  cost of a padded batch). In prefill the causal mask also covers right padding.
+- Host inputs: "tokens" (int32 ids), "rope_cos" / "rope_sin" ([tokens, head_dim],
+  gathered at each token's position), "attn_mask" (prefill or ragged decode) and
+  "last_index" (prefill). `host_inputs` computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from npusim.errors import ConfigError
+from npusim.graph.ir import Graph, Node, TensorSpec
+from npusim.workload import Workload, load_workload
+
+# Added to the scores of hidden (query, key) pairs: exp() of it is 0 in fp16 and
+# fp32, and it stays far from the fp16 limit when added to a score.
+MASK_VALUE = -10000.0
+
+
+class _Builder:
+    def __init__(self, w: Workload):
+        self.w = w
+        self.tensors: dict[str, TensorSpec] = {}
+        self.nodes: list[Node] = []
+
+    def tensor(self, name: str, shape: Sequence[int], kind: str = "activation", dtype: str | None = None,
+               format: str = "ND") -> str:
+        if name in self.tensors:
+            raise ValueError(f"tensor '{name}' declared twice")
+        self.tensors[name] = TensorSpec(name, tuple(shape), dtype or self.w.dtype, format, kind)
+        return name
+
+    def weight(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        return self.tensors[name].name if name in self.tensors else self.tensor(name, shape, "weight", dtype)
+
+    def node(self, name: str, op_type: str, params: dict[str, Any], inputs: dict[str, str],
+             outputs: dict[str, str], layer: int | None = None) -> None:
+        self.nodes.append(Node(name, op_type, params, inputs, outputs, layer))
+
+    def matmul(self, name: str, a: str, w: str, out: str, m: int, n: int, k: int, layer: int | None,
+               bias: str | None = None) -> None:
+        """out [m, n] = a [m, k] @ w[n, k]^T (+ bias)."""
+        dt = self.w.dtype
+        params = dict(m=m, n=n, k=k, dtype=dt, out_dtype=dt, trans_b=True, bias=bias is not None)
+        ins = {"a": a, "b": w} | ({"bias": bias} if bias else {})
+        self.node(name, "matmul", params, ins, {"c": out}, layer)
+
+
+def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
+                  lengths: int | Sequence[int] | None = None) -> Graph:
+    """The baseline (unfused) graph of one decode step or one prefill.
+
+    `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
+    (one new token per sequence; `lengths` = context length of each sequence
+    including the new token) or "prefill" (`lengths` = prompt lengths). `lengths`:
+    one int for every sequence or one per sequence (ragged); default: the
+    workload's max context in decode, 128 tokens in prefill. Shapes use the
+    longest length; the graph records every sequence's own."""
+    w = workload if isinstance(workload, Workload) else load_workload(workload)
+    lengths = _lengths(w, phase, batch, lengths)
+    decode = phase == "decode"
+    ctx = max(lengths)
+    s = 1 if decode else ctx  # new tokens per sequence
+    n = batch * s  # token-major rows
+    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads, w.kv_heads, w.ffn_size, w.vocab_size
+    g = w.group
+    dt = w.dtype
+    ragged = len(set(lengths)) > 1
+    masked = not decode or ragged
+
+    b = _Builder(w)
+    tokens = b.tensor("tokens", (n,), "input", "int32")
+    cos = b.tensor("rope_cos", (n, d), "input")
+    sin = b.tensor("rope_sin", (n, d), "input")
+    inputs = [tokens, cos, sin]
+    scores_shape = (batch, nh, s, ctx)
+    if masked:
+        inputs.append(b.tensor("attn_mask", scores_shape, "input"))
+    if not decode:
+        inputs.append(b.tensor("last_index", (batch,), "input", "int32"))
+
+    embed = b.weight("embed", (v, h))
+    x = b.tensor("embeddings", (n, h))
+    b.node("embedding", "embedding", dict(tokens=n, vocab=v, hidden=h, dtype=dt),
+           {"ids": tokens, "table": embed}, {"y": x})
+
+    for i in range(w.layers):
+        L = f"L{i}."
+
+        def act(name: str, shape: Sequence[int], format: str = "ND") -> str:
+            return b.tensor(L + name, shape, format=format)
+
+        def wt(name: str) -> str:
+            return b.weight(L + name, w.layer_weight_shapes()[name], "fp32" if name in ("bq", "bk", "bv") else None)
+
+        norm = act("attn_norm_out", (n, h))
+        b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
+               {"x": x, "gamma": wt("attn_norm")}, {"y": norm}, i)
+        q, k, val = act("q", (n, nh * d)), act("k", (n, kvh * d)), act("v", (batch, s, kvh, d))
+        for proj, out, size in (("q", q, nh * d), ("k", k, kvh * d), ("v", val, kvh * d)):
+            b.matmul(L + f"{proj}_proj", norm, wt(f"w{proj}"), out, n, size, h, i,
+                     bias=wt(f"b{proj}") if w.qkv_bias else None)
+        q_rot = act("q_rot", (batch, s, nh, d), "BSND")
+        k_rot = act("k_rot", (batch, s, kvh, d))
+        for name, src, dst, heads in (("rope_q", q, q_rot, nh), ("rope_k", k, k_rot, kvh)):
+            b.node(L + name, "rope", dict(shape=(n, heads, d), dtype=dt),
+                   {"x": src, "cos": cos, "sin": sin}, {"y": dst}, i)
+        k_cache = b.tensor(L + "k_cache", (batch, kvh, ctx, d), "kv")
+        v_cache = b.tensor(L + "v_cache", (batch, kvh, ctx, d), "kv")
+        b.node(L + "kv_cache_write", "kv_cache_write",
+               dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=s, context=ctx, layers=w.layers, layer=i,
+                    position=-1 if decode else 0, layout="per_layer", dtype=dt),
+               {"k": k_rot, "v": val}, {"k_cache": k_cache, "v_cache": v_cache}, i)
+        # attention, the unfused chain
+        scores = act("scores", scores_shape)
+        b.node(L + "qk", "batch_matmul",
+               dict(batch=batch * kvh, m=g * s, n=ctx, k=d, dtype=dt, out_dtype=dt, trans_b=True),
+               {"a": q_rot, "b": k_cache}, {"c": scores}, i)
+        scaled = act("scores_scaled", scores_shape)
+        b.node(L + "scale", "scale", dict(shape=scores_shape, dtype=dt, scale=1.0 / math.sqrt(d)),
+               {"x": scores}, {"y": scaled}, i)
+        if masked:
+            masked_scores = act("scores_masked", scores_shape)
+            b.node(L + "mask", "add", dict(shape=scores_shape, dtype=dt),
+                   {"x1": scaled, "x2": "attn_mask"}, {"y": masked_scores}, i)
+            scaled = masked_scores
+        probs = act("probs", scores_shape)
+        b.node(L + "softmax", "softmax", dict(shape=scores_shape, dtype=dt), {"x": scaled}, {"y": probs}, i)
+        attn = act("attn", (batch, s, nh, d), "BSND")
+        b.node(L + "pv", "batch_matmul",
+               dict(batch=batch * kvh, m=g * s, n=d, k=ctx, dtype=dt, out_dtype=dt, trans_b=False),
+               {"a": probs, "b": v_cache}, {"c": attn}, i)
+        o = act("o", (n, h))
+        b.matmul(L + "o_proj", attn, wt("wo"), o, n, h, nh * d, i)
+        x_attn = act("x_attn", (n, h))
+        b.node(L + "attn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": o}, {"y": x_attn}, i)
+        # FFN
+        norm2 = act("ffn_norm_out", (n, h))
+        b.node(L + "ffn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
+               {"x": x_attn, "gamma": wt("ffn_norm")}, {"y": norm2}, i)
+        gate, up = act("gate", (n, f)), act("up", (n, f))
+        b.matmul(L + "gate_proj", norm2, wt("w_gate"), gate, n, f, h, i)
+        b.matmul(L + "up_proj", norm2, wt("w_up"), up, n, f, h, i)
+        gate_act = act("gate_act", (n, f))
+        b.node(L + "silu", "silu", dict(shape=(n, f), dtype=dt), {"x": gate}, {"y": gate_act}, i)
+        ffn = act("ffn_act", (n, f))
+        b.node(L + "mul", "mul", dict(shape=(n, f), dtype=dt), {"x1": gate_act, "x2": up}, {"y": ffn}, i)
+        down = act("down", (n, h))
+        b.matmul(L + "down_proj", ffn, wt("w_down"), down, n, h, f, i)
+        out = act("out", (n, h))
+        b.node(L + "ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x_attn, "x2": down}, {"y": out}, i)
+        x = out
+
+    if not decode:  # logits only for each sequence's last prompt token: a row gather
+        last = b.tensor("last_hidden", (batch, h))
+        b.node("last_token", "embedding", dict(tokens=batch, vocab=n, hidden=h, dtype=dt),
+               {"ids": "last_index", "table": x}, {"y": last})
+        x = last
+    final = b.tensor("final_norm_out", (batch, h))
+    b.node("final_norm", "rms_norm", dict(shape=(batch, h), dtype=dt, eps=w.norm_eps),
+           {"x": x, "gamma": b.weight("final_norm", (h,))}, {"y": final})
+    head = embed if w.tie_embeddings else b.weight("lm_head", (v, h))
+    logits = b.tensor("logits", (batch, v), "output")
+    b.matmul("lm_head", final, head, logits, batch, v, h, None)
+    next_tokens = b.tensor("next_tokens", (batch,), "output", "int32")
+    b.node("sample", "argmax", dict(shape=(batch, v), dtype=dt), {"logits": logits}, {"index": next_tokens})
+
+    return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w).check()
+
+
+def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
+    where = f"build_decoder({w.name}, {phase})"
+    if phase not in ("decode", "prefill"):
+        raise ConfigError(f"{where}: phase must be decode or prefill, got {phase!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"{where}: batch must be a positive integer, got {batch!r}")
+    if lengths is None:
+        lengths = w.max_context_tokens if phase == "decode" else min(128, w.max_context_tokens)
+    if isinstance(lengths, (int, np.integer)) and not isinstance(lengths, bool):
+        lengths = (int(lengths),) * batch
+    lengths = tuple(lengths)
+    if len(lengths) != batch:
+        raise ConfigError(f"{where}: {len(lengths)} lengths for batch {batch}")
+    for x in lengths:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+            raise ConfigError(f"{where}: lengths must be positive integers, got {x!r}")
+        if x > w.max_context_tokens:
+            raise ConfigError(f"{where}: length {x} exceeds the workload's max_context_tokens "
+                              f"{w.max_context_tokens}")
+    return tuple(int(x) for x in lengths)
+
+
+# ================================================================ host inputs
+
+
+def positions(graph: Graph) -> np.ndarray:
+    """[batch, seq] position of each new token: L - 1 in decode, 0 .. seq - 1 in prefill."""
+    if graph.phase == "decode":
+        return np.array(graph.lengths, dtype=np.int64)[:, None] - 1
+    return np.broadcast_to(np.arange(graph.seq), (graph.batch, graph.seq)).copy()
+
+
+def rope_tables(pos: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [len(pos), head_dim] of the rotate-half RoPE: angle pos x theta^(-2j/d),
+    each frequency repeated for both halves of the head (as Hugging Face's Llama)."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.asarray(pos, dtype=np.float64).reshape(-1, 1) * inv_freq
+    ang = np.concatenate([ang, ang], axis=1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def attention_mask(graph: Graph) -> np.ndarray:
+    """The additive mask [batch, heads, seq, context]: 0 where a query may see a key,
+    MASK_VALUE where not (prefill: causal; decode: keys past the sequence's length)."""
+    w = graph.workload
+    b, s, ctx = graph.batch, graph.seq, graph.context
+    keys = np.arange(ctx)
+    if graph.phase == "decode":
+        visible = keys[None, None, :] < np.array(graph.lengths)[:, None, None]  # [b, 1, ctx]
+    else:
+        visible = np.broadcast_to(keys[None, None, :] <= np.arange(s)[None, :, None], (b, s, ctx))
+    mask = np.where(visible, 0.0, MASK_VALUE).astype(np.float32)
+    return np.broadcast_to(mask[:, None], (b, w.heads, s, ctx)).copy()
+
+
+def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Values of the graph's host inputs. `tokens` [batch, seq] ids (default: random
+    from `seed`; prompt padding beyond a sequence's length is id 0)."""
+    w = graph.workload
+    if tokens is None:
+        tokens = np.random.default_rng([seed, 1]).integers(0, w.vocab_size, (graph.batch, graph.seq))
+        if graph.phase == "prefill":
+            tokens = np.where(np.arange(graph.seq)[None, :] < np.array(graph.lengths)[:, None], tokens, 0)
+    tokens = np.asarray(tokens, dtype=np.int32).reshape(graph.batch, graph.seq)
+    cos, sin = rope_tables(positions(graph).reshape(-1), w.head_dim, w.rope_theta)
+    out = {"tokens": tokens.reshape(-1), "rope_cos": cos, "rope_sin": sin}
+    if "attn_mask" in graph.inputs:
+        out["attn_mask"] = attention_mask(graph)
+    if "last_index" in graph.inputs:
+        out["last_index"] = (np.arange(graph.batch) * graph.seq + np.array(graph.lengths) - 1).astype(np.int32)
+    return {k: v for k, v in out.items() if k in graph.inputs}
+
+
+def node_params(node: Node):
+    """The node's parameter record (defaults filled in), as the lowering sees it."""
+    from npusim.ops.registry import make_record, spec
+
+    return make_record(node.op_type, spec(node.op_type).params, node.params)
+
+
+__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "host_inputs", "node_params", "positions",
+           "rope_tables"]

@@ -1,0 +1,231 @@
+"""The graph IR: tensors, nodes and the graph of one decoder step.
+
+A node is one registered operator (`npusim.ops.OPS`): its `params` are exactly
+the keyword parameters `npusim.ops.registry.lower(op_type, params, hw)` takes, and
+its `inputs` / `outputs` map the operator's own GM tensor names (the names its
+lowering gives `gm.tensor(...)`: "a", "b", "c" for a matmul, "x", "y" for most
+vector ops, ...) to graph tensor names. So lowering a node is
+`lower(node.op_type, node.params, hw, gm=GmArena(bound={local: address of the graph tensor}))`.
+
+Records are frozen; their dicts are not copied on read, so treat them as
+read-only and build a new record (attrs.evolve) to change one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from npusim.errors import NpusimError
+
+KINDS = ("weight", "activation", "kv", "input", "output")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
+
+# Storage formats. BSND is plain row-major (ND) storage of a [batch, seq, heads,
+# head_dim] tensor - the token-major layout projections and RoPE produce - that
+# attention's batch matmuls read and write head by head through strides (the
+# head-major view [batch, heads, seq, head_dim] is its transpose; with seq = 1, as
+# in decode, both are the same bytes). No transpose kernel is implied.
+FORMATS = ("ND", "NZ", "BSND")
+
+
+class GraphError(NpusimError):
+    """A graph breaks a structural rule: unknown tensor, order, producer, op parameter."""
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(int(d) for d in value)
+
+
+@frozen
+class TensorSpec:
+    """A graph tensor: its logical shape, dtype, storage format and role."""
+
+    name: str
+    shape: tuple[int, ...] = field(converter=_shape)
+    dtype: str = field(validator=attrs.validators.in_(tuple(DTYPE_BYTES)))
+    format: str = field(default="ND", validator=attrs.validators.in_(FORMATS))
+    kind: str = field(default="activation", validator=attrs.validators.in_(KINDS))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+
+@frozen
+class Node:
+    """One operator instance. `inputs` / `outputs`: op-local GM tensor name -> graph
+    tensor name. `layer`: the decoder layer it belongs to (None outside the layers)."""
+
+    name: str
+    op_type: str
+    params: dict[str, Any] = field(converter=dict)
+    inputs: dict[str, str] = field(converter=dict)
+    outputs: dict[str, str] = field(converter=dict)
+    layer: int | None = None
+
+
+@frozen(repr=False)
+class Graph:
+    """A decoder step as nodes in execution order.
+
+    phase "decode": one new token per sequence, `lengths` = context length of each
+    sequence including the new token; phase "prefill": `lengths` = prompt lengths.
+    Shapes use the longest length (ragged batches are padded to it); `lengths`
+    keeps each sequence's own (the executor and masks use them).
+    """
+
+    tensors: dict[str, TensorSpec] = field(converter=dict)
+    nodes: tuple[Node, ...] = field(converter=tuple)
+    inputs: tuple[str, ...] = field(converter=tuple)
+    outputs: tuple[str, ...] = field(converter=tuple)
+    phase: str = field(validator=attrs.validators.in_(("decode", "prefill")))
+    batch: int
+    lengths: tuple[int, ...] = field(converter=tuple)
+    workload: Any = None  # the npusim.workload.Workload it was built from (RoPE theta, names, KV sizes)
+
+    # ---- shape facts
+
+    @property
+    def seq(self) -> int:
+        """New tokens per sequence in this step: 1 in decode, the longest prompt in prefill."""
+        return 1 if self.phase == "decode" else max(self.lengths)
+
+    @property
+    def context(self) -> int:
+        """Tokens the KV cache holds per sequence after this step (the longest length)."""
+        return max(self.lengths)
+
+    @property
+    def tokens(self) -> int:
+        """Rows of the token-major activations: batch x seq."""
+        return self.batch * self.seq
+
+    # ---- lookups
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def producers(self) -> dict[str, list[str]]:
+        """Tensor -> names of the nodes writing it, in order (a KV cache may have several)."""
+        out: dict[str, list[str]] = {}
+        for n in self.nodes:
+            for t in n.outputs.values():
+                out.setdefault(t, []).append(n.name)
+        return out
+
+    def producer(self, tensor: str) -> Node | None:
+        """The (first) node writing `tensor`; None for inputs, weights and unwritten state."""
+        for n in self.nodes:
+            if tensor in n.outputs.values():
+                return n
+        return None
+
+    def consumers(self, tensor: str) -> list[Node]:
+        """Nodes reading `tensor`, in order."""
+        return [n for n in self.nodes if tensor in n.inputs.values()]
+
+    def layer_nodes(self, layer: int) -> list[Node]:
+        return [n for n in self.nodes if n.layer == layer]
+
+    def of_kind(self, kind: str) -> list[TensorSpec]:
+        return [t for t in self.tensors.values() if t.kind == kind]
+
+    def count_by_type(self) -> dict[str, int]:
+        return dict(Counter(n.op_type for n in self.nodes))
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        out = {k: 0 for k in KINDS}
+        for t in self.tensors.values():
+            out[t.kind] += t.nbytes
+        return out
+
+    # ---- checks
+
+    def check(self) -> Graph:
+        """Raise GraphError unless the graph is well formed: tensors exist, node names
+        are unique, op types are registered and their params are the op's parameters,
+        every activation is written once and before it is read, graph inputs are
+        kind input and outputs are written. Returns the graph (for chaining)."""
+        from npusim.ops import OPS  # the registry: which op types and parameters exist
+
+        names = set()
+        written: set[str] = set()
+        for t in self.inputs:
+            self._need(t, f"graph input '{t}'")
+            if self.tensors[t].kind != "input":
+                raise GraphError(f"graph input '{t}' is kind {self.tensors[t].kind}, expected input")
+        for n in self.nodes:
+            where = f"node '{n.name}'"
+            if n.name in names:
+                raise GraphError(f"{where}: name used twice")
+            names.add(n.name)
+            if n.op_type not in OPS:
+                raise GraphError(f"{where}: unknown op type '{n.op_type}'")
+            known = {f.name for f in attrs.fields(OPS[n.op_type].params)}
+            extra = sorted(set(n.params) - known)
+            if extra:
+                raise GraphError(f"{where}: '{extra[0]}' is not a parameter of {n.op_type}")
+            for local, t in n.inputs.items():
+                spec = self._need(t, f"{where} input '{local}'")
+                if spec.kind in ("activation", "output") and t not in written:
+                    raise GraphError(f"{where} reads '{t}' before any node writes it")
+            for local, t in n.outputs.items():
+                spec = self._need(t, f"{where} output '{local}'")
+                if spec.kind in ("weight", "input"):
+                    raise GraphError(f"{where} writes '{t}', a {spec.kind}")
+                if spec.kind != "kv" and t in written:
+                    raise GraphError(f"{where} writes '{t}', already written by '{self.producer(t).name}'")
+                written.add(t)
+        for t in self.outputs:
+            self._need(t, f"graph output '{t}'")
+            if t not in written:
+                raise GraphError(f"graph output '{t}' is never written")
+        return self
+
+    def _need(self, t: str, what: str) -> TensorSpec:
+        if t not in self.tensors:
+            raise GraphError(f"{what}: no tensor '{t}'")
+        return self.tensors[t]
+
+    # ---- printing
+
+    def __repr__(self) -> str:
+        name = getattr(self.workload, "name", "?")
+        return (f"Graph({name}, {self.phase}, batch={self.batch}, lengths={_short(self.lengths)}, "
+                f"{len(self.nodes)} nodes, {len(self.tensors)} tensors)")
+
+    def summary(self) -> str:
+        """Node counts per op type and tensor bytes per kind, as a small table."""
+        layers = sorted({n.layer for n in self.nodes if n.layer is not None})
+        per_layer = len(self.layer_nodes(layers[0])) if layers else 0
+        lines = [repr(self),
+                 f"  {per_layer} nodes per layer x {len(layers)} layers + "
+                 f"{len(self.nodes) - per_layer * len(layers)} outside the layers"]
+        lines.append(f"  {'op type':<16}{'count':>7}")
+        for op, c in sorted(self.count_by_type().items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {op:<16}{c:>7}")
+        lines.append(f"  {'tensor kind':<16}{'count':>7}{'bytes':>16}")
+        counts = Counter(t.kind for t in self.tensors.values())
+        for kind, b in self.bytes_by_kind().items():
+            lines.append(f"  {kind:<16}{counts[kind]:>7}{b:>16,}")
+        return "\n".join(lines)
+
+
+def _short(lengths: tuple[int, ...]) -> str:
+    if len(set(lengths)) == 1:
+        return f"{len(lengths)} x {lengths[0]}"
+    return str(lengths) if len(lengths) <= 8 else f"({', '.join(map(str, lengths[:8]))}, ...)"

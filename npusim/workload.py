@@ -1,0 +1,353 @@
+"""The decoder being simulated: a frozen `Workload` loaded from workloads/NAME.yaml,
+a path to such a file, or a Hugging Face `config.json`.
+
+A workload is the model's architecture only (no batch, no lengths: those belong to
+a run). Every field has a unit or meaning in its help text; the YAML files give
+each value a source comment. A bad file is one ConfigError line naming the file
+and the key - as the file spells it, so an HF config's errors name HF keys - and
+what was expected: unknown, missing or wrongly typed keys, and values that do not
+fit together (heads not dividing hidden_size, kv_heads not dividing heads, ...).
+
+Derived figures (parameter count, weight bytes, KV-cache bytes per token, weight
+shapes per layer) are properties, computed from the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from attrs import field, frozen
+from cattrs.errors import ForbiddenExtraKeysError
+
+from npusim.errors import ConfigError
+from npusim.hw.load import _leaf_errors, find_file, parse_yaml, read_yaml
+
+DEFAULT_WORKLOAD = "k3"
+
+# The dtypes the decoder's operators take (the cube has no fp32 matmul input).
+DTYPE_BYTES = {"fp16": 2, "bf16": 2}
+NORMS = ("rms_norm",)  # the builder models pre-norm RMSNorm only
+MLPS = ("swiglu",)  # and the SwiGLU FFN only
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+def _default_head_dim(w: Workload) -> int:
+    return w.hidden_size // w.heads if w.heads > 0 else 0
+
+
+@frozen
+class Workload:
+    """A dense pre-norm decoder: embedding, `layers` x (RMSNorm, attention with RoPE
+    and a KV cache, residual add, RMSNorm, SwiGLU FFN, residual add), final RMSNorm,
+    LM head."""
+
+    name: str = _help("workload name (the file's stem when not given)")
+    layers: int = _help("decoder layers")
+    hidden_size: int = _help("elements per token of the residual stream")
+    heads: int = _help("query heads")
+    kv_heads: int = _help("K/V heads; fewer than heads is GQA (heads // kv_heads query heads share one)")
+    ffn_size: int = _help("SwiGLU intermediate size: elements out of gate and up, into down")
+    vocab_size: int = _help("tokens in the vocabulary: rows of the embedding and the LM head")
+    max_context_tokens: int = _help("longest sequence (prompt + generated tokens) in tokens")
+    norm_eps: float = _help("epsilon added to the mean square in RMSNorm")
+    rope_theta: float = _help("RoPE base frequency (rotate-half form)")
+    tie_embeddings: bool = _help("the LM head reuses the embedding table (no weight of its own)")
+    dtype: str = _help("dtype of weights, activations and KV cache: fp16 or bf16")
+    head_dim: int = _help("elements per head; default hidden_size // heads",
+                          default=attrs.Factory(_default_head_dim, takes_self=True))
+    qkv_bias: bool = _help("the Q, K and V projections add a bias (Qwen2 does)", default=False)
+    norm: str = _help("normalisation: rms_norm (the only one modelled)", default="rms_norm")
+    mlp: str = _help("FFN kind: swiglu (the only one modelled)", default="swiglu")
+
+    def __attrs_post_init__(self):
+        bad = _inconsistency(self, lambda k: k)
+        if bad:
+            raise _Inconsistent(self, bad[0], bad[1])
+
+    # ---- derived shapes
+
+    @property
+    def q_size(self) -> int:
+        """Elements of a token's queries (heads x head_dim)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Elements of a token's keys, and of its values, in one layer (kv_heads x head_dim)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head (1 = MHA)."""
+        return self.heads // self.kv_heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Weights of one decoder layer, Linear layout [out, in] (matmuls take them trans_b)."""
+        h, q, kv, f = self.hidden_size, self.q_size, self.kv_size, self.ffn_size
+        shapes = {"attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h)}
+        if self.qkv_bias:
+            shapes |= {"bq": (q,), "bk": (kv,), "bv": (kv,)}
+        return shapes | {"wo": (h, q), "ffn_norm": (h,), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f)}
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight: embedding, per layer "L{i}.<name>", final norm, LM head (unless tied)."""
+        out = {"embed": (self.vocab_size, self.hidden_size)}
+        layer = self.layer_weight_shapes()
+        for i in range(self.layers):
+            out |= {f"L{i}.{k}": s for k, s in layer.items()}
+        out["final_norm"] = (self.hidden_size,)
+        if not self.tie_embeddings:
+            out["lm_head"] = (self.vocab_size, self.hidden_size)
+        return out
+
+    # ---- derived sizes
+
+    @property
+    def layer_params(self) -> int:
+        return sum(_numel(s) for s in self.layer_weight_shapes().values())
+
+    @property
+    def param_count(self) -> int:
+        """Parameters of the whole model (a tied LM head counted once)."""
+        return sum(_numel(s) for s in self.weight_shapes().values())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights at `dtype` (the checkpoint's size)."""
+        return self.param_count * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token adds, over all layers: 2 (K and V) x layers x kv_heads x head_dim x dtype."""
+        return 2 * self.layers * self.kv_size * self.dtype_bytes
+
+    def kv_bytes(self, batch: int, tokens: int) -> int:
+        """KV-cache bytes of `batch` sequences of `tokens` tokens each."""
+        return batch * tokens * self.kv_bytes_per_token
+
+    def summary(self) -> str:
+        """A few lines for a notebook or the CLI."""
+        attn = "MHA" if self.group == 1 else f"GQA, {self.group} query heads per K/V head"
+        return "\n".join([
+            f"{self.name}: {self.layers} layers, hidden {self.hidden_size}, {self.heads} heads x {self.head_dim} "
+            f"({self.kv_heads} K/V heads: {attn}), SwiGLU FFN {self.ffn_size}, vocab {self.vocab_size}"
+            f"{' (tied)' if self.tie_embeddings else ''}, {self.dtype}, context up to {self.max_context_tokens}",
+            f"  parameters {_count(self.param_count)} ({_count(self.layer_params)} per layer), "
+            f"weights {_bytes(self.weight_bytes)}",
+            f"  KV cache {_bytes(self.kv_bytes_per_token)} per token, "
+            f"{_bytes(self.kv_bytes(1, self.max_context_tokens))} per sequence at full context",
+        ])
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def _bytes(n: int) -> str:
+    """Decimal GB (as model sizes are quoted) and binary units beside it."""
+    if n >= 1e9:
+        return f"{n / 1e9:.3f} GB ({n / 2**30:.2f} GiB)"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Inconsistent(ValueError):
+    """Raised in Workload.__init__; the loader re-words it with the file's key names."""
+
+    def __init__(self, workload: Workload, key: str, message: str):
+        super().__init__(f"key '{key}': {message}")
+        self.workload, self.key = workload, key
+
+
+def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | None:
+    """(key, what is wrong) for the first value out of range or not fitting the others;
+    `nm` spells a field name as the source file does."""
+    for key in ("layers", "hidden_size", "heads", "kv_heads", "ffn_size", "vocab_size", "max_context_tokens",
+                "head_dim"):
+        if getattr(w, key) <= 0:
+            return key, f"expected a value > 0, got {getattr(w, key)!r}"
+    for key in ("norm_eps", "rope_theta"):
+        if not getattr(w, key) > 0:
+            return key, f"expected a value > 0, got {getattr(w, key)!r}"
+    if w.hidden_size % w.heads:
+        return "heads", f"{w.heads} does not divide {nm('hidden_size')} {w.hidden_size}"
+    if w.head_dim * w.heads != w.hidden_size:
+        return "head_dim", (f"{w.head_dim} x {nm('heads')} {w.heads} = {w.head_dim * w.heads}, "
+                            f"expected {nm('hidden_size')} {w.hidden_size}")
+    if w.head_dim % 2:
+        return "head_dim", f"RoPE rotates pairs of elements: expected an even value, got {w.head_dim}"
+    if w.kv_heads > w.heads or w.heads % w.kv_heads:
+        return "kv_heads", f"{w.kv_heads} does not divide {nm('heads')} {w.heads}"
+    for key, allowed in (("dtype", tuple(DTYPE_BYTES)), ("norm", NORMS), ("mlp", MLPS)):
+        if getattr(w, key) not in allowed:
+            return key, f"expected one of {', '.join(allowed)}, got {getattr(w, key)!r}"
+    return None
+
+
+# ================================================================ loading
+
+
+def _strict_converter() -> cattrs.Converter:
+    """Like the hwconfig loader's: no silent conversions (a string is not a number,
+    1 is not True), unknown keys are errors."""
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def to_int(v, _):
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                return int(v)
+            raise TypeError
+        return v
+
+    def to_float(v, _):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError
+        return float(v)
+
+    def to_bool(v, _):
+        if not isinstance(v, bool):
+            raise TypeError
+        return v
+
+    def to_str(v, _):
+        if not isinstance(v, str):
+            raise TypeError
+        return v
+
+    for t, hook in ((int, to_int), (float, to_float), (bool, to_bool), (str, to_str)):
+        conv.register_structure_hook(t, hook)
+    return conv
+
+
+_converter = _strict_converter()
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_FIELD_TYPES = {f.name: f.type for f in attrs.fields(attrs.resolve_types(Workload))}
+
+# Hugging Face config.json key -> Workload field (configs of Llama-style decoders:
+# LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...).
+HF_KEYS = {
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "heads",
+    "num_key_value_heads": "kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "ffn_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_context_tokens",
+    "rms_norm_eps": "norm_eps",
+    "rope_theta": "rope_theta",
+    "tie_word_embeddings": "tie_embeddings",
+    "attention_bias": "qkv_bias",
+}
+HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+               "max_position_embeddings", "rms_norm_eps")
+HF_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+# Models whose Q/K/V projections always carry a bias (no attention_bias key in their config).
+HF_QKV_BIAS_MODELS = ("qwen2",)
+
+
+def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
+                  overrides: Mapping[str, Any] | None = None) -> Workload:
+    """Load a workload by name (workloads/NAME.yaml, looked up like hwconfigs), a
+    path to a YAML file, or a path to a Hugging Face config.json; `overrides`
+    {"field": value} (string values read as YAML scalars) change fields for a what-if."""
+    path = find_file(name_or_path, "workloads")
+    if path.suffix == ".json":
+        raw, nm = _from_hf(path), _hf_name
+    else:
+        raw, nm = read_yaml(path), (lambda k: k)
+        raw.setdefault("name", path.stem)
+    where = str(path)
+    if overrides:
+        where += " (--set)"
+        for key, value in overrides.items():
+            if key not in _FIELD_TYPES:
+                raise ConfigError(f"{where}: unknown key '{key}'")
+            raw[key] = parse_yaml(value, f"--set {key}") if isinstance(value, str) and value.strip() else value
+        nm = _names_for_overrides(nm, overrides)
+    return structure_workload(raw, where, nm)
+
+
+def _names_for_overrides(nm: Callable[[str], str], overrides: Mapping[str, Any]) -> Callable[[str], str]:
+    return lambda k: k if k in overrides else nm(k)
+
+
+def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], str] = lambda k: k) -> Workload:
+    """A Workload from a mapping of its fields; errors are one ConfigError line
+    naming `where` and the key (spelt by `nm`)."""
+    try:
+        return _converter.structure(dict(raw), Workload)
+    except Exception as e:  # cattrs gathers type, missing-key and __init__ errors into a group
+        errors = list(_leaf_errors(e))
+        errors.sort(key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
+        path, exc, type_ = errors[0]
+        if isinstance(exc, ForbiddenExtraKeysError):
+            raise ConfigError(f"{where}: unknown key '{sorted(map(str, exc.extra_fields))[0]}'") from None
+        if isinstance(exc, KeyError):
+            raise ConfigError(f"{where}: missing key '{nm(path[-1])}'") from None
+        if isinstance(exc, _Inconsistent):
+            key, message = _inconsistency(exc.workload, nm)
+            raise ConfigError(f"{where}: key '{nm(key)}': {message}") from None
+        key = path[-1] if path else "?"
+        expected = _EXPECTED.get(_FIELD_TYPES.get(key), "another type")
+        raise ConfigError(f"{where}: key '{nm(key)}': expected {expected}, got {raw.get(key)!r}") from None
+
+
+_HF_NAME = {v: k for k, v in HF_KEYS.items()}
+
+
+def _hf_name(field_name: str) -> str:
+    return {"dtype": "torch_dtype"}.get(field_name) or _HF_NAME.get(field_name, field_name)
+
+
+def _from_hf(path: Path) -> dict:
+    """A Hugging Face config.json -> the Workload's fields. Keys the decoder does not
+    need (architectures, token ids, ...) are ignored; the ones it needs must be there
+    and have the right type."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: line {e.lineno} not valid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    for key in HF_REQUIRED:
+        if key not in data:
+            raise ConfigError(f"{path}: missing key '{key}'")
+    act = data.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{path}: key 'hidden_act': expected 'silu' (the SwiGLU FFN, the only one modelled), "
+                          f"got {act!r}")
+    raw = {field_name: data[k] for k, field_name in HF_KEYS.items() if data.get(k) is not None}
+    raw.setdefault("kv_heads", data["num_attention_heads"])  # HF's default: MHA
+    raw.setdefault("rope_theta", (data.get("rope_parameters") or {}).get("rope_theta", 10000.0))  # HF's default
+    raw.setdefault("tie_embeddings", False)  # Llama-style configs' default
+    if data.get("model_type") in HF_QKV_BIAS_MODELS:
+        raw["qkv_bias"] = True
+    dtype_key = "torch_dtype" if "torch_dtype" in data else "dtype"  # newer transformers write "dtype"
+    dtype = data.get(dtype_key, "float16")  # assumed fp16 when the config does not say
+    if dtype not in HF_DTYPES:
+        raise ConfigError(f"{path}: key '{dtype_key}': expected one of {', '.join(HF_DTYPES)}, got {dtype!r}")
+    raw["dtype"] = HF_DTYPES[dtype]
+    raw["name"] = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return raw
