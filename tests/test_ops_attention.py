@@ -1,0 +1,172 @@
+"""Attention lowerings: FlashAttention (one MIX kernel), flash-decoding and the
+unfused 5-kernel chain.
+
+Every kernel passes verify() (simulate_op runs it) and no op beats its roofline;
+FlashAttention against the chain at the decoder's prefill shape (S = 4096, 32
+heads, head_dim 128, causal): faster, less GM traffic, far less HBM traffic and
+memory; causal skips work; GQA reads less K/V from HBM; a tile that cannot fit
+is a one-line error naming the buffer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npusim.errors import ConfigError, ProgramError
+from npusim.hw import load_hw
+from npusim.isa import CoreType, Loop
+from npusim.ops import lower, simulate_op
+
+HW = load_hw("ascend910b2")
+
+
+def run(op: str, **params):
+    lowered = lower(op, params, HW)
+    return lowered, simulate_op(lowered, HW, trace="kernel")
+
+
+def memory_bytes(lowered) -> int:
+    """Every GM tensor the op's kernels use (inputs, outputs, intermediates, workspace), once."""
+    return sum({t.name: t.nbytes for k in lowered.kernels for t in k.gm}.values())
+
+
+def hbm_bytes(report) -> float:
+    return report.stats.hbm_read_bytes + report.stats.hbm_write_bytes
+
+
+def attn(batch=1, heads=2, kv_heads=None, head_dim=64, seq_q=128, seq_kv=None, causal=False, dtype="fp16"):
+    return dict(batch=batch, heads=heads, kv_heads=kv_heads or heads, head_dim=head_dim, seq_q=seq_q,
+                seq_kv=seq_kv or seq_q, causal=causal, dtype=dtype)
+
+
+GRID = [
+    ("flash_attention", attn(heads=1, head_dim=16, seq_q=1)),  # one row: both AIVs share it
+    ("flash_attention", attn(heads=2, seq_q=16, seq_kv=16, causal=True)),
+    ("flash_attention", attn(heads=3, head_dim=128, seq_q=200, seq_kv=300, causal=True)),  # odd tails
+    ("flash_attention", attn(batch=2, heads=4, kv_heads=2, head_dim=128, seq_q=512, causal=True)),  # GQA
+    ("flash_attention", attn(heads=5, head_dim=96, seq_q=1000, dtype="bf16")),
+    ("flash_attention", attn(heads=2, head_dim=256, seq_q=384, causal=True)),  # smaller tiles
+    ("flash_attention", attn(heads=24, head_dim=128, seq_q=1024)),  # whole heads only: one shared program
+    ("flash_attention", attn(heads=32, head_dim=128, seq_q=512, causal=True)),  # 24 whole + 8 split heads
+    ("decode_attention", dict(batch=1, heads=4, kv_heads=4, head_dim=128, context=1)),
+    ("decode_attention", dict(batch=2, heads=8, kv_heads=2, head_dim=64, context=1000)),
+    ("decode_attention", dict(batch=4, heads=32, kv_heads=32, head_dim=128, context=512)),
+    ("attention_unfused", attn(heads=2, head_dim=64, seq_q=128, causal=True)),
+    ("attention_unfused", attn(heads=4, kv_heads=2, head_dim=128, seq_q=320, seq_kv=512)),
+]
+
+
+@pytest.mark.parametrize("op, params", GRID, ids=lambda x: x if isinstance(x, str) else "-".join(
+    f"{k}{v}" for k, v in x.items()))
+def test_kernels_verify_and_stay_above_the_roofline(op, params):
+    lowered, r = run(op, **params)
+    assert r.seconds >= r.roofline.time_s
+    assert r.stats.flops > 0
+    ins = {t.name: t for t in lowered.inputs}
+    assert set(ins) == {"q", "k", "v"} and [t.name for t in lowered.outputs] == ["o"]
+    assert ins["k"].shape[1] == params["kv_heads"]
+    if op == "flash_attention":
+        (k,) = lowered.kernels
+        assert k.core_type is CoreType.MIX
+        assert lowered.workspace_bytes == k.workspace_bytes > 0
+    if op == "decode_attention":
+        assert [k.core_type for k in lowered.kernels] == [CoreType.AIV, CoreType.AIV]
+    if op == "attention_unfused":
+        types = [k.op_type for k in lowered.kernels]  # PV may zero its output first (split K)
+        assert types[:4] == ["batch_matmul", "scale", "masked_fill", "softmax"] and types[-1] == "batch_matmul"
+
+
+def test_flash_attention_workspace_is_per_block_and_small():
+    """Two S, P and partial-O slots per block, nothing of size S x S."""
+    lowered = lower("flash_attention", attn(heads=32, head_dim=128, seq_q=4096), HW)
+    (k,) = lowered.kernels
+    per_block = lowered.workspace_bytes // k.block_dim
+    assert per_block <= 1 << 20
+    assert lowered.workspace_bytes < 4096 * 4096 * 2  # less than one head's scores
+    assert all(t.nbytes < 4096 * 4096 * 2 * 32 for t in k.gm)
+
+
+def test_non_causal_heads_loop_instead_of_unrolling():
+    lowered = lower("flash_attention", attn(heads=24, head_dim=128, seq_q=4096), HW)
+    (k,) = lowered.kernels
+    assert len(k.aic) == 1 and len(k.aiv) == 1  # one Program for all blocks
+    loops = [i for i in k.aic[0].body if isinstance(i, Loop)]
+    assert loops and loops[0].var == "tt"
+
+
+@pytest.fixture(scope="module")
+def prefill():
+    """The decoder's prefill attention: S = 4096, 32 heads, head_dim 128, causal."""
+    params = attn(heads=32, head_dim=128, seq_q=4096, causal=True)
+    return {op: run(op, **params) for op in ("flash_attention", "attention_unfused")}
+
+
+def test_flash_attention_beats_the_unfused_chain(prefill):
+    (fa, r_fa), (un, r_un) = prefill["flash_attention"], prefill["attention_unfused"]
+    for name, lowered, r in (("flash_attention", fa, r_fa), ("unfused chain", un, r_un)):
+        print(f"\n{name:16s} {r.us:9.1f} us  {len(lowered.kernels)} kernel(s)  GM {r.stats.gm_bytes / 1e9:6.2f} GB  "
+              f"HBM {hbm_bytes(r) / 1e9:6.2f} GB  memory {memory_bytes(lowered) / 2**20:8.1f} MiB "
+              f"(workspace {lowered.workspace_bytes / 2**20:.1f} MiB)")
+    assert r_fa.us < r_un.us / 2
+    assert r_fa.stats.gm_bytes < r_un.stats.gm_bytes
+    assert hbm_bytes(r_fa) < hbm_bytes(r_un) / 10
+    assert memory_bytes(fa) < memory_bytes(un) / 5
+    # the chain holds the S x S scores (and probabilities) in GM; FlashAttention never does
+    sxs = 32 * 4096 * 4096 * 2
+    assert max(t.nbytes for k in un.kernels for t in k.gm) >= sxs
+    assert max(t.nbytes for k in fa.kernels for t in k.gm) < sxs
+
+
+def test_causal_skips_the_masked_half():
+    full = run("flash_attention", **attn(heads=24, head_dim=128, seq_q=1024))[1]
+    causal = run("flash_attention", **attn(heads=24, head_dim=128, seq_q=1024, causal=True))[1]
+    assert causal.us < 0.7 * full.us
+    assert causal.stats.gm_bytes < 0.7 * full.stats.gm_bytes
+    assert causal.lowered.flops == pytest.approx(full.lowered.flops / 2, rel=0.01)
+
+
+def test_gqa_reads_less_kv():
+    mha_l, mha = run("flash_attention", **attn(heads=32, kv_heads=32, head_dim=128, seq_q=512, causal=True))
+    gqa_l, gqa = run("flash_attention", **attn(heads=32, kv_heads=8, head_dim=128, seq_q=512, causal=True))
+    kv = {name: sum(t.nbytes for t in lw.inputs if t.name in ("k", "v"))
+          for name, lw in (("mha", mha_l), ("gqa", gqa_l))}
+    assert kv["gqa"] * 4 == kv["mha"]
+    q_o = 2 * 32 * 512 * 128 * 2
+    assert gqa.stats.hbm_read_bytes < mha.stats.hbm_read_bytes
+    assert mha.stats.hbm_read_bytes - gqa.stats.hbm_read_bytes >= 0.9 * (kv["mha"] - kv["gqa"])
+    assert gqa.stats.hbm_read_bytes < q_o / 2 + kv["gqa"] * 1.1
+    # decode: the KV cache is the traffic, a quarter of it under GQA
+    d_mha = run("decode_attention", batch=2, heads=32, kv_heads=32, head_dim=128, context=512)[1]
+    d_gqa = run("decode_attention", batch=2, heads=32, kv_heads=8, head_dim=128, context=512)[1]
+    assert d_gqa.stats.gm_read_bytes < 0.3 * d_mha.stats.gm_read_bytes
+    assert d_gqa.stats.hbm_read_bytes < 0.3 * d_mha.stats.hbm_read_bytes
+
+
+def test_decode_is_memory_bound_near_hbm_bandwidth():
+    lowered, r = run("decode_attention", batch=4, heads=32, kv_heads=32, head_dim=128, context=1024)
+    assert r.bound == "memory"
+    assert r.seconds < 1.5 * r.roofline.time_s
+    assert r.roofline.hbm_s > r.roofline.compute_s
+
+
+@pytest.mark.parametrize("op, params, tiling, buffer", [
+    ("flash_attention", attn(heads=1, head_dim=4096, seq_q=128), None, "L0A: buffer 'a_l0_"),
+    ("flash_attention", attn(heads=1, head_dim=512, seq_q=128), dict(q_tile=128), "L0A: buffer 'a_l0_0'"),
+    ("decode_attention", dict(batch=1, heads=1, kv_heads=1, head_dim=16384, context=64), None, "UB: buffer 'k_ub_0'"),
+])
+def test_a_tile_that_does_not_fit_is_one_line_naming_the_buffer(op, params, tiling, buffer):
+    """The tiling picks smaller tiles for larger heads; past the smallest, the error
+    names the buffer that overflows (L0 first: a head's row has to sit there whole)."""
+    with pytest.raises(ProgramError) as e:
+        lower(op, params, HW, tiling=tiling)
+    assert buffer in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_parameters_are_config_errors():
+    with pytest.raises(ConfigError, match="kv_heads=3 must divide heads=8"):
+        lower("flash_attention", attn(heads=8, kv_heads=3), HW)
+    with pytest.raises(ConfigError, match="seq_q"):
+        lower("flash_attention", attn(seq_q=256, seq_kv=128, causal=True), HW)
+    with pytest.raises(ConfigError, match="kv_heads"):
+        lower("decode_attention", dict(heads=8, kv_heads=16), HW)
