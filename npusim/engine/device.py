@@ -198,7 +198,7 @@ class Device:
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream in self._streams(kernel, kind, block)
                             for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
-                hit = self._groupable[id(program)] = (program, _disjoint_blocks(accesses, kernel, self.hw))
+                hit = self._groupable[id(program)] = (program, _disjoint_blocks(accesses, kernel, self.hw, block))
             ok = ok and hit[1]
         return ok
 
@@ -430,11 +430,13 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
             yield terms.get("block", 0), lo, hi
 
 
-def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig) -> bool:
+def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int) -> bool:
     """Per GM tensor of the kernel (all of GM if it declares none): one common block
-    step, a nonzero multiple of the L2 line, at least as long as the accesses spread."""
+    step, a nonzero multiple of the L2 line, at least as long as the accesses spread.
+    Accesses are placed at `block`, the first block running the program."""
     tensors: dict = {}
     for step, lo, hi in accesses:
+        lo, hi = lo + step * block, hi + step * block
         owner = next((t.name for t in kernel.gm if t.addr <= lo < t.addr + t.nbytes), None)
         tensors.setdefault(owner, []).append((step, lo, hi))
     for group in tensors.values():

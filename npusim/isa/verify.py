@@ -71,8 +71,10 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
     _check_shape(kernel)
     capacity = _mem_capacity(hw)
     walks = {}
-    for site in _sites(kernel, hw):
-        walks[site.key] = _check_program(kernel, hw, capacity, site)
+    for site, indices in _sites(kernel, hw):
+        walk = _check_program(kernel, hw, capacity, site)
+        for index in indices:  # blocks sharing one Program object are checked once
+            walks[(site.core, index, site.sub)] = walk
     if kernel.core_type is CoreType.MIX:
         _check_cross_balance(kernel, hw, walks)
     return kernel
@@ -126,25 +128,29 @@ class _Site:
     label: str  # "kernel 'k', block 3, AIV sub 1": the head of every error line
     scope: Scope  # ranges of the reserved vars `block` and `sub`
 
-    @property
-    def key(self) -> tuple[CoreType, int, int]:
-        return (self.core, self.index, self.sub)
-
 
 def _sites(kernel: Kernel, hw: HwConfig):
-    """Every (program, core, blocks, sub-core) combination to check, each once."""
+    """Every (program, core, blocks, sub-core) combination to check, each once, with the
+    program indices it stands for: a run of consecutive blocks sharing one Program
+    object is one site whose `block` ranges over the run."""
     mix = kernel.core_type is CoreType.MIX
     for core, progs in ((CoreType.AIC, kernel.aic), (CoreType.AIV, kernel.aiv)):
         subs = range(hw.chip.aiv_per_aic) if mix and core is CoreType.AIV else range(1)
-        for index in range(len(progs)):
+        index = 0
+        while index < len(progs):
+            last = index
+            while last + 1 < len(progs) and progs[last + 1] is progs[index]:
+                last += 1
             if len(progs) == 1:
                 where, blocks = "all blocks", (0, kernel.block_dim - 1)
             else:
-                where, blocks = f"block {index}", (index, index)
+                where = f"block {index}" if last == index else f"blocks {index}..{last}"
+                blocks = (index, last)
             for sub in subs:
                 name = f"AIV sub {sub}" if mix and core is CoreType.AIV else core.value
                 label = f"kernel {kernel.name!r}, {where}, {name}"
-                yield _Site(core, index, sub, label, {"block": blocks, "sub": (sub, sub)})
+                yield _Site(core, index, sub, label, {"block": blocks, "sub": (sub, sub)}), range(index, last + 1)
+            index = last + 1
 
 
 # ------------------------------------------------------------------ one program
