@@ -1,7 +1,8 @@
 """The L2: a memory-side cache shared by all cores (set-associative, LRU, write-back,
 write-allocate), counted in lines of hw.l2.line_bytes.
 
-State is held in numpy arrays [sets, ways] (tag, last use, dirty, pending fill),
+State is held in flat numpy arrays of sets x ways slots (tag, last use, dirty,
+pending fill),
 and one access handles all the lines of a transfer (every segment of a strided
 copy, every block of a group) with a few array operations, so the cost of a
 transfer grows with its lines at array speed, not at Python speed.
@@ -34,14 +35,17 @@ class L2Cache:
         # ways (a small test L2 becomes fully associative rather than smaller).
         self.sets = max(1, capacity_lines // ways)
         self.ways = max(1, capacity_lines // self.sets)
-        shape = (self.sets, self.ways)
-        self.tags = np.full(shape, -1, np.int64)
-        self.last_use = np.zeros(shape, np.int64)
-        self.dirty = np.zeros(shape, bool)
-        self.fill = np.full(shape, -1, np.int64)  # index into self.fills; -1: arrived
+        # Flat arrays, slot = set * ways + way: flat gathers and scatters are the
+        # cheapest numpy has, and every access is a few of them.
+        size = self.sets * self.ways
+        self.tags = np.full(size, -1, np.int64)
+        self.last_use = np.zeros(size, np.int64)
+        self.dirty = np.zeros(size, bool)
+        self.fill = np.full(size, -1, np.int64)  # index into self.fills; -1: arrived
         self.fills: list = []
         self.filled = np.ones(1024, bool)  # per fill index: has its event fired?
         self.clock = 0
+        self._ways = np.arange(self.ways, dtype=np.int64)
 
     def set_of(self, lines: np.ndarray) -> np.ndarray:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
@@ -72,17 +76,17 @@ class L2Cache:
         n = len(lines)
         first_use = self.clock + 1
         self.clock += n
-        sets = self.set_of(lines)
-        match = self.tags[sets] == lines[:, None]
-        hit = match.any(axis=1)
+        rows = (self.set_of(lines) * self.ways)[:, None] + self._ways  # each line's set, as slots
+        match = self.tags.take(rows) == lines[:, None]
+        hit = np.logical_or.reduce(match, axis=1)
         wb = np.zeros(n, bool)
         if hit.any():
             at = np.flatnonzero(hit)
-            hs, hw = sets[at], match[at].argmax(axis=1)
-            self.last_use[hs, hw] = first_use + at
+            slots = rows[at, match[at].argmax(axis=1)]
+            self.last_use.put(slots, first_use + at)
             if write:
-                self.dirty[hs, hw] = True
-            pending = self.fill[hs, hw]
+                self.dirty.put(slots, True)
+            pending = self.fill.take(slots)
             pending = pending[pending >= 0]
             pending = pending[~self.filled[pending]]
             if pending.size:
@@ -92,27 +96,26 @@ class L2Cache:
             if at.size == n:
                 return hit, wb
             miss = np.flatnonzero(~hit)
+            ml, mrows, mu = lines[miss], rows[miss], first_use + miss
         else:
-            miss = None  # all of them
-        ml = lines if miss is None else lines[miss]
-        ms = sets if miss is None else sets[miss]
-        mu = first_use + (np.arange(n) if miss is None else miss)
-        order = np.argsort(ms, kind="stable")
-        sorted_sets = ms[order]
-        if len(ms) < 2 or (sorted_sets[1:] != sorted_sets[:-1]).all():
+            miss, ml, mrows, mu = None, lines, rows, first_use + np.arange(n)
+        first_slot = mrows[:, 0]  # set * ways: identifies the set
+        order = np.argsort(first_slot, kind="stable")
+        sorted_sets = first_slot[order]
+        if len(ml) < 2 or (sorted_sets[1:] != sorted_sets[:-1]).all():
             # Every missing line has a set of its own: it takes that set's LRU way.
-            vs, vw = ms, self.last_use[ms].argmin(axis=1)
-            wb_miss = (self.tags[vs, vw] >= 0) & self.dirty[vs, vw]
+            victims = first_slot + self.last_use.take(mrows).argmin(axis=1)
+            wb_miss = (self.tags.take(victims) >= 0) & self.dirty.take(victims)
         else:
-            vs, vw, ml, mu, wb_miss = self._crowded(ml, mu, order, sorted_sets, write)
+            victims, ml, mu, wb_miss = self._crowded(ml, mu, order, sorted_sets, write)
         if miss is None:
             wb = wb_miss
         else:
             wb[miss] = wb_miss
-        self.tags[vs, vw] = ml
-        self.last_use[vs, vw] = mu
-        self.dirty[vs, vw] = write
-        self.fill[vs, vw] = fill_id
+        self.tags.put(victims, ml)
+        self.last_use.put(victims, mu)
+        self.dirty.put(victims, write)
+        self.fill.put(victims, fill_id)
         return hit, wb
 
     def _crowded(self, ml, mu, order, sorted_sets, write: bool):
@@ -123,18 +126,18 @@ class L2Cache:
         uniq, first, counts = np.unique(sorted_sets, return_index=True, return_counts=True)
         per_miss = np.repeat(counts, counts)
         rank = np.arange(len(sorted_sets)) - np.repeat(first, counts)
-        lru = np.argsort(self.last_use[uniq], axis=1, kind="stable")
+        lru = np.argsort(self.last_use.take(uniq[:, None] + self._ways), axis=1, kind="stable")
         keep = rank >= per_miss - self.ways
         slot = (rank - np.maximum(per_miss - self.ways, 0))[keep]
         row = np.repeat(np.arange(len(uniq)), counts)[keep]
-        vs, vw = uniq[row], lru[row, slot]
+        victims = uniq[row] + lru[row, slot]
         wb_sorted = np.zeros(len(sorted_sets), bool)
-        wb_sorted[np.flatnonzero(keep)] = (self.tags[vs, vw] >= 0) & self.dirty[vs, vw]
+        wb_sorted[np.flatnonzero(keep)] = (self.tags.take(victims) >= 0) & self.dirty.take(victims)
         if write:
             wb_sorted[~keep] = True
         wb_miss = np.empty(len(sorted_sets), bool)
         wb_miss[order] = wb_sorted
-        return vs, vw, ml[keep], mu[keep], wb_miss
+        return victims, ml[keep], mu[keep], wb_miss
 
     def dirty_lines(self) -> int:
         return int(((self.tags >= 0) & self.dirty).sum())
