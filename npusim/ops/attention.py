@@ -438,7 +438,7 @@ class _Vec:
     def update(self, st: _Step) -> None:
         """O = O * alpha + O_part (O starts at 0)."""
         g = self.g
-        d, rows = g.p.head_dim, st.tile.rows
+        d = g.p.head_dim
         r, sub1 = self._rows(st.tile)
         n = r * d
         o_at = _sub(_plus(self.w, g.ws["o"][st.sp]), sub1 * d * 4)

@@ -23,7 +23,7 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    Affine, Buffer, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag, addr,
+    Affine, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag, addr,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 
