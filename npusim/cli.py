@@ -43,10 +43,8 @@ def _cmd_op(args) -> int:
     from npusim.hw import load_hw
     from npusim.hw.load import parse_set_args
     from npusim.ops import OPS, lower, simulate_op
-    from npusim.ops.registry import spec
 
     if args.list or not args.type:
-        spec("copy")  # imports every lowering
         print("op types: " + ", ".join(sorted(OPS)))
         return 0
     if args.help:
@@ -128,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except NpusimError as e:
         print(f"npusim: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an output path that cannot be written
+        print(f"npusim: error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
 
 

@@ -25,6 +25,7 @@ from kernels import (
     vec_kernel,
 )
 from npusim.engine import HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent, run
+from npusim.errors import ProgramError
 from npusim.hw import load_hw
 from npusim.isa import Copy, CrossSetFlag, CrossWaitFlag, Mem, Mmad, addr
 
@@ -308,3 +309,20 @@ def test_trace_level_does_not_change_the_run(level):
     assert less.cycles == full.cycles
     assert less.trace.counters == full.trace.counters
     assert less.trace.intervals == ()
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (Memcpy(1024, "H2D"), r"host call 0 \(Memcpy\): expected nbytes >= 1 and direction in h2d, d2h"),
+    (Memcpy(0, "h2d"), r"host call 0 \(Memcpy\): expected nbytes >= 1"),
+    (HostWork(-1.0), r"host call 0 \(HostWork\): us must be >= 0"),
+    ("launch", r"host call 0 \(str\): not a host call"),
+])
+def test_bad_host_calls_are_one_line_errors_before_anything_runs(call, message):
+    with pytest.raises(ProgramError, match=message):
+        run([call, Synchronize()], HW)
+
+
+def test_bad_launch_mode_is_named():
+    k, _ = compute_kernel(HW, "k", count=1)
+    with pytest.raises(ProgramError, match=r"host call 1 \(Launch\): mode must be one of eager, graph, got 'lazy'"):
+        run([Synchronize(), Launch(k, 0, "lazy")], HW)

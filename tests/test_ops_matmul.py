@@ -19,6 +19,7 @@ GRID = [
     ("matmul", dict(m=512, n=512, k=512, out_dtype="fp32")),
     ("matmul", dict(m=1000, n=1000, k=1000, format_a="NZ", format_b="NZ")),
     ("matmul", dict(m=32, n=4096, k=4096, weight_dtype="int8", format_b="NZ")),
+    ("matmul", dict(m=512, n=512, k=512, weight_dtype="int8")),
     ("matmul", dict(m=2048, n=1024, k=512, dtype="bf16", out_dtype="bf16")),
     ("batch_matmul", dict(batch=4, m=256, n=256, k=128)),
     ("batch_matmul", dict(batch=32, m=1, n=512, k=128, trans_b=True)),
@@ -30,6 +31,24 @@ def test_never_below_roofline(op, params):
     r = simulate_op(lower(op, params, HW), HW, trace="kernel")  # runs verify() on every kernel
     assert r.seconds >= r.roofline.time_s
     assert r.stats.flops == pytest.approx(r.lowered.flops)  # the Mmads do exactly the op's FLOPs
+
+
+@pytest.mark.parametrize(("op", "params"), [("batch_matmul", dict(batch=8, m=256, n=256, k=256)),
+                                            ("batch_matmul", dict(batch=3, m=100, n=80, k=60, format_b="NZ")),
+                                            ("matmul", dict(m=1000, n=1000, k=1000))])
+def test_every_input_byte_is_read_and_every_output_written(op, params):
+    """From a cold L2 the kernel must bring in all of A and B and write all of C (every batch)."""
+    low = lower(op, params, HW)
+    r = simulate_op(low, HW, trace="kernel")
+    assert r.stats.hbm_read_bytes >= sum(t.nbytes for t in low.inputs)
+    assert r.stats.gm_write_bytes >= sum(t.nbytes for t in low.outputs)
+
+
+def test_a_partial_tiling_keeps_the_rest_of_the_chosen_one():
+    chosen = lower("matmul", dict(m=1024, n=1024, k=1024), HW).tiling
+    forced = lower("matmul", dict(m=1024, n=1024, k=1024), HW, tiling=dict(l0_double=False)).tiling
+    assert forced.l0_double is False
+    assert (forced.base_m, forced.base_n, forced.split_k) == (chosen.base_m, chosen.base_n, chosen.split_k)
 
 
 def test_gemm_4096_reaches_80_percent_of_cube_peak():

@@ -6,8 +6,10 @@ when it touches something shared: a GM transfer (bandwidth and L2 depend on what
 else is in flight at that moment) or an empty flag it must wait for. Fixed-cost
 instructions just advance `t`, so a run costs events at transfer and
 synchronisation boundaries, not per instruction. This is exact, not an
-approximation: flags are FIFO per (src pipe, dst pipe, id), so the k-th WaitFlag
-always takes the k-th SetFlag, whenever Python happens to process them.
+approximation: flags are FIFO per (src pipe, dst pipe, id) with a single setting
+pipe, so the k-th WaitFlag always takes the k-th SetFlag, whenever Python happens
+to process them. Cross-core flags can be set by several pipes, so a cross set
+first catches up with simulated time.
 
 Blocks go onto free cores of the right type (lowest free id first), in waves when
 block_dim exceeds the cores; kernels are served in the order they reached the
@@ -276,20 +278,22 @@ class Device:
         """Take the oldest pending set of `key` on core `cr`, blocking until there is one.
         Returns the cycle at which that set became visible."""
         q = cr.flags[key]
-        if not q:
-            ev = self.env.event()
-            cr.waiters[key].append(ev)
-            self.blocked[(cr.name, pipe_name)] = what
-            yield ev
-            del self.blocked[(cr.name, pipe_name)]
-        return q.popleft()
+        if q:
+            return q.popleft()
+        ev = self.env.event()
+        cr.waiters[key].append(ev)
+        self.blocked[(cr.name, pipe_name)] = what
+        visible = yield ev  # the setter hands its set to the oldest waiter directly
+        del self.blocked[(cr.name, pipe_name)]
+        return visible
 
     @staticmethod
     def _post(cr: _CoreRun, key, visible_at: float) -> None:
-        cr.flags[key].append(visible_at)
         waiting = cr.waiters[key]
         if waiting:
-            waiting.popleft().succeed()
+            waiting.popleft().succeed(visible_at)
+        else:
+            cr.flags[key].append(visible_at)
 
     def _pipe(self, kr: _KernelRun, cr: _CoreRun, pipe, stream: tuple):
         env, hw, mem, acc = self.env, self.hw, self.memory, kr.acc
@@ -356,10 +360,15 @@ class Device:
             elif kind == BARRIER:
                 t, stalled = yield from self._barrier(cr, t, entry[2], pipe_name)
                 waited += stalled
+                busy += entry[2]
             elif kind == SYNC_ALL:
                 t, stalled = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
                 waited += stalled
+                busy += entry[2]
             elif kind == CROSS_SET:
+                # Several pipes may set one cross flag: post in simulated-time order.
+                if t > env.now:
+                    yield env.timeout(t - env.now)
                 blk = cr.block
                 targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
                 for other in targets:
@@ -444,8 +453,9 @@ def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: H
         if len(steps) != 1:
             return False
         step = steps.pop()
-        spread = max(hi for _, _, hi in group) - min(lo for _, lo, _ in group)
-        if step == 0 or step % hw.l2.line_bytes or spread > abs(step):
+        line = hw.l2.line_bytes  # blocks must not share a line, not just a byte
+        spread = -(-max(hi for _, _, hi in group) // line) * line - min(lo for _, lo, _ in group) // line * line
+        if step == 0 or step % line or spread > abs(step):
             return False
     return True
 

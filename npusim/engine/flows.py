@@ -54,7 +54,6 @@ class Link:
         self._t = 0.0
         self._seq = 0
         self._timer_at = math.inf
-        self.bytes_total = 0.0
         self.record = record
         self.samples: list[tuple[float, float]] = []  # (cycle, bytes per cycle in use)
 
@@ -70,7 +69,6 @@ class Link:
         self._seq += 1
         heapq.heappush(cls.heap, (cls.clock + nbytes, self._seq, weight, on_done))
         cls.count += weight
-        self.bytes_total += nbytes * weight
         self._reschedule()
 
     @property

@@ -32,6 +32,7 @@ from npusim.engine.flows import Link
 from npusim.isa.program import Kernel
 
 LAUNCH_MODES = ("eager", "graph")
+MEMCPY_DIRECTIONS = ("h2d", "d2h")
 
 
 @frozen
@@ -99,12 +100,11 @@ class Host:
         self.hw = hw
         self.streams: dict[int, _Stream] = {}
         self.events: dict[str, _Event] = {}
-        self.pcie = {d: Link(env, f"PCIe {d}", hw.pcie_bytes_per_cycle) for d in ("h2d", "d2h")}
+        self.pcie = {d: Link(env, f"PCIe {d}", hw.pcie_bytes_per_cycle) for d in MEMCPY_DIRECTIONS}
         self.launch_cycles = 0.0
         self.wait_cycles = 0.0
         self.done = False
         self.end = 0.0  # when the host program and all its stream work had finished
-        self.kernel_streams: dict[int, int] = {}
 
     def cycles(self, us: float) -> int:
         """Host costs are configured in µs; the engine counts whole cycles."""
@@ -128,8 +128,6 @@ class Host:
             start = env.now
             cls = call.__class__
             if cls is Launch:
-                if call.mode not in LAUNCH_MODES:
-                    raise ValueError(f"Launch of '{call.kernel.name}': mode must be one of {LAUNCH_MODES}")
                 cost = self.cycles(rt.eager_launch_us if call.mode == "eager" else rt.graph_launch_us)
                 yield env.timeout(cost)
                 self.launch_cycles += cost

@@ -47,6 +47,10 @@ class L2Cache:
         self.clock = 0
         self._ways = np.arange(self.ways, dtype=np.int64)
 
+    def _arrived(self, fill_id: int) -> None:
+        self.filled[fill_id] = True
+        self.fills[fill_id] = None  # nobody needs the event any more
+
     def set_of(self, lines: np.ndarray) -> np.ndarray:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
 
@@ -60,7 +64,7 @@ class L2Cache:
             if fill_id >= len(self.filled):
                 self.filled = np.concatenate([self.filled, np.ones(len(self.filled), bool)])
             self.filled[fill_id] = False
-            fill.callbacks.append(lambda _ev, i=fill_id: self.filled.__setitem__(i, True))
+            fill.callbacks.append(lambda _ev, i=fill_id: self._arrived(i))
         waits: list = []
         if len(lines) <= self.sets:
             hit, wb = self._piece(lines, write, fill_id, waits)

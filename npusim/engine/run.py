@@ -8,9 +8,11 @@ import simpy
 from attrs import frozen
 
 from npusim.engine.device import Device, KernelRecord
-from npusim.engine.host import Host, HostCall, Launch, Synchronize
+from npusim.engine.host import (
+    LAUNCH_MODES, MEMCPY_DIRECTIONS, Host, HostCall, HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent,
+)
 from npusim.engine.stats import KernelStats, Tracer
-from npusim.errors import DeadlockError
+from npusim.errors import DeadlockError, ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.isa.verify import verify
@@ -59,11 +61,7 @@ class RunResult:
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr") -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened."""
     calls = list(calls)
-    checked = set()
-    for c in calls:
-        if isinstance(c, Launch) and id(c.kernel) not in checked:
-            verify(c.kernel, hw)
-            checked.add(id(c.kernel))
+    _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
     device = Device(env, hw, tracer)
@@ -83,6 +81,27 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr") -> RunRes
         host_wait_cycles=host.wait_cycles,
         trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
     )
+
+
+def _check_calls(calls: list, hw: HwConfig) -> None:
+    """Every host call is well formed and every kernel passes verify(), before anything runs."""
+    checked = set()
+    for i, c in enumerate(calls):
+        where = f"host call {i} ({type(c).__name__})"
+        if isinstance(c, Launch):
+            if c.mode not in LAUNCH_MODES:
+                raise ProgramError(f"{where}: mode must be one of {', '.join(LAUNCH_MODES)}, got {c.mode!r}")
+            if id(c.kernel) not in checked:
+                verify(c.kernel, hw)
+                checked.add(id(c.kernel))
+        elif isinstance(c, Memcpy):
+            if c.direction not in MEMCPY_DIRECTIONS or c.nbytes < 1:
+                raise ProgramError(f"{where}: expected nbytes >= 1 and direction in "
+                                   f"{', '.join(MEMCPY_DIRECTIONS)}, got {c.nbytes}, {c.direction!r}")
+        elif isinstance(c, HostWork) and c.us < 0:
+            raise ProgramError(f"{where}: us must be >= 0, got {c.us}")
+        elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):
+            raise ProgramError(f"{where}: not a host call")
 
 
 def _deadlock_message(stuck: dict, now: float) -> str:

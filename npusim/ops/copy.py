@@ -29,7 +29,7 @@ def lower_copy(p: CopyParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
     y = gm.tensor("y", p.n * e)
 
     def compute(rows, ub_in, ub_out, tmp, consts):
-        return [VecOp("copy", rows, p.dtype, ub_out[0], (ub_in[0],))]
+        return [VecOp("copy", rows, p.dtype, ub_out[0], (ub_in[0],), flops_per_elem=0)]
 
     kernel = streaming_kernel("copy", "copy", hw, p.n, [Stream(x, e)], [Stream(y, e)], compute,
                               quantum=max(1, hw.l2.line_bytes // e))

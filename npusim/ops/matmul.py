@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
+
 from attrs import frozen, validators
 
 from npusim.errors import ProgramError
@@ -137,7 +139,7 @@ class _Layout:
     base + r * dr + c * dc. A [nr, nc] tile is `segments` runs of `seg` bytes."""
 
     def __init__(self, tensor, rows: int, cols: int, elem: int, fmt: str, transposed: bool = False):
-        self.base, self.rows, self.cols, self.e, self.fmt, self.t = tensor.addr, rows, cols, elem, fmt, transposed
+        self.base, self.e, self.fmt, self.t = tensor.addr, elem, fmt, transposed
         rows_pad = align_up(rows, 16)
         if fmt == "NZ":  # 16-wide column blocks, each holding all (padded) rows contiguously
             self.dr, self.dc = 16 * elem, rows_pad * elem
@@ -155,34 +157,38 @@ class _Layout:
             return nr * self.e, nc, self.dc
         return nc * self.e, nr, self.dr
 
-    def copy(self, r0: int, c0: int, nr: int, nc: int, steps: dict[str, tuple[int, int]], dst: int,
-             dst_mem: Mem = Mem.L1) -> Copy:
-        """GM -> local copy of the tile at (r0, c0); steps: loop var -> (rows, cols) it moves by."""
-        seg, nseg, stride = self.pieces(nr, nc)
-        # In L1 the tile lands in fractal layout; each segment's share is padded to
-        # the buffer alignment.
-        return Copy(Mem.GM, dst_mem, self._gm(r0, c0, steps), dst, seg, nseg, stride,
-                    align_up(seg, ALIGN_BYTES[dst_mem]))
+    def l1_bytes(self, nr: int, nc: int) -> int:
+        """L1 a [nr, nc] tile takes: it lands in fractal layout, each segment's share
+        padded to the L1 alignment."""
+        seg, nseg, _ = self.pieces(nr, nc)
+        return nseg * align_up(seg, ALIGN_BYTES[Mem.L1])
 
-    def _gm(self, r0: int, c0: int, steps: dict[str, tuple[int, int]]):
-        return addr(self.base + r0 * self.dr + c0 * self.dc,
+    def copy(self, at: tuple[int, int, int], nr: int, nc: int, steps: dict[str, tuple[int, int]], dst: int) -> Copy:
+        """GM -> L1 copy of the tile at `at` = (batch, row, col); steps: loop var -> (rows,
+        cols) it moves by (`bb` moves by a whole batch)."""
+        seg, nseg, stride = self.pieces(nr, nc)
+        return Copy(Mem.GM, Mem.L1, self._gm(at, steps), dst, seg, nseg, stride, align_up(seg, ALIGN_BYTES[Mem.L1]))
+
+    def _gm(self, at: tuple[int, int, int], steps: dict[str, tuple[int, int]]):
+        b0, r0, c0 = at
+        return addr(self.base + b0 * self.batch_bytes + r0 * self.dr + c0 * self.dc,
                     **{v: (dr * self.dr + dc * self.dc if v != "bb" else self.batch_bytes)
                        for v, (dr, dc) in steps.items()})
 
-    def store(self, src: int, r0: int, c0: int, nr: int, nc: int, steps: dict[str, tuple[int, int]],
+    def store(self, src: int, at: tuple[int, int, int], nr: int, nc: int, steps: dict[str, tuple[int, int]],
               src_row_bytes: int) -> Copy:
-        """FixPipe L0C -> GM of the tile at (r0, c0)."""
+        """FixPipe L0C -> GM of the tile at `at` = (batch, row, col)."""
         seg, nseg, stride = self.pieces(nr, nc)
-        return Copy(Mem.L0C, Mem.GM, src, self._gm(r0, c0, steps), seg, nseg, src_row_bytes, stride)
+        return Copy(Mem.L0C, Mem.GM, src, self._gm(at, steps), seg, nseg, src_row_bytes, stride)
 
 
-@register("matmul", MatmulParams, MatmulTiling)
+@register("matmul", MatmulParams, MatmulTiling, choose_tiling)
 def lower_matmul(p: MatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Matrix multiply on the cube: C = A @ B (+ bias)."""
     return _lower(p, hw, gm, tiling, "matmul")
 
 
-@register("batch_matmul", BatchMatmulParams, MatmulTiling)
+@register("batch_matmul", BatchMatmulParams, MatmulTiling, choose_tiling)
 def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Batched matrix multiply on the cube: C[b] = A[b] @ B[b]."""
     return _lower(p, hw, gm, tiling, "batch_matmul")
@@ -233,16 +239,17 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     bias = gm.tensor("bias", p.n * 4) if p.bias else None
     scale = gm.tensor("scale", p.n * 4) if w8 else None
 
+    la = _Layout(A, p.m, p.k, e, p.format_a)
+    lb = _Layout(B, p.k, p.n, eb, p.format_b, p.trans_b)
     buf = Buffers(hw, op)
     l1_sets = 2 if t.l1_double else 1
     l0_sets = 2 if t.l0_double else 1
-    a_l1 = (buf.alloc("a_panel", Mem.L1, t.base_m * align_up(p.k, t.base_k) * e),) if t.a_resident else tuple(
-        buf.alloc(f"a_chunk{i}", Mem.L1, t.base_m * kc * e) for i in range(l1_sets))
-    b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, kc * t.base_n * eb) for i in range(l1_sets))
+    a_l1 = (buf.alloc("a_panel", Mem.L1, la.l1_bytes(t.base_m, align_up(p.k, t.base_k))),) if t.a_resident else tuple(
+        buf.alloc(f"a_chunk{i}", Mem.L1, la.l1_bytes(t.base_m, kc)) for i in range(l1_sets))
+    b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, lb.l1_bytes(kc, t.base_n)) for i in range(l1_sets))
     extra = t.base_n * 4 * (int(p.bias) + int(w8))
     plan = _Plan(
-        p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale,
-        la=_Layout(A, p.m, p.k, e, p.format_a), lb=_Layout(B, p.k, p.n, eb, p.format_b, p.trans_b),
+        p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale, la=la, lb=lb,
         lc=_Layout(C, p.m, p.n, eo, "ND"),
         a_l1=a_l1, b_l1=b_l1, extra_l1=buf.alloc("bias_scale", Mem.L1, extra) if extra else None,
         a_l0=tuple(buf.alloc(f"a_slice{i}", Mem.L0A, t.base_m * t.base_k * e) for i in range(l0_sets)),
@@ -276,7 +283,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         ins.append(TensorInfo("scale", (p.n,), "fp32"))
     outs = [TensorInfo("c", lead + (p.m, p.n), p.out_dtype)]
     return Lowered(
-        op_type=op, params=p, tiling=t, kernels=kernels,
+        op_type=op, params=p, tiling=attrs.evolve(t, split_k=split_k, block_dim=len(programs)), kernels=kernels,
         flops=2.0 * batch * p.m * p.n * p.k,
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
         unit="cube", inputs=ins, outputs=outs,
@@ -367,12 +374,12 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             k_at = first_k + j_off * plan.kc
             j = {"j": (0, 2 * plan.kc)} if in_loop else {}
             jb = {"j": (2 * plan.kc, 0)} if in_loop else {}
-            loads = [lb.copy(k0 + k_at, c0, kk, bn, {**b_moves, **jb}, plan.b_l1[i])]
+            loads = [lb.copy((b0, k0 + k_at, c0), kk, bn, {**b_moves, **jb}, plan.b_l1[i])]
             if t.a_resident:  # the panel holds all of K: this chunk's part of it
                 a_src = addr(plan.a_l1[0] + k_at * bm * e, **({"j": 2 * plan.kc * bm * e} if in_loop else {}))
             else:
                 a_src = plan.a_l1[i]
-                loads.insert(0, la.copy(r0, k0 + k_at, bm, kk, {**a_moves, **j}, a_src))
+                loads.insert(0, la.copy((b0, r0, k0 + k_at), bm, kk, {**a_moves, **j}, a_src))
             return [WaitFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i]), *loads, SetFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]),
                     WaitFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]), *slices(kk, a_src, plan.b_l1[i]),
                     SetFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i])]
@@ -394,13 +401,13 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
     if tail:
         tile += chunk(tail, chunks * plan.kc, False)(chunks % 2, 0)
     tile += [SetFlag(Pipe.M, Pipe.FIX, _L0C), WaitFlag(Pipe.M, Pipe.FIX, _L0C),
-             lc.store(plan.c_l0, r0, c0, bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
+             lc.store(plan.c_l0, (b0, r0, c0), bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
                       align_up(bn, 16) * 4),
              SetFlag(Pipe.FIX, Pipe.M, _L0C)]
 
     m_body: list = [Loop("ni", nn, tile)]
     if t.a_resident:
-        panel = la.copy(r0, k0, bm, k_len, a_moves, plan.a_l1[0])
+        panel = la.copy((b0, r0, k0), bm, k_len, a_moves, plan.a_l1[0])
         m_body = [WaitFlag(Pipe.MTE1, Pipe.MTE2, _PANEL), panel, SetFlag(Pipe.MTE2, Pipe.MTE1, _PANEL),
                   WaitFlag(Pipe.MTE2, Pipe.MTE1, _PANEL), *m_body, SetFlag(Pipe.MTE1, Pipe.MTE2, _PANEL)]
     return [Loop("bb", nb, [Loop("kp", ns, [Loop("mi", nm, m_body)])])]

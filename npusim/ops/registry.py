@@ -86,18 +86,20 @@ class OpSpec:
     tiling: type | None  # frozen attrs class of its tiling, or None if it has no knobs
     lower: Callable[..., Lowered]
     help: str
+    choose: Callable | None = None  # choose(params, hw) -> tiling: what fields not given default to
 
 
 OPS: dict[str, OpSpec] = {}
 
 
-def register(op_type: str, params: type, tiling: type | None = None):
-    """Decorator: register a lowering under `op_type`."""
+def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None):
+    """Decorator: register a lowering under `op_type` (with its tiling record and the
+    function that chooses a tiling, if it has knobs)."""
 
     def deco(fn):
         if op_type in OPS:
             raise ValueError(f"op type '{op_type}' registered twice")
-        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose)
         return fn
 
     return deco
@@ -133,15 +135,16 @@ def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
         raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {kind.__name__}, got '{value}'") from None
 
 
-def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = "parameter"):
-    """Build a params/tiling record from a mapping, with one-line errors naming the field."""
+def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = "parameter", base=None):
+    """Build a params/tiling record from a mapping (over `base`, a record of the same
+    class, when given), with one-line errors naming the field."""
     fields = {f.name: f for f in attrs.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"op {op_type}: unknown {what} '{unknown[0]}' (expected one of: {', '.join(fields)})")
     kw = {k: _coerce(op_type, fields[k], v) for k, v in values.items()}
     try:
-        return cls(**kw)
+        return attrs.evolve(base, **kw) if base is not None else cls(**kw)
     except (TypeError, ValueError) as e:  # attrs validators put the message first
         raise ConfigError(f"op {op_type}: {e.args[0] if e.args else e}") from None
 
@@ -152,6 +155,8 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
     s = spec(op_type)
     if not isinstance(params, s.params):
         params = make_record(op_type, s.params, params or {})
-    if tiling is not None and s.tiling is not None and not isinstance(tiling, s.tiling):
-        tiling = make_record(op_type, s.tiling, tiling, "tiling field")
+    if tiling and s.tiling is None:
+        raise ConfigError(f"op {op_type}: has no tiling to set (got '{next(iter(tiling))}')")
+    if tiling is not None and not isinstance(tiling, s.tiling):  # fields not given: the op's choice
+        tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
     return s.lower(params, hw, gm or GmArena(), tiling)
