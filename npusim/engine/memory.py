@@ -65,6 +65,9 @@ class MemorySystem:
         self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes, hw.l2.ways)
         self.line = hw.l2.line_bytes
         self.burst = hw.dma.burst_bytes
+        # Transfers repeat their shapes: burst costs and line patterns are computed once.
+        self._bursts: dict = {}
+        self._patterns: dict = {}
 
     def transfer(
         self, addrs: list[int], nbytes: int, segments: int, stride: int, write: bool, cap: float,
@@ -76,13 +79,25 @@ class MemorySystem:
         differ by whole lines)."""
         w = len(addrs)
         st = TransferStats()
-        moved, misaligned = burst_cost(addrs[0], nbytes, segments, stride, self.burst)
+        key = (addrs[0] % self.burst, nbytes, segments, stride)
+        cost = self._bursts.get(key)
+        if cost is None:
+            cost = self._bursts[key] = burst_cost(addrs[0], nbytes, segments, stride, self.burst)
+        moved, misaligned = cost
         st.moved, st.misaligned = moved * w, misaligned * w
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
         fill = None if write else self.env.event()  # fires when the missed lines have arrived
-        lines, member = _lines(addrs, nbytes, segments, stride, line)
+        if w == 1:  # the lines' pattern relative to the first line depends only on the shape
+            key = (addrs[0] % line, nbytes, segments, stride)
+            pattern = self._patterns.get(key)
+            if pattern is None:
+                offsets, member = _lines([addrs[0] % line], nbytes, segments, stride, line)
+                pattern = self._patterns[key] = (offsets, member)
+            lines, member = pattern[0] + addrs[0] // line, pattern[1]
+        else:
+            lines, member = _lines(addrs, nbytes, segments, stride, line)
         hit, wb, waits = self.l2.access(lines, write, fill)
         hit_lines, total_lines = int(np.count_nonzero(hit)), len(lines)
         st.hit_bytes = st.moved * hit_lines / total_lines
