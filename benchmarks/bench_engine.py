@@ -8,23 +8,15 @@ grouping (the default) and without it. Target: under 2 s wall on a 2-core machin
 
 import time
 
-import simpy
-
 from npusim.demo import vector_add
-from npusim.engine.device import Device
-from npusim.engine.host import Host, Launch, Synchronize
-from npusim.engine.stats import Tracer
+from npusim.engine import Launch, Synchronize, run
 from npusim.hw import load_hw
 
 
 def run_once(kernel, hw, dedup: bool, trace: str):
-    env = simpy.Environment()
-    device = Device(env, hw, Tracer(trace), dedup=dedup)
-    host = Host(env, device)
-    env.process(host.run([Launch(kernel), Synchronize()]))
     start = time.perf_counter()
-    env.run()
-    return time.perf_counter() - start, device.records[0]
+    result = run([Launch(kernel), Synchronize()], hw, trace, dedup)
+    return time.perf_counter() - start, result.kernels[0]
 
 
 def main():

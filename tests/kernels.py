@@ -12,12 +12,9 @@ import contextlib
 import math
 import signal
 
-import simpy
 
-from npusim.engine.device import Device
-from npusim.engine.host import Host, Launch, Synchronize
-from npusim.engine.run import RunResult, Trace
-from npusim.engine.stats import Tracer
+from npusim.engine.host import Launch, Synchronize
+from npusim.engine.run import RunResult, run
 from npusim.hw import HwConfig
 from npusim.isa import (
     Buffer,
@@ -33,7 +30,6 @@ from npusim.isa import (
     VecOp,
     WaitFlag,
     addr,
-    verify,
 )
 
 GM, UB, L1, L0A, L0B, L0C = Mem.GM, Mem.UB, Mem.L1, Mem.L0A, Mem.L0B, Mem.L0C
@@ -146,17 +142,11 @@ def pipeline_kernel(hw: HwConfig, tile: int, iters: int, double: bool, op: str =
 
 def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr",
                   group_sizes: list | None = None) -> RunResult:
-    """What npusim.engine.run.run() does, with the Device built here so that block
-    grouping can be switched off (Device(dedup=False)). If `group_sizes` is a list,
-    the number of blocks each GM transfer stood for (its group's size) is appended to it."""
-    calls = list(calls)
-    for c in calls:
-        if isinstance(c, Launch):
-            verify(c.kernel, hw)
-    env = simpy.Environment()
-    tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup=dedup)
-    if group_sizes is not None:
+    """npusim.engine.run.run() with block grouping switchable (dedup=False: one by one).
+    If `group_sizes` is a list, the number of blocks each GM transfer stood for (its
+    group's size) is appended to it."""
+
+    def count_groups(device) -> None:
         transfer = device.memory.transfer
 
         def counting_transfer(addrs, *args, **kwargs):
@@ -164,17 +154,8 @@ def run_on_device(calls, hw: HwConfig, dedup: bool = True, trace: str = "instr",
             return transfer(addrs, *args, **kwargs)
 
         device.memory.transfer = counting_transfer
-    host = Host(env, device)
-    env.process(host.run(calls))
-    env.run()
-    assert host.done and not device.blocked
-    counters = {link.name: tuple(link.samples) for link in
-                (device.memory.hbm, device.memory.l2_link, *host.pcie.values())}
-    return RunResult(
-        hw=hw, cycles=host.end, kernels=tuple(sorted(device.records, key=lambda r: r.id)),
-        host_launch_cycles=host.launch_cycles, host_wait_cycles=host.wait_cycles,
-        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
-    )
+
+    return run(calls, hw, trace, dedup, count_groups if group_sizes is not None else None)
 
 
 def simulate_on_device(kernel: Kernel, hw: HwConfig, dedup: bool = True, trace: str = "instr") -> RunResult:

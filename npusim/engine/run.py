@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import simpy
 from attrs import frozen
@@ -58,13 +58,18 @@ class RunResult:
         return (s.hbm_read_bytes + s.hbm_write_bytes) / (self.us * 1e-6) if self.cycles else 0.0
 
 
-def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr") -> RunResult:
-    """Execute host calls (launches, memcpys, events, synchronizes) and return what happened."""
+def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
+        on_device: Callable[[Device], None] | None = None) -> RunResult:
+    """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
+    dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
+    caller look at (or instrument) the Device before the run starts."""
     calls = list(calls)
     _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
-    device = Device(env, hw, tracer)
+    device = Device(env, hw, tracer, dedup)
+    if on_device is not None:
+        on_device(device)
     host = Host(env, device)
     env.process(host.run(calls))
     env.run()
