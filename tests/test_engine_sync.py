@@ -33,6 +33,7 @@ from npusim.isa import (
     Copy,
     CrossSetFlag,
     CrossWaitFlag,
+    Loop,
     Mmad,
     PipeBarrier,
     Scalar,
@@ -246,3 +247,9 @@ def test_event_recorded_later_on_another_stream_is_not_a_deadlock():
         r = run([WaitEvent("e", 1), Launch(k, 1), Launch(k, 0), RecordEvent("e", 0), Synchronize()], HW)
     on = {rec.stream: rec for rec in r.kernels}
     assert on[1].start > on[0].end  # stream 1 waited for stream 0's record
+
+
+def test_a_barrier_counts_as_one_instruction_not_one_per_pipe():
+    body = [SyncAll(), PipeBarrier(), Loop("i", 3, [Scalar(1)])]
+    s = simulate(aiv_kernel(HW, body, block_dim=2), HW).kernels[0].stats
+    assert s.instructions == 2 * 5

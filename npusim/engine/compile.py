@@ -153,9 +153,8 @@ def walk(stream: tuple, vars: dict[str, int]):
             yield entry
 
 
-def count_instructions(stream: tuple) -> int:
-    """Instructions a stream executes, loops multiplied out (without walking them)."""
-    n = 0
-    for entry in stream:
-        n += entry[4] * count_instructions(entry[5]) if entry[0] == LOOP else 1
-    return n
+def count_instructions(body: tuple) -> int:
+    """Instructions a program body executes, loops multiplied out (without walking them).
+    Counted on the program, not its pipe streams, where a PipeBarrier(ALL) or SyncAll
+    stands once per pipe."""
+    return sum(item.count * count_instructions(item.body) if item.__class__ is Loop else 1 for item in body)

@@ -255,7 +255,7 @@ class Device:
             yield env.timeout(end - env.now)
         for cr in runs:
             kr.acc.core_cycles[cr.kind.value] += (end - start) * cr.weight
-            kr.acc.instructions += sum(count_instructions(s) for _, s in cr.streams) * cr.weight
+            kr.acc.instructions += count_instructions(k.program(cr.kind, blocks[0]).body) * cr.weight
             if self.tracer.block:
                 for name, b in zip(cr.names, blocks):
                     self.tracer.block_spans.append((name, k.name, b, start, end, kr.id))
