@@ -114,6 +114,11 @@ def addr(base: int, **steps: int) -> Addr:
     return Affine(base, terms) if terms else base
 
 
+def shift(a: Addr, delta: int) -> Addr:
+    """An address (int or Affine) moved by `delta` bytes."""
+    return a + delta if a.__class__ is int else Affine(a.base + delta, a.terms)
+
+
 def at(a: Addr, vars: dict[str, int]) -> int:
     return a if a.__class__ is int else a.at(vars)
 

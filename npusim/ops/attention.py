@@ -23,7 +23,7 @@ from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
     DTYPE_BYTES, Affine, Copy, CoreType, CrossSetFlag, CrossWaitFlag, GmTensor, Kernel, Loop, Mem, Mmad, Pipe,
-    Program, SetFlag, VecOp, WaitFlag, addr,
+    Program, SetFlag, VecOp, WaitFlag, addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 from npusim.ops.registry import OPS, GmArena, Lowered, TensorInfo, lower, param, register
@@ -116,10 +116,6 @@ def _at(base, idx: _Lin, scale: int):
     for var, k in idx.terms:
         terms[var] = terms.get(var, 0) + k * scale
     return addr(b + idx.c * scale, **terms)
-
-
-def _plus(a, delta: int):
-    return a + delta if isinstance(a, int) else Affine(a.base + delta, a.terms)
 
 
 def _sub(a, step: int):
@@ -326,7 +322,7 @@ class _Cube:
                 out.append(SetFlag(MTE1, MTE2, _K + sp))
                 if st.last:
                     out.append(SetFlag(MTE1, MTE2, _Q + tp))
-            s_at = _plus(self.w, g.ws["s"][sp] + u * rows * nb * 4)
+            s_at = shift(self.w, g.ws["s"][sp] + u * rows * nb * 4)
             out += [WaitFlag(MTE1, M, x), WaitFlag(FIX, M, c),
                     Mmad(rows, nb, d, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c]),
                     SetFlag(M, MTE1, x), SetFlag(M, FIX, c), WaitFlag(M, FIX, c)]
@@ -338,7 +334,7 @@ class _Cube:
     def load_p(self, st: _Step) -> None:
         g = self.g
         rows, i = st.tile.rows, st.sp
-        p_at = _plus(self.w, g.ws["p"][i])
+        p_at = shift(self.w, g.ws["p"][i])
         self.out += [CrossWaitFlag(MTE2, _P_READY), WaitFlag(MTE1, MTE2, _P + i),
                      Copy(GM, L1, p_at, g.l1["p"][i], rows * st.nsub * st.nb * g.e),
                      SetFlag(MTE2, MTE1, _P + i)]
@@ -365,7 +361,7 @@ class _Cube:
                 out.append(WaitFlag(FIX, M, c))
             out += [Mmad(rows, d, nb, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c], accumulate=u > 0),
                     SetFlag(M, MTE1, x)]
-        o_at = _plus(self.w, g.ws["o"][sp])
+        o_at = shift(self.w, g.ws["o"][sp])
         out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4),
                 SetFlag(FIX, M, c), CrossSetFlag(FIX, _O_READY)]
 
@@ -405,8 +401,8 @@ class _Vec:
             x = self.ch % 2
             self.ch += 1
             row0 = c * g.rc
-            s_at = _sub(_plus(self.w, g.ws["s"][sp] + row0 * nb * 4), sub1 * nb * 4)
-            p_at = _sub(_plus(self.w, g.ws["p"][sp] + row0 * nb * e), sub1 * nb * e)
+            s_at = _sub(shift(self.w, g.ws["s"][sp] + row0 * nb * 4), sub1 * nb * 4)
+            p_at = _sub(shift(self.w, g.ws["p"][sp] + row0 * nb * e), sub1 * nb * e)
             if c == 0:
                 out.append(CrossWaitFlag(MTE2, _S_READY))
             out += [WaitFlag(V, MTE2, x),
@@ -441,7 +437,7 @@ class _Vec:
         d = g.p.head_dim
         r, sub1 = self._rows(st.tile)
         n = r * d
-        o_at = _sub(_plus(self.w, g.ws["o"][st.sp]), sub1 * d * 4)
+        o_at = _sub(shift(self.w, g.ws["o"][st.sp]), sub1 * d * 4)
         acc, part = g.ub["oacc"], g.ub["opart"]
         self.out += [CrossWaitFlag(MTE2, _O_READY), WaitFlag(V, MTE2, 2),
                      Copy(GM, UB, o_at, part, n * 4), SetFlag(MTE2, V, 2), WaitFlag(MTE2, V, 2)]

@@ -29,7 +29,6 @@ from npusim.hw import HwConfig
 from npusim.isa.program import (
     ALIGN_BYTES,
     DTYPE_BYTES,
-    Affine,
     Copy,
     CoreType,
     Kernel,
@@ -40,7 +39,7 @@ from npusim.isa.program import (
     Program,
     SetFlag,
     WaitFlag,
-    addr,
+    addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, pingpong
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -357,8 +356,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             sk = min(t.base_k, kk - s * t.base_k)
             out += [
                 WaitFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
-                Copy(Mem.L1, Mem.L0A, _plus(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * sk * e),
-                Copy(Mem.L1, Mem.L0B, _plus(b_src, s * t.base_k * 16 * eb), plan.b_l0[q], sk * 16 * eb,
+                Copy(Mem.L1, Mem.L0A, shift(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * sk * e),
+                Copy(Mem.L1, Mem.L0B, shift(b_src, s * t.base_k * 16 * eb), plan.b_l0[q], sk * 16 * eb,
                      cdiv(bn, 16), align_up(kk * 16 * eb, ALIGN_BYTES[Mem.L1]),
                      align_up(sk * 16 * eb, ALIGN_BYTES[Mem.L0B])),
                 SetFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
@@ -411,8 +410,3 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
         m_body = [WaitFlag(Pipe.MTE1, Pipe.MTE2, _PANEL), panel, SetFlag(Pipe.MTE2, Pipe.MTE1, _PANEL),
                   WaitFlag(Pipe.MTE2, Pipe.MTE1, _PANEL), *m_body, SetFlag(Pipe.MTE1, Pipe.MTE2, _PANEL)]
     return [Loop("bb", nb, [Loop("kp", ns, [Loop("mi", nm, m_body)])])]
-
-
-def _plus(a, delta: int):
-    """An address (int or Affine) moved by delta bytes."""
-    return a + delta if isinstance(a, int) else Affine(a.base + delta, a.terms)

@@ -23,7 +23,8 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    Affine, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag, addr,
+    DTYPE_BYTES, Affine, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
+    addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 
@@ -182,10 +183,8 @@ def streaming_kernel(
 
 def fill_kernel(name: str, hw: HwConfig, tensor: GmTensor, value: float, dtype: str = "fp32") -> Kernel:
     """Set a GM tensor to `value` (e.g. zero an output that partial sums are added into)."""
-    from npusim.isa.program import DTYPE_BYTES
-
     e = DTYPE_BYTES[dtype]
-    quantum = max(1, 512 // e)
+    quantum = max(1, hw.l2.line_bytes // e)  # each core's share starts on an L2 line
 
     def compute(nr, ub_in, ub_out, tmp, consts):
         return [VecOp("dup", nr, dtype, ub_out[0], flops_per_elem=0)]
@@ -326,17 +325,11 @@ def share_blocks(bodies: Sequence[list]) -> list[list]:
     for i, j, steps in _runs(bodies):
         if j > i:
             back = iter([-i * s for s in steps])
-            base_body = _map_addrs(bodies[i], lambda a: _plus(a, next(back)))
+            base_body = _map_addrs(bodies[i], lambda a: shift(a, next(back)))
             out += [_shift(base_body, steps, "block")] * (j - i + 1)
         else:
             out.append(list(bodies[i]))
     return out
-
-
-def _plus(a, delta: int):
-    if not delta:
-        return a
-    return a + delta if a.__class__ is int else Affine(a.base + delta, a.terms)
 
 
 def tile_kernel(name: str, op_type: str, buffers, bodies: Sequence[list], gm: Sequence[GmTensor]) -> Kernel:
