@@ -61,13 +61,6 @@ def pingpong(var: str, count: int, make: Callable[[int, int], list]) -> list:
     return out
 
 
-def ranges(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
-    """Split [0, total) into at most `parts` contiguous (start, length) pieces of
-    nearly equal length, each a multiple of `align` except the last."""
-    size = align_up(cdiv(total, parts), align)
-    return [(s, min(size, total - s)) for s in range(0, total, size)]
-
-
 def boxes(t0: int, t1: int, dims: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Decompose the linear range [t0, t1) of a row-major grid `dims` into boxes
     (start index, extent per dim), so each box is a plain loop nest."""

@@ -63,7 +63,7 @@ def op_json(report: OpReport) -> dict:
     r = report.roofline
     return run_json(report.run, memory, extra={
         "op_type": low.op_type,
-        "params": {k: v for k, v in vars_of(low.params).items()},
+        "params": vars_of(low.params),
         "tiling": vars_of(low.tiling) if low.tiling is not None else None,
         "op_us": report.us,
         "op_cycles": report.cycles,
