@@ -1,11 +1,13 @@
 """MatMul / BatchMatMul lowerings: verify() holds, nothing beats its roofline, the
 efficiency targets hold on the default config, bad tilings fail in one line."""
 
+import attrs
 import pytest
 
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import load_hw
 from npusim.hw.derived import cube_peak_flops_per_s
+from npusim.isa.program import Copy, Loop, Mem
 from npusim.ops import lower, simulate_op
 
 HW = load_hw("ascend910b2")
@@ -106,3 +108,75 @@ def test_tiling_off_the_fractal_grid():
 def test_bad_parameters(params, message):
     with pytest.raises(ConfigError, match=message):
         lower("matmul", params, HW)
+
+
+# n_parts: C written as separate GM tensors c0, c1, ... (a fused QKV projection)
+# (op, params, whether some tile straddles a part boundary under the chosen base_n)
+PARTS = [
+    ("matmul", dict(m=8, n=12288, k=4096, trans_b=True, format_b="NZ", n_parts=(4096, 4096, 4096)), False),
+    ("matmul", dict(m=8, n=6144, k=4096, n_parts=(4096, 1024, 1024)), False),
+    ("matmul", dict(m=8, n=6144, k=4096, n_parts=(2000, 4144)), True),
+    ("matmul", dict(m=1, n=4100, k=4096, format_b="NZ", n_parts=(1000, 3000, 100)), True),  # split K, widths off 16
+    ("matmul", dict(m=100, n=300, k=200, bias=True, n_parts=(100, 120, 80)), True),
+    ("batch_matmul", dict(batch=4, m=100, n=300, k=128, n_parts=(100, 200)), True),
+]
+
+
+def _tensor_at(kernel, a) -> str:
+    a = a if isinstance(a, int) else a.base
+    return next(t.name for t in kernel.gm if t.addr <= a < t.addr + t.nbytes)
+
+
+def _fixpipe_writes(body) -> list[list[Copy]]:
+    """The L0C -> GM copies of each instruction list (one tile's writes share a list)."""
+    out, here = [], []
+    for x in body:
+        if isinstance(x, Loop):
+            out += _fixpipe_writes(x.body)
+        elif isinstance(x, Copy) and x.src is Mem.L0C:
+            here.append(x)
+    return out + ([here] if here else [])
+
+
+@pytest.mark.parametrize(("op", "params", "straddles"), PARTS, ids=[f"{o}-{p['n_parts']}" for o, p, _ in PARTS])
+def test_n_parts_write_each_part_and_never_beat_the_roofline(op, params, straddles):
+    low = lower(op, params, HW)
+    whole = lower(op, {k: v for k, v in params.items() if k != "n_parts"}, HW)
+    lead = (params["batch"],) if "batch" in params else ()
+    assert [(t.name, t.shape) for t in low.outputs] == [
+        (f"c{i}", lead + (params["m"], w)) for i, w in enumerate(params["n_parts"])]
+    assert low.min_gm_bytes == whole.min_gm_bytes
+    r = simulate_op(low, HW, trace="kernel")  # runs verify() on every kernel
+    assert r.seconds >= r.roofline.time_s
+    assert r.stats.flops == pytest.approx(low.flops)
+    assert r.stats.gm_write_bytes >= sum(t.nbytes for t in low.outputs)
+    mm = low.kernels[-1]
+    tiles = [tile for prog in mm.aic for tile in _fixpipe_writes(prog.body)]
+    assert {_tensor_at(mm, w.dst_addr) for tile in tiles for w in tile} == {t.name for t in low.outputs}
+    starts = [sum(params["n_parts"][:i]) for i in range(1, len(params["n_parts"]))]
+    assert any(s % low.tiling.base_n for s in starts) == straddles
+    # a tile straddling a boundary is one FixPipe write per part, each into its own tensor
+    assert any(len(tile) > 1 for tile in tiles) == straddles
+    assert all(len({_tensor_at(mm, w.dst_addr) for w in tile}) == len(tile) for tile in tiles)
+    if low.tiling.split_k > 1:  # the fill kernel zeroes every part before the atomic adds
+        zero = low.kernels[0]
+        assert {t.name for t in zero.gm} == {t.name for t in low.outputs}
+        z = simulate_op(attrs.evolve(low, kernels=[zero]), HW, trace="kernel")
+        assert z.stats.gm_write_bytes >= sum(t.nbytes for t in low.outputs)
+
+
+def test_a_fused_qkv_costs_about_the_unsplit_gemm():
+    """Same work, same bytes: writing C as three tensors costs at most a few percent."""
+    whole = simulate_op(lower("matmul", dict(m=8, n=6144, k=4096), HW), HW, trace="kernel")
+    qkv = simulate_op(lower("matmul", dict(m=8, n=6144, k=4096, n_parts=(4096, 1024, 1024)), HW), HW,
+                      trace="kernel")
+    print(f"\n8x4096x6144: one C {whole.us:.2f} us, n_parts=(4096, 1024, 1024) {qkv.us:.2f} us "
+          f"({100 * (qkv.us / whole.us - 1):+.1f}%)")
+    assert qkv.us == pytest.approx(whole.us, rel=0.03)
+
+
+@pytest.mark.parametrize("n_parts", [(4096, 1024), (4096, 2048, 0), "4096,1024,1024,1"])
+def test_bad_n_parts(n_parts):
+    with pytest.raises(ConfigError, match=r"^op matmul: 'n_parts' must be positive column widths summing to "
+                                          r"n=6144, got \([0-9, ]+\)$"):
+        lower("matmul", dict(m=8, n=6144, k=4096, n_parts=n_parts), HW)

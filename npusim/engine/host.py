@@ -75,6 +75,23 @@ class HostWork:
 HostCall = Union[Launch, Memcpy, RecordEvent, WaitEvent, Synchronize, HostWork]
 
 
+def _host_cycles(us: float, hw) -> int:
+    """Host costs are configured in µs; the engine counts whole cycles."""
+    return whole_cycles(hw.cycles(us * 1e-6))
+
+
+def host_cost_cycles(call: HostCall, hw) -> int:
+    """What a call costs the host thread itself (a synchronize's wait comes on top)."""
+    rt = hw.runtime
+    if isinstance(call, Launch):
+        return _host_cycles(rt.eager_launch_us if call.mode == "eager" else rt.graph_launch_us, hw)
+    if isinstance(call, Synchronize):
+        return _host_cycles(rt.synchronize_us, hw)
+    if isinstance(call, HostWork):
+        return _host_cycles(call.us, hw)
+    return _host_cycles(rt.event_us, hw)  # Memcpy, RecordEvent, WaitEvent: one API call
+
+
 class _Stream:
     def __init__(self, env: simpy.Environment, index: int):
         self.index = index
@@ -107,8 +124,7 @@ class Host:
         self.end = 0.0  # when the host program and all its stream work had finished
 
     def cycles(self, us: float) -> int:
-        """Host costs are configured in µs; the engine counts whole cycles."""
-        return whole_cycles(self.hw.cycles(us * 1e-6))
+        return _host_cycles(us, self.hw)
 
     def _stream(self, index: int) -> _Stream:
         s = self.streams.get(index)
@@ -123,18 +139,18 @@ class Host:
     # ---------------------------------------------------------------- the host thread
 
     def run(self, calls: list[HostCall]):
-        env, rt = self.env, self.hw.runtime
+        env = self.env
         for call in calls:
             start = env.now
             cls = call.__class__
+            cost = host_cost_cycles(call, self.hw)
             if cls is Launch:
-                cost = self.cycles(rt.eager_launch_us if call.mode == "eager" else rt.graph_launch_us)
                 yield env.timeout(cost)
                 self.launch_cycles += cost
                 self._span("host", f"launch {call.kernel.name}", start, env.now)
                 self._enqueue(call.stream, call)
             elif cls is Synchronize:
-                yield env.timeout(self.cycles(rt.synchronize_us))
+                yield env.timeout(cost)
                 targets = list(self.streams.values()) if call.stream is None else [self._stream(call.stream)]
                 wait_from = env.now
                 for s in targets:
@@ -145,10 +161,10 @@ class Host:
                 self.wait_cycles += env.now - wait_from
                 self._span("host", "synchronize", start, env.now)
             elif cls is HostWork:
-                yield env.timeout(self.cycles(call.us))
+                yield env.timeout(cost)
                 self._span("host", call.name, start, env.now)
             else:  # Memcpy, RecordEvent, WaitEvent: an API call, then queued on the stream
-                yield env.timeout(self.cycles(rt.event_us))
+                yield env.timeout(cost)
                 self._span("host", call.__class__.__name__, start, env.now)
                 if cls is RecordEvent:
                     ev = self.events.setdefault(call.name, _Event())

@@ -58,8 +58,8 @@ class _Builder:
         self.tensors[name] = TensorSpec(name, tuple(shape), dtype or self.w.dtype, format, kind)
         return name
 
-    def weight(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
-        return self.tensors[name].name if name in self.tensors else self.tensor(name, shape, "weight", dtype)
+    def weight(self, name: str, shape: Sequence[int], dtype: str | None = None, format: str = "ND") -> str:
+        return self.tensors[name].name if name in self.tensors else self.tensor(name, shape, "weight", dtype, format)
 
     def node(self, name: str, op_type: str, params: dict[str, Any], inputs: dict[str, str],
              outputs: dict[str, str], layer: int | None = None) -> None:
@@ -67,10 +67,17 @@ class _Builder:
 
     def matmul(self, name: str, a: str, w: str, out: str, m: int, n: int, k: int, layer: int | None,
                bias: str | None = None) -> None:
-        """out [m, n] = a [m, k] @ w[n, k]^T (+ bias)."""
+        """out [m, n] = a [m, k] @ w[n, k]^T (+ bias). The weight is stored NZ (converted
+        offline, the cube's operand layout; a tied embedding stays ND); the naive framework converts the ND
+        activation to NZ with its own TransData before every matmul (what the layout
+        pass removes)."""
         dt = self.w.dtype
-        params = dict(m=m, n=n, k=k, dtype=dt, out_dtype=dt, trans_b=True, bias=bias is not None)
-        ins = {"a": a, "b": w} | ({"bias": bias} if bias else {})
+        a_nz = self.tensor(f"{name}.a_nz", (m, k), format="NZ")
+        self.node(f"{name}.to_nz", "trans_data", dict(shape=(m, k), dtype=dt, src_format="ND", dst_format="NZ"),
+                  {"x": a}, {"y": a_nz}, layer)
+        params = dict(m=m, n=n, k=k, dtype=dt, out_dtype=dt, trans_b=True, bias=bias is not None,
+                      format_a="NZ", format_b=self.tensors[w].format)
+        ins = {"a": a_nz, "b": w} | ({"bias": bias} if bias else {})
         self.node(name, "matmul", params, ins, {"c": out}, layer)
 
 
@@ -119,7 +126,9 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
             return b.tensor(L + name, shape, format=format)
 
         def wt(name: str) -> str:
-            return b.weight(L + name, w.layer_weight_shapes()[name], "fp32" if name in ("bq", "bk", "bv") else None)
+            if name in ("bq", "bk", "bv"):  # fp32 bias rows
+                return b.weight(L + name, w.layer_weight_shapes()[name], "fp32")
+            return b.weight(L + name, w.layer_weight_shapes()[name], format="NZ" if name.startswith("w") else "ND")
 
         norm = act("attn_norm_out", (n, h))
         b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
@@ -187,7 +196,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     final = b.tensor("final_norm_out", (batch, h))
     b.node("final_norm", "rms_norm", dict(shape=(batch, h), dtype=dt, eps=w.norm_eps),
            {"x": x, "gamma": b.weight("final_norm", (h,))}, {"y": final})
-    head = embed if w.tie_embeddings else b.weight("lm_head", (v, h))
+    head = embed if w.tie_embeddings else b.weight("lm_head", (v, h), format="NZ")
     logits = b.tensor("logits", (batch, v), "output")
     b.matmul("lm_head", final, head, logits, batch, v, h, None)
     next_tokens = b.tensor("next_tokens", (batch,), "output", "int32")

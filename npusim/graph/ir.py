@@ -30,6 +30,8 @@ DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
 # head-major view [batch, heads, seq, head_dim] is its transpose; with seq = 1, as
 # in decode, both are the same bytes). No transpose kernel is implied.
 FORMATS = ("ND", "NZ", "BSND")
+# An NZ fractal: 16 rows of one 32-byte block (16 x 16 in fp16), as the cube reads operands.
+NZ_ROWS, NZ_BLOCK_BYTES = 16, 32
 
 
 class GraphError(NpusimError):
@@ -59,7 +61,17 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_BYTES[self.dtype]
+        """Bytes in GM: NZ pads the last two dims to whole fractals (16 rows x one
+        32-byte block of columns), as trans_data and the cube store it."""
+        e = DTYPE_BYTES[self.dtype]
+        if self.format != "NZ":
+            return self.numel * e
+        *outer, rows, cols = (1, *self.shape) if len(self.shape) == 1 else self.shape
+        c0 = NZ_BLOCK_BYTES // e
+        n = -(-rows // NZ_ROWS) * NZ_ROWS * (-(-cols // c0) * c0) * e
+        for d in outer:
+            n *= d
+        return n
 
 
 @frozen
@@ -93,6 +105,13 @@ class Graph:
     batch: int
     lengths: tuple[int, ...] = field(converter=tuple)
     workload: Any = None  # the npusim.workload.Workload it was built from (RoPE theta, names, KV sizes)
+    # weight made by a pass -> the original weights it concatenates along axis 0 (a fused
+    # QKV or gate/up weight is prepared offline from the checkpoint's separate ones)
+    derived: dict[str, tuple[str, ...]] = field(factory=dict, converter=dict)
+    # how the runtime runs the graph: set by the streams / sync / launch passes
+    schedule: Any = None  # npusim.passes.Schedule, None = the baseline (one stream, sync every op, eager)
+    memory_plan: Any = None  # npusim.passes.MemoryPlan, None = every tensor its own allocation
+    applied: tuple[str, ...] = field(default=(), converter=tuple)  # names of the passes applied, in order
 
     # ---- shape facts
 

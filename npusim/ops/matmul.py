@@ -14,11 +14,17 @@ tile (the DMA converts to the cube's fractal layout on the way); NZ operands are
 already in 16 x 16 fractals, so a tile is one segment per 16-wide column block.
 W8A16 (weight_dtype=int8): B moves as int8, MTE1 widens it to fp16 into L0B, and
 FixPipe applies per-channel scales it loads into FB.
+
+n_parts splits C by columns into separate GM tensors c0, c1, ... (a fused QKV
+projection writes q, k and v without a split kernel): a tile's FixPipe write goes
+to the part its columns fall in, and a tile straddling a part boundary is written
+as one FixPipe copy per part.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import attrs
 
@@ -31,6 +37,7 @@ from npusim.isa.program import (
     DTYPE_BYTES,
     Copy,
     CoreType,
+    GmTensor,
     Kernel,
     Loop,
     Mem,
@@ -38,12 +45,13 @@ from npusim.isa.program import (
     Pipe,
     Program,
     SetFlag,
+    VecOp,
     WaitFlag,
     addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, pingpong
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
-from npusim.ops.vector_kernels import fill_kernel
+from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
 
 _FORMATS = ("ND", "NZ")
 _pos = validators.gt(0)
@@ -54,6 +62,13 @@ _SLICE = (0, 1)  # L0A/L0B slice ping / pong: MTE1 <-> M
 _PANEL = 2  # resident A panel: MTE2 <-> MTE1
 _TILE_EXTRA = 3  # bias / scales of a tile: MTE2 <-> MTE1 / FIX
 _L0C = 0  # accumulator: M <-> FIX
+
+
+def _n_parts_validator(instance, attribute, value) -> None:
+    """Empty, or positive column widths that add up to n."""
+    if value and (not all(isinstance(w, int) and w > 0 for w in value) or sum(value) != instance.n):
+        raise ValueError(f"'{attribute.name}' must be positive column widths summing to n={instance.n}, "
+                         f"got {value!r}")
 
 
 @frozen
@@ -69,6 +84,9 @@ class MatmulParams:
     format_b: str = param("ND", "layout of B in GM: ND or NZ", validator=validators.in_(_FORMATS))
     weight_dtype: str = param("", "dtype of B in GM: empty = dtype; int8 = W8A16 with per-channel scales",
                               validator=validators.in_(("", "fp16", "bf16", "int8")))
+    n_parts: tuple[int, ...] = param((), "column widths of C's parts, written as GM tensors c0, c1, ... "
+                                     "(e.g. q,k,v of a fused QKV); empty = one tensor c",
+                                     converter=tuple, validator=_n_parts_validator)
 
 
 @frozen
@@ -93,6 +111,19 @@ def _b_dtype(p: MatmulParams) -> str:
     return p.weight_dtype or p.dtype
 
 
+def _part_starts(p: MatmulParams) -> list[tuple[int, int]]:
+    """(first column, width) of each part of C; one part (all of C) when n_parts is empty."""
+    widths = p.n_parts or (p.n,)
+    return [(sum(widths[:i]), w) for i, w in enumerate(widths)]
+
+
+def _pieces(parts: list[tuple[int, int]], c: int, bn: int) -> tuple[tuple[int, int, int], ...]:
+    """The FixPipe writes of the tile of columns [c, c + bn): (part, first column in
+    the tile, columns) per part the tile overlaps."""
+    return tuple((i, max(c, s) - c, min(c + bn, s + w) - max(c, s))
+                 for i, (s, w) in enumerate(parts) if s < c + bn and c < s + w)
+
+
 def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     """Pick base tiles and a K split by a small cost model: per core, waves of work
     units each costing max(cube cycles, load cycles at the core's port)."""
@@ -106,6 +137,8 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     port = hw.aic.gm_read_bytes_per_cycle
     best = None
     tiles = batch * m_tiles * cdiv(p.n, min(256, align_up(p.n, f.n0)))
+    parts = _part_starts(p)
+    write = hw.dma.startup_cycles + base_m * hw.dma.segment_cycles  # one FixPipe write of a tile
     for base_n, split_k in itertools.product(range(256, 15, -16), (1, 2, 3, 4, 6, 8)):
         if base_n > align_up(p.n, f.n0) and base_n != 256 or split_k > max(1, p.k // (base_k * 4)):
             continue
@@ -120,7 +153,10 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
         load = ((base_m * k_piece * e + k_piece * base_n * eb) / port
                 + chunks * 2 * hw.dma.startup_cycles
                 + chunks * (base_m + base_k * 4) * hw.dma.segment_cycles)
-        cost = cdiv(units, min(units, cores)) * max(cube, load)
+        # a part boundary inside a tile costs that tile one more FixPipe write, which
+        # holds L0C (single-buffered), so it adds to the unit (spread over the N tiles)
+        extra = sum(1 for s, _ in parts[1:] if s % base_n)
+        cost = cdiv(units, min(units, cores)) * (max(cube, load) + extra / cdiv(p.n, base_n) * write)
         if best is None or cost < best[0]:
             best = (cost, base_n, split_k, units)
     _, base_n, split_k, units = best
@@ -201,7 +237,8 @@ class _Plan:
     t: MatmulTiling
     la: _Layout
     lb: _Layout
-    lc: _Layout
+    parts: tuple  # (first column, width) of each part of C
+    lc: tuple  # the _Layout of each part
     kc: int  # K per L1 chunk
     k_piece: int  # K per split-K piece
     a_l1: tuple
@@ -234,7 +271,9 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
 
     A = gm.tensor("a", batch * _stored_bytes(p.m, p.k, e, p.format_a))
     B = gm.tensor("b", batch * _stored_bytes(p.k, p.n, eb, p.format_b))
-    C = gm.tensor("c", batch * p.m * p.n * eo)
+    parts = _part_starts(p)
+    names = [f"c{i}" for i in range(len(parts))] if p.n_parts else ["c"]
+    Cs = [gm.tensor(name, batch * p.m * w * eo) for name, (_, w) in zip(names, parts)]
     bias = gm.tensor("bias", p.n * 4) if p.bias else None
     scale = gm.tensor("scale", p.n * 4) if w8 else None
 
@@ -249,7 +288,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     extra = t.base_n * 4 * (int(p.bias) + int(w8))
     plan = _Plan(
         p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale, la=la, lb=lb,
-        lc=_Layout(C, p.m, p.n, eo, "ND"),
+        parts=tuple(parts), lc=tuple(_Layout(C, p.m, w, eo, "ND") for C, (_, w) in zip(Cs, parts)),
         a_l1=a_l1, b_l1=b_l1, extra_l1=buf.alloc("bias_scale", Mem.L1, extra) if extra else None,
         a_l0=tuple(buf.alloc(f"a_slice{i}", Mem.L0A, t.base_m * t.base_k * e) for i in range(l0_sets)),
         b_l0=tuple(buf.alloc(f"b_slice{i}", Mem.L0B, t.base_k * t.base_n * e) for i in range(l0_sets)),
@@ -268,10 +307,11 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         for start, extent in boxes(core * per_core, min(units, (core + 1) * per_core), dims):
             body += _box(plan, start, extent, dims)
         programs.append(Program(_prologue(t) + body + _epilogue(t), buf.buffers))
-    tensors = [x for x in (A, B, C, bias, scale) if x is not None]
+    tensors = [x for x in (A, B, *Cs, bias, scale) if x is not None]
     kernels = []
-    if split_k > 1:  # partial sums are added into C: it must start at zero
-        kernels.append(fill_kernel(f"{op}_zero_c", hw, C, 0.0, p.out_dtype))
+    if split_k > 1:  # partial sums are added into C: every part must start at zero
+        kernels.append(fill_kernel(f"{op}_zero_c", hw, Cs[0], 0.0, p.out_dtype) if len(Cs) == 1
+                       else _zero_parts(f"{op}_zero_c", hw, Cs, p.out_dtype))
     kernels.append(Kernel(op, CoreType.AIC, len(programs), aic=programs, gm=tensors, op_type=op))
     lead = (batch,) if batch > 1 else ()
     ins = [TensorInfo("a", lead + (p.m, p.k), p.dtype, p.format_a),
@@ -280,13 +320,30 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         ins.append(TensorInfo("bias", (p.n,), "fp32"))
     if w8:
         ins.append(TensorInfo("scale", (p.n,), "fp32"))
-    outs = [TensorInfo("c", lead + (p.m, p.n), p.out_dtype)]
+    outs = [TensorInfo(name, lead + (p.m, w), p.out_dtype) for name, (_, w) in zip(names, parts)]
     return Lowered(
         op_type=op, params=p, tiling=attrs.evolve(t, split_k=split_k, block_dim=len(programs)), kernels=kernels,
         flops=2.0 * batch * p.m * p.n * p.k,
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
         unit="cube", inputs=ins, outputs=outs,
     )
+
+
+def _zero_parts(name: str, hw: HwConfig, tensors: list[GmTensor], dtype: str) -> Kernel:
+    """One vector kernel zeroing every part of C (fill_kernel for several tensors): a
+    row is the same fraction of each part (gcd of their sizes), so each core zeroes
+    its share of every part in the same pass and one launch serves them all."""
+    e = DTYPE_BYTES[dtype]
+    rows = math.gcd(*(t.nbytes // e for t in tensors))
+    row_bytes = [t.nbytes // rows for t in tensors]
+    quantum = math.lcm(*(hw.l2.line_bytes // math.gcd(b, hw.l2.line_bytes) for b in row_bytes))
+    quantum = quantum if rows >= 4 * quantum * hw.aiv_count else 1  # each core's share starts on an L2 line
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        return [VecOp("dup", nr * b // e, dtype, ub, flops_per_elem=0) for b, ub in zip(row_bytes, ub_out)]
+
+    return streaming_kernel(name, "fill", hw, rows, [], [Stream(t, b) for t, b in zip(tensors, row_bytes)], compute,
+                            quantum=quantum)
 
 
 def _stored_bytes(rows: int, cols: int, elem: int, fmt: str) -> int:
@@ -336,11 +393,12 @@ def _edges(lo: int, count: int, tiles: int, total: int, size: int) -> list[tuple
 
 
 def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
-    """The loop nest bb / kp / mi / ni over tiles of one size, each tile streaming its K."""
-    p, t, la, lb, lc = plan.p, plan.t, plan.la, plan.lb, plan.lc
+    """The loop nest bb / kp / mi / ni over tiles of one size, each tile streaming its K.
+    The ni loop is one run per part of C (a tile straddling a part boundary on its own)."""
+    p, t, la, lb = plan.p, plan.t, plan.la, plan.lb
     b0, m0, n0, s0 = start
     nb, nm, nn, ns = extent
-    r0, c0, k0 = m0 * t.base_m, n0 * t.base_n, s0 * plan.k_piece
+    r0, k0 = m0 * t.base_m, s0 * plan.k_piece
     e, eb = la.e, lb.e
     chunks, tail = divmod(k_len, plan.kc)
     a_moves = {"bb": (0, 0), "mi": (t.base_m, 0), "kp": (0, plan.k_piece)}
@@ -367,7 +425,7 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             ]
         return out
 
-    def chunk(kk: int, first_k: int, in_loop: bool):
+    def chunk(c0: int, kk: int, first_k: int, in_loop: bool):
         def make(pp: int, j_off: int) -> list:
             i = pp % len(plan.b_l1)
             k_at = first_k + j_off * plan.kc
@@ -384,29 +442,55 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
                     SetFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i])]
         return make
 
-    tile: list = [WaitFlag(Pipe.FIX, Pipe.M, _L0C)]
-    if plan.extra_l1 is not None:  # this tile's bias and/or dequant scales
-        src = plan.bias if plan.bias is not None else plan.scale
-        nbytes = bn * 4 * (int(plan.bias is not None) + int(plan.scale is not None))
-        tile += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA),
-                 Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1, nbytes),
-                 SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
-        if plan.bt is not None:
-            tile.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
-        if plan.fb is not None:
-            tile.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (bn * 4 if plan.bt is not None else 0), plan.fb, bn * 4))
-        tile.append(SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA))
-    tile += pingpong("j", chunks, chunk(plan.kc, 0, True))
-    if tail:
-        tile += chunk(tail, chunks * plan.kc, False)(chunks % 2, 0)
-    tile += [SetFlag(Pipe.M, Pipe.FIX, _L0C), WaitFlag(Pipe.M, Pipe.FIX, _L0C),
-             lc.store(plan.c_l0, (b0, r0, c0), bm, bn, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
-                      align_up(bn, 16) * 4),
-             SetFlag(Pipe.FIX, Pipe.M, _L0C)]
+    def tile(c0: int, pieces) -> list:
+        """One output tile at column c0: stream its K into L0C, then one FixPipe write
+        per part it overlaps."""
+        out: list = [WaitFlag(Pipe.FIX, Pipe.M, _L0C)]
+        if plan.extra_l1 is not None:  # this tile's bias and/or dequant scales
+            src = plan.bias if plan.bias is not None else plan.scale
+            nbytes = bn * 4 * (int(plan.bias is not None) + int(plan.scale is not None))
+            out += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA),
+                    Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1, nbytes),
+                    SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
+            if plan.bt is not None:
+                out.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
+            if plan.fb is not None:
+                out.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (bn * 4 if plan.bt is not None else 0), plan.fb,
+                                bn * 4))
+            out.append(SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA))
+        out += pingpong("j", chunks, chunk(c0, plan.kc, 0, True))
+        if tail:
+            out += chunk(c0, tail, chunks * plan.kc, False)(chunks % 2, 0)
+        out += [SetFlag(Pipe.M, Pipe.FIX, _L0C), WaitFlag(Pipe.M, Pipe.FIX, _L0C)]
+        for part, off, cols in pieces:
+            # L0C holds the tile in 16-column fractals: a write starting mid-fractal
+            # reads from that fractal's start (the address), skipping the columns before
+            out.append(plan.lc[part].store(plan.c_l0 + off // 16 * 16 * 4, (b0, r0, c0 + off - plan.parts[part][0]),
+                                           bm, cols, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
+                                           align_up(bn, 16) * 4))
+        return out + [SetFlag(Pipe.FIX, Pipe.M, _L0C)]
 
-    m_body: list = [Loop("ni", nn, tile)]
+    m_body: list = [Loop("ni", cnt, tile((n0 + j) * t.base_n, pieces))
+                    for j, cnt, pieces in _part_runs(plan, n0, nn, bn)]
     if t.a_resident:
         panel = la.copy((b0, r0, k0), bm, k_len, a_moves, plan.a_l1[0])
         m_body = [WaitFlag(Pipe.MTE1, Pipe.MTE2, _PANEL), panel, SetFlag(Pipe.MTE2, Pipe.MTE1, _PANEL),
                   WaitFlag(Pipe.MTE2, Pipe.MTE1, _PANEL), *m_body, SetFlag(Pipe.MTE1, Pipe.MTE2, _PANEL)]
     return [Loop("bb", nb, [Loop("kp", ns, [Loop("mi", nm, m_body)])])]
+
+
+def _part_runs(plan: _Plan, n0: int, nn: int, bn: int) -> list[tuple[int, int, tuple]]:
+    """(first tile from n0, count, FixPipe writes) runs of the N tiles n0..n0+nn-1:
+    tiles inside one part make a run (their writes move by base_n), a tile straddling
+    a part boundary stands alone."""
+    base_n = plan.t.base_n
+    if len(plan.parts) == 1:
+        return [(0, nn, ((0, 0, bn),))]
+    runs: list[list] = []
+    for j in range(nn):
+        pieces = _pieces(list(plan.parts), (n0 + j) * base_n, bn)
+        if runs and len(pieces) == 1 and runs[-1][2] == pieces:
+            runs[-1][1] += 1
+        else:
+            runs.append([j, 1, pieces])
+    return [tuple(r) for r in runs]

@@ -1,0 +1,70 @@
+"""Graph -> graph passes, each with a switch, composed into pipelines.
+
+`apply(graph, "optimized")` runs every pass in PASSES order; "baseline" runs
+none; a comma list ("fusion,memplan") runs those, still in PASSES order (a pass
+relies on the ones before it: the KV layout needs fused attention to read the
+new layout, streams see the final nodes, the memory plan sees the final tensors
+and which nodes run concurrently). Options go to the pass that takes them: `fusion_rules` (a rules file or
+a dict of switches), `kv_layout` (contiguous or paged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from npusim.errors import ConfigError
+from npusim.graph.ir import Graph
+from npusim.passes.fusion import RULES, fuse, load_rules
+from npusim.passes.kv_layout import KV_LAYOUTS, change_kv_layout
+from npusim.passes.layout import propagate_layouts
+from npusim.passes.memplan import MemoryPlan, plan_memory
+from npusim.passes.schedule import SYNC_POLICIES, Schedule, assign_streams, graph_launch, schedule_of, sync_by_events
+
+# name -> (pass, options it takes), in pipeline order
+PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
+    "fusion": (fuse, ("fusion_rules",)),
+    "layout": (propagate_layouts, ()),
+    "kv_layout": (change_kv_layout, ("kv_layout",)),
+    "sync": (sync_by_events, ()),
+    "launch": (graph_launch, ()),
+    # a second stream pays only once the host neither blocks nor lags the device
+    "streams": (assign_streams, ()),
+    "memplan": (plan_memory, ()),  # last: it sees the final tensors and what runs concurrently
+}
+PIPELINES = {"baseline": (), "optimized": tuple(PASSES)}
+
+
+def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """A pipeline name, a comma list or a sequence of pass names -> pass names in PASSES order."""
+    if isinstance(spec, str):
+        if spec in PIPELINES:
+            return PIPELINES[spec]
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+    names = set()
+    for s in spec:
+        if s in PIPELINES:
+            names |= set(PIPELINES[s])
+        elif s in PASSES:
+            names.add(s)
+        else:
+            raise ConfigError(f"--passes: unknown pass or pipeline '{s}' (pipelines: {', '.join(PIPELINES)}; "
+                              f"passes: {', '.join(PASSES)})")
+    return tuple(p for p in PASSES if p in names)
+
+
+def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) -> Graph:
+    """The graph after the named passes (see pass_names), each given its options."""
+    unknown = set(options) - {o for _, opts in PASSES.values() for o in opts}
+    if unknown:
+        raise ConfigError(f"apply: unknown pass option '{sorted(unknown)[0]}'")
+    for name in pass_names(passes):
+        fn, takes = PASSES[name]
+        graph = fn(graph, **{k: v for k, v in options.items() if k in takes and v is not None})
+    return graph
+
+
+__all__ = [
+    "KV_LAYOUTS", "PASSES", "PIPELINES", "RULES", "SYNC_POLICIES", "MemoryPlan", "Schedule", "apply",
+    "assign_streams", "change_kv_layout", "fuse", "graph_launch", "load_rules", "pass_names",
+    "plan_memory", "propagate_layouts", "schedule_of", "sync_by_events",
+]

@@ -1,0 +1,142 @@
+"""Memory planning: one static pool for the step's activations, offsets reused
+by tensors whose lifetimes do not overlap.
+
+Without a plan every activation, input and output gets its own allocation for
+the whole step (what op-by-op allocation without reuse holds at its peak). With
+it:
+- a tensor lives from the node that first writes it (a host input: from the
+  start) to the last node that reads it (a graph output: to the end); nodes of
+  a side stream run beside the main stream from the node before them (the fork)
+  to the node after them (the join), so what any node of that window touches
+  lives over the whole window;
+- an elementwise op may write its output over an input that dies at that node
+  and has the same size (in place), so the two share one buffer;
+- buffers are placed greedily, largest first, at the lowest offset where they
+  overlap no placed buffer that is alive at the same time; offsets are aligned
+  to POOL_ALIGN_BYTES.
+Weights and KV caches are not in the pool: they persist across steps.
+"""
+
+from __future__ import annotations
+
+import attrs
+from attrs import frozen
+
+from npusim.graph.ir import Graph
+
+# Pool offsets are 64-byte aligned: a buffer starts on a DMA burst (the seed
+# articles' rule for GM addresses, and the issue's "64 B aligned offsets").
+POOL_ALIGN_BYTES = 64
+PLANNED_KINDS = ("activation", "input", "output")
+# Ops whose output element i depends only on input element i, read before it is
+# written: their output may take an input's buffer.
+IN_PLACE_OPS = ("add", "mul", "scale", "scale_add", "silu", "gelu", "relu", "cast")
+
+
+@frozen
+class MemoryPlan:
+    """Where each pooled tensor lives (byte offset in the pool) and what it saved."""
+
+    offsets: dict[str, int]
+    pool_bytes: int  # the pool's size: the peak of the planned tensors
+    separate_bytes: int  # what the same tensors take as separate allocations
+    in_place: tuple[tuple[str, str], ...]  # (output, input whose buffer it takes)
+
+
+def align(n: int, to: int = POOL_ALIGN_BYTES) -> int:
+    return -(-n // to) * to
+
+
+def lifetimes(graph: Graph) -> dict[str, tuple[int, int]]:
+    """Pooled tensor -> (first node index alive, last node index alive), inclusive."""
+    end = len(graph.nodes)
+    life: dict[str, list[int]] = {t: [0, 0] for t in graph.inputs}
+    for i, n in enumerate(graph.nodes):
+        for t in n.outputs.values():
+            if graph.tensors[t].kind in PLANNED_KINDS:
+                life.setdefault(t, [i, i])
+        for t in n.inputs.values():
+            if t in life:
+                life[t][1] = i
+    for t in graph.outputs:
+        if t in life:
+            life[t][1] = end
+    for lo, hi in _concurrent_windows(graph):
+        for n in graph.nodes[lo:hi + 1]:
+            for t in (*n.inputs.values(), *n.outputs.values()):
+                if t in life:
+                    life[t] = [min(life[t][0], lo), max(life[t][1], hi)]
+    return {t: (a, b) for t, (a, b) in life.items()}
+
+
+def _concurrent_windows(graph: Graph) -> list[tuple[int, int]]:
+    """(fork, join) node indices around each run of side-stream nodes."""
+    streams = graph.schedule.streams if graph.schedule is not None else {}
+    windows, start = [], None
+    for i, n in enumerate(graph.nodes):
+        side = streams.get(n.name, 0) != 0
+        if side and start is None:
+            start = i
+        elif not side and start is not None:
+            windows.append((max(start - 1, 0), i))
+            start = None
+    if start is not None:
+        windows.append((max(start - 1, 0), len(graph.nodes)))
+    return windows
+
+
+def _in_place_pairs(graph: Graph, life: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """output -> the input whose buffer it takes."""
+    pairs: dict[str, str] = {}
+    taken: set[str] = set()
+    for i, n in enumerate(graph.nodes):
+        if n.op_type not in IN_PLACE_OPS:
+            continue
+        (out,) = n.outputs.values()
+        for t in n.inputs.values():
+            spec = graph.tensors[t]
+            if (t in life and life[t][1] == i and t not in taken and t not in graph.inputs
+                    and spec.nbytes == graph.tensors[out].nbytes and spec.kind == "activation"):
+                pairs[out] = t
+                taken.add(t)
+                break
+    return pairs
+
+
+def plan_memory(graph: Graph) -> Graph:
+    """The graph with a MemoryPlan for its activations, inputs and outputs."""
+    life = lifetimes(graph)
+    pairs = _in_place_pairs(graph, life)
+
+    def root(t: str) -> str:
+        while t in pairs:
+            t = pairs[t]
+        return t
+
+    buffers: dict[str, list] = {}  # root tensor -> [size, first, last, members]
+    for t, (a, b) in life.items():
+        r = root(t)
+        size = align(graph.tensors[t].nbytes)
+        buf = buffers.setdefault(r, [size, a, b, []])
+        buf[0], buf[1], buf[2] = max(buf[0], size), min(buf[1], a), max(buf[2], b)
+        buf[3].append(t)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    offsets: dict[str, int] = {}
+    order = sorted(buffers.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
+    for r, (size, a, b, members) in order:
+        busy = sorted((o, o + s) for o, s, pa, pb in placed if pa <= b and a <= pb)
+        at = 0
+        for lo, hi in busy:
+            if at + size <= lo:
+                break
+            at = max(at, align(hi))
+        placed.append((at, size, a, b))
+        for t in members:
+            offsets[t] = at
+    pool = max((o + s for o, s, _, _ in placed), default=0)
+    separate = sum(align(graph.tensors[t].nbytes) for t in life)
+    plan = MemoryPlan(dict(sorted(offsets.items())), pool, separate, tuple(sorted(pairs.items())))
+    return attrs.evolve(graph, memory_plan=plan, applied=(*graph.applied, "memplan"))
+
+
+__all__ = ["IN_PLACE_OPS", "POOL_ALIGN_BYTES", "MemoryPlan", "align", "lifetimes", "plan_memory"]

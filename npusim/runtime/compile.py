@@ -1,0 +1,182 @@
+"""Graph -> kernels -> host program.
+
+Each node is lowered by its op's lowering with the op's GM names bound to the
+addresses of the graph tensors they map to (so kernels read and write where the
+memory plan put things); names a node does not map are the kernel's workspace,
+placed in its stream's workspace region. The host program then follows the
+graph's Schedule: launches in node order on the node's stream, a synchronize
+after every kernel (sync "every_op") or only at the end ("events"), and an event
+wherever a node depends on bytes the other stream wrote or read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+from attrs import frozen
+
+from npusim.engine.host import HostCall, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent
+from npusim.errors import NpusimError
+from npusim.graph.ir import Graph, GraphError, Node
+from npusim.hw import HwConfig
+from npusim.isa.program import Kernel
+from npusim.ops.registry import GM_ALIGN_BYTES, GmArena, Lowered, lower
+from npusim.passes.schedule import Schedule, schedule_of
+from npusim.runtime.memory import Placement
+
+
+@frozen
+class CompiledNode:
+    node: Node
+    lowered: Lowered
+    kernels: tuple[Kernel, ...]  # the lowering's kernels, named after the node
+    stream: int
+    workspace_bytes: int
+
+
+def _bound(node: Node, addresses: dict[str, int]) -> dict[str, int]:
+    return {local: addresses[t] for local, t in (node.inputs | node.outputs).items()}
+
+
+def _check_binding(node: Node, low: Lowered, graph: Graph) -> None:
+    """Every operand the op declares is mapped by the node to a graph tensor big enough."""
+    mapped = node.inputs | node.outputs
+    sizes = {t.name: t.nbytes for k in low.kernels for t in k.gm}
+    for info in (*low.inputs, *low.outputs):  # (an info may describe a part of a GM tensor, by another name)
+        if info.name in sizes and info.name not in mapped:
+            raise GraphError(f"node '{node.name}': {node.op_type} operand '{info.name}' is not mapped to a tensor")
+    for local, t in mapped.items():
+        if sizes.get(local, 0) > graph.tensors[t].nbytes:
+            raise GraphError(f"node '{node.name}': {node.op_type} operand '{local}' needs {sizes[local]} bytes, "
+                             f"tensor '{t}' has {graph.tensors[t].nbytes}")
+
+
+# (op type, params, bound addresses, workspace base, id(hw)) -> (hw, Lowered): repeated runs of one
+# graph (compare, sweeps, the layer memo's two runs) lower each node once
+_LOWERED: dict = {}
+_LOWERED_MAX = 4096  # entries kept before the cache starts over (bounds memory in long sweeps)
+
+
+def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
+    bound = _bound(node, addresses)
+    key = (node.op_type, repr(sorted(node.params.items())), tuple(sorted(bound.items())), workspace_base, id(hw))
+    hit = _LOWERED.get(key)
+    if hit is not None and hit[0] is hw:  # the config object itself (ids can be reused)
+        low = hit[1]
+    else:
+        try:
+            low = lower(node.op_type, node.params, hw, gm=GmArena(bound, base=workspace_base))
+        except (ValueError, TypeError) as e:
+            raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
+        except NpusimError as e:
+            raise type(e)(f"node '{node.name}': {e}") from None
+        _check_binding(node, low, graph)
+        if len(_LOWERED) >= _LOWERED_MAX:
+            _LOWERED.clear()
+        _LOWERED[key] = (hw, low)
+    return low
+
+
+def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: Placement) -> list[CompiledNode]:
+    """Lower `nodes` (a subset of the graph's, in order). Stream s's workspace region
+    starts after stream s-1's largest workspace."""
+    sched = schedule_of(graph)
+    out: dict[str, CompiledNode] = {}
+    base = placement.workspace_base
+    for s in sorted({sched.stream(n.name) for n in nodes}):
+        largest = 0
+        for n in (n for n in nodes if sched.stream(n.name) == s):
+            low = lower_node(n, graph, hw, placement.addresses, base)
+            ws = sum(t.nbytes for k in low.kernels for t in k.gm if t.name not in n.inputs | n.outputs)
+            ws = max(ws, low.workspace_bytes)
+            largest = max(largest, ws)
+            many = len(low.kernels) > 1
+            kernels = tuple(attrs.evolve(k, name=f"{n.name}/{k.name}" if many else n.name) for k in low.kernels)
+            out[n.name] = CompiledNode(n, low, kernels, s, ws)
+        base += -(-largest // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
+    return [out[n.name] for n in nodes]
+
+
+# ---------------------------------------------------------------- the host program
+
+
+def _ranges(node: Node, graph: Graph, addresses: dict[str, int], which: str) -> list[tuple[int, int]]:
+    tensors = node.inputs if which == "read" else node.outputs
+    return [(addresses[t], addresses[t] + graph.tensors[t].nbytes) for t in tensors.values()]
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return any(lo < hi2 and lo2 < hi for lo, hi in a for lo2, hi2 in b)
+
+
+def cross_stream_deps(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[str, int]) -> dict[str, list[str]]:
+    """node -> earlier nodes on other streams it must wait for: it reads bytes they
+    wrote, or writes bytes they read or wrote - unless its stream already waited
+    for them, or for something after them on their stream (vector clocks: what
+    each stream knows to be done on every other)."""
+    deps: dict[str, list[str]] = {}
+    history: list[tuple[int, CompiledNode, list, list]] = []
+    known: dict[int, dict[int, int]] = {}  # stream -> other stream -> last node index known done there
+    seen_at: dict[str, dict[int, int]] = {}  # node -> what its stream knew when it finished
+    for i, c in enumerate(nodes):
+        reads = _ranges(c.node, graph, addresses, "read")
+        writes = _ranges(c.node, graph, addresses, "write")
+        mine = known.setdefault(c.stream, {})
+        need: dict[int, tuple[int, CompiledNode]] = {}
+        for j, prev, p_reads, p_writes in reversed(history):
+            if prev.stream == c.stream or prev.stream in need or mine.get(prev.stream, -1) >= j:
+                continue
+            if _overlap(reads, p_writes) or _overlap(writes, p_reads) or _overlap(writes, p_writes):
+                need[prev.stream] = (j, prev)
+        for j, prev in need.values():
+            for t, k in [(prev.stream, j), *seen_at[prev.node.name].items()]:
+                mine[t] = max(mine.get(t, -1), k)
+        if need:
+            deps[c.node.name] = sorted(prev.node.name for _, prev in need.values())
+        mine[c.stream] = i
+        seen_at[c.node.name] = dict(mine)
+        history.append((i, c, reads, writes))
+    return deps
+
+
+@frozen
+class HostProgram:
+    """The host calls of a step, and the node each belongs to (None: the step's own
+    input / output copies and the final synchronize)."""
+
+    calls: tuple[HostCall, ...]
+    owners: tuple[str | None, ...]
+
+
+def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[str, int]) -> HostProgram:
+    """Copy the host inputs in, launch every kernel as the schedule says, copy the
+    sampled tokens out, synchronize."""
+    sched: Schedule = schedule_of(graph)
+    deps = cross_stream_deps(graph, nodes, addresses) if sched.streams else {}
+    recorded = {d for ds in deps.values() for d in ds}
+    calls: list[tuple[str | None, HostCall]] = []
+    inputs = sum(graph.tensors[t].nbytes for t in graph.inputs)
+    if inputs:
+        calls.append((None, Memcpy(inputs, "h2d", 0)))
+    for c in nodes:
+        name = c.node.name
+        calls += [(name, WaitEvent(d, c.stream)) for d in deps.get(name, ())]
+        for k in c.kernels:
+            calls.append((name, Launch(k, c.stream, sched.launch)))
+            if sched.sync == "every_op":
+                calls.append((name, Synchronize()))
+        if name in recorded:
+            calls.append((name, RecordEvent(name, c.stream)))
+    last = [n for n in nodes if set(n.node.outputs.values()) & set(graph.outputs)]
+    out_bytes = sum(graph.tensors[t].nbytes for t in graph.outputs if graph.tensors[t].dtype == "int32")
+    if out_bytes and last:  # the sampled token ids go back to the host
+        if last[-1].stream != 0:
+            event = last[-1].node.name + ":out"
+            calls += [(None, RecordEvent(event, last[-1].stream)), (None, WaitEvent(event, 0))]
+        calls.append((None, Memcpy(out_bytes, "d2h", 0)))
+    calls.append((None, Synchronize()))
+    return HostProgram(tuple(c for _, c in calls), tuple(o for o, _ in calls))
+
+
+__all__ = ["CompiledNode", "HostProgram", "compile_nodes", "cross_stream_deps", "host_program", "lower_node"]
