@@ -92,6 +92,90 @@ def _op_summary(r) -> str:
     return "\n".join(lines)
 
 
+def _lengths(text: str):
+    """--context 4096, or one length per sequence: 4096,1000,77."""
+    from npusim.errors import ConfigError
+
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--context: expected an integer or a comma list of integers, got '{text}'") from None
+    return values[0] if len(values) == 1 else values
+
+
+def _step_args(args) -> dict:
+    from npusim.hw.load import parse_set_args
+
+    return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
+                fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, overrides=parse_set_args(args.set))
+
+
+def _cmd_run(args) -> int:
+    from npusim.report.step import step_json, summary
+    from npusim.runtime.decoder import run_decoder
+
+    run = run_decoder(args.workload, args.hw, passes=args.passes, memo=not args.no_memo,
+                      trace="block" if args.trace else "kernel", **_step_args(args))
+    print(summary(run))
+    if args.json:
+        _write_json(step_json(run), args.json)
+    if args.trace:
+        from npusim.report import write_chrome_trace
+
+        write_chrome_trace(run.result, args.trace)
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from npusim.report.step import comparison_table, step_json
+    from npusim.runtime.decoder import compare
+
+    c = compare(args.workload, args.hw, pipelines=args.passes, memo=not args.no_memo, **_step_args(args))
+    print(comparison_table(c))
+    if args.json:
+        _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
+                     "steps": {k: step_json(r) for k, r in c.steps.items()}}, args.json)
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from npusim.passes.validate import validate_passes
+
+    report = validate_passes(args.workload, args.passes, phase=args.phase, batch=args.batch,
+                             context=_lengths(args.context) if args.context else None,
+                             fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, seed=args.seed)
+    print(report.table())
+    return 0 if report.passed else 1
+
+
+def _write_json(data: dict, path: str) -> None:
+    import json
+
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload: str = "k3"):
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
+                   "or a Hugging Face config.json")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--batch", type=int, default=1 if name != "run" else 8, help="sequences")
+    p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
+                   "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
+                   "(one per sequence, ragged)")
+    if passes_nargs:
+        p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"],
+                       help="pipelines to compare (baseline, optimized, or comma lists of passes)")
+    else:
+        p.add_argument("--passes", default="optimized", help="baseline, optimized, or a comma list of "
+                       "passes: fusion,layout,kv_layout,sync,launch,streams,memplan")
+    p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
+    p.add_argument("--kv-layout", choices=("contiguous", "paged"), help="KV layout the kv_layout pass makes "
+                   "(default contiguous)")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npusim", description="Cycle-approximate simulator of a 910B-like NPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,6 +201,25 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--list", action="store_true", help="list the op types")
     op.add_argument("-h", "--help", action="store_true", help="show the op's parameters")
     op.set_defaults(func=_cmd_op)
+
+    run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
+    run.set_defaults(batch=8)
+    compare = _step_parser(sub, "compare", "pipelines side by side, and the gain of each pass", "+")
+    compare.set_defaults(batch=8)
+    for p_ in (run, compare):
+        p_.add_argument("--hw", default="ascend910b2", help="config name or path")
+        p_.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
+        p_.add_argument("--json", metavar="PATH", help="write the JSON report")
+        p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
+    run.add_argument("--trace", metavar="PATH", help="write a Chrome trace (block level)")
+    run.set_defaults(func=_cmd_run)
+    compare.set_defaults(func=_cmd_compare)
+
+    validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
+                            default_workload="k3-tiny")
+    validate.set_defaults(batch=2, context="64")
+    validate.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    validate.set_defaults(func=_cmd_validate)
     return p
 
 

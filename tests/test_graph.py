@@ -24,9 +24,10 @@ from npusim.workload import load_workload
 
 TINY = load_workload("k3-tiny")
 
-PER_LAYER = {"rms_norm": 2, "matmul": 7, "rope": 2, "kv_cache_write": 1, "batch_matmul": 2, "scale": 1,
-             "softmax": 1, "add": 2, "silu": 1, "mul": 1}
-OUTSIDE = {"embedding": 1, "rms_norm": 1, "matmul": 1, "argmax": 1}
+# every matmul's activation goes ND -> NZ through its own trans_data (the naive framework's)
+PER_LAYER = {"rms_norm": 2, "matmul": 7, "trans_data": 7, "rope": 2, "kv_cache_write": 1, "batch_matmul": 2,
+             "scale": 1, "softmax": 1, "add": 2, "silu": 1, "mul": 1}
+OUTSIDE = {"embedding": 1, "rms_norm": 1, "matmul": 1, "trans_data": 1, "argmax": 1}
 
 
 def _counts(nodes) -> dict[str, int]:
@@ -37,9 +38,9 @@ def _counts(nodes) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("phase, lengths, per_layer, outside", [
-    ("decode", 64, PER_LAYER, OUTSIDE),  # 20 per layer + 4
-    ("decode", [40, 17, 64], PER_LAYER | {"add": 3}, OUTSIDE),  # ragged: + padding mask = 21 + 4
-    ("prefill", [16, 11, 16], PER_LAYER | {"add": 3}, OUTSIDE | {"embedding": 2}),  # + causal mask, gather = 21 + 5
+    ("decode", 64, PER_LAYER, OUTSIDE),  # 27 per layer + 5
+    ("decode", [40, 17, 64], PER_LAYER | {"add": 3}, OUTSIDE),  # ragged: + padding mask = 28 + 5
+    ("prefill", [16, 11, 16], PER_LAYER | {"add": 3}, OUTSIDE | {"embedding": 2}),  # + causal mask, gather = 28 + 6
 ])
 def test_node_counts(phase, lengths, per_layer, outside):
     g = build_decoder(TINY, phase, 3, lengths)
@@ -70,21 +71,22 @@ def test_decode_shapes_and_kinds():
 def test_k3_graph_holds_the_workload_bytes():
     w = load_workload("k3")
     g = build_decoder(w, "decode", 8, 4096)
-    assert len(g.nodes) == 32 * 20 + 4
+    assert len(g.nodes) == 32 * 27 + 5
     by_kind = g.bytes_by_kind()
     assert by_kind["weight"] == w.weight_bytes
     assert by_kind["kv"] == w.kv_bytes(8, 4096)
-    assert "k3" in g.summary() and "20 nodes per layer x 32 layers" in g.summary()
+    assert "k3" in g.summary() and "27 nodes per layer x 32 layers" in g.summary()
 
 
 def test_helpers():
     g = build_decoder(TINY, "prefill", 1, 8)
     assert g.producer("L0.q").name == "L0.q_proj"
-    assert [n.name for n in g.consumers("L0.attn_norm_out")] == ["L0.q_proj", "L0.k_proj", "L0.v_proj"]
+    assert [n.name for n in g.consumers("L0.attn_norm_out")] == ["L0.q_proj.to_nz", "L0.k_proj.to_nz",
+                                                                  "L0.v_proj.to_nz"]
     assert g.producers()["L1.k_cache"] == ["L1.kv_cache_write"]
     assert [n.name for n in g.consumers("attn_mask")] == ["L0.mask", "L1.mask"]
     assert g.producer("tokens") is None
-    assert repr(g) == "Graph(k3-tiny, prefill, batch=1, lengths=1 x 8, 47 nodes, 75 tensors)"
+    assert repr(g) == "Graph(k3-tiny, prefill, batch=1, lengths=1 x 8, 62 nodes, 90 tensors)"
 
 
 def test_tied_embeddings_share_the_table():
@@ -136,8 +138,9 @@ def test_bad_lengths():
 def test_check_catches_broken_graphs():
     g = build_decoder(TINY, "decode", 1, 4)
     nodes = list(g.nodes)
-    swapped = nodes[:1] + [nodes[2], nodes[1]] + nodes[3:]  # q_proj before the norm it reads
-    with pytest.raises(GraphError, match=r"node 'L0.q_proj' reads 'L0.attn_norm_out' before any node writes it"):
+    swapped = nodes[:1] + [nodes[2], nodes[1]] + nodes[3:]  # q_proj's input conversion before the norm it reads
+    with pytest.raises(GraphError,
+                       match=r"node 'L0.q_proj.to_nz' reads 'L0.attn_norm_out' before any node writes it"):
         attrs.evolve(g, nodes=swapped).check()
     bad = attrs.evolve(nodes[1], params=nodes[1].params | {"epsilon": 1.0})
     with pytest.raises(GraphError, match=r"'epsilon' is not a parameter of rms_norm"):

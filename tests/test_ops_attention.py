@@ -1,5 +1,5 @@
 """Attention lowerings: FlashAttention (one MIX kernel), flash-decoding and the
-unfused 5-kernel chain.
+unfused 5-kernel chain; the fused two reading a KV cache in each layout.
 
 Every kernel passes verify() (simulate_op runs it) and no op beats its roofline;
 FlashAttention against the chain at the decoder's prefill shape (S = 4096, 32
@@ -63,8 +63,9 @@ def test_kernels_verify_and_stay_above_the_roofline(op, params):
     assert r.seconds >= r.roofline.time_s
     assert r.stats.flops > 0
     ins = {t.name: t for t in lowered.inputs}
-    assert set(ins) == {"q", "k", "v"} and [t.name for t in lowered.outputs] == ["o"]
-    assert ins["k"].shape[1] == params["kv_heads"]
+    k, v = ("k", "v") if op == "attention_unfused" else ("k_cache", "v_cache")  # the fused ones read the cache
+    assert set(ins) == {"q", k, v} and [t.name for t in lowered.outputs] == ["o"]
+    assert ins[k].shape[1] == params["kv_heads"]
     if op == "flash_attention":
         (k,) = lowered.kernels
         assert k.core_type is CoreType.MIX
@@ -128,7 +129,7 @@ def test_causal_skips_the_masked_half():
 def test_gqa_reads_less_kv():
     mha_l, mha = run("flash_attention", **attn(heads=32, kv_heads=32, head_dim=128, seq_q=512, causal=True))
     gqa_l, gqa = run("flash_attention", **attn(heads=32, kv_heads=8, head_dim=128, seq_q=512, causal=True))
-    kv = {name: sum(t.nbytes for t in lw.inputs if t.name in ("k", "v"))
+    kv = {name: sum(t.nbytes for t in lw.inputs if t.name in ("k_cache", "v_cache"))
           for name, lw in (("mha", mha_l), ("gqa", gqa_l))}
     assert kv["gqa"] * 4 == kv["mha"]
     q_o = 2 * 32 * 512 * 128 * 2
@@ -170,3 +171,75 @@ def test_bad_parameters_are_config_errors():
         lower("flash_attention", attn(seq_q=256, seq_kv=128, causal=True), HW)
     with pytest.raises(ConfigError, match="kv_heads"):
         lower("decode_attention", dict(heads=8, kv_heads=16), HW)
+
+
+# ---- KV-cache layouts
+
+
+LAYOUT_CASES = [
+    ("decode_attention", dict(batch=2, heads=8, kv_heads=2, head_dim=128, context=1000)),
+    ("decode_attention", dict(batch=1, heads=4, kv_heads=4, head_dim=64, context=300)),  # padded rows
+    ("flash_attention", attn(batch=2, heads=4, kv_heads=2, head_dim=128, seq_q=200, seq_kv=520, causal=True)),
+    ("flash_attention", attn(heads=2, head_dim=64, seq_q=256)),
+]
+KV_NAMES = {"per_layer": {"k_cache", "v_cache"}, "contiguous": {"kv_cache"},
+            "paged": {"k_cache", "v_cache", "block_table"}}
+
+
+@pytest.mark.parametrize("layout, block_tokens", [("per_layer", 128), ("contiguous", 128), ("paged", 128),
+                                                  ("paged", 16)])
+@pytest.mark.parametrize("op, params", LAYOUT_CASES, ids=lambda x: x if isinstance(x, str) else "-".join(
+    f"{k}{v}" for k, v in x.items()))
+def test_every_kv_layout_lowers_verifies_and_stays_above_the_roofline(op, params, layout, block_tokens):
+    """The readers' GM tensors are kv_cache_write's for the same layout (one name each
+    for the same bytes), and every layout's kernel runs and never beats its roofline."""
+    cache = dict(kv_layout=layout, layers=3, layer=1, block_tokens=block_tokens)
+    lowered, r = run(op, **params, **cache)
+    assert r.seconds >= r.roofline.time_s
+    gm = {t.name: t.nbytes for k in lowered.kernels for t in k.gm}
+    assert KV_NAMES[layout] <= set(gm) and not {"k", "v"} & set(gm)
+    ctx = params.get("context") or params["seq_kv"]
+    writer = lower("kv_cache_write", dict(batch=params["batch"], kv_heads=params["kv_heads"],
+                                          head_dim=params["head_dim"], context=ctx, layout=layout, **{
+                                              k: v for k, v in cache.items() if k != "kv_layout"}), HW)
+    written = {t.name: t.nbytes for t in writer.kernels[0].gm if t.name not in ("k", "v")}
+    assert written == {name: gm[name] for name in KV_NAMES[layout]}
+
+
+def segments(op: str, params: dict, **cache) -> tuple[int, object]:
+    _, r = run(op, **params, **cache)
+    return r.stats.dma_segments, r
+
+
+def test_paged_decode_reads_one_segment_per_block():
+    """Decode: per_layer reads a tile of K (and of V) in one segment, contiguous a tile
+    of K and V together in one, paged one per block of K and of V (plus the table)."""
+    params = dict(batch=2, heads=8, kv_heads=2, head_dim=128, context=1024)
+    per_layer, r_pl = segments("decode_attention", params)
+    contiguous, _ = segments("decode_attention", params, kv_layout="contiguous", layers=2)
+    paged, _ = segments("decode_attention", params, kv_layout="paged", block_tokens=128)
+    small, r_small = segments("decode_attention", params, kv_layout="paged", block_tokens=16)
+    assert contiguous < per_layer < paged < small
+    blocks = 2 * 2 * 1024 // 16  # (batch x kv heads) x blocks of each
+    assert small >= 2 * blocks  # K and V
+    assert r_small.us >= r_pl.us
+
+
+def test_contiguous_flash_attention_reads_k_and_v_as_half_rows():
+    """Prefill: the cube needs K two steps before V, so the contiguous layout's K and V
+    are read separately, one strided piece per token row (the other half comes from L2)."""
+    params = attn(heads=2, head_dim=128, seq_q=512)
+    _, r_pl = segments("flash_attention", params)
+    contiguous, r_c = segments("flash_attention", params, kv_layout="contiguous")
+    assert contiguous >= 2 * 2 * 512  # a segment per token, K and V, each head
+    assert r_c.stats.hbm_read_bytes <= 1.1 * r_pl.stats.hbm_read_bytes  # rows cross HBM once
+
+
+def test_kv_layout_parameters_are_checked():
+    with pytest.raises(ConfigError, match="'layer' 2 must be < layers 2"):
+        lower("decode_attention", dict(kv_layout="contiguous", layers=2, layer=2), HW)
+    with pytest.raises(ConfigError, match="kv_layout"):
+        lower("flash_attention", attn() | dict(kv_layout="blocked"), HW)
+    with pytest.raises(ProgramError, match="head_dim=24 makes a head 48 bytes"):
+        lower("decode_attention", dict(batch=1, heads=1, kv_heads=1, head_dim=24, context=64,
+                                       kv_layout="paged"), HW)

@@ -19,7 +19,9 @@ with `cosine`.
 Weights are random but deterministic: each from its own generator seeded by
 (seed, CRC32 of its name), scaled by the role its first consumer gives it (a
 norm's gamma near 1, a Linear weight N(0, 1/fan_in), ...), so a graph's values do
-not depend on node order.
+not depend on node order. A weight a pass derived (`Graph.derived`: a fused QKV
+weight) is the concatenation of its originals' values, each generated from its own
+name as in the graph before the pass, so fused and unfused graphs compute the same.
 
 Op semantics follow npusim.ops: each op reads its inputs as the contiguous
 buffers of the graph tensors, viewed with the shapes its parameters give, except
@@ -27,19 +29,34 @@ that batch matmuls and FlashAttention read (and write) BSND tensors head by head
 A KV cache is state: kv_cache_write updates it in place, writing sequence b's new
 tokens so that they end at its own length (graph.lengths) when position is -1,
 at `position` otherwise; the caches after the step are returned.
+
+KV layouts (npusim.ops.layout.KvCache): the graph holds the layout's physical
+tensors - per_layer a K and a V tensor per layer; contiguous one [batch, layers,
+kv_heads, context, row] tensor for all layers (row: K, then V, then zero padding);
+paged per-layer K and V pools [blocks, kv_heads, block_tokens, head_dim] and a block
+table [batch, blocks per sequence] of physical block ids. kv_cache_write,
+decode_attention and flash_attention read and write them through the logical view
+[batch, kv_heads, context, head_dim] of one layer's K and V (the paged view follows
+the block table's values). `random_kv` fills every layout with the same logical
+values (those of the per-layer graph's "L{layer}.k_cache" / "L{layer}.v_cache"), so
+a graph whose layout a pass changed computes what the per-layer graph computes;
+`logical_kv` unpacks a layout's tensors back to those per-layer arrays.
 """
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 from attrs import frozen
 
 from npusim.graph.build import host_inputs, node_params
 from npusim.graph.ir import Graph, GraphError, Node, TensorSpec
+from npusim.ops.layout import physical_block
 
 MODES = ("device", "reference")
 FP16_MAX = 65504.0
@@ -51,7 +68,7 @@ class Execution:
 
     mode: str
     outputs: dict[str, np.ndarray]  # every graph output
-    kv: dict[str, np.ndarray]  # every KV-cache tensor after the step
+    kv: dict[str, np.ndarray]  # every KV-cache tensor after the step (block tables included); see logical_kv
     overflow: tuple[str, ...]  # tensors with |x| > 65504 (or inf / nan) somewhere, in execution order
     max_abs: dict[str, float]  # largest |x| of every float tensor a node wrote (before storing)
     values: dict[str, np.ndarray]  # every tensor's value (only with keep=True)
@@ -92,21 +109,52 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def random_weights(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """A value for every weight tensor, float32, scaled by its role."""
+    """A value for every weight tensor, float32, scaled by its role. A derived weight
+    (graph.derived) is its originals' values concatenated along axis 0: each original
+    generated from its own name and scaled by the role the derived weight's consumer
+    gives it (the role the original had before the pass: a matmul's b, a bias)."""
     out = {}
     for spec in graph.of_kind("weight"):
-        z = _rng(seed, spec.name).standard_normal(spec.shape).astype(np.float32)
         role, p = _role(graph, spec.name)
-        if role == "gamma":
-            z = 1.0 + 0.1 * z
-        elif role in ("beta", "bias", "scale"):
-            z = 0.1 * z
-        elif role == "b":  # a matmul's weight: N(0, 1/fan_in) keeps activations near unit size
-            z = z / np.sqrt(p.k)
-        elif role != "table":  # embedding rows stay N(0, 1)
-            z = z / np.sqrt(spec.shape[-1])
-        out[spec.name] = z
+        if spec.name in graph.derived:
+            names = graph.derived[spec.name]
+            shapes = _original_shapes(graph, spec, names, p)
+            out[spec.name] = np.concatenate([_weight(seed, n, s, role, p) for n, s in zip(names, shapes)], axis=0)
+        else:
+            out[spec.name] = _weight(seed, spec.name, spec.shape, role, p)
     return out
+
+
+def _weight(seed: int, name: str, shape: tuple[int, ...], role: str, p) -> np.ndarray:
+    z = _rng(seed, name).standard_normal(shape).astype(np.float32)
+    if role == "gamma":
+        return 1.0 + 0.1 * z
+    if role in ("beta", "bias", "scale"):
+        return 0.1 * z
+    if role == "b":  # a matmul's weight: N(0, 1/fan_in) keeps activations near unit size
+        return z / np.sqrt(p.k)
+    if role != "table":  # embedding rows stay N(0, 1)
+        return z / np.sqrt(shape[-1])
+    return z
+
+
+def _original_shapes(graph: Graph, spec: TensorSpec, names: tuple[str, ...], p) -> list[tuple[int, ...]]:
+    """Shapes of the weights a derived weight concatenates (they are no longer graph
+    tensors): the workload's, else the consumer matmul's n_parts, else equal parts."""
+    known = graph.workload.weight_shapes() if hasattr(graph.workload, "weight_shapes") else {}
+    rest = tuple(spec.shape[1:])
+    if all(n in known for n in names):
+        shapes = [tuple(known[n]) for n in names]
+    elif len(getattr(p, "n_parts", ())) == len(names):
+        shapes = [(w, *rest) for w in p.n_parts]
+    elif spec.shape[0] % len(names) == 0:
+        shapes = [(spec.shape[0] // len(names), *rest)] * len(names)
+    else:
+        shapes = []
+    if sum(s[0] for s in shapes) != spec.shape[0] or any(tuple(s[1:]) != rest for s in shapes):
+        raise GraphError(f"derived weight '{spec.name}' {spec.shape}: cannot tell the shapes of "
+                         f"{', '.join(names)} (they must concatenate to it along axis 0)")
+    return shapes
 
 
 def _role(graph: Graph, tensor: str) -> tuple[str, Any]:
@@ -118,18 +166,158 @@ def _role(graph: Graph, tensor: str) -> tuple[str, Any]:
 
 
 def random_kv(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """The KV caches before the step. Decode: N(0, 1) at the positions before each
-    sequence's new token (a [batch, kv_heads, context, head_dim] cache), zeros
-    after; prefill: zeros."""
-    out = {}
-    for spec in graph.of_kind("kv"):
-        z = np.zeros(spec.shape, dtype=np.float32)
-        if graph.phase == "decode" and len(spec.shape) == 4:
-            z = _rng(seed, spec.name).standard_normal(spec.shape).astype(np.float32)
-            old = np.arange(spec.shape[2])[None, :] < np.array(graph.lengths)[:, None] - 1  # [batch, context]
-            z *= old[:, None, :, None]
-        out[spec.name] = z
+    """The KV caches before the step, in the graph's layout. Logically, per layer, a
+    K and a V [batch, kv_heads, context, head_dim]: in decode N(0, 1) at the positions
+    before each sequence's new token, zeros after; in prefill zeros. Each layer's K
+    and V are generated from the per-layer graph's names "L{layer}.k_cache" /
+    "L{layer}.v_cache" (a per_layer cache: from its own tensor names) and packed into
+    the layout's tensors: the contiguous tensor's row padding stays 0, the paged pools
+    are filled through a block table holding KvCache's scattered block order (and
+    returned too). KV tensors no cache node maps stay zero."""
+    out = {spec.name: np.zeros(spec.shape, dtype=np.float32) for spec in graph.of_kind("kv")}
+    for c in _caches(graph):
+        if c.layout == "paged":
+            out[c.tensors["block_table"]] = c.block_table()
+        phys = {local: out[t] for local, t in c.tensors.items()}
+        k, v = (_start_cache(graph, name, c.shape, seed) for name in c.names())
+        out |= {c.tensors[local]: x for local, x in c.pack(phys, k, v).items()}
     return out
+
+
+def _start_cache(graph: Graph, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """One layer's K or V before the step (logical [batch, kv_heads, context, head_dim])."""
+    if graph.phase != "decode":
+        return np.zeros(shape, dtype=np.float32)
+    z = _rng(seed, name).standard_normal(shape).astype(np.float32)
+    old = np.arange(shape[2])[None, :] < np.array(graph.lengths)[:, None] - 1  # [batch, context]
+    return z * old[:, None, :, None]
+
+
+def logical_kv(graph: Graph, kv: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-layer caches that `kv` (a layout's tensors by graph name, as
+    Execution.kv or random_kv give them) holds: "L{layer}.k_cache" / "L{layer}.v_cache"
+    -> [batch, kv_heads, context, head_dim] (a per_layer cache: its own names), so
+    caches of graphs in different layouts compare directly."""
+    out = {}
+    for c in _caches(graph):
+        phys = {local: np.asarray(kv[t]) for local, t in c.tensors.items()}
+        out |= dict(zip(c.names(), c.unpack(phys)))
+    return out
+
+
+# ================================================================ KV-cache layouts
+
+CACHE_OPS = {"kv_cache_write": "layout", "decode_attention": "kv_layout", "flash_attention": "kv_layout"}
+CACHE_TENSORS = ("k_cache", "v_cache", "kv_cache", "block_table")
+
+
+@frozen
+class _Cache:
+    """One layer's KV cache as an op sees it: layout, geometry and (in a graph) the
+    tensors holding it, by the op's local names (k_cache, v_cache, kv_cache, block_table)."""
+
+    layout: str
+    batch: int
+    kv_heads: int
+    context: int
+    head_dim: int
+    layers: int
+    layer: int
+    block_tokens: int
+    tensors: dict  # local name -> graph tensor name
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The logical shape of one layer's K (or V)."""
+        return self.batch, self.kv_heads, self.context, self.head_dim
+
+    @property
+    def max_blocks(self) -> int:
+        return -(-self.context // self.block_tokens)
+
+    def names(self) -> tuple[str, str]:
+        """Names of the logical K and V: the per-layer graph's."""
+        if self.layout == "per_layer":
+            return self.tensors["k_cache"], self.tensors["v_cache"]
+        return f"L{self.layer}.k_cache", f"L{self.layer}.v_cache"
+
+    def block_table(self) -> np.ndarray:
+        """Physical block of each sequence's logical blocks: KvCache's order."""
+        n = self.batch * self.max_blocks
+        return np.array([[physical_block(b, j, self.max_blocks, n) for j in range(self.max_blocks)]
+                         for b in range(self.batch)], dtype=np.int32)
+
+    def _paged_index(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pool block [batch, context], slot in the block [context]) of every logical token."""
+        pos = np.arange(self.context)
+        table = np.asarray(table).reshape(self.batch, self.max_blocks).astype(np.int64)
+        return table[:, pos // self.block_tokens], pos % self.block_tokens
+
+    def _rows(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x).reshape(self.batch, self.layers, self.kv_heads, self.context, -1)
+
+    def _pool(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x).reshape(-1, self.kv_heads, self.block_tokens, self.head_dim)
+
+    def unpack(self, phys: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Logical K, V [batch, kv_heads, context, head_dim] from the layout's tensors."""
+        d = self.head_dim
+        if self.layout == "per_layer":
+            return tuple(np.asarray(phys[t]).reshape(self.shape) for t in ("k_cache", "v_cache"))
+        if self.layout == "contiguous":
+            rows = self._rows(phys["kv_cache"])[:, self.layer]
+            return rows[..., :d], rows[..., d:2 * d]
+        blk, slot = self._paged_index(phys["block_table"])
+        # advanced indices around a slice: the result is [batch, context, kv_heads, head_dim]
+        return tuple(self._pool(phys[t])[blk, :, slot, :].transpose(0, 2, 1, 3) for t in ("k_cache", "v_cache"))
+
+    def pack(self, phys: Mapping[str, np.ndarray], k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
+        """The layout's cache tensors (copies of `phys`, by local name) holding logical
+        K and V; bytes outside this layer's tokens (other layers, row padding, unused
+        block slots) keep their values. The block table is read, not written."""
+        d = self.head_dim
+        if self.layout == "per_layer":
+            return {"k_cache": k.reshape(self.shape).copy(), "v_cache": v.reshape(self.shape).copy()}
+        if self.layout == "contiguous":
+            rows = self._rows(phys["kv_cache"]).copy()
+            rows[:, self.layer, ..., :d], rows[:, self.layer, ..., d:2 * d] = k, v
+            return {"kv_cache": rows}
+        blk, slot = self._paged_index(phys["block_table"])
+        out = {}
+        for local, x in (("k_cache", k), ("v_cache", v)):
+            pool = self._pool(phys[local]).copy()
+            if len(pool) < self.batch * self.max_blocks:
+                raise GraphError(f"paged KV cache: a pool of {len(pool)} blocks, "
+                                 f"{self.batch * self.max_blocks} needed")
+            pool[blk, :, slot, :] = np.asarray(x).reshape(self.shape).transpose(0, 2, 1, 3)
+            out[local] = pool
+        return out
+
+
+def _cache_of(p, tensors: Mapping[str, str]) -> _Cache:
+    """The cache a kv_cache_write / decode_attention / flash_attention with params p sees."""
+    layout = getattr(p, "layout", None) or p.kv_layout
+    context = getattr(p, "context", None) or p.seq_kv
+    return _Cache(layout, p.batch, p.kv_heads, context, p.head_dim, p.layers, p.layer, p.block_tokens,
+                  {k: t for k, t in tensors.items() if k in CACHE_TENSORS})
+
+
+def _caches(graph: Graph) -> list[_Cache]:
+    """Every (layer, layout tensors) KV cache the graph's cache ops touch, once each;
+    two ops giving one set of tensors different geometries is an error."""
+    seen: dict[tuple, _Cache] = {}
+    for n in graph.nodes:
+        if n.op_type not in CACHE_OPS:
+            continue
+        c = _cache_of(node_params(n), n.inputs | n.outputs)
+        if c.layout == "per_layer":  # its tensors are the layer's: the layer parameter plays no part
+            c = attrs.evolve(c, layers=1, layer=0)
+        key = (c.layer, tuple(sorted(c.tensors.items())))
+        if key in seen and seen[key] != c:
+            raise GraphError(f"node '{n.name}': its KV cache {dict(c.tensors)} has another geometry than an "
+                             "earlier node's")
+        seen[key] = c
+    return list(seen.values())
 
 
 # ================================================================ the run
@@ -181,11 +369,17 @@ def execute(graph: Graph, mode: str = "device", seed: int = 0, weights: Mapping[
     return Execution(
         mode=mode,
         outputs={t: values[t] for t in graph.outputs},
-        kv={s.name: values[s.name] for s in graph.of_kind("kv")},
+        kv={t: values[t] for t in _kv_state(graph) if t in values},
         overflow=tuple(dict.fromkeys(overflow)),
         max_abs=max_abs,
         values=dict(values) if keep else {},
     )
+
+
+def _kv_state(graph: Graph) -> list[str]:
+    """The KV-cache tensors (kind kv) and the block tables the cache ops read."""
+    tables = [t for n in graph.nodes if n.op_type in CACHE_OPS for k, t in n.inputs.items() if k == "block_table"]
+    return list(dict.fromkeys([s.name for s in graph.of_kind("kv")] + tables))
 
 
 def _need(values: dict, tensor: str, node: Node) -> np.ndarray:
@@ -223,12 +417,20 @@ def _batches_to(x: np.ndarray, spec: TensorSpec) -> np.ndarray:
 
 
 def _matmul(p, x, specs, run):
+    """C = A B (+ bias); with n_parts, C's columns in order as outputs c0, c1, ...
+    each [m, n_parts[i]] (a fused QKV projection writing q, k and v)."""
     a = x["a"].reshape(p.m, p.k)
     b = x["b"].reshape(p.n, p.k).T if p.trans_b else x["b"].reshape(p.k, p.n)
     c = a @ b  # float32 inputs, float32 accumulation
     if p.bias:
         c = c + x["bias"].reshape(p.n)
-    return {"c": c}
+    parts = tuple(getattr(p, "n_parts", ()))
+    if not parts:
+        return {"c": c}
+    if sum(parts) != p.n:
+        raise GraphError(f"matmul: n_parts {parts} do not add up to n={p.n}")
+    edges = np.cumsum((0,) + parts)
+    return {f"c{i}": c[:, lo:hi] for i, (lo, hi) in enumerate(itertools.pairwise(edges))}
 
 
 def _batch_matmul(p, x, specs, run):
@@ -311,25 +513,31 @@ def _embedding(p, x, specs, run):
 
 
 def _kv_cache_write(p, x, specs, run):
-    if p.layout != "per_layer":
-        raise GraphError(f"kv_cache_write: the executor models the per_layer layout, got '{p.layout}'")
+    """New K and V ([batch, new_tokens, kv_heads, head_dim]) into the layer's logical
+    cache, packed back into the layout's tensors (the block table passes through)."""
     lengths = run.graph.lengths
-    out = {}
-    for which in ("k", "v"):
+    cache = _op_cache(p, x)
+    logical = []
+    for which, old in zip("kv", cache.unpack(x)):
         new = x[which].reshape(p.batch, p.new_tokens, p.kv_heads, p.head_dim)
-        cache = x[f"{which}_cache"].reshape(p.batch, p.kv_heads, p.context, p.head_dim).copy()
+        old = old.copy()
         for b in range(p.batch):
             start = lengths[b] - p.new_tokens if p.position < 0 else p.position
             keep = min(p.new_tokens, p.context - start)
-            cache[b, :, start:start + keep] = new[b, :keep].transpose(1, 0, 2)
-        out[f"{which}_cache"] = cache
-    return out
+            old[b, :, start:start + keep] = new[b, :keep].transpose(1, 0, 2)
+        logical.append(old)
+    out = cache.pack(x, *logical)
+    return out | ({"block_table": x["block_table"]} if "block_table" in x else {})
+
+
+def _op_cache(p, x: Mapping[str, np.ndarray]) -> _Cache:
+    """The cache an op's semantics see: its tensors are its operands, by local name."""
+    return _cache_of(p, {local: local for local in x})
 
 
 def _flash_attention(p, x, specs, run):
     q = _bsnd_to_batches(x["q"], specs["q"], p.batch * p.heads, p.seq_q, p.head_dim)
-    k = x["k"].reshape(p.batch, p.kv_heads, p.seq_kv, p.head_dim)
-    v = x["v"].reshape(p.batch, p.kv_heads, p.seq_kv, p.head_dim)
+    k, v = _op_cache(p, x).unpack(x)
     k = np.repeat(k, p.group, axis=1).reshape(-1, p.seq_kv, p.head_dim)
     v = np.repeat(v, p.group, axis=1).reshape(-1, p.seq_kv, p.head_dim)
     s = (q @ k.transpose(0, 2, 1)) / np.sqrt(p.head_dim)  # fp32 in UB: never stored
@@ -344,6 +552,20 @@ def _flash_attention(p, x, specs, run):
     probs = run.store(_softmax_rows(s), specs["q"].dtype)  # P goes to the cube in fp16
     o = probs.reshape(-1, p.seq_q, p.seq_kv) @ v
     return {"o": _batches_to(o, specs["o"])}
+
+
+def _decode_attention(p, x, specs, run):
+    """One new token per sequence: q and o [batch, heads, head_dim] (token-major with
+    seq 1, the same bytes as BSND), over the first graph.lengths[b] keys of sequence
+    b's cache (its new token sits at position L - 1: build.py's decode convention).
+    Scores and softmax in fp32; P stored in q's dtype before P V, as the kernel casts it."""
+    q = x["q"].reshape(p.batch, p.heads, 1, p.head_dim)
+    k, v = (np.repeat(t, p.group, axis=1) for t in _op_cache(p, x).unpack(x))  # [batch, heads, context, head_dim]
+    s = (q @ k.transpose(0, 1, 3, 2)) / np.sqrt(p.head_dim)  # [batch, heads, 1, context]
+    visible = np.arange(p.context)[None, :] < np.array(run.graph.lengths)[:, None]  # [batch, context]
+    s = np.where(visible[:, None, None, :], s, -np.inf)
+    probs = run.store(_softmax_rows(s), specs["q"].dtype)
+    return {"o": (probs @ v).reshape(p.batch, p.heads, p.head_dim)}
 
 
 def _argmax(p, x, specs, run):
@@ -365,6 +587,7 @@ SEMANTICS: dict[str, Callable] = {
     "embedding": _embedding,
     "kv_cache_write": _kv_cache_write,
     "flash_attention": _flash_attention,
+    "decode_attention": _decode_attention,
     "argmax": _argmax,
     "swiglu": _swiglu,
     "add": _eltwise(lambda p, a, b: a + b, "x1", "x2"),

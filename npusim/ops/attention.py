@@ -6,6 +6,15 @@ seq_kv, head_dim], o like q; fp16 by default. Query head h reads K/V head
 h // (heads // kv_heads) (GQA; kv_heads == heads is plain multi-head attention).
 Causal masks are aligned to the end of the keys: query i sees keys <= i + seq_kv - seq_q.
 
+FlashAttention and flash-decoding read K and V from a KV cache in any of
+kv_cache_write's layouts (`kv_layout`: per_layer, contiguous, paged), through the
+same `KvCache` addresses and GM tensor names (per_layer "k_cache" / "v_cache",
+contiguous "kv_cache", paged "k_cache" / "v_cache" / "block_table"), so a graph binds
+the writer's and the readers' names to the same tensors. The layout changes what a
+K/V load is: one segment per run of tokens (per_layer), rows carrying K and V side
+by side (contiguous), one segment per block in scattered order plus the block-table
+read (paged).
+
 Broadcast of a per-row statistic (the running max, sum or rescale factor) is one
 vector instruction over the whole tile: the statistics sit in UB as 32-byte
 blocks per row (what Brcb produces), and the binary op reads them with a zero
@@ -26,7 +35,9 @@ from npusim.isa.program import (
     Program, SetFlag, VecOp, WaitFlag, addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
+from npusim.ops.layout import KV_LAYOUTS, KvCache, gm_copy, kv_row_bytes
 from npusim.ops.registry import OPS, GmArena, Lowered, TensorInfo, lower, param, register
+from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 
 _pos = validators.gt(0)
@@ -39,6 +50,18 @@ STAT = 32  # UB bytes of one row's statistic: one 32-byte block (8 fp32), as Brc
 def _divides_heads(inst, attribute, value) -> None:
     if value > inst.heads or inst.heads % value:
         raise ValueError(f"kv_heads={value} must divide heads={inst.heads}")
+
+
+def _below_layers(inst, attribute, value) -> None:
+    if value >= inst.layers:
+        raise ValueError(f"'layer' {value} must be < layers {inst.layers}")
+
+
+# The KV-cache fields of the readers (as kv_cache_write's layout, layers, layer, block_tokens).
+_KV_LAYOUT_HELP = "KV cache layout read: per_layer | contiguous | paged (as kv_cache_write writes it)"
+_LAYERS_HELP = "decoder layers the cache holds (the contiguous layout keeps all of them in one tensor)"
+_LAYER_HELP = "the layer read (its slice of the contiguous cache)"
+_BLOCK_HELP = "tokens per block of the paged layout"
 
 
 @frozen
@@ -69,11 +92,62 @@ class AttentionParams:
         return sum(min(self.seq_kv, i + off + 1) for i in range(self.seq_q))
 
 
+@frozen
+class FlashAttentionParams(AttentionParams):
+    """AttentionParams plus where K and V come from: a KV cache of seq_kv tokens per sequence."""
+
+    kv_layout: str = param("per_layer", _KV_LAYOUT_HELP, validator=validators.in_(KV_LAYOUTS))
+    layers: int = param(1, _LAYERS_HELP, validator=_pos)
+    layer: int = param(0, _LAYER_HELP, validator=[validators.ge(0), _below_layers])
+    block_tokens: int = param(128, _BLOCK_HELP, validator=_pos)
+
+
 def _io(p: AttentionParams) -> tuple[list[TensorInfo], list[TensorInfo]]:
     qs = (p.batch, p.heads, p.seq_q, p.head_dim)
     ks = (p.batch, p.kv_heads, p.seq_kv, p.head_dim)
     return ([TensorInfo("q", qs, p.dtype), TensorInfo("k", ks, p.dtype), TensorInfo("v", ks, p.dtype)],
             [TensorInfo("o", qs, p.dtype)])
+
+
+def _kv_inputs(cache: KvCache) -> list[TensorInfo]:
+    """The cache bytes an attention kernel must read, as profiling lists them: whole
+    per_layer tensors; the layer's slice of the contiguous cache (K and V of every
+    token, without the row padding); the tokens of the paged pools and the block
+    table. (The roofline counts every listed byte as read.)"""
+    p = cache.p
+    tokens = (p.batch, p.kv_heads, p.context, p.head_dim)
+    if p.layout == "per_layer":
+        return [TensorInfo("k_cache", tokens, p.dtype), TensorInfo("v_cache", tokens, p.dtype)]
+    if p.layout == "contiguous":
+        return [TensorInfo("kv_cache_layer", (p.batch, p.kv_heads, p.context, 2 * p.head_dim), p.dtype)]
+    return [TensorInfo("k_cache_blocks", tokens, p.dtype), TensorInfo("v_cache_blocks", tokens, p.dtype),
+            TensorInfo("block_table", (p.batch, cache.max_blocks), "int32")]
+
+
+def _kv_cache(p, context: int, hw: HwConfig, gm: GmArena, op: str) -> KvCache:
+    """The KvCache a reader with params p (kv_layout, layers, layer, block_tokens) sees."""
+    e = DTYPE_BYTES[p.dtype]
+    if p.kv_layout != "per_layer" and (p.head_dim * e) % UB_BLOCK:
+        raise ProgramError(f"op {op}: head_dim={p.head_dim} makes a head {p.head_dim * e} bytes, not a multiple "
+                           f"of {UB_BLOCK}: the {p.kv_layout} layout's pieces would be misaligned in local memory")
+    return KvCache.of(hw, gm, batch=p.batch, kv_heads=p.kv_heads, head_dim=p.head_dim, context=context,
+                      dtype=p.dtype, layout=p.kv_layout, layers=p.layers, layer=p.layer,
+                      block_tokens=p.block_tokens)
+
+
+def _table_read(cache: KvCache, b: int, first: int, last: int, mem: Mem, dst: int) -> list:
+    """Paged: the block-table entries first..last of sequence b, read once at the start of
+    a block (one small transfer), then handed to the scalar unit, which turns them into
+    the addresses of the block loads before MTE2 may issue them.
+    # assumption: the scalar unit's table lookups cost the transfer and the hand-off only"""
+    n = last - first + 1
+    return [Copy(GM, mem, cache.table.addr + (b * cache.max_blocks + first) * 4, dst, n * 4),
+            SetFlag(MTE2, Pipe.S, 0), WaitFlag(MTE2, Pipe.S, 0), SetFlag(Pipe.S, MTE2, 0), WaitFlag(Pipe.S, MTE2, 0)]
+
+
+def _table_bytes(p, context: int) -> int:
+    """Local bytes for a whole sequence's block-table entries (paged; 0 otherwise)."""
+    return cdiv(context, p.block_tokens) * 4 if p.kv_layout == "paged" else 0
 
 
 # ================================================================ FlashAttention
@@ -195,6 +269,8 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _
         "v": [cube.alloc(f"v_l1_{i}", L1, kt * d * e) for i in (0, 1)],
         "p": [cube.alloc(f"p_l1_{i}", L1, qt * kt * e) for i in (0, 1)],
     }
+    if _table_bytes(p, p.seq_kv):
+        l1["table"] = cube.alloc("block_table", L1, _table_bytes(p, p.seq_kv))
     r = cdiv(qt, 2)  # rows per AIV
 
     def vec_buffers(rc: int) -> tuple[Buffers, dict]:
@@ -275,13 +351,52 @@ def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]
     return rows, steps
 
 
+@frozen
+class _KvRead:
+    """How a block's cube loads a step of K or V from the cache into L1 (dense [keys, head_dim]).
+
+    per_layer: one segment per step. contiguous: a token's K and V sit side by side in
+    one row, but the cube uses K two steps before V and L1 has no room to hold V that
+    long (its K, V and P buffers are already ping-ponged), so a kernel author loads
+    them separately, each a strided read of one head_dim piece per row (256 of 512
+    bytes at head_dim 128 fp16); the rows' other half is in L2 by the time it is
+    wanted. paged: one segment per block the step touches, at the physical block the
+    table names (addresses are data, so the block's program is its own: a concrete
+    sequence and head, no loops)."""
+
+    cache: KvCache
+    k: object = 0  # per_layer / contiguous: GM address of token 0 of the block's K head (int or Affine)
+    v: object = 0
+    seq: int = 0  # paged: the block's sequence and KV head
+    head: int = 0
+
+    def load(self, which: str, k0: _Lin, kt: int, dst: int) -> list:
+        c = self.cache
+        piece = c.p.head_dim * c.e
+        if c.p.layout == "paged":
+            assert not k0.terms, "paged steps are not looped: their blocks are data"
+            out, off = [], 0
+            for a, n in c.runs(which, self.seq, self.head, k0.c, kt):
+                out.append(Copy(GM, L1, a, dst + off, n * piece))
+                off += n * piece
+            return out
+        pitch = c.token_pitch()
+        return [gm_copy(GM, L1, _at(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece)]
+
+    def start(self, g: _FaGeometry) -> list:
+        """Paged: the sequence's block-table entries, once per block."""
+        if self.cache.p.layout != "paged":
+            return []
+        return _table_read(self.cache, self.seq, 0, self.cache.max_blocks - 1, L1, g.l1["table"])
+
+
 class _Cube:
     """The AIC side of a block: loads Q, K, V (MTE2), Q K^T and P V on the cube
     (MTE1 feeds L0A/L0B, M multiplies into L0C), FixPipe writes S and the partial O
     to the block's workspace and tells the AIVs; P comes back from them."""
 
-    def __init__(self, g: _FaGeometry, q, k, v, w):
-        self.g, self.q, self.k, self.v, self.w = g, q, k, v, w
+    def __init__(self, g: _FaGeometry, q, kv: _KvRead, w):
+        self.g, self.q, self.kv, self.w = g, q, kv, w
         self.out: list = []
         self.mm = 0  # Mmads issued: L0A/L0B pair mm % 2
         self.cc = 0  # L0C tiles used: c_l0[cc % 2]
@@ -294,11 +409,8 @@ class _Cube:
                      SetFlag(MTE2, MTE1, _Q + i)]
 
     def load_kv(self, st: _Step, which: str) -> None:
-        g = self.g
-        d, e, i = g.p.head_dim, g.e, st.sp
-        base, fid = (self.k, _K) if which == "k" else (self.v, _V)
-        self.out += [WaitFlag(MTE1, MTE2, fid + i),
-                     Copy(GM, L1, _at(base, st.k0, d * e), g.l1[which][i], st.kt * d * e),
+        i, fid = st.sp, _K if which == "k" else _V
+        self.out += [WaitFlag(MTE1, MTE2, fid + i), *self.kv.load(which, st.k0, st.kt, self.g.l1[which][i]),
                      SetFlag(MTE2, MTE1, fid + i)]
 
     def qk(self, st: _Step, reuse: bool) -> None:
@@ -473,7 +585,8 @@ class _Vec:
         return [WaitFlag(V, MTE2, i) for i in range(3)] + [WaitFlag(MTE3, V, i) for i in range(3)]
 
 
-def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, k, v, o, w) -> tuple[Program, Program]:
+def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, o, w,
+                 loops: bool = True) -> tuple[Program, Program]:
     """The AIC and AIV programs of a block working through q tiles `tiles` of one head.
 
     Slot s: the cube computes Q K^T of step s+2 and P V of step s; the AIVs do the
@@ -481,9 +594,10 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, k, v, o, w) -
     after its last step). The cube running two steps ahead keeps both sides busy:
     the chain P(s) -> P V -> Q K^T -> S -> softmax has two steps to complete. The
     pipeline runs on across q tiles. Slots that look alike become a Loop (two per
-    iteration: ping and pong); in a non-causal head whole tiles look alike and loop."""
-    cube, vec = _Cube(g, q, k, v, w), _Vec(g, o, w)
-    cube.out, vec.out = cube.prologue(), vec.prologue()
+    iteration: ping and pong); in a non-causal head whole tiles look alike and loop
+    (unless loops=False: steps whose addresses are data, as a paged cache's)."""
+    cube, vec = _Cube(g, q, kv, w), _Vec(g, o, w)
+    cube.out, vec.out = cube.prologue() + kv.start(g), vec.prologue()
     nsteps = [len(specs[t][1]) for t in tiles]
     start = [0]
     for n in nsteps:
@@ -540,7 +654,7 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, k, v, o, w) -
         n = nsteps[i]
         steps = [step(i, j, lin) for j in range(n + 2)]  # and two past the tile's end
         run = 0  # slots 0 .. run-1 look alike: their s+1 and s+2 are in this tile, unmasked, not its last
-        while run <= n - 4 and not steps[run + 1].masked and not steps[run + 2].masked:
+        while loops and run <= n - 4 and not steps[run + 1].masked and not steps[run + 2].masked:
             run += 1
         if run >= 2:
             looped("j", run // 2, lambda: [slot(*(moved(steps[x + i]) for i in range(3))) for x in (0, 1)])
@@ -563,7 +677,7 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, k, v, o, w) -
     same = 1
     while (same < len(tiles) and tiles[same] == tiles[0] + same and specs[tiles[same]] == specs[tiles[0]]):
         same += 1
-    pairs = max(0, (same - 2) // 2)
+    pairs = max(0, (same - 2) // 2) if loops else 0
     if pairs >= 1:
         lin = lambda i: _Lin((tiles[0] + i) * g.qt, (("tt", 2 * g.qt),))  # noqa: E731
         looped("tt", pairs, lambda: [emit_tile(i, lin) for i in (0, 1)])
@@ -602,8 +716,8 @@ def _splits(heads: int, cores: int, work: list[int], contiguous: bool) -> int:
     return best[1]
 
 
-@register("flash_attention", AttentionParams, FlashAttentionTiling)
-def lower_flash_attention(p: AttentionParams, hw: HwConfig, gm: GmArena,
+@register("flash_attention", FlashAttentionParams, FlashAttentionTiling)
+def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
                           tiling: FlashAttentionTiling | None) -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
 
@@ -623,18 +737,21 @@ def lower_flash_attention(p: AttentionParams, hw: HwConfig, gm: GmArena,
 
     Blocks: every core first takes whole heads (block b = head b, in waves); the
     heads left over are split into q-tile sets of equal work (longest-first when
-    causal) so the last wave fills the cores too."""
+    causal) so the last wave fills the cores too.
+
+    K and V come from the KV cache in kv_layout (seq_kv = its capacity, `layer` of
+    `layers`); see _KvRead for what each layout's loads are."""
     t = tiling or FlashAttentionTiling()
     if not (t.q_tile and t.kv_tile and t.sub_tile):
         t = choose_flash_tiling(p, hw, t)
     g = _fa_geometry(p, t, hw)
     e, d, grp = g.e, p.head_dim, p.group
     bkv = p.batch * p.kv_heads
-    hs, ks = p.seq_q * d * e, p.seq_kv * d * e
+    hs = p.seq_q * d * e
     Q = gm.tensor("q", p.batch * p.heads * hs)
-    K = gm.tensor("k", bkv * ks)
-    Vt = gm.tensor("v", bkv * ks)
+    cache = _kv_cache(p, p.seq_kv, hw, gm, "flash_attention")
     O = gm.tensor("o", p.batch * p.heads * hs)
+    paged = p.kv_layout == "paged"
     n_tiles = cdiv(p.seq_q, g.qt)
     specs = [_tile_steps(g, i) for i in range(n_tiles)]
     work = [len(s[1]) + 1 for s in specs]
@@ -653,14 +770,22 @@ def lower_flash_attention(p: AttentionParams, hw: HwConfig, gm: GmArena,
     W = gm.tensor("workspace", len(blocks) * g.ws_bytes)
     wb = Affine(W.addr, (("block", g.ws_bytes),))
 
+    def kv_head(which: str, bk: int) -> int:
+        """GM address of token 0 of K or V head bk (= batch * kv_heads + head)."""
+        return cache.token_addr(which, *divmod(bk, p.kv_heads), 0)
+
+    def kv_affine(bk: int, n: int) -> bool:
+        """KV heads bk .. bk+n equally spaced (a run of blocks can share a program)."""
+        return all(kv_head(w, bk + n) - kv_head(w, bk) == n * (kv_head(w, bk + 1) - kv_head(w, bk)) for w in "kv")
+
     aic, aiv = [], []
     b = 0
-    while b < len(blocks):  # runs of blocks: same kind, same gi, consecutive bk
+    while b < len(blocks):  # runs of blocks: same kind, same gi, consecutive and equally spaced bk
         kind, u = blocks[b]
         gi, bk = divmod(u, bkv)
         end = b + 1
-        while end < len(blocks) and blocks[end][0] == kind and blocks[end][1] == u + end - b \
-                and blocks[end][1] // bkv == gi:
+        while not paged and end < len(blocks) and blocks[end][0] == kind and blocks[end][1] == u + end - b \
+                and blocks[end][1] // bkv == gi and kv_affine(bk, end - b):
             end += 1
 
         def at(tensor, per_head: int, head: int, heads_per_block: int):
@@ -669,16 +794,22 @@ def lower_flash_attention(p: AttentionParams, hw: HwConfig, gm: GmArena,
             return Affine(tensor.addr + head * per_head - b * step, (("block", step),))
 
         qh = bk * grp + gi
+        if paged:
+            kv = _KvRead(cache, seq=bk // p.kv_heads, head=bk % p.kv_heads)
+        else:  # the run's KV heads, one step apart per block
+            steps = [kv_head(w, bk + 1) - kv_head(w, bk) if end - b > 1 else 0 for w in "kv"]
+            kv = _KvRead(cache, *(Affine(kv_head(w, bk) - b * s, (("block", s),)) for w, s in zip("kv", steps)))
         progs = _fa_programs(g, list(range(n_tiles)) if kind < 0 else parts[kind], specs,
-                             at(Q, hs, qh, grp), at(K, ks, bk, 1), at(Vt, ks, bk, 1), at(O, hs, qh, grp), wb)
+                             at(Q, hs, qh, grp), kv, at(O, hs, qh, grp), wb, loops=not paged)
         aic += [progs[0]] * (end - b)
         aiv += [progs[1]] * (end - b)
         b = end
     if all(x is aic[0] for x in aic):  # every block runs one program: verify checks it once
         aic, aiv = aic[:1], aiv[:1]
-    kernel = Kernel("flash_attention", CoreType.MIX, len(blocks), aic=aic, aiv=aiv, gm=[Q, K, Vt, O, W],
+    kernel = Kernel("flash_attention", CoreType.MIX, len(blocks), aic=aic, aiv=aiv, gm=[Q, *cache.tensors, O, W],
                     workspace_bytes=W.nbytes, op_type="flash_attention")
     ins, outs = _io(p)
+    ins = [ins[0], *_kv_inputs(cache)]
     return Lowered(
         op_type="flash_attention", params=p, tiling=t, kernels=[kernel],
         flops=4.0 * p.batch * p.heads * d * p.visible_pairs(),
@@ -781,6 +912,10 @@ class DecodeAttentionParams:
     head_dim: int = param(128, "elements per head", validator=_pos)
     context: int = param(4096, "cached tokens the new token attends to (itself included)", validator=_pos)
     dtype: str = param("fp16", "dtype of q, the KV cache and o", validator=_DTYPES)
+    kv_layout: str = param("per_layer", _KV_LAYOUT_HELP, validator=validators.in_(KV_LAYOUTS))
+    layers: int = param(1, _LAYERS_HELP, validator=_pos)
+    layer: int = param(0, _LAYER_HELP, validator=[validators.ge(0), _below_layers])
+    block_tokens: int = param(128, _BLOCK_HELP, validator=_pos)
 
     @property
     def group(self) -> int:
@@ -795,11 +930,17 @@ class DecodeAttentionTiling:
 
 
 def _decode_buffers(p: DecodeAttentionParams, kc: int, hw: HwConfig) -> tuple[Buffers, dict]:
+    """UB of a decode block. contiguous: one buffer of [keys, row] per ping/pong, K at
+    the start of each row and V after it (one DMA fills both)."""
     e, d, grp = DTYPE_BYTES[p.dtype], p.head_dim, p.group
     buf = Buffers(hw, "decode_attention")
-    ub = {
-        "k": [buf.alloc(f"k_ub_{i}", UB, kc * d * e) for i in (0, 1)],
-        "v": [buf.alloc(f"v_ub_{i}", UB, kc * d * e) for i in (0, 1)],
+    if p.kv_layout == "contiguous":
+        kv = [buf.alloc(f"kv_ub_{i}", UB, kc * kv_row_bytes(d, p.dtype, hw)) for i in (0, 1)]
+        ub = {"k": kv, "v": [a + d * e for a in kv]}
+    else:
+        ub = {"k": [buf.alloc(f"k_ub_{i}", UB, kc * d * e) for i in (0, 1)],
+              "v": [buf.alloc(f"v_ub_{i}", UB, kc * d * e) for i in (0, 1)]}
+    ub |= {
         "prod": buf.alloc("products", UB, kc * d * e),
         "q": buf.alloc("q", UB, grp * d * e),
         "s": buf.alloc("scores", UB, grp * kc * 4),
@@ -811,6 +952,8 @@ def _decode_buffers(p: DecodeAttentionParams, kc: int, hw: HwConfig) -> tuple[Bu
         "alpha": buf.alloc("rescale", UB, grp * STAT),
         "red": buf.alloc("reduce", UB, grp * STAT),
     }
+    if _table_bytes(p, p.context):
+        ub["table"] = buf.alloc("block_table", UB, _table_bytes(p, p.context))
     return buf, ub
 
 
@@ -857,20 +1000,27 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     kernel would need for every tile (S out, P back, partial O out). The vector cost
     per cached byte grows with the group: past about 4-6 query heads per KV head
     (kv_heads << heads) the dot products, not HBM, would set the pace and the cube,
-    with the group's heads as M, would be the better engine."""
+    with the group's heads as M, would be the better engine.
+
+    The KV cache is read in kv_layout (`layer` of `layers`): per_layer, a tile of K and
+    one of V are one segment each; contiguous, one DMA brings a tile's K and V together
+    (one segment per tile: its rows hold both, and the vector ops read K and V out of
+    the rows with their repeat stride) - a kernel author would not split it into two
+    strided half-row reads; paged, one segment per block of K and of V, at the
+    physical blocks the block table names (read once per block of the kernel), so the
+    tiles are not looped."""
     t = tiling or choose_decode_tiling(p, hw)
     kc = t.kv_tile or choose_decode_tiling(p, hw).kv_tile
-    _, ub = _decode_buffers(p, kc, hw)
-    buf, _ = _decode_buffers(p, kc, hw)
+    buf, ub = _decode_buffers(p, kc, hw)
     e, d, grp = DTYPE_BYTES[p.dtype], p.head_dim, p.group
     units = p.batch * p.kv_heads
     chunk = align_up(cdiv(p.context, t.splits or choose_decode_tiling(p, hw).splits), kc)
     splits = cdiv(p.context, chunk)
-    ks = p.context * d * e
     Q = gm.tensor("q", p.batch * p.heads * d * e)
-    K = gm.tensor("k", units * ks)
-    Vt = gm.tensor("v", units * ks)
+    cache = _kv_cache(p, p.context, hw, gm, "decode_attention")
     O = gm.tensor("o", p.batch * p.heads * d * e)
+    paged, together = p.kv_layout == "paged", p.kv_layout == "contiguous"
+    pitch = cache.token_pitch()
     Wo = gm.tensor("partial_o", units * grp * splits * d * 4)
     Ws = gm.tensor("partial_stats", units * grp * splits * STAT)
 
@@ -906,12 +1056,31 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         moves = {ub["k"][0]: ub["k"][x], ub["v"][0]: ub["v"][x]}
         return [attrs.evolve(o, srcs=tuple(moves.get(s, s) for s in o.srcs)) for o in ops]
 
+    def loads(b: int, h: int, x: int, pos: int, nk: int, j_tokens: int) -> list:
+        """MTE2 copies of tile (pos, nk keys) of KV head (b, h) into buffer set x; the
+        tile moves by j_tokens per iteration of loop j (0: not in a loop)."""
+        if paged:
+            out = []
+            for which in "kv":
+                off = 0
+                for a, n in cache.runs(which, b, h, pos, nk):
+                    out.append(Copy(GM, UB, a, ub[which][x] + off, n * d * e))
+                    off += n * d * e
+            return out
+        step = {"j": j_tokens * pitch}
+        if together:  # the rows carry K and V: one segment
+            return [Copy(GM, UB, addr(cache.token_addr("k", b, h, pos), **step), ub["k"][x], nk * pitch)]
+        return [Copy(GM, UB, addr(cache.token_addr(w, b, h, pos), **step), ub[w][x], nk * d * e) for w in "kv"]
+
     def program(u: int, sp: int) -> Program:
+        b, h = divmod(u, p.kv_heads)
         c0 = sp * chunk
         n_keys = min(chunk, p.context - c0)
         full, tail = divmod(n_keys, kc)
-        k_at, v_at = K.addr + u * ks + c0 * d * e, Vt.addr + u * ks + c0 * d * e
-        body = [SetFlag(V, MTE2, 0), SetFlag(V, MTE2, 1),
+        head = _table_read(cache, b, c0 // p.block_tokens, (c0 + n_keys - 1) // p.block_tokens, UB,
+                           ub["table"]) if paged else []
+        body = head + [
+                SetFlag(V, MTE2, 0), SetFlag(V, MTE2, 1),
                 Copy(GM, UB, Q.addr + u * grp * d * e, ub["q"], grp * d * e), SetFlag(MTE2, V, 2),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["m"], flops_per_elem=0),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["l"], flops_per_elem=0),
@@ -920,16 +1089,17 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
 
         def tile(nk: int, first: int, in_loop: bool):
             def make(x: int, j_off: int) -> list:
-                off = (first + j_off * nk) * d * e
-                step = {"j": 2 * nk * d * e} if in_loop else {}
-                return [WaitFlag(V, MTE2, x),
-                        Copy(GM, UB, addr(k_at + off, **step), ub["k"][x], nk * d * e),
-                        Copy(GM, UB, addr(v_at + off, **step), ub["v"][x], nk * d * e),
+                pos = c0 + first + j_off * nk
+                return [WaitFlag(V, MTE2, x), *loads(b, h, x, pos, nk, 2 * nk if in_loop else 0),
                         SetFlag(MTE2, V, x), WaitFlag(MTE2, V, x),
                         *with_buffers(tile_ops(nk), x), SetFlag(V, MTE2, x)]
             return make
 
-        body += pingpong("j", full, tile(kc, 0, True))
+        if paged:  # every tile its own blocks: unrolled
+            for j in range(full):
+                body += tile(kc, 0, False)(j % 2, j)
+        else:
+            body += pingpong("j", full, tile(kc, 0, True))
         if tail:
             body += tile(tail, full * kc, False)(full % 2, 0)
         part = (u * grp * splits + sp)
@@ -940,7 +1110,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         return Program(body, buf.buffers)
 
     progs = [program(u, sp) for u in range(units) for sp in range(splits)]
-    k1 = Kernel("decode_attention", CoreType.AIV, len(progs), aiv=progs, gm=[Q, K, Vt, O, Wo, Ws],
+    k1 = Kernel("decode_attention", CoreType.AIV, len(progs), aiv=progs, gm=[Q, *cache.tensors, O, Wo, Ws],
                 op_type="decode_attention")
 
     rows = p.batch * p.heads
@@ -968,8 +1138,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         [Stream(O, out_row, 0, 0, out_pitch if out_pitch != out_row else 0)],
         combine, tmp_row_bytes=[s_row, STAT], quantum=quantum)
     qs = (p.batch, p.heads, 1, d)
-    kvs = (p.batch, p.kv_heads, p.context, d)
-    ins = [TensorInfo("q", qs, p.dtype), TensorInfo("k", kvs, p.dtype), TensorInfo("v", kvs, p.dtype)]
+    ins = [TensorInfo("q", qs, p.dtype), *_kv_inputs(cache)]
     outs = [TensorInfo("o", qs, p.dtype)]
     return Lowered(
         op_type="decode_attention", params=p, tiling=attrs.evolve(t, kv_tile=kc, splits=splits),

@@ -225,6 +225,25 @@ class KvCacheWriteParams:
         return self.context - self.new_tokens if self.position < 0 else self.position
 
 
+def scatter_step(num_blocks: int) -> int:
+    """The stride of the paged layout's block permutation: logical block i (counted over
+    every sequence) lives in physical block i * step mod num_blocks. The step is coprime
+    with num_blocks (so it is a permutation) and about half of it (so neighbours land
+    far apart)."""
+    return next(m for m in range(num_blocks // 2 + 1, 2 * num_blocks + 2) if math.gcd(m, num_blocks) == 1)
+
+
+def physical_block(b: int, logical: int, max_blocks: int, num_blocks: int) -> int:
+    """Physical block holding logical block `logical` of sequence b in the paged layout
+    (what the block table says; the kernels and the executor's starting cache agree)."""
+    return (b * max_blocks + logical) * scatter_step(num_blocks) % num_blocks
+
+
+def kv_row_bytes(head_dim: int, dtype: str, hw: HwConfig) -> int:
+    """Bytes of one token's row of the contiguous layout: its K and V, padded to the DMA burst."""
+    return align_up(2 * head_dim * DTYPE_BYTES[dtype], hw.dma.burst_bytes)
+
+
 class KvCache:
     """Where each token of a KV cache lives, per layout (GM addresses of K and V rows).
 
@@ -249,7 +268,7 @@ class KvCache:
             self.v = gm.tensor("v_cache", b * h * s * d * e)
             self.tensors = [self.k, self.v]
         elif p.layout == "contiguous":
-            self.row = align_up(2 * d * e, hw.dma.burst_bytes)
+            self.row = kv_row_bytes(d, p.dtype, hw)
             self.kv = gm.tensor("kv_cache", b * p.layers * h * s * self.row)
             self.tensors = [self.kv]
         else:
@@ -259,11 +278,35 @@ class KvCache:
             self.v = gm.tensor("v_cache", self.num_blocks * h * p.block_tokens * d * e)
             self.table = gm.tensor("block_table", b * self.max_blocks * 4)
             self.tensors = [self.k, self.v, self.table]
-            self._step = next(m for m in range(self.num_blocks // 2 + 1, 2 * self.num_blocks + 2)
-                              if math.gcd(m, self.num_blocks) == 1)
+
+    @classmethod
+    def of(cls, hw: HwConfig, gm: GmArena, *, batch: int, kv_heads: int, head_dim: int, context: int, dtype: str,
+           layout: str, layers: int, layer: int, block_tokens: int) -> KvCache:
+        """The cache an attention kernel reads: the same tensors (names, sizes) and
+        addresses kv_cache_write uses for this description."""
+        p = KvCacheWriteParams(batch=batch, kv_heads=kv_heads, head_dim=head_dim, new_tokens=1, context=context,
+                               layers=layers, layer=layer, layout=layout, block_tokens=block_tokens, dtype=dtype)
+        return cls(p, hw, gm)
 
     def physical_block(self, b: int, logical: int) -> int:
-        return (b * self.max_blocks + logical) * self._step % self.num_blocks
+        return physical_block(b, logical, self.max_blocks, self.num_blocks)
+
+    def token_pitch(self) -> int:
+        """Bytes from one token of a head to the next inside a run (a block, when paged)."""
+        return self.row if self.p.layout == "contiguous" else self.p.head_dim * self.e
+
+    def runs(self, which: str, b: int, h: int, pos: int, n: int) -> list[tuple[int, int]]:
+        """Tokens pos .. pos+n-1 of sequence b, head h as (GM address, tokens) runs, each
+        contiguous in GM (token_pitch apart): one run, or one per paged block touched,
+        in the order of the tokens (the blocks' physical order is scattered)."""
+        if self.p.layout != "paged":
+            return [(self.token_addr(which, b, h, pos), n)]
+        out, bt = [], self.p.block_tokens
+        while n > 0:
+            take = min(n, bt - pos % bt)
+            out.append((self.token_addr(which, b, h, pos), take))
+            pos, n = pos + take, n - take
+        return out
 
     def head_stride(self) -> int:
         """Bytes from one head's run of tokens to the next head's."""

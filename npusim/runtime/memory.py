@@ -21,6 +21,14 @@ from npusim.passes.memplan import PLANNED_KINDS, align
 GIB = 1 << 30
 
 
+def size(n: float) -> str:
+    """Bytes in the binary unit that keeps 1-4 digits before the point."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 class OutOfMemoryError(NpusimError):
     """Weights + KV cache + activations + workspace exceed the device memory."""
 
@@ -42,10 +50,9 @@ class MemoryBreakdown:
         return self.total_bytes <= self.capacity_bytes
 
     def line(self) -> str:
-        g = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
-        return (f"weights {g(self.weights_bytes)} + KV cache {g(self.kv_bytes)} + activations "
-                f"{g(self.activation_bytes)} + workspace {g(self.workspace_bytes)} = {g(self.total_bytes)} "
-                f"of {g(self.capacity_bytes)}")
+        return (f"weights {size(self.weights_bytes)} + KV cache {size(self.kv_bytes)} + activations "
+                f"{size(self.activation_bytes)} + workspace {size(self.workspace_bytes)} = "
+                f"{size(self.total_bytes)} of {size(self.capacity_bytes)}")
 
 
 def _region(graph: Graph, kinds: tuple[str, ...], start: int) -> tuple[dict[str, int], int]:
@@ -81,4 +88,4 @@ def place(graph: Graph, capacity_bytes: int) -> Placement:
     return Placement(weights | kv | acts, at2 + act_bytes, breakdown)
 
 
-__all__ = ["MemoryBreakdown", "OutOfMemoryError", "Placement", "place"]
+__all__ = ["MemoryBreakdown", "OutOfMemoryError", "Placement", "place", "size"]

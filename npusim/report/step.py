@@ -1,0 +1,161 @@
+"""Reports of a simulated decoder step: the console summary, the JSON contract,
+the weight-read floor analysis and the side-by-side comparison."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from npusim.report.contract import run_json
+from npusim.runtime.decoder import Comparison
+from npusim.runtime.memory import size
+from npusim.runtime.run import GraphRun
+
+GB = 1e9
+MIB = 1 << 20
+
+
+@frozen
+class Floor:
+    """Where a step's time goes relative to reading every weight once from HBM.
+
+    floor_us: weight bytes / sustained HBM bandwidth - no step can be faster.
+    other_hbm_us: the rest of the HBM traffic (KV cache, activations) at that bandwidth.
+    idle_us: time no kernel ran (host launch and synchronisation gaps, kernel start costs).
+    kernel_excess_us: what remains - kernels running slower than their HBM traffic
+    (compute, latency, bandwidth not reached)."""
+
+    latency_us: float
+    floor_us: float
+    other_hbm_us: float
+    idle_us: float
+    kernel_excess_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.latency_us / self.floor_us if self.floor_us else float("inf")
+
+
+def floor_of(run: GraphRun) -> Floor:
+    hw = run.hw
+    s = run.result.stats
+    bw = hw.hbm_bytes_per_cycle
+    weights = run.memory.weights_bytes
+    floor = hw.us(weights / bw)
+    other = hw.us(max(s.hbm_read_bytes + s.hbm_write_bytes - weights, 0.0) / bw)
+    busy, end = 0.0, 0.0
+    for r in sorted(run.result.kernels, key=lambda r: r.start):  # union of kernel spans
+        if r.end > end:
+            busy += r.end - max(r.start, end)
+            end = r.end
+    idle = hw.us(run.result.cycles - busy)
+    return Floor(run.latency_us, floor, other, idle, run.latency_us - floor - other - idle)
+
+
+def by_type(run: GraphRun) -> list[tuple[str, int, float]]:
+    """(op type, kernel count, total µs) by time, largest first."""
+    out: dict[str, list] = {}
+    for r in run.result.kernels:
+        e = out.setdefault(r.op_type, [0, 0.0])
+        e[0] += 1
+        e[1] += run.hw.us(r.cycles)
+    return sorted(((k, c, t) for k, (c, t) in out.items()), key=lambda x: -x[2])
+
+
+def _title(run: GraphRun) -> str:
+    g = run.graph
+    lengths = g.lengths[0] if len(set(g.lengths)) == 1 else f"{min(g.lengths)}..{max(g.lengths)}"
+    what = "context" if g.phase == "decode" else "prompt"
+    passes = ", ".join(g.applied) or "none"
+    return (f"{g.workload.name} {g.phase} on {run.hw.name}: batch {g.batch} x {what} {lengths}, "
+            f"passes: {passes}" + ("" if run.memo else " (every layer simulated)"))
+
+
+def summary(run: GraphRun, top: int = 5) -> str:
+    r, hw, m = run.result, run.hw, run.memory
+    s = r.stats
+    f = floor_of(run)
+    lines = [
+        _title(run),
+        f"  latency        {run.latency_us:,.1f} us ({r.cycles:,.0f} cycles), {run.tokens_per_s:,.1f} tokens/s",
+        f"  HBM traffic    read {s.hbm_read_bytes / GB:.3f} GB, write {s.hbm_write_bytes / GB:.3f} GB "
+        f"({r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s); L2 hit rate {100 * s.l2_hit_rate:.1f}%",
+        f"  peak memory    {size(m.total_bytes)}: {m.line()}",
+        f"  kernels        {len(r.kernels)}",
+        f"  host           launch {hw.us(r.host_launch_cycles):,.1f} us, wait {hw.us(r.host_wait_cycles):,.1f} us "
+        "(blocked in synchronize: the device was behind)",
+        f"  weight floor   {f.floor_us:,.1f} us (weights / sustained HBM bandwidth); this step is "
+        f"{f.ratio:.2f}x it: + other HBM traffic {f.other_hbm_us:,.1f} us, + device idle {f.idle_us:,.1f} us, "
+        f"+ kernels slower than their traffic {f.kernel_excess_us:,.1f} us",
+        "  top op types   " + "; ".join(f"{t} {us:,.1f} us ({c})" for t, c, us in by_type(run)[:top]),
+    ]
+    return "\n".join(lines)
+
+
+def step_json(run: GraphRun) -> dict:
+    g, f, m = run.graph, floor_of(run), run.memory
+    return run_json(run.result, m.total_bytes, run.tokens, extra={
+        "workload": g.workload.name, "phase": g.phase, "batch": g.batch, "lengths": list(g.lengths),
+        "passes": list(g.applied), "memoised_layers": run.memo,
+        "memory": {"weights_bytes": m.weights_bytes, "kv_bytes": m.kv_bytes,
+                   "activation_bytes": m.activation_bytes, "workspace_bytes": m.workspace_bytes,
+                   "capacity_bytes": m.capacity_bytes},
+        "weight_floor": {"floor_us": f.floor_us, "ratio": f.ratio, "other_hbm_us": f.other_hbm_us,
+                         "idle_us": f.idle_us, "kernel_excess_us": f.kernel_excess_us},
+    })
+
+
+_ROWS = (
+    ("latency (us)", lambda r: r.latency_us),
+    ("tokens/s", lambda r: r.tokens_per_s),
+    ("kernels", lambda r: len(r.result.kernels)),
+    ("trans_data kernels", lambda r: sum(1 for k in r.result.kernels if k.op_type == "trans_data")),
+    ("GM bytes (GB)", lambda r: r.result.stats.gm_bytes / GB),
+    ("HBM bytes (GB)", lambda r: (r.result.stats.hbm_read_bytes + r.result.stats.hbm_write_bytes) / GB),
+    ("DMA segments", lambda r: r.result.stats.dma_segments),
+    ("wasted burst bytes", lambda r: r.result.stats.wasted_burst_bytes),
+    ("peak memory (MiB)", lambda r: r.memory.total_bytes / MIB),
+    ("host launch (us)", lambda r: r.hw.us(r.result.host_launch_cycles)),
+    ("host wait (us)", lambda r: r.hw.us(r.result.host_wait_cycles)),
+)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 or float(v).is_integer() else f"{v:,.3f}"
+
+
+def comparison_table(c: Comparison) -> str:
+    """The pipelines side by side, then each pass's gain (added in pipeline order)."""
+    names = list(c.runs)
+    first = next(iter(c.runs.values()))
+    lines = [_title(first).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>16s}" for n in names)]
+    for label, get in _ROWS:
+        lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>16s}" for r in c.runs.values()))
+    lines += ["", "  each pass added in order (latency, then the figure it targets):"]
+    prev = c.runs.get("baseline", first)
+    for name, r in c.steps.items():
+        change = r.latency_us - prev.latency_us
+        lines.append(f"  + {name:12s} {r.latency_us:>14,.1f} us  ({change:+,.1f} us, {100 * change / prev.latency_us:+.1f}%)"
+                     f"  {_target(name, prev, r)}")
+        prev = r
+    return "\n".join(lines)
+
+
+def _target(name: str, before: GraphRun, after: GraphRun) -> str:
+    """The figure a pass is meant to move, before -> after."""
+    pick = {
+        "fusion": ("kernels", lambda r: len(r.result.kernels)),
+        "layout": ("trans_data us", lambda r: sum(r.hw.us(k.cycles) for k in r.result.kernels
+                                                   if k.op_type == "trans_data")),
+        "kv_layout": ("DMA segments", lambda r: r.result.stats.dma_segments),
+        "memplan": ("activation MiB", lambda r: r.memory.activation_bytes / MIB),
+        "sync": ("host wait us", lambda r: r.hw.us(r.result.host_wait_cycles)),
+        "launch": ("host launch us", lambda r: r.hw.us(r.result.host_launch_cycles)),
+        "streams": ("latency us", lambda r: r.latency_us),
+    }.get(name)
+    if pick is None:
+        return ""
+    label, get = pick
+    return f"{label} {_fmt(get(before))} -> {_fmt(get(after))}"
+
+
+__all__ = ["Floor", "by_type", "comparison_table", "floor_of", "step_json", "summary"]

@@ -1,0 +1,119 @@
+"""The runtime: the layer memo against the full simulation, the memory check, the
+weight-read floor, the run / compare / validate commands and the JSON contract."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from npusim.cli import main
+from npusim.graph import build_decoder
+from npusim.hw import load_hw
+from npusim.passes import apply
+from npusim.report.step import floor_of, step_json
+from npusim.runtime import OutOfMemoryError, run_graph
+from npusim.runtime.decoder import run_decoder
+from npusim.workload import load_workload
+
+HW = load_hw("ascend910b2")
+FOUR_LAYERS = attrs.evolve(load_workload("k3-tiny"), layers=4)
+SIX_LAYERS = attrs.evolve(load_workload("k3-tiny"), layers=6)
+
+
+@pytest.mark.parametrize("workload", [FOUR_LAYERS, SIX_LAYERS], ids=["4 layers", "6 layers"])
+@pytest.mark.parametrize("phase, lengths", [("decode", 64), ("decode", [64, 30]), ("prefill", 32)])
+@pytest.mark.parametrize("passes", ["baseline", "optimized", "fusion,sync,streams"])
+def test_layer_memo_matches_the_full_simulation(workload, phase, lengths, passes):
+    g = apply(build_decoder(workload, phase, 2, lengths), passes)
+    memo, full = run_graph(g, HW, memo=True), run_graph(g, HW, memo=False)
+    assert memo.memo and not full.memo
+    m, f = memo.result, full.result
+    print(f"\n{workload.layers} layers {phase} {passes}: memo {m.us:.2f} us vs full {f.us:.2f} us "
+          f"({m.us / f.us - 1:+.3%}); HBM {m.stats.hbm_read_bytes:.0f} vs {f.stats.hbm_read_bytes:.0f}")
+    assert m.cycles == pytest.approx(f.cycles, rel=0.01)
+    for what in ("gm_read_bytes", "gm_write_bytes", "flops", "dma_segments"):
+        assert getattr(m.stats, what) == pytest.approx(getattr(f.stats, what), rel=0.01), what
+    # HBM bytes depend on what the L2 holds when a replicated layer would have run: on these
+    # few-MB steps a layer's activations hit or miss differently, ~1% of the total
+    for what in ("hbm_read_bytes", "hbm_write_bytes"):
+        assert getattr(m.stats, what) == pytest.approx(getattr(f.stats, what), rel=0.02), what
+    assert m.host_launch_cycles == pytest.approx(f.host_launch_cycles, rel=0.01)
+    assert m.host_wait_cycles == pytest.approx(f.host_wait_cycles, rel=0.01, abs=HW.cycles(1e-6))
+    assert sorted(r.name for r in m.kernels) == sorted(r.name for r in f.kernels)
+
+
+def test_same_input_same_output():
+    a = step_json(run_decoder(SIX_LAYERS, HW, "decode", 2, [64, 40], "optimized"))
+    b = step_json(run_decoder(SIX_LAYERS, HW, "decode", 2, [64, 40], "optimized"))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_k3_that_does_not_fit_says_what_would():
+    with pytest.raises(OutOfMemoryError) as e:
+        run_decoder("k3", HW, "decode", batch=32, context=8192, passes="optimized")
+    msg = str(e.value)
+    print("\n" + msg)
+    assert "\n" not in msg
+    assert "KV cache 128.00 GiB" in msg and "weights 11.16 GiB" in msg and "of 64.00 GiB" in msg
+    best = int(msg.split("largest batch that fits at context 8192 is ")[1].split(",")[0])
+    # weights 11.16 GiB + 0.5 MiB of KV per token: 13 x 8192 tokens = 52 GiB fits, 14 x = 56 does not
+    assert best == 13
+
+
+@pytest.mark.parametrize("passes", ["baseline", "optimized"])
+def test_decode_is_never_below_the_weight_read_floor(passes):
+    run = run_decoder(SIX_LAYERS, HW, "decode", 1, 64, passes)
+    f = floor_of(run)
+    print(f"\n{passes}: {f.latency_us:.1f} us = {f.ratio:.2f} x floor {f.floor_us:.2f} us "
+          f"(+ other HBM {f.other_hbm_us:.2f}, idle {f.idle_us:.1f}, kernels {f.kernel_excess_us:.1f})")
+    assert run.latency_us >= f.floor_us
+    assert f.floor_us + f.other_hbm_us + f.idle_us + f.kernel_excess_us == pytest.approx(run.latency_us)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_run_prints_the_summary_and_writes_the_contract(capsys, tmp_path):
+    out = tmp_path / "run.json"
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for word in ("latency", "tokens/s", "HBM traffic", "L2 hit rate", "peak memory", "kernels", "host",
+                 "weight floor", "top op types"):
+        assert word in text
+    data = json.loads(out.read_text())
+    for key in ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_rate",
+                "peak_memory_bytes", "kernel_count", "host_launch_us", "host_wait_us", "ops", "by_type"):
+        assert key in data, key
+    for key in ("name", "type", "core_type", "block_dim", "start_us", "duration_us", "flops", "gm_bytes", "bound"):
+        assert key in data["ops"][0], key
+    assert data["kernel_count"] == len(data["ops"])
+    assert sum(v["count"] for v in data["by_type"].values()) == data["kernel_count"]
+
+
+def test_compare_shows_each_pass(capsys):
+    assert main(["compare", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]) == 0
+    text = capsys.readouterr().out
+    print(text)
+    for name in ("baseline", "optimized", "+ fusion", "+ layout", "+ kv_layout", "+ sync", "+ launch",
+                 "+ streams", "+ memplan"):
+        assert name in text
+
+
+def test_validate_command(capsys):
+    assert main(["validate", "--workload", "k3-tiny", "--passes", "optimized"]) == 0
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--workload", "k3-tiny", "--passes", "fusoin"], "unknown pass or pipeline 'fusoin'"),
+    (["run", "--workload", "nope"], "nope"),
+    (["run", "--workload", "k3-tiny", "--context", "64,x"], "--context"),
+    (["run", "--workload", "k3-tiny", "--batch", "2", "--context", "9999"], "exceeds"),
+    (["run", "--workload", "k3", "--batch", "32", "--context", "8192"], "largest batch that fits"),
+])
+def test_bad_input_is_one_line(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
