@@ -1,6 +1,8 @@
-"""Reports of a run: the JSON contract, Chrome traces, tables and plots."""
+"""Reports of a run: the JSON contract, Chrome traces, the step summary and comparison."""
 
 from npusim.report.contract import op_json, run_json
+from npusim.report.step import comparison_table, floor_of, step_json, summary
 from npusim.report.trace import chrome_trace, write_chrome_trace
 
-__all__ = ["chrome_trace", "op_json", "run_json", "write_chrome_trace"]
+__all__ = ["chrome_trace", "comparison_table", "floor_of", "op_json", "run_json", "step_json", "summary",
+           "write_chrome_trace"]

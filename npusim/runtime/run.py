@@ -51,8 +51,9 @@ class GraphRun:
 
     @property
     def tokens(self) -> int:
-        """Tokens this step produces: one per sequence (decode and prefill alike)."""
-        return self.graph.batch
+        """Tokens this step processes: one new token per sequence in decode, every
+        prompt token in prefill."""
+        return self.graph.batch if self.graph.phase == "decode" else sum(self.graph.lengths)
 
     @property
     def tokens_per_s(self) -> float:
