@@ -10,14 +10,15 @@ from npusim.errors import ConfigError
 from npusim.graph import build_decoder
 from npusim.graph.ir import Node
 from npusim.hw import load_hw
-from npusim.passes import PASSES, apply, fuse, pass_names
+from npusim.passes import PIPELINES, apply, fuse, pass_names
+from npusim.passes.buckets import bucket_of, compiles_over, distinct_kernels, first_run_compile_us, padding
 from npusim.passes.validate import validate, validate_passes
 from npusim.runtime import run_graph
 from npusim.workload import load_workload
 
 HW = load_hw("ascend910b2")
 TINY = load_workload("k3-tiny")
-ORDER = tuple(PASSES)
+ORDER = PIPELINES["optimized"]
 
 
 def _run(phase: str, passes, **options):
@@ -184,6 +185,32 @@ def test_a_broken_transform_fails_validation(broken):
     v = validate(build_decoder(TINY, "decode", 2, 64), broken)
     print("\n" + v.table())
     assert not v.passed
+
+
+def test_buckets_trade_padding_for_compiles():
+    lengths = [300, 97]
+    exact = apply(build_decoder(TINY, "decode", 2, lengths), "optimized")
+    padded = apply(build_decoder(TINY, "decode", 2, lengths), "optimized,buckets")
+    assert padded.applied[0] == "buckets" and padded.context == 512 and exact.context == 300
+    a, b = run_graph(exact, HW, memo=False), run_graph(padded, HW, memo=False)
+    trace = list(range(200, 500, 7))  # a sequence growing through 43 lengths
+    print(f"\nbuckets: padding {padding(exact):.1%} -> {padding(padded):.1%}, latency {a.latency_us:.1f} -> "
+          f"{b.latency_us:.1f} us; shapes compiled over {len(trace)} steps {compiles_over(trace, None)} -> "
+          f"{compiles_over(trace)}, {first_run_compile_us(padded, HW) / 1e3:.0f} ms each "
+          f"({distinct_kernels(padded)} kernels)")
+    assert padding(padded) > padding(exact)
+    assert b.latency_us >= a.latency_us  # the padding is computed on
+    assert compiles_over(trace) < compiles_over(trace, None)
+    assert validate_passes(TINY, "optimized,buckets", batch=2, context=lengths).passed
+    assert [bucket_of(n) for n in (1, 512, 513, 4096, 4097)] == [512, 512, 1024, 4096, 8192]
+    assert bucket_of(500, margin=16) == 1024
+
+
+def test_buckets_must_come_first():
+    with pytest.raises(ConfigError, match="buckets: must be the first pass"):
+        from npusim.passes.buckets import pad_to_bucket
+
+        pad_to_bucket(fuse(build_decoder(TINY, "decode", 1, 8)))
 
 
 # ---------------------------------------------------------------- options and errors

@@ -82,7 +82,7 @@ class _Builder:
 
 
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
-                  lengths: int | Sequence[int] | None = None) -> Graph:
+                  lengths: int | Sequence[int] | None = None, capacity: int | None = None) -> Graph:
     """The baseline (unfused) graph of one decode step or one prefill.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
@@ -90,17 +90,23 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     including the new token) or "prefill" (`lengths` = prompt lengths). `lengths`:
     one int for every sequence or one per sequence (ragged); default: the
     workload's max context in decode, 128 tokens in prefill. Shapes use the
-    longest length; the graph records every sequence's own."""
+    longest length (or `capacity`, a shape bucket at least that long: the step then
+    computes on padding, masked); the graph records every sequence's own."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     lengths = _lengths(w, phase, batch, lengths)
     decode = phase == "decode"
     ctx = max(lengths)
+    if capacity is not None:
+        if capacity < ctx or capacity > w.max_context_tokens:
+            raise ConfigError(f"build_decoder({w.name}, {phase}): capacity {capacity} must be between the longest "
+                              f"length {ctx} and max_context_tokens {w.max_context_tokens}")
+        ctx = capacity
     s = 1 if decode else ctx  # new tokens per sequence
     n = batch * s  # token-major rows
     h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads, w.kv_heads, w.ffn_size, w.vocab_size
     g = w.group
     dt = w.dtype
-    ragged = len(set(lengths)) > 1
+    ragged = len(set(lengths)) > 1 or ctx > max(lengths)  # some sequence shorter than the shapes
     masked = not decode or ragged
 
     b = _Builder(w)
@@ -202,7 +208,8 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     next_tokens = b.tensor("next_tokens", (batch,), "output", "int32")
     b.node("sample", "argmax", dict(shape=(batch, v), dtype=dt), {"logits": logits}, {"index": next_tokens})
 
-    return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w).check()
+    return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w,
+                 capacity=capacity if capacity != max(lengths) else None).check()
 
 
 def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
@@ -264,8 +271,11 @@ def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -
     """Values of the graph's host inputs. `tokens` [batch, seq] ids (default: random
     from `seed`; prompt padding beyond a sequence's length is id 0)."""
     w = graph.workload
-    if tokens is None:
-        tokens = np.random.default_rng([seed, 1]).integers(0, w.vocab_size, (graph.batch, graph.seq))
+    if tokens is None:  # drawn for the real lengths only: padded shapes (a bucket) get the same ids
+        real = 1 if graph.phase == "decode" else max(graph.lengths)
+        drawn = np.random.default_rng([seed, 1]).integers(0, w.vocab_size, (graph.batch, real))
+        tokens = np.zeros((graph.batch, graph.seq), dtype=np.int64)
+        tokens[:, :real] = drawn
         if graph.phase == "prefill":
             tokens = np.where(np.arange(graph.seq)[None, :] < np.array(graph.lengths)[:, None], tokens, 0)
     tokens = np.asarray(tokens, dtype=np.int32).reshape(graph.batch, graph.seq)

@@ -185,10 +185,15 @@ def random_kv(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _start_cache(graph: Graph, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """One layer's K or V before the step (logical [batch, kv_heads, context, head_dim])."""
+    """One layer's K or V before the step (logical [batch, kv_heads, context, head_dim]).
+    Drawn position by position up to the longest sequence only, so a graph whose
+    shapes are padded (a shape bucket) starts from the same cache."""
+    z = np.zeros(shape, dtype=np.float32)
     if graph.phase != "decode":
-        return np.zeros(shape, dtype=np.float32)
-    z = _rng(seed, name).standard_normal(shape).astype(np.float32)
+        return z
+    b, h, _, d = shape
+    n = max(graph.lengths)
+    z[:, :, :n] = _rng(seed, name).standard_normal((b, h, n, d)).astype(np.float32)
     old = np.arange(shape[2])[None, :] < np.array(graph.lengths)[:, None] - 1  # [batch, context]
     return z * old[:, None, :, None]
 

@@ -105,6 +105,8 @@ class Graph:
     batch: int
     lengths: tuple[int, ...] = field(converter=tuple)
     workload: Any = None  # the npusim.workload.Workload it was built from (RoPE theta, names, KV sizes)
+    # the length the shapes are built for, when larger than the longest sequence (a shape bucket)
+    capacity: int | None = None
     # weight made by a pass -> the original weights it concatenates along axis 0 (a fused
     # QKV or gate/up weight is prepared offline from the checkpoint's separate ones)
     derived: dict[str, tuple[str, ...]] = field(factory=dict, converter=dict)
@@ -117,13 +119,13 @@ class Graph:
 
     @property
     def seq(self) -> int:
-        """New tokens per sequence in this step: 1 in decode, the longest prompt in prefill."""
-        return 1 if self.phase == "decode" else max(self.lengths)
+        """New tokens per sequence in this step: 1 in decode, the (padded) prompt length in prefill."""
+        return 1 if self.phase == "decode" else self.context
 
     @property
     def context(self) -> int:
-        """Tokens the KV cache holds per sequence after this step (the longest length)."""
-        return max(self.lengths)
+        """Tokens the shapes hold per sequence: the longest length, or the capacity of a shape bucket."""
+        return self.capacity or max(self.lengths)
 
     @property
     def tokens(self) -> int:

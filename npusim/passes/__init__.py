@@ -1,7 +1,7 @@
 """Graph -> graph passes, each with a switch, composed into pipelines.
 
-`apply(graph, "optimized")` runs every pass in PASSES order; "baseline" runs
-none; a comma list ("fusion,memplan") runs those, still in PASSES order (a pass
+`apply(graph, "optimized")` runs every pass but buckets in PASSES order;
+"baseline" runs none; a comma list ("fusion,memplan") runs those, still in PASSES order (a pass
 relies on the ones before it: the KV layout needs fused attention to read the
 new layout, streams see the final nodes, the memory plan sees the final tensors
 and which nodes run concurrently). Options go to the pass that takes them: `fusion_rules` (a rules file or
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph
+from npusim.passes.buckets import DEFAULT_BUCKETS, pad_to_bucket
 from npusim.passes.fusion import RULES, fuse, load_rules
 from npusim.passes.kv_layout import KV_LAYOUTS, change_kv_layout
 from npusim.passes.layout import propagate_layouts
@@ -22,6 +23,7 @@ from npusim.passes.schedule import SYNC_POLICIES, Schedule, assign_streams, grap
 
 # name -> (pass, options it takes), in pipeline order
 PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
+    "buckets": (pad_to_bucket, ("buckets", "margin")),  # first: it rebuilds the graph at the bucket's length
     "fusion": (fuse, ("fusion_rules",)),
     "layout": (propagate_layouts, ()),
     "kv_layout": (change_kv_layout, ("kv_layout",)),
@@ -31,7 +33,9 @@ PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
     "streams": (assign_streams, ()),
     "memplan": (plan_memory, ()),  # last: it sees the final tensors and what runs concurrently
 }
-PIPELINES = {"baseline": (), "optimized": tuple(PASSES)}
+# optimized: every pass that cannot make one step slower. Buckets trade a step's padding
+# for fewer first-run compiles across steps, so they are asked for: "optimized,buckets".
+PIPELINES = {"baseline": (), "optimized": tuple(p for p in PASSES if p != "buckets")}
 
 
 def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
@@ -64,7 +68,7 @@ def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) ->
 
 
 __all__ = [
-    "KV_LAYOUTS", "PASSES", "PIPELINES", "RULES", "SYNC_POLICIES", "MemoryPlan", "Schedule", "apply",
-    "assign_streams", "change_kv_layout", "fuse", "graph_launch", "load_rules", "pass_names",
+    "DEFAULT_BUCKETS", "KV_LAYOUTS", "PASSES", "PIPELINES", "RULES", "SYNC_POLICIES", "MemoryPlan", "Schedule", "apply",
+    "assign_streams", "change_kv_layout", "fuse", "pad_to_bucket", "graph_launch", "load_rules", "pass_names",
     "plan_memory", "propagate_layouts", "schedule_of", "sync_by_events",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from npusim.passes.buckets import distinct_kernels, first_run_compile_us, padding
 from npusim.report.contract import run_json
 from npusim.runtime.decoder import Comparison
 from npusim.runtime.memory import size
@@ -87,8 +88,31 @@ def summary(run: GraphRun, top: int = 5) -> str:
         f"{f.ratio:.2f}x it: + other HBM traffic {f.other_hbm_us:,.1f} us, + device idle {f.idle_us:,.1f} us, "
         f"+ kernels slower than their traffic {f.kernel_excess_us:,.1f} us",
         "  top op types   " + "; ".join(f"{t} {us:,.1f} us ({c})" for t, c, us in by_type(run)[:top]),
+        f"  shapes         {_shapes(run)}",
     ]
+    workspaces = _workspaces(run)
+    if workspaces:
+        lines.append("  workspace      " + "; ".join(workspaces))
     return "\n".join(lines)
+
+
+def _shapes(run: GraphRun) -> str:
+    g = run.graph
+    what = "context" if g.phase == "decode" else "prompt"
+    return (f"{what} {g.context} for lengths {min(g.lengths)}..{max(g.lengths)}: {100 * padding(g):.1f}% padding; "
+            f"the first run of a new shape compiles {distinct_kernels(g)} kernels: "
+            f"{first_run_compile_us(g, run.hw) / 1e3:,.0f} ms on the host")
+
+
+def _workspaces(run: GraphRun, top: int = 3) -> list[str]:
+    """The fused kernels that need GM workspace beyond their operands, largest first."""
+    sizes: dict[str, int] = {}
+    for k in run.result.kernels:
+        node = run.node_of.get(k.name)
+        if node is not None:
+            sizes[node.op_type] = max(sizes.get(node.op_type, 0), run.workspace.get(k.name, 0))
+    ranked = sorted(((t, b) for t, b in sizes.items() if b), key=lambda x: -x[1])
+    return [f"{t} needs {size(b)}" for t, b in ranked[:top]]
 
 
 def step_json(run: GraphRun) -> dict:
@@ -99,6 +123,8 @@ def step_json(run: GraphRun) -> dict:
         "memory": {"weights_bytes": m.weights_bytes, "kv_bytes": m.kv_bytes,
                    "activation_bytes": m.activation_bytes, "workspace_bytes": m.workspace_bytes,
                    "capacity_bytes": m.capacity_bytes},
+        "padding_fraction": padding(g), "first_run_compile_us": first_run_compile_us(g, run.hw),
+        "workspace_bytes_by_kernel": dict(run.workspace),
         "weight_floor": {"floor_us": f.floor_us, "ratio": f.ratio, "other_hbm_us": f.other_hbm_us,
                          "idle_us": f.idle_us, "kernel_excess_us": f.kernel_excess_us},
     })

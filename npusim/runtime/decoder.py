@@ -43,22 +43,23 @@ def _hw(hw: HwConfig | str, overrides: Mapping[str, Any] | None) -> HwConfig:
 
 
 def step(workload: Workload | str, phase: str = "decode", batch: int = 1, context=None,
-         passes: str | Sequence[str] = "baseline", fusion_rules=None, kv_layout: str | None = None) -> Step:
+         passes: str | Sequence[str] = "baseline", **options) -> Step:
+    """`options`: pass options (fusion_rules, kv_layout, buckets, margin); None = the pass's default."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
-    options = {k: v for k, v in (("fusion_rules", fusion_rules), ("kv_layout", kv_layout)) if v is not None}
-    return Step(w, phase, batch, context, passes, options)
+    return Step(w, phase, batch, context, passes, {k: v for k, v in options.items() if v is not None})
 
 
 def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode",
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
-                fusion_rules=None, kv_layout: str | None = None, overrides: Mapping[str, Any] | None = None,
-                memo: bool = True, trace: str = "kernel") -> GraphRun:
+                overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
+                **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
-    per sequence. Raises OutOfMemoryError, with the breakdown and the largest batch
+    per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
+    margin). Raises OutOfMemoryError, with the breakdown and the largest batch
     and context that fit, when the step does not fit in the device memory."""
     hw = _hw(hw, overrides)
-    s = step(workload, phase, batch, context, passes, fusion_rules, kv_layout)
+    s = step(workload, phase, batch, context, passes, **options)
     graph = s.graph()
     need = place(graph, hw.hbm.hbm_bytes).breakdown
     if not need.fits:
@@ -102,17 +103,22 @@ class Comparison:
 
 
 def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode", batch: int = 1,
-            context=None, pipelines: Sequence[str] = ("baseline", "optimized"), *, fusion_rules=None,
-            kv_layout: str | None = None, overrides: Mapping[str, Any] | None = None,
-            memo: bool = True) -> Comparison:
+            context=None, pipelines: Sequence[str] = ("baseline", "optimized"), *,
+            overrides: Mapping[str, Any] | None = None, memo: bool = True, **options) -> Comparison:
+    """Each pipeline, and the last one's passes added one at a time (a run already
+    made for a pipeline is reused)."""
     hw = _hw(hw, overrides)
-    common = dict(fusion_rules=fusion_rules, kv_layout=kv_layout, memo=memo)
-    runs = {p: run_decoder(workload, hw, phase, batch, context, p, **common) for p in pipelines}
+    done: dict[tuple[str, ...], GraphRun] = {}
+
+    def run(passes) -> GraphRun:
+        key = pass_names(passes)
+        if key not in done:
+            done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, **options)
+        return done[key]
+
+    runs = {p: run(p) for p in pipelines}
     order = pass_names(pipelines[-1])
-    steps = {}
-    for i, name in enumerate(order):
-        steps[name] = run_decoder(workload, hw, phase, batch, context, order[:i + 1], **common)
-    return Comparison(runs, steps)
+    return Comparison(runs, {name: run(order[:i + 1]) for i, name in enumerate(order)})
 
 
 __all__ = ["Comparison", "Step", "compare", "run_decoder", "step"]

@@ -40,6 +40,7 @@ class GraphRun:
     memory: MemoryBreakdown
     node_of: dict[str, Node]  # kernel name -> node
     memo: bool
+    workspace: dict[str, int]  # kernel name -> GM workspace its node's kernels use beyond their operands
 
     @property
     def hw(self) -> HwConfig:
@@ -82,7 +83,9 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     check_memory(graph, hw, breakdown)
     node_of = {k.name: c.node for c in compiled for k in c.kernels}
     node_of |= {r.name: node_of[_LAYER.sub(f"L{layers[1]}.", r.name)] for r in result.kernels if r.name not in node_of}
-    return GraphRun(graph, result, breakdown, node_of, memoised)
+    by_node = {c.node.name: c.workspace_bytes for c in compiled}
+    workspace = {r.name: by_node.get(node_of[r.name].name, 0) for r in result.kernels}
+    return GraphRun(graph, result, breakdown, node_of, memoised, {k: v for k, v in workspace.items() if v})
 
 
 def _workspace(compiled: Sequence[CompiledNode]) -> int:
