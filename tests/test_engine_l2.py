@@ -29,6 +29,7 @@ from kernels import (
 )
 from npusim.engine import Launch, Synchronize, run, simulate
 from npusim.engine.l2cache import L2Cache
+from npusim.engine.memory import MemorySystem, _lines
 from npusim.hw import load_hw
 from npusim.isa import Copy, Loop, Scalar, SetFlag, WaitFlag, addr
 
@@ -196,8 +197,8 @@ def test_lru_is_not_fooled_by_an_adjacent_tensor():
 
 def touch(c: L2Cache, first: int, end: int, write: bool, fill=None):
     """Access lines [first, end): (hit lines, lines written back, fills to wait for)."""
-    hit, wb, waits = c.access(np.arange(first, end, dtype=np.int64), write, fill)
-    return int(hit.sum()), int(wb.sum()), waits
+    hits, wb, waits = c.access(np.arange(first, end, dtype=np.int64), write, fill)
+    return hits, 0 if wb is None else int(wb.sum()), waits
 
 
 def test_l2cache_unit_lru_order_and_write_back():
@@ -349,3 +350,123 @@ def test_l2cache_unit_one_access_twice_the_capacity_misses_every_line_the_second
         assert hits == 0
     assert written_back == 128  # every dirty line of the first pass, and the second's front half
     assert c.dirty_lines() == 64
+
+
+# ------------------------------------------------------------------ the array L2 against a plain one
+
+
+class PlainL2:
+    """The L2's rules written out line by line, for comparison with L2Cache (whose
+    hint table, row gathers and set shortcuts must not change any result). Per piece
+    of `sets` lines: hits are decided against the state at its start and refresh
+    their line; then, per set, the r-th miss takes the r-th least recently used way
+    (lowest way first among equals), and past `ways` misses only the last `ways` stay."""
+
+    def __init__(self, cache: L2Cache):
+        self.set_of, self.sets, self.ways = cache.set_of, cache.sets, cache.ways
+        self.tag = [[-1] * self.ways for _ in range(self.sets)]
+        self.use = [[0] * self.ways for _ in range(self.sets)]
+        self.dirty = [[False] * self.ways for _ in range(self.sets)]
+        self.clock = 0
+
+    def access(self, lines: list[int], write: bool) -> tuple[int, list[bool]]:
+        hits, wb = 0, []
+        for lo in range(0, len(lines), self.sets):
+            piece_hits, piece_wb = self._piece(lines[lo:lo + self.sets], write)
+            hits += piece_hits
+            wb += piece_wb
+        return hits, wb
+
+    def _piece(self, lines: list[int], write: bool) -> tuple[int, list[bool]]:
+        sets = self.set_of(np.array(lines, np.int64)).tolist()
+        wb = [False] * len(lines)
+        misses: dict[int, list[int]] = {}
+        for i, (line, s) in enumerate(zip(lines, sets)):
+            if line in self.tag[s]:
+                way = self.tag[s].index(line)
+                self.use[s][way] = self.clock + 1 + i
+                self.dirty[s][way] |= write
+            else:
+                misses.setdefault(s, []).append(i)
+        hits = len(lines) - sum(len(m) for m in misses.values())
+        for s, idx in misses.items():
+            lru = sorted(range(self.ways), key=lambda way: (self.use[s][way], way))
+            dropped = max(len(idx) - self.ways, 0)
+            for i in idx[:dropped]:
+                wb[i] = write  # evicted by a later miss of the same piece
+            for i, way in zip(idx[dropped:], lru):
+                wb[i] = self.dirty[s][way]
+                self.tag[s][way], self.use[s][way], self.dirty[s][way] = lines[i], self.clock + 1 + i, write
+        self.clock += len(lines)
+        return hits, wb
+
+
+def random_accesses(rng: np.random.Generator, capacity: int, far: int, count: int):
+    """`count` (lines, write) accesses: contiguous runs, strided pieces and scattered
+    lines, some of them `far` lines away (another tensor, same hint-table entries),
+    some in descending or shuffled order."""
+    for _ in range(count):
+        kind = rng.integers(3)
+        first = int(rng.integers(4 * capacity))
+        if kind == 0:
+            lines = np.arange(first, first + int(rng.integers(1, 3 * capacity)))
+        elif kind == 1:
+            seg = int(rng.integers(1, 8))
+            stride = seg + int(rng.integers(0, 64))
+            lines = (first + np.arange(int(rng.integers(1, 40)))[:, None] * stride + np.arange(seg)).ravel()
+        else:
+            lines = np.unique(rng.integers(0, 4 * capacity, int(rng.integers(1, capacity))))
+        if rng.random() < 0.2:
+            lines = lines + far
+        order = rng.random()
+        if order < 0.1:
+            lines = lines[::-1]
+        elif order < 0.15:
+            lines = rng.permutation(lines)
+        yield lines.astype(np.int64), bool(rng.random() < 0.3), order >= 0.15
+
+
+@pytest.mark.parametrize("capacity, ways", [(4, 16), (48, 16), (64, 8), (256, 16), (100, 4), (1024, 16), (512, 1)])
+def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
+    c = L2Cache(capacity, ways)
+    plain = PlainL2(c)
+    far = len(c._hint)  # lines this far apart share a hint: the hint must be checked, not trusted
+    rng = np.random.default_rng(capacity * 100 + ways)
+    for lines, write, ascending in random_accesses(rng, capacity, far, 150):
+        hits, wb, _ = c.access(lines, write, None, ascending)
+        plain_hits, plain_wb = plain.access(lines.tolist(), write)
+        assert hits == plain_hits
+        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    assert c.tags.tolist() == [t for row in plain.tag for t in row]
+    assert c.last_use.tolist() == [u for row in plain.use for u in row]
+    assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
+
+
+def test_l2cache_a_hit_found_through_another_lines_hint_is_still_a_hit():
+    """Two tensors whose lines share hint entries, read in turn, both resident:
+    every read after the first two hits, although each evicts the other's hints."""
+    c = L2Cache(1024, 16)
+    far = len(c._hint)
+    for first in (0, far, 0, far):
+        hits, _, _ = c.access(np.arange(first, first + 64, dtype=np.int64), False)
+    assert hits == 64
+    assert c.access(np.arange(0, 64, dtype=np.int64), False)[0] == 64
+
+
+def test_lines_of_a_group_are_its_members_lines_shifted():
+    """MemorySystem computes a transfer shape's lines once and shifts them: the same
+    lines and members as computing them for the actual addresses."""
+    hw = hw_with()
+    mem = MemorySystem(simpy.Environment(), hw, record=False)
+    line = hw.l2.line_bytes
+    cases = [([GM_A + 96], 4000, 3, 5000), ([GM_A + 96 + 7 * line], 4000, 3, 5000),
+             ([GM_A, GM_A + 64 * line, GM_A + 128 * line], 2048, 2, 8192),
+             ([GM_A + 8 * line + 32, GM_A + 72 * line + 32], 64, 4, 96),
+             ([GM_B + 2 * line, GM_B], 1024, 1, 1024)]  # members in descending order
+    for addrs, nbytes, segments, stride in cases:
+        for _ in range(2):  # computed, then from the cache
+            lines, member, ascending = mem._lines_of(addrs, nbytes, segments, stride)
+            expect_lines, expect_member = _lines(addrs, nbytes, segments, stride, line)
+            assert lines.tolist() == expect_lines.tolist()
+            assert member.tolist() == expect_member.tolist()
+            assert ascending == bool((np.diff(expect_lines) > 0).all())

@@ -13,6 +13,10 @@ A GM transfer of `segments` pieces of `nbytes` (start addresses `stride` apart):
   # slower link sets the transfer's time.
 - dirty lines its accesses evict are written back to HBM as a background flow:
   it takes its share of HBM bandwidth but nobody waits for it.
+
+Transfers repeat their shapes (a tile loop, the members of a group), so the burst
+cost and the line pattern of each shape are computed once and then shifted to the
+transfer's address.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class MemorySystem:
         self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes, hw.l2.ways)
         self.line = hw.l2.line_bytes
         self.burst = hw.dma.burst_bytes
-        # Transfers repeat their shapes: burst costs and line patterns are computed once.
+        # Per transfer shape: burst cost, and line pattern (see _lines_of).
         self._bursts: dict = {}
         self._patterns: dict = {}
 
@@ -89,26 +93,15 @@ class MemorySystem:
 
         line = self.line
         fill = None if write else self.env.event()  # fires when the missed lines have arrived
-        if w == 1:  # the lines' pattern relative to the first line depends only on the shape
-            key = (addrs[0] % line, nbytes, segments, stride)
-            pattern = self._patterns.get(key)
-            if pattern is None:
-                offsets, member = _lines([addrs[0] % line], nbytes, segments, stride, line)
-                pattern = self._patterns[key] = (offsets, member)
-            lines, member = pattern[0] + addrs[0] // line, pattern[1]
-        else:
-            lines, member = _lines(addrs, nbytes, segments, stride, line)
-        hit, wb, waits = self.l2.access(lines, write, fill)
-        hit_lines, total_lines = int(np.count_nonzero(hit)), len(lines)
+        lines, member, ascending = self._lines_of(addrs, nbytes, segments, stride)
+        hit_lines, wb, waits = self.l2.access(lines, write, fill, ascending)
+        total_lines = len(lines)
         st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
         # A read miss fills whole lines from HBM.
         st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
-        if wb.any():  # one background write-back flow per member, members alike merged
-            per_member = np.bincount(member[wb], minlength=w)
-            for lines_wb, members in zip(*np.unique(per_member[per_member > 0], return_counts=True)):
-                st.hbm_write += int(lines_wb) * line * int(members)
-                self.hbm.add(int(lines_wb) * line, math.inf, _nothing, int(members))
+        if wb is not None:
+            self._write_back(st, wb, member, w)
 
         pending = [1 + len(waits)]
 
@@ -131,6 +124,39 @@ class MemorySystem:
         elif fill is not None:
             fill.succeed()
         return st
+
+    def _write_back(self, st: TransferStats, wb: np.ndarray, member: np.ndarray, w: int) -> None:
+        """Dirty lines evicted by a transfer (mask `wb` over its lines) go to HBM: one
+        background flow per member, members writing back alike merged into one."""
+        line = self.line
+        if w == 1:
+            per_member = [(int(np.count_nonzero(wb)), 1)]
+        else:
+            counts = np.bincount(member[wb], minlength=w)
+            if (counts == counts[0]).all():  # the usual case: every member alike
+                per_member = [(counts[0], w)]
+            else:
+                per_member = zip(*np.unique(counts[counts > 0], return_counts=True))
+        for lines_wb, members in per_member:
+            st.hbm_write += int(lines_wb) * line * int(members)
+            self.hbm.add(int(lines_wb) * line, math.inf, _nothing, int(members))
+
+    def _lines_of(self, addrs: list[int], nbytes: int, segments: int, stride: int):
+        """The L2 lines of a transfer, the member of each (see _lines) and whether the
+        lines ascend. Relative to the first member's first line they depend only on
+        the shape and on where each member starts within a line and relative to the
+        first one, so each pattern is computed once and then shifted."""
+        line = self.line
+        first, within = divmod(addrs[0], line)
+        if len(addrs) == 1:
+            key = (within, nbytes, segments, stride)
+        else:
+            key = (within, nbytes, segments, stride, *[a - addrs[0] for a in addrs])
+        pattern = self._patterns.get(key)
+        if pattern is None:
+            offsets, member = _lines([a - addrs[0] + within for a in addrs], nbytes, segments, stride, line)
+            pattern = self._patterns[key] = (offsets, member, bool((offsets[1:] > offsets[:-1]).all()))
+        return pattern[0] + first, pattern[1], pattern[2]
 
 
 def _nothing() -> None:
