@@ -51,6 +51,7 @@ GRID = [
     ("decode_attention", dict(batch=1, heads=4, kv_heads=4, head_dim=128, context=1)),
     ("decode_attention", dict(batch=2, heads=8, kv_heads=2, head_dim=64, context=1000)),
     ("decode_attention", dict(batch=4, heads=32, kv_heads=32, head_dim=128, context=512)),
+    ("decode_attention", dict(batch=1, heads=32, kv_heads=32, head_dim=128, context=4096)),  # 3 splits, a tail
     ("attention_unfused", attn(heads=2, head_dim=64, seq_q=128, causal=True)),
     ("attention_unfused", attn(heads=4, kv_heads=2, head_dim=128, seq_q=320, seq_kv=512)),
 ]
@@ -243,3 +244,25 @@ def test_kv_layout_parameters_are_checked():
     with pytest.raises(ProgramError, match="head_dim=24 makes a head 48 bytes"):
         lower("decode_attention", dict(batch=1, heads=1, kv_heads=1, head_dim=24, context=64,
                                        kv_layout="paged"), HW)
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "contiguous"])
+def test_decode_blocks_share_one_program(layout):
+    """Decode at batch 8, 32 heads, context 4096: with a block per (batch, kv head) and its
+    whole context, every block runs one Program (addresses affine in `block`), verified
+    and compiled once; split contexts share one per run of a split's blocks."""
+    from npusim.isa.verify import verify
+
+    params = dict(batch=8, heads=32, kv_heads=32, head_dim=128, context=4096, kv_layout=layout)
+    whole = lower("decode_attention", params, HW, tiling=dict(splits=1)).kernels[0]
+    assert whole.block_dim == 8 * 32 and len(whole.aiv) == 1
+    verify(whole, HW)
+    chosen = lower("decode_attention", params, HW)  # the chosen tiling splits each context
+    split = chosen.kernels[0]
+    assert chosen.tiling.splits > 1 and split.block_dim == 8 * 32 * chosen.tiling.splits
+    assert len({id(p) for p in split.aiv}) <= split.block_dim // 8
+    verify(split, HW)
+    # the other layers of a contiguous cache sit between two sequences: a program per sequence
+    layered = lower("decode_attention", params | dict(layers=4, layer=1), HW, tiling=dict(splits=1)).kernels[0]
+    assert len({id(p) for p in layered.aiv}) == (8 if layout == "contiguous" else 1)
+    verify(layered, HW)

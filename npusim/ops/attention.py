@@ -1056,9 +1056,10 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         moves = {ub["k"][0]: ub["k"][x], ub["v"][0]: ub["v"][x]}
         return [attrs.evolve(o, srcs=tuple(moves.get(s, s) for s in o.srcs)) for o in ops]
 
-    def loads(b: int, h: int, x: int, pos: int, nk: int, j_tokens: int) -> list:
+    def loads(kv: dict, b: int, h: int, x: int, pos: int, nk: int, j_tokens: int) -> list:
         """MTE2 copies of tile (pos, nk keys) of KV head (b, h) into buffer set x; the
-        tile moves by j_tokens per iteration of loop j (0: not in a loop)."""
+        tile moves by j_tokens per iteration of loop j (0: not in a loop). kv: the GM
+        address (int or Affine in `block`) of token 0 of the block's K and V head."""
         if paged:
             out = []
             for which in "kv":
@@ -1067,13 +1068,25 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
                     out.append(Copy(GM, UB, a, ub[which][x] + off, n * d * e))
                     off += n * d * e
             return out
-        step = {"j": j_tokens * pitch}
+        tokens = _Lin(pos, (("j", j_tokens),) if j_tokens else ())
         if together:  # the rows carry K and V: one segment
-            return [Copy(GM, UB, addr(cache.token_addr("k", b, h, pos), **step), ub["k"][x], nk * pitch)]
-        return [Copy(GM, UB, addr(cache.token_addr(w, b, h, pos), **step), ub[w][x], nk * d * e) for w in "kv"]
+            return [Copy(GM, UB, _at(kv["k"], tokens, pitch), ub["k"][x], nk * pitch)]
+        return [Copy(GM, UB, _at(kv[w], tokens, pitch), ub[w][x], nk * d * e) for w in "kv"]
 
-    def program(u: int, sp: int) -> Program:
+    def kv_head(which: str, u: int) -> int:
+        """GM address of token 0 of K or V of unit u (= batch * kv_heads + head)."""
+        return cache.token_addr(which, *divmod(u, p.kv_heads), 0)
+
+    def program(u: int, sp: int, blk: int, n: int) -> Program:
+        """The program of split sp of units u .. u+n-1, run by blocks blk .. blk+n-1: every
+        address is unit u's at block blk and moves by one unit per block."""
         b, h = divmod(u, p.kv_heads)
+
+        def moving(a: int, per_unit: int):
+            """Address a (of unit u) moving by per_unit bytes per block of the run."""
+            return addr(a - blk * per_unit, block=per_unit) if n > 1 else a
+
+        kv = {w: moving(kv_head(w, u), kv_head(w, u + 1) - kv_head(w, u) if n > 1 else 0) for w in "kv"}
         c0 = sp * chunk
         n_keys = min(chunk, p.context - c0)
         full, tail = divmod(n_keys, kc)
@@ -1081,7 +1094,8 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
                            ub["table"]) if paged else []
         body = head + [
                 SetFlag(V, MTE2, 0), SetFlag(V, MTE2, 1),
-                Copy(GM, UB, Q.addr + u * grp * d * e, ub["q"], grp * d * e), SetFlag(MTE2, V, 2),
+                Copy(GM, UB, moving(Q.addr + u * grp * d * e, grp * d * e), ub["q"], grp * d * e),
+                SetFlag(MTE2, V, 2),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["m"], flops_per_elem=0),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["l"], flops_per_elem=0),
                 VecOp("dup", grp * d, "fp32", ub["o"], flops_per_elem=0),
@@ -1090,7 +1104,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         def tile(nk: int, first: int, in_loop: bool):
             def make(x: int, j_off: int) -> list:
                 pos = c0 + first + j_off * nk
-                return [WaitFlag(V, MTE2, x), *loads(b, h, x, pos, nk, 2 * nk if in_loop else 0),
+                return [WaitFlag(V, MTE2, x), *loads(kv, b, h, x, pos, nk, 2 * nk if in_loop else 0),
                         SetFlag(MTE2, V, x), WaitFlag(MTE2, V, x),
                         *with_buffers(tile_ops(nk), x), SetFlag(V, MTE2, x)]
             return make
@@ -1102,15 +1116,38 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
             body += pingpong("j", full, tile(kc, 0, True))
         if tail:
             body += tile(tail, full * kc, False)(full % 2, 0)
-        part = (u * grp * splits + sp)
+        part = u * grp * splits + sp  # partials [query head, split, ...]: the combine reads a head's in one row
         body += [SetFlag(V, MTE3, 0), WaitFlag(V, MTE3, 0),
-                 Copy(UB, GM, ub["o"], Wo.addr + part * d * 4, d * 4, grp, d * 4, splits * d * 4),
-                 Copy(UB, GM, ub["m"], Ws.addr + part * STAT, STAT, grp, STAT, splits * STAT),
+                 Copy(UB, GM, ub["o"], moving(Wo.addr + part * d * 4, grp * splits * d * 4), d * 4, grp, d * 4,
+                      splits * d * 4),
+                 Copy(UB, GM, ub["m"], moving(Ws.addr + part * STAT, grp * splits * STAT), STAT, grp, STAT,
+                      splits * STAT),
                  WaitFlag(V, MTE2, 0), WaitFlag(V, MTE2, 1)]
         return Program(body, buf.buffers)
 
-    progs = [program(u, sp) for u in range(units) for sp in range(splits)]
-    k1 = Kernel("decode_attention", CoreType.AIV, len(progs), aiv=progs, gm=[Q, *cache.tensors, O, Wo, Ws],
+    # Block order: the splits of a few units at a time (split 0 of units u .. u+g-1, then
+    # split 1, ...): a run of a split's blocks moves by one unit per block in every
+    # address (q, K, V, the partials) and shares one Program - with splits = 1, every
+    # block does. g is the units whose q and partials fill whole L2 lines, so blocks that
+    # share a line still run side by side, as in the unit-major order (block u * splits
+    # + sp) this replaces, and the L2 sees the same reuse. A run also ends where the KV
+    # heads are not equally spaced (contiguous: the other layers sit between two
+    # sequences). Paged: addresses are data (the block table), one program per block.
+    line = hw.l2.line_bytes
+    per_unit = (grp * d * e, grp * splits * d * 4, grp * splits * STAT)  # q, partial_o, partial_stats
+    g = 1 if paged else math.lcm(*(line // math.gcd(line, n) for n in per_unit))
+    order = [(u, sp) for u0 in range(0, units, g) for sp in range(splits) for u in range(u0, min(units, u0 + g))]
+    progs: list[Program] = []
+    while len(progs) < len(order):
+        u, sp = order[len(progs)]
+        n = 1
+        while not paged and len(progs) + n < len(order) and order[len(progs) + n] == (u + n, sp) and all(
+                kv_head(w, u + n) - kv_head(w, u) == n * (kv_head(w, u + 1) - kv_head(w, u)) for w in "kv"):
+            n += 1
+        progs += [program(u, sp, len(progs), n)] * n
+    if all(x is progs[0] for x in progs):  # every block runs one program: verified and compiled once
+        progs = progs[:1]
+    k1 = Kernel("decode_attention", CoreType.AIV, len(order), aiv=progs, gm=[Q, *cache.tensors, O, Wo, Ws],
                 op_type="decode_attention")
 
     rows = p.batch * p.heads
