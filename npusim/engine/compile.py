@@ -142,15 +142,31 @@ def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tup
 
 
 def walk(stream: tuple, vars: dict[str, int]):
-    """Yield the entries of a stream in execution order, setting loop variables in `vars`."""
-    for entry in stream:
-        if entry[0] == LOOP:
-            var, body = entry[3], entry[5]
-            for i in range(entry[4]):
-                vars[var] = i
-                yield from walk(body, vars)
+    """Yield the entries of a stream in execution order, setting loop variables in `vars`.
+    Iterative (a stack of open loops), so an entry deep in nested loops costs one
+    yield, not one per level."""
+    stack: list[tuple] = []  # (iterator to resume after the loop, the loop entry, its iteration)
+    it = iter(stream)
+    while True:
+        for entry in it:
+            if entry[0] == LOOP:
+                if entry[4] > 0:
+                    vars[entry[3]] = 0
+                    stack.append((it, entry, 0))
+                    it = iter(entry[5])
+                    break
+            else:
+                yield entry
         else:
-            yield entry
+            if not stack:
+                return
+            parent, loop, i = stack.pop()
+            if i + 1 < loop[4]:
+                vars[loop[3]] = i + 1
+                stack.append((parent, loop, i + 1))
+                it = iter(loop[5])
+            else:
+                it = parent
 
 
 def count_instructions(body: tuple) -> int:

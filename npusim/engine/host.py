@@ -27,7 +27,7 @@ import simpy
 from attrs import frozen
 
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.device import Device
+from npusim.engine.device import Device, Reuse
 from npusim.engine.flows import Link
 from npusim.isa.program import Kernel
 
@@ -40,6 +40,7 @@ class Launch:
     kernel: Kernel
     stream: int = 0
     mode: str = "eager"
+    reuse: Reuse | None = None  # the kernel may be replayed from a lone twin (see device.py)
 
 
 @frozen
@@ -202,7 +203,7 @@ class Host:
             start = env.now
             if isinstance(item, Launch):
                 yield env.timeout(rt.kernel_start_cycles)
-                yield self.device.run_kernel(item.kernel, s.index, start)
+                yield self.device.run_kernel(item.kernel, s.index, start, item.reuse)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, Memcpy):
                 yield env.timeout(self.cycles(rt.memcpy_startup_us))

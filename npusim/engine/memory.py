@@ -125,6 +125,16 @@ class MemorySystem:
             fill.succeed()
         return st
 
+    def touch(self, start: int, nbytes: int, write: bool) -> None:
+        """Put [start, start + nbytes) through the L2 as one access with no timing and no
+        traffic: the cache state a replayed kernel (device.Reuse) leaves behind.
+        # assumption: the lines it evicts would have been written back while the
+        # original ran; their bytes are already in the replayed kernel's counters."""
+        if nbytes <= 0:
+            return
+        lo, hi = start // self.line, -(-(start + nbytes) // self.line)
+        self.l2.access(np.arange(lo, hi, dtype=np.int64), write)
+
     def _write_back(self, st: TransferStats, wb: np.ndarray, member: np.ndarray, w: int) -> None:
         """Dirty lines evicted by a transfer (mask `wb` over its lines) go to HBM: one
         background flow per member, members writing back alike merged into one."""

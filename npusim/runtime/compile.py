@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import attrs
 from attrs import frozen
 
+from npusim.engine.device import Reuse
 from npusim.engine.host import HostCall, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent
 from npusim.errors import NpusimError
 from npusim.graph.ir import Graph, GraphError, Node
@@ -33,6 +34,14 @@ class CompiledNode:
     kernels: tuple[Kernel, ...]  # the lowering's kernels, named after the node
     stream: int
     workspace_bytes: int
+    reuse_key: tuple  # equal for nodes lowering to the same kernels at other addresses
+
+
+def _reuse_key(node: Node, bound: dict[str, int], hw: HwConfig) -> tuple:
+    """Same op, parameters and operand offsets within an L2 line: the same kernels at
+    other addresses (engine.device.Reuse)."""
+    line = hw.l2.line_bytes
+    return (node.op_type, repr(sorted(node.params.items())), tuple(sorted((k, a % line) for k, a in bound.items())))
 
 
 def _bound(node: Node, addresses: dict[str, int]) -> dict[str, int]:
@@ -93,7 +102,7 @@ def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: 
             largest = max(largest, ws)
             many = len(low.kernels) > 1
             kernels = tuple(attrs.evolve(k, name=f"{n.name}/{k.name}" if many else n.name) for k in low.kernels)
-            out[n.name] = CompiledNode(n, low, kernels, s, ws)
+            out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
         base += -(-largest // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
     return [out[n.name] for n in nodes]
 
@@ -149,9 +158,11 @@ class HostProgram:
     owners: tuple[str | None, ...]
 
 
-def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[str, int]) -> HostProgram:
+def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[str, int],
+                 replay: bool = False) -> HostProgram:
     """Copy the host inputs in, launch every kernel as the schedule says, copy the
-    sampled tokens out, synchronize."""
+    sampled tokens out, synchronize. replay: kernels carry a Reuse, so the engine may
+    replay a kernel whose twin ran alone instead of simulating it again."""
     sched: Schedule = schedule_of(graph)
     deps = cross_stream_deps(graph, nodes, addresses) if sched.streams else {}
     recorded = {d for ds in deps.values() for d in ds}
@@ -162,8 +173,11 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
     for c in nodes:
         name = c.node.name
         calls += [(name, WaitEvent(d, c.stream)) for d in deps.get(name, ())]
-        for k in c.kernels:
-            calls.append((name, Launch(k, c.stream, sched.launch)))
+        reads = tuple((addresses[t], graph.tensors[t].nbytes) for t in c.node.inputs.values())
+        writes = tuple((addresses[t], graph.tensors[t].nbytes) for t in c.node.outputs.values())
+        for i, k in enumerate(c.kernels):
+            reuse = Reuse((*c.reuse_key, i), reads, writes) if replay else None
+            calls.append((name, Launch(k, c.stream, sched.launch, reuse)))
             if sched.sync == "every_op":
                 calls.append((name, Synchronize()))
         if name in recorded:

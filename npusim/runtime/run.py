@@ -9,7 +9,10 @@ layer 0's last kernel to the end of layer 1's, its host launch time and the host
 wait that ended in that span - is added L-3 more times, its kernels replicated
 (renamed L2., L3., ...) and everything after them shifted. tests/test_runtime.py
 checks the result against the full simulation (memo=False) on a 4-layer decoder.
-The trace of a memoised run holds the simulated layers only.
+The trace of a memoised run holds the simulated layers only. memo=True also lets
+the engine replay a kernel whose twin (the same op and parameters at other
+addresses) already ran alone on the device (engine.device.Reuse), instead of
+simulating it again; memo=False simulates everything.
 """
 
 from __future__ import annotations
@@ -75,10 +78,10 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     if memoised:
         keep = {layers[0], layers[1], layers[-1]}
         nodes = [n for n in graph.nodes if n.layer is None or n.layer in keep]
-        part, compiled, program = _simulate(graph, hw, placement, nodes, trace)
+        part, compiled, program = _simulate(graph, hw, placement, nodes, trace, replay=True)
         result = _replicate(part, compiled, program, layers[0], layers[1], len(layers) - 3)
     else:
-        result, compiled, _ = _simulate(graph, hw, placement, graph.nodes, trace)
+        result, compiled, _ = _simulate(graph, hw, placement, graph.nodes, trace, replay=memo)
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)
     node_of = {k.name: c.node for c in compiled for k in c.kernels}
@@ -96,10 +99,10 @@ def _workspace(compiled: Sequence[CompiledNode]) -> int:
     return sum(per_stream.values())
 
 
-def _simulate(graph: Graph, hw: HwConfig, placement, nodes: Sequence[Node], trace: str
+def _simulate(graph: Graph, hw: HwConfig, placement, nodes: Sequence[Node], trace: str, replay: bool
               ) -> tuple[RunResult, list[CompiledNode], HostProgram]:
     compiled = compile_nodes(graph, nodes, hw, placement)
-    program = host_program(graph, compiled, placement.addresses)
+    program = host_program(graph, compiled, placement.addresses, replay)
     return run(program.calls, hw, trace), compiled, program
 
 
