@@ -357,7 +357,7 @@ class Device:
         flag_latency = hw.sync.flag_latency_cycles
         cross_latency = hw.sync.cross_core_flag_latency_cycles
         t = env.now
-        busy = waited = flops = 0.0
+        busy = waited = data_wait = flops = 0.0
         local_bytes = acc.local_bytes
 
         for entry in walk(stream, vars):
@@ -385,6 +385,8 @@ class Device:
                 yield done
                 t = env.now
                 busy += t - issue
+                # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
+                data_wait += max(0.0, t - issue - startup - st.moved / w / cap)
                 if intervals is not None:
                     for nm in names:
                         intervals.append((nm, pipe_name, name, issue, t, kid))
@@ -439,6 +441,8 @@ class Device:
 
         acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += busy * w
         acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += waited * w
+        if data_wait:
+            acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += data_wait * w
         acc.flops += flops * w
         return t
 

@@ -12,7 +12,7 @@ _SUMMED_NUMBERS = (
     "hbm_write_bytes", "l2_hit_bytes", "l2_miss_bytes", "wasted_burst_bytes",
     "misaligned_segments", "dma_segments",
 )
-_SUMMED_DICTS = ("busy_cycles", "wait_cycles", "core_cycles", "local_bytes")
+_SUMMED_DICTS = ("busy_cycles", "wait_cycles", "data_wait_cycles", "core_cycles", "local_bytes")
 
 
 @frozen
@@ -21,7 +21,9 @@ class KernelStats:
 
     busy_cycles / wait_cycles: per "CORE.PIPE" (e.g. "AIV.MTE2"), summed over cores;
     wait is time a pipe spent blocked on a flag, barrier or cross-core flag.
-    core_cycles: per core type, block residency summed over cores (the denominator
+    data_wait_cycles: the part of a data mover's busy time beyond what its transfers
+    take alone (start-up + bytes at its core's port rate): waiting for bandwidth
+    shared with other transfers, or for HBM behind an L2 miss. core_cycles: per core type, block residency summed over cores (the denominator
     of pipe utilisation). local_bytes: bytes written into each local buffer."""
 
     cycles: float = 0.0
@@ -38,6 +40,7 @@ class KernelStats:
     dma_segments: int = 0
     busy_cycles: dict = field(factory=dict)
     wait_cycles: dict = field(factory=dict)
+    data_wait_cycles: dict = field(factory=dict)
     core_cycles: dict = field(factory=dict)
     local_bytes: dict = field(factory=dict)
 

@@ -8,6 +8,7 @@ from npusim.engine import RunResult
 from npusim.engine.device import KernelRecord
 from npusim.hw import HwConfig
 from npusim.ops.roofline import OpReport, bound_of
+from npusim.report.tables import STALLS, stalls
 
 
 def _kernel_entry(k: KernelRecord, hw: HwConfig) -> dict:
@@ -25,6 +26,7 @@ def _kernel_entry(k: KernelRecord, hw: HwConfig) -> dict:
         "hbm_write_bytes": k.stats.hbm_write_bytes,
         "bound": bound_of(k.stats),
         "pipe_utilisation": {p: k.stats.utilisation(p) for p in k.stats.busy_cycles},
+        "stalls_percent": {st.pipe: {w: getattr(st, w) for w in STALLS} for st in stalls(k.stats)},
     }
 
 

@@ -184,4 +184,31 @@ def _target(name: str, before: GraphRun, after: GraphRun) -> str:
     return f"{label} {_fmt(get(before))} -> {_fmt(get(after))}"
 
 
-__all__ = ["Floor", "by_type", "comparison_table", "floor_of", "step_json", "summary"]
+
+
+def memory_timeline(run: GraphRun) -> list[tuple[float, float]]:
+    """(cycle, bytes of device memory in use) steps over the step: weights, KV cache
+    and workspace from the start; with a memory plan its whole pool from the start;
+    without one, each activation from the start of the kernel that writes it (host
+    inputs from the start) to the end of the step, as separate allocations hold it.
+    The last value is the step's peak (MemoryBreakdown.total_bytes)."""
+    g, m = run.graph, run.memory
+    base = m.weights_bytes + m.kv_bytes + m.workspace_bytes
+    if g.memory_plan is not None:
+        return [(0.0, base + m.activation_bytes), (run.result.cycles, base + m.activation_bytes)]
+    start: dict[str, float] = {}
+    for r in run.result.kernels:
+        node = r.name.split("/")[0]
+        start[node] = min(start.get(node, r.start), r.start)
+    allocs = sorted((start.get(n.name, 0.0), g.tensors[t].nbytes) for n in g.nodes for t in n.outputs.values()
+                    if g.tensors[t].kind in ("activation", "output"))
+    used = base + m.activation_bytes - sum(b for _, b in allocs)  # inputs (and alignment) from the start
+    steps = [(0.0, used)]
+    for at, nbytes in allocs:
+        used += nbytes
+        steps.append((at, used))
+    steps.append((run.result.cycles, base + m.activation_bytes))
+    return steps
+
+
+__all__ = ["Floor", "by_type", "comparison_table", "floor_of", "memory_timeline", "step_json", "summary"]

@@ -1,8 +1,10 @@
 """Chrome Trace Event JSON (opens in Perfetto and chrome://tracing).
 
 Processes: one per core (threads = pipes), one for the host, one per stream, one
-for kernel spans; `C` counter tracks for the bandwidth in use on each link.
-Times are µs.
+for kernel spans (a thread per stream); `C` counter tracks for the bandwidth in
+use on each link (and device memory in use, for a decoder step); flow arrows
+from each host launch to its kernel's start and, at instruction level, from the
+pipe that set a flag to the WaitFlag it released. Times are µs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from npusim.engine import RunResult
 _PIPES = ("MTE2", "MTE1", "M", "FIX", "MTE3", "V", "S")
 
 
-def chrome_trace(result: RunResult) -> dict:
+def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = None) -> dict:
+    """The trace of a run; `memory`: (cycle, bytes in use) steps for a memory counter."""
     hw = result.hw
     us = hw.us
     events: list[dict] = []
@@ -55,7 +58,46 @@ def chrome_trace(result: RunResult) -> dict:
         for cycle, rate in samples:
             events.append({"name": f"{link} GB/s", "ph": "C", "ts": us(cycle), "pid": cp, "tid": 0,
                            "args": {"GB/s": rate * hw.chip.freq_hz / 1e9}})
+    if memory:
+        mp = pid("device memory")
+        events += [{"name": "memory in use GiB", "ph": "C", "ts": us(c), "pid": mp, "tid": 0,
+                    "args": {"GiB": b / 2**30}} for c, b in memory]
+    events += _launch_flows(result, host, kp)
+    events += _flag_flows(result, pids)
     return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def _flow(fid: int, cat: str, src: tuple, dst: tuple) -> list[dict]:
+    """A flow arrow from (ts, pid, tid) to (ts, pid, tid); binds to the enclosing slices."""
+    return [{"name": cat, "cat": cat, "ph": "s", "id": fid, "ts": src[0], "pid": src[1], "tid": src[2]},
+            {"name": cat, "cat": cat, "ph": "f", "bp": "e", "id": fid, "ts": dst[0], "pid": dst[1], "tid": dst[2]}]
+
+
+def _launch_flows(result: RunResult, host: int, kp: int) -> list[dict]:
+    us = result.hw.us
+    launched = {name[len("launch "):]: end for track, name, start, end in result.trace.host_spans
+                if track == "host" and name.startswith("launch ")}
+    out = []
+    for k in result.kernels:
+        if k.name in launched:  # the arrow leaves the launch span just before it ends
+            end = launched[k.name]
+            out += _flow(len(out) // 2 + 1, "launch", (us(end) - 1e-3, host, 0), (us(k.start), kp, k.stream))
+    return out
+
+
+def _flag_flows(result: RunResult, pids: dict[str, int]) -> list[dict]:
+    """WaitFlag stalls (instruction level) back to the pipe whose SetFlag ended them."""
+    us, latency = result.hw.us, result.hw.sync.flag_latency_cycles
+    out, base = [], 1 << 20  # flow ids apart from the launch arrows'
+    for core, pipe, name, start, end, kid in result.trace.intervals:
+        if not name.startswith("WaitFlag "):
+            continue
+        src = name.split()[1].split("->")[0]
+        if src in _PIPES:
+            set_at = us(end - latency)
+            out += _flow(base + len(out) // 2, "flag", (set_at, pids[core], _PIPES.index(src) + 1),
+                         (us(end), pids[core], _PIPES.index(pipe) + 1))
+    return out
 
 
 def write_chrome_trace(result: RunResult, path: str | Path) -> Path:

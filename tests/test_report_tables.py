@@ -1,0 +1,121 @@
+"""Profile tables (msprof's columns), stall breakdowns and Chrome traces."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+
+import pytest
+
+from npusim.hw import load_hw
+from npusim.report import chrome_trace, memory_timeline
+from npusim.report.tables import (
+    NPUSIM_COLUMNS, STATISTIC_COLUMNS, SUMMARY_COLUMNS, stalls, statistic_table, write_tables,
+)
+from npusim.runtime.decoder import run_decoder
+
+HW = load_hw("ascend910b2")
+
+
+@pytest.fixture(scope="module", params=["baseline", "optimized"])
+def step(request):
+    return run_decoder("k3-tiny", HW, "decode", 2, [64, 40], request.param, trace="instr", memo=False)
+
+
+def _read(path):
+    with open(path, newline="") as f:
+        r = csv.reader(f)
+        header = next(r)
+        return header, [dict(zip(header, row)) for row in r]
+
+
+def test_csv_headers_and_totals(step, tmp_path):
+    summary, statistic = write_tables(step.result, tmp_path, step.node_of, step.graph)
+    header, rows = _read(summary)
+    assert tuple(header[:len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
+    assert tuple(header[len(SUMMARY_COLUMNS):len(SUMMARY_COLUMNS) + len(NPUSIM_COLUMNS)]) == NPUSIM_COLUMNS
+    assert len(rows) == len(step.result.kernels)
+    s_header, s_rows = _read(statistic)
+    assert tuple(s_header) == STATISTIC_COLUMNS
+    by_type = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        by_type[(r["OP Type"], r["Task Type"])][0] += 1
+        by_type[(r["OP Type"], r["Task Type"])][1] += float(r["Task Duration(us)"])
+    for r in s_rows:
+        count, total = by_type[(r["OP Type"], r["Core Type"])]
+        assert int(r["Count"]) == count
+        assert float(r["Total Time(us)"]) == pytest.approx(total, rel=1e-4)
+    assert sum(float(r["Ratio(%)"]) for r in s_rows) == pytest.approx(100, abs=0.01)
+    matmul = next(r for r in rows if r["OP Type"] == "matmul")
+    assert matmul["Task Type"] == "AI_CORE" and float(matmul["aic_cube_ratio"]) > 0
+    assert matmul["Input Shapes"].count(";") >= 1 and "FP16" in matmul["Input Data Types"]
+    print("\n" + statistic_table(step.result))
+
+
+def test_stall_breakdowns_sum_to_100(step):
+    for k in step.result.kernels:
+        for st in stalls(k.stats):
+            parts = (st.busy, st.flag, st.data, st.idle)
+            assert sum(parts) == pytest.approx(100)
+            assert all(p >= -1e-6 for p in parts), (k.name, st)
+    assert any(st.flag > 0 for k in step.result.kernels for st in stalls(k.stats))
+
+
+def _check_trace(trace: dict) -> None:
+    """The trace-event format: required fields, µs numbers, and X events on one
+    track nest (each is disjoint from or inside the one before it)."""
+    tracks = defaultdict(list)
+    for e in trace["traceEvents"]:
+        assert {"name", "ph", "pid"} <= set(e), e
+        if e["ph"] == "X":
+            assert {"cat", "ts", "dur", "tid", "args"} <= set(e), e
+            assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0
+            tracks[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+        elif e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name", "process_sort_index") and "args" in e
+        elif e["ph"] == "C":
+            assert "ts" in e and all(isinstance(v, (int, float)) for v in e["args"].values())
+        elif e["ph"] in ("s", "f"):
+            assert {"id", "ts", "tid"} <= set(e)
+        else:
+            raise AssertionError(f"unexpected phase {e['ph']}")
+    eps = 1e-6
+    for spans in tracks.values():
+        open_ends: list[float] = []
+        for start, end in sorted(spans, key=lambda x: (x[0], -x[1])):
+            while open_ends and open_ends[-1] <= start + eps:
+                open_ends.pop()
+            if open_ends:
+                assert end <= open_ends[-1] + eps, "events on one track must nest"
+            open_ends.append(end)
+
+
+def test_trace_is_valid_and_has_flows_and_counters(step):
+    trace = chrome_trace(step.result, memory_timeline(step))
+    json.dumps(trace)
+    _check_trace(trace)
+    phases = {e["ph"] for e in trace["traceEvents"]}
+    assert {"X", "M", "C", "s", "f"} <= phases
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
+    assert "memory in use GiB" in names and "HBM GB/s" in names
+    cats = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "s"}
+    assert cats == {"launch", "flag"}
+
+
+def test_trace_level_sets_the_size():
+    sizes = {}
+    for level in ("kernel", "block", "instr"):
+        run = run_decoder("k3-tiny", HW, "decode", 2, 64, "optimized", trace=level, memo=False)
+        trace = chrome_trace(run.result)
+        _check_trace(trace)
+        sizes[level] = len(json.dumps(trace))
+    print(f"\ntrace bytes by level: {sizes}")
+    assert sizes["kernel"] < sizes["block"] < sizes["instr"]
+
+
+def test_k3_decode_trace_at_kernel_level_is_small():
+    run = run_decoder("k3", HW, "decode", 8, 4096, "optimized", trace="kernel")
+    size = len(json.dumps(chrome_trace(run.result, memory_timeline(run))))
+    print(f"\nk3 decode step, kernel-level trace: {size / 1e6:.2f} MB")
+    assert size < 20e6
