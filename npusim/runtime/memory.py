@@ -4,7 +4,10 @@ and the check that it fits.
 GM is laid out as  weights | KV caches | activations | kernel workspace, each
 region starting on an L2 line. Weights and KV caches are static. Activations
 (with host inputs and outputs) are one pool at the memory plan's offsets, or,
-without a plan, one allocation per tensor. The workspace region holds what the
+without a plan, what an eager framework's allocator does: each tensor its own
+allocation (rounded to GM_ALIGN_BYTES) made when its producer runs and freed
+after its last reader, first fit in address order; the region is the
+allocator's high-water mark, holes and all. The workspace region holds what the
 kernels ask for beyond their operands (FlashAttention's partial results, split
 softmax statistics, ...), one region per stream, reused from kernel to kernel.
 """
@@ -16,7 +19,7 @@ from attrs import frozen
 from npusim.errors import NpusimError
 from npusim.graph.ir import Graph
 from npusim.ops.registry import GM_ALIGN_BYTES, GM_BASE
-from npusim.passes.memplan import PLANNED_KINDS, align
+from npusim.passes.memplan import align, lifetimes
 
 GIB = 1 << 30
 
@@ -74,18 +77,52 @@ class Placement:
     breakdown: MemoryBreakdown  # workspace_bytes still 0: known once the kernels are lowered
 
 
+def eager_allocation(graph: Graph) -> tuple[dict[str, int], int]:
+    """(offset of each activation, high-water mark) of allocate-when-produced,
+    free-after-last-use, first fit: the baseline without a memory plan."""
+    life = lifetimes(graph)
+    by_start: dict[int, list[str]] = {}
+    by_end: dict[int, list[str]] = {}
+    for t, (a, b) in life.items():
+        by_start.setdefault(a, []).append(t)
+        by_end.setdefault(b, []).append(t)
+    holes: list[list[int]] = []  # [offset, size], sorted by offset
+    offsets, top = {}, 0
+    for i in range(len(graph.nodes) + 1):
+        for t in by_start.get(i, ()):
+            size = align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)
+            hole = next((h for h in holes if h[1] >= size), None)
+            if hole is None:
+                offsets[t], top = top, top + size
+            else:
+                offsets[t] = hole[0]
+                hole[0] += size
+                hole[1] -= size
+        for t in by_end.get(i, ()):
+            holes.append([offsets[t], align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)])
+        holes = _merged(h for h in holes if h[1] > 0)
+    return offsets, top
+
+
+def _merged(holes) -> list[list[int]]:
+    out: list[list[int]] = []
+    for off, size in sorted(holes):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1][1] += size
+        else:
+            out.append([off, size])
+    return out
+
+
 def place(graph: Graph, capacity_bytes: int) -> Placement:
     weights, at = _region(graph, ("weight",), GM_BASE)
     kv, at2 = _region(graph, ("kv",), at)
     plan = graph.memory_plan
-    if plan is None:
-        acts, end = _region(graph, PLANNED_KINDS, at2)
-        act_bytes = end - at2
-    else:
-        acts = {t: at2 + off for t, off in plan.offsets.items()}
-        act_bytes = align(plan.pool_bytes, GM_ALIGN_BYTES)
+    offsets, pool = eager_allocation(graph) if plan is None else (plan.offsets, plan.pool_bytes)
+    acts = {t: at2 + off for t, off in offsets.items()}
+    act_bytes = align(pool, GM_ALIGN_BYTES)
     breakdown = MemoryBreakdown(at - GM_BASE, at2 - at, act_bytes, 0, capacity_bytes)
     return Placement(weights | kv | acts, at2 + act_bytes, breakdown)
 
 
-__all__ = ["MemoryBreakdown", "OutOfMemoryError", "Placement", "place", "size"]
+__all__ = ["MemoryBreakdown", "OutOfMemoryError", "Placement", "eager_allocation", "place", "size"]
