@@ -61,7 +61,7 @@ def _cmd_op(args) -> int:
             params[key] = value
     hw = load_hw(args.hw, parse_set_args(args.set))
     low = lower(args.type, params, hw, tiling or None)
-    report = simulate_op(low, hw, trace="instr" if args.trace else "kernel")
+    report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
     print(_op_summary(report))
     if args.json:
         import json
@@ -74,7 +74,17 @@ def _cmd_op(args) -> int:
         from npusim.report import write_chrome_trace
 
         write_chrome_trace(report.run, args.trace)
+    if args.plot:
+        from npusim.report import plots
+
+        _wrote(args.plot, plots.roofline(report, args.plot) + plots.timeline(report.run, args.plot))
     return 0
+
+
+def _wrote(out_dir: str, paths) -> None:
+    """One line naming the plots written."""
+    names = ", ".join(dict.fromkeys(p.stem for p in paths))
+    print(f"plots in {out_dir}: {names} (.png, .svg)")
 
 
 def _op_summary(r) -> str:
@@ -123,6 +133,11 @@ def _cmd_run(args) -> int:
         from npusim.report import write_chrome_trace
 
         write_chrome_trace(run.result, args.trace)
+    if args.plot:
+        from npusim.report import plots
+
+        _wrote(args.plot, plots.roofline(run, args.plot) + plots.hotspots(run, args.plot)
+               + plots.memory(run, args.plot) + plots.run_timeline(run, args.plot))
     return 0
 
 
@@ -135,6 +150,55 @@ def _cmd_compare(args) -> int:
     if args.json:
         _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
                      "steps": {k: step_json(r) for k, r in c.steps.items()}}, args.json)
+    if args.plot:
+        from npusim.report import plots
+
+        _wrote(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    import time
+
+    from npusim.errors import ConfigError
+    from npusim.sweep import (
+        SweepInterrupted,
+        params_of,
+        parse_grid,
+        plot,
+        progress_bar,
+        sweep,
+        table,
+        write_csv,
+    )
+
+    grid = parse_grid(args.set)
+    if not grid:
+        raise ConfigError("sweep: nothing to sweep: give --set KEY=V1,V2,... (a hardware field, or batch / context)")
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs: expected a positive integer, got {args.jobs}")
+    step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
+            "fusion_rules": args.fusion_rules, "kv_layout": args.kv_layout}
+    csv_path = f"{args.out}/sweep.csv"
+    start = time.monotonic()
+    try:
+        rows = sweep(args.workload, grid, args.hw, passes=args.passes, jobs=args.jobs, memo=not args.no_memo,
+                     progress=progress_bar(), **step)
+    except SweepInterrupted as e:
+        write_csv(e.rows, csv_path, params_of(grid))
+        print(f"\nnpusim: interrupted: {len(e.rows)} of {e.total} points written to {csv_path}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before any point ran
+        return 130
+    seconds = time.monotonic() - start
+    print(table(rows, params_of(grid)))
+    write_csv(rows, csv_path, params_of(grid))
+    title = (f"{args.workload} {args.phase} batch {args.batch} x context {args.context or 'default'}, "
+             f"passes {args.passes}, on {args.hw}")
+    plots = plot(rows, args.out, params_of(grid), title)
+    failed = sum(r["status"] != "ok" for r in rows)
+    print(f"{len(rows)} points ({len(rows) - failed} ok, {failed} failed) in {seconds:.1f} s: {csv_path}, "
+          + ", ".join(str(p) for p in plots))
     return 0
 
 
@@ -212,8 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
         p_.add_argument("--json", metavar="PATH", help="write the JSON report")
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome trace (block level)")
+    for p_ in (run, compare, op):
+        p_.add_argument("--plot", metavar="DIR", help="write plots (PNG and SVG) into DIR: run: roofline, hotspots, "
+                        "memory, timeline of the longest kernel; op: roofline, timeline; compare: before_after, "
+                        "waterfall")
     run.set_defaults(func=_cmd_run)
     compare.set_defaults(func=_cmd_compare)
+
+    sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
+    sweep.set_defaults(batch=8, func=_cmd_sweep)
+    sweep.add_argument("--hw", default="ascend910b2", help="config name or path")
+    sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...", help="a swept hardware field "
+                       "(key.path) or step knob (batch, context) and its values; the grid is the product of all")
+    sweep.add_argument("--out", metavar="DIR", required=True, help="write DIR/sweep.csv and DIR/sweep.png, .svg")
+    sweep.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
+    sweep.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
 
     validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
                             default_workload="k3-tiny")

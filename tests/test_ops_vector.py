@@ -52,6 +52,7 @@ CASES = [
     ]],
     ("embedding", {"tokens": 1}), ("embedding", {"tokens": 8}), ("embedding", {"tokens": 4096}),
     ("embedding", {"tokens": 100, "vocab": 151936, "hidden": 3584, "dtype": "bf16"}),
+    ("embedding", {"tokens": 2048, "vocab": 1000, "hidden": 256}),  # more tokens than rows (a prefill gather)
 ]
 
 

@@ -59,6 +59,7 @@ from npusim.engine.compile import (
     walk,
 )
 from npusim.engine.compile import LOOP
+from npusim.engine.cycles import whole_cycles
 from npusim.engine.memory import MemorySystem
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
@@ -386,7 +387,7 @@ class Device:
                 t = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-                data_wait += max(0.0, t - issue - startup - st.moved / w / cap)
+                data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
                 if intervals is not None:
                     for nm in names:
                         intervals.append((nm, pipe_name, name, issue, t, kid))

@@ -126,7 +126,7 @@ class Runtime:
     event_us: float = _nonneg("host cost of one event record or stream-wait call")
     pcie_bw_bytes_per_s: float = _pos("host <-> device memcpy bandwidth")
     memcpy_startup_us: float = _nonneg("fixed latency of one host <-> device memcpy")
-    compile_us_per_kernel: float = _nonneg("host time to compile one distinct kernel the first time a shape runs")
+    kernel_compile_us: float = _nonneg("host time to compile one distinct kernel the first time a shape runs")
 
 
 @frozen

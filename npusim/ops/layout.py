@@ -482,7 +482,8 @@ class EmbeddingParams:
 def lower_embedding(p: EmbeddingParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Embedding lookup: gather one [hidden] table row per token id (one DMA per row)."""
     # Token ids are data; we assume distinct ids spread evenly over the vocabulary
-    # (row of token t = t * (vocab // tokens)): no two tokens share an L2 line.
+    # (row of token t = t * (vocab // tokens)): no two tokens share an L2 line - or,
+    # with more tokens than rows, row t mod vocab.
     e = DTYPE_BYTES[p.dtype]
     row = p.hidden * e
     pitch = align_up(row, UB_BLOCK)
@@ -503,8 +504,8 @@ def lower_embedding(p: EmbeddingParams, hw: HwConfig, gm: GmArena, tiling=None) 
 
     def tile(t0: int, nr: int):
         def make(k: int):
-            gathers = compress([[Copy(Mem.GM, Mem.UB, table.addr + (t0 + i) * spread * row, rows_ub[k] + i * pitch,
-                                      row)] for i in range(nr)], "r")
+            gathers = compress([[Copy(Mem.GM, Mem.UB, table.addr + (t0 + i) * spread % p.vocab * row,
+                                      rows_ub[k] + i * pitch, row)] for i in range(nr)], "r")
             store = gm_copy(Mem.UB, Mem.GM, rows_ub[k], y.addr + t0 * row, row, nr, pitch, row)
             return gathers, [], [store]
         return make

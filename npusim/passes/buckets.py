@@ -2,7 +2,7 @@
 
 A serving runtime sees a new context (or prompt) length at almost every step.
 Compiled for its exact length, every new length is a new shape and its first run
-compiles each distinct kernel again (runtime.compile_us_per_kernel on the host);
+compiles each distinct kernel again (runtime.kernel_compile_us on the host);
 padded to a bucket (512, 1024, 2048, 4096, ... by default), only a few shapes
 ever exist, at the cost of computing on and reading the padding (masked). The
 pass rebuilds the graph at the bucket's length; `margin` tokens of headroom
@@ -60,7 +60,7 @@ def distinct_kernels(graph: Graph) -> int:
 
 def first_run_compile_us(graph: Graph, hw) -> float:
     """Host time the first run of this shape spends compiling its kernels."""
-    return distinct_kernels(graph) * hw.runtime.compile_us_per_kernel
+    return distinct_kernels(graph) * hw.runtime.kernel_compile_us
 
 
 def compiles_over(lengths: Sequence[int], buckets: Sequence[int] | None = DEFAULT_BUCKETS, margin: int = 0) -> int:

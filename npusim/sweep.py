@@ -1,0 +1,334 @@
+"""Hardware what-if sweeps: one decoder step simulated at every point of a grid.
+
+    rows = sweep("k3", {"hbm.peak_bw_bytes_per_s": [1.2e12, 1.6e12, 2.4e12], "chip.aic_count": [20, 24, 32]},
+                 phase="decode", batch=8, context=4096, passes="optimized")
+    write_csv(rows, "out/sweep.csv"); plot(rows, "out")
+
+A grid maps a key to its values; its points are the cartesian product, the first
+key varying slowest. A key is a hardware field (`hbm.peak_bw_bytes_per_s`, as
+`--set` takes it) or a step knob (`batch`, `context`). `grid` may also be a list
+of grids: their points one after another (a 12-point grid plus one odd point).
+
+Points run in worker processes (one step each, independent); a point that fails
+(an out-of-memory step, a tiling that no longer fits) gets its error in its row
+and the others still run. Rows come back in grid order whatever order the
+workers finish in, so the CSV is deterministic. Ctrl-C stops the workers and
+raises SweepInterrupted carrying the rows finished so far.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from npusim.errors import ConfigError
+
+STEP_KNOBS = ("batch", "context")  # grid keys that are step parameters, not hardware fields
+METRICS = ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_rate", "peak_memory_bytes",
+           "kernel_count")
+STATUS_OK = "ok"
+PROGRESS_WIDTH = 30  # characters of the progress bar
+GB, GIB = 1e9, 1 << 30
+
+Grid = Mapping[str, Sequence[Any]]
+Progress = Callable[[int, int, int], None]  # (points done, points in all, points failed)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: `rows` are the points finished so far, in grid order."""
+
+    def __init__(self, rows: list[dict], total: int):
+        super().__init__(f"sweep interrupted after {len(rows)} of {total} points")
+        self.rows = rows
+        self.total = total
+
+
+# ---- the grid
+
+
+def parse_values(item: str) -> tuple[str, list]:
+    """'key.path=v1,v2,...' (the CLI's --set in a sweep) -> (key, [v1, v2, ...]),
+    each value read as a YAML scalar (1.6e12 is a number, 24 an integer)."""
+    from npusim.hw.load import parse_yaml
+
+    key, eq, text = item.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise ConfigError(f"--set {item}: expected key.path=value[,value...]")
+    values = []
+    for i, raw in enumerate(text.split(",")):
+        if not raw.strip():
+            raise ConfigError(f"--set {key}: value {i + 1} of '{text}' is empty (expected v1,v2,...)")
+        value = parse_yaml(raw.strip(), f"--set {key}")
+        if isinstance(value, (list, dict)) or value is None:
+            raise ConfigError(f"--set {key}: value '{raw.strip()}' is not a number or a word")
+        values.append(value)
+    return key, values
+
+
+def parse_grid(items: Sequence[str] | None) -> dict[str, list]:
+    """The CLI's --set items -> a grid; a key given twice is an error."""
+    grid: dict[str, list] = {}
+    for item in items or []:
+        key, values = parse_values(item)
+        if key in grid:
+            raise ConfigError(f"--set {key}: given twice (put every value in one list: {key}=v1,v2,...)")
+        grid[key] = values
+    return grid
+
+
+def _grids(grid: Grid | Sequence[Grid]) -> list[Grid]:
+    return [grid] if isinstance(grid, Mapping) else list(grid)
+
+
+def points(grid: Grid | Sequence[Grid]) -> list[dict]:
+    """Every point of the grid (or of each grid, one after another), first key slowest."""
+    out = []
+    for g in _grids(grid):
+        keys = list(g)
+        out += [dict(zip(keys, combo)) for combo in itertools.product(*(list(g[k]) for k in keys))]
+    return out
+
+
+def params_of(grid: Grid | Sequence[Grid]) -> list[str]:
+    """The grid's keys, in order of first appearance: the CSV's leading columns."""
+    return list(dict.fromkeys(k for g in _grids(grid) for k in g))
+
+
+def check_grid(grid: Grid | Sequence[Grid], hw: str) -> None:
+    """Every key and value is valid on its own (each hardware value loads; each step
+    knob is a positive integer), so that a typo is one error before anything runs,
+    not a failed row per point."""
+    from npusim.hw import load_hw
+
+    for g in _grids(grid):
+        for key, values in g.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+                raise ConfigError(f"--set {key}: expected a non-empty list of values, got {values!r}")
+            for v in values:
+                if key in STEP_KNOBS:
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                        raise ConfigError(f"--set {key}={v}: expected a positive integer")
+                else:
+                    load_hw(hw, {key: v})
+
+
+# ---- one point
+
+
+def _split(params: Mapping[str, Any]) -> tuple[dict, dict]:
+    """(step knobs, hardware overrides) of a point."""
+    knobs = {k: v for k, v in params.items() if k in STEP_KNOBS}
+    return knobs, {k: v for k, v in params.items() if k not in STEP_KNOBS}
+
+
+def run_point(spec: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
+    """One row: the point's parameters, the step's figures and status "ok" - or, if
+    the step fails, empty figures and the error in one line as its status."""
+    from npusim.runtime.decoder import run_decoder
+
+    knobs, overrides = _split(params)
+    step = dict(spec["step"]) | knobs
+    overrides = dict(spec["overrides"]) | overrides
+    row: dict[str, Any] = dict(params)
+    try:
+        run = run_decoder(spec["workload"], spec["hw"], overrides=overrides, **step)
+    except Exception as e:  # noqa: BLE001 - NpusimError is the expected failure; any other is reported, not lost
+        return row | dict.fromkeys(METRICS) | {"status": _one_line(e)}
+    s = run.result.stats
+    return row | {
+        "latency_us": run.latency_us,
+        "tokens_per_s": run.tokens_per_s,
+        "hbm_read_bytes": s.hbm_read_bytes,
+        "hbm_write_bytes": s.hbm_write_bytes,
+        "l2_hit_rate": s.l2_hit_rate,
+        "peak_memory_bytes": run.memory.total_bytes,
+        "kernel_count": len(run.result.kernels),
+        "status": STATUS_OK,
+    }
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def _point_task(task: tuple) -> tuple[int, dict]:
+    """What a worker runs: (index, spec, params) -> (index, row)."""
+    index, spec, params = task
+    return index, run_point(spec, params)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them and keeps the finished rows."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# ---- the sweep
+
+
+def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase: str = "decode", batch: int = 1,
+          context=None, passes: str | Sequence[str] = "optimized", jobs: int | None = None, *,
+          overrides: Mapping[str, Any] | None = None, memo: bool = True, progress: Progress | None = None,
+          **options) -> list[dict]:
+    """Simulate one step of `workload` at every point of `grid` (see the module doc)
+    and return one row per point, in grid order: the point's parameters, METRICS
+    and "status" ("ok" or the error). `batch`, `context`, `passes`, `overrides` (fixed
+    hardware overrides) and `options` (pass options: fusion_rules, kv_layout) hold for
+    every point unless the grid sets them. `jobs`: worker processes (default
+    os.cpu_count(); 1 runs in this process). `progress(done, total, failed)` is
+    called after each point."""
+    check_grid(grid, hw)
+    if overrides:
+        from npusim.hw import load_hw
+
+        load_hw(hw, overrides)
+    if isinstance(workload, str):
+        from npusim.workload import load_workload
+
+        load_workload(workload)  # a bad name: one error, before the pool starts
+    spec = {"workload": workload, "hw": hw, "overrides": dict(overrides or {}),
+            "step": dict(phase=phase, batch=batch, context=context, passes=passes, memo=memo,
+                         **{k: v for k, v in options.items() if v is not None})}
+    tasks = [(i, spec, p) for i, p in enumerate(points(grid))]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+    done: dict[int, dict] = {}
+    progress = progress or (lambda *_: None)
+    progress(0, len(tasks), 0)
+    try:
+        _execute(tasks, jobs, done, progress)
+    except KeyboardInterrupt:
+        raise SweepInterrupted([done[i] for i in sorted(done)], len(tasks)) from None
+    return [done[i] for i in range(len(tasks))]
+
+
+def _execute(tasks: list[tuple], jobs: int, done: dict[int, dict], progress: Progress) -> None:
+    """Run the tasks, filling `done` (index -> row) as they finish."""
+
+    def finished(index: int, row: dict) -> None:
+        done[index] = row
+        progress(len(done), len(tasks), sum(r["status"] != STATUS_OK for r in done.values()))
+
+    if jobs == 1:
+        for task in tasks:
+            finished(*_point_task(task))
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+    try:
+        pending = {pool.submit(_point_task, t): t for t in tasks}
+        while pending:
+            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in ready:
+                index, _, params = pending.pop(f)
+                try:
+                    finished(*f.result())
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the worker itself died (killed, out of host memory)
+                    finished(index, dict(params) | dict.fromkeys(METRICS) | {"status": _one_line(e)})
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now (a running point may
+    take seconds; Ctrl-C should not wait for it)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):  # before 3.14: no public way
+        process.terminate()
+
+
+# ---- outputs
+
+
+def _params(rows: Sequence[dict], params: Sequence[str] | None) -> list[str]:
+    """The given parameter names, or the rows' keys that are not figures."""
+    if params is not None:
+        return list(params)
+    return list(dict.fromkeys(k for r in rows for k in r if k not in (*METRICS, "status")))
+
+
+def columns(rows: Sequence[dict], params: Sequence[str] | None = None) -> list[str]:
+    """The CSV header: the parameters, METRICS, status."""
+    return [*_params(rows, params), *METRICS, "status"]
+
+
+def write_csv(rows: Sequence[dict], path: str | Path, params: Sequence[str] | None = None) -> Path:
+    """One line per row, in the rows' order; a value a point does not have is empty."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns(rows, params), restval="")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return path
+
+
+def swept(rows: Sequence[dict], params: Sequence[str]) -> list[str]:
+    """The parameters that take more than one value: the plot's x axes."""
+    return [p for p in params if len({repr(r[p]) for r in rows if r.get(p) is not None}) > 1]
+
+
+def plot(rows: Sequence[dict], out_dir: str | Path, params: Sequence[str] | None = None, title: str = "",
+         name: str = "sweep") -> list[Path]:
+    """Latency and tokens/s against each swept parameter (npusim.report.plots.sweep_curves)."""
+    from npusim.report.plots import sweep_curves
+
+    params = _params(rows, params)
+    return sweep_curves(rows, swept(rows, params) or params[:1], out_dir, name, title)
+
+
+def table(rows: Sequence[dict], params: Sequence[str] | None = None) -> str:
+    """The rows as a console table: parameters, latency, tokens/s, HBM traffic, peak memory, status."""
+    params = _params(rows, params)
+    head = [*params, "latency (us)", "tokens/s", "HBM (GB)", "peak (GiB)", "kernels", "status"]
+    body = []
+    for r in rows:
+        ok = r["status"] == STATUS_OK
+        figures = ([f"{r['latency_us']:,.1f}", f"{r['tokens_per_s']:,.1f}",
+                    f"{(r['hbm_read_bytes'] + r['hbm_write_bytes']) / GB:.3f}",
+                    f"{r['peak_memory_bytes'] / GIB:.2f}", str(r["kernel_count"])] if ok else ["-"] * 5)
+        body.append([_cell(r.get(p)) for p in params] + figures + [r["status"]])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head[:-1], widths)) + "  status"]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(b[:-1], widths)) + "  " + b[-1] for b in body]
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
+
+def progress_bar(stream=None) -> Progress:
+    """A plain-text progress bar on stderr: [#####.....] 6/12 points, 1 failed, 12.3 s."""
+    stream = stream or sys.stderr
+    start = time.monotonic()
+
+    def show(done: int, total: int, failed: int) -> None:
+        filled = PROGRESS_WIDTH * done // max(total, 1)
+        bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
+        end = "\n" if done == total else ""
+        stream.write(f"\rsweep [{bar}] {done}/{total} points, {failed} failed, "
+                     f"{time.monotonic() - start:.1f} s{end}")
+        stream.flush()
+
+    return show
+
+
+__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "columns", "params_of", "parse_grid",
+           "parse_values", "plot", "points", "progress_bar", "run_point", "sweep", "swept", "table", "write_csv"]
