@@ -113,26 +113,43 @@ def _lengths(text: str):
     return values[0] if len(values) == 1 else values
 
 
+def _pass_options(args) -> dict:
+    """Options of the passes given on the command line (None: the pass's default)."""
+    from npusim.errors import ConfigError
+
+    buckets = None
+    if args.buckets:
+        try:
+            buckets = tuple(int(x) for x in args.buckets.split(","))
+        except ValueError:
+            raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
+    return dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin)
+
+
 def _step_args(args) -> dict:
     from npusim.hw.load import parse_set_args
 
     return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
-                fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, overrides=parse_set_args(args.set))
+                overrides=parse_set_args(args.set), **_pass_options(args))
 
 
 def _cmd_run(args) -> int:
-    from npusim.report.step import step_json, summary
+    from npusim.report.step import memory_timeline, step_json, summary
+    from npusim.report.tables import statistic_table, write_tables
     from npusim.runtime.decoder import run_decoder
 
     run = run_decoder(args.workload, args.hw, passes=args.passes, memo=not args.no_memo,
-                      trace="block" if args.trace else "kernel", **_step_args(args))
+                      trace=args.trace_level, **_step_args(args))
     print(summary(run))
+    print(statistic_table(run.result))
     if args.json:
         _write_json(step_json(run), args.json)
     if args.trace:
         from npusim.report import write_chrome_trace
 
-        write_chrome_trace(run.result, args.trace)
+        write_chrome_trace(run.result, args.trace, memory_timeline(run))
+    if args.profile:
+        print("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.node_of, run.graph)))
     if args.plot:
         from npusim.report import plots
 
@@ -178,7 +195,7 @@ def _cmd_sweep(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: expected a positive integer, got {args.jobs}")
     step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
-            "fusion_rules": args.fusion_rules, "kv_layout": args.kv_layout}
+            **_pass_options(args)}
     csv_path = f"{args.out}/sweep.csv"
     start = time.monotonic()
     try:
@@ -206,8 +223,8 @@ def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
     report = validate_passes(args.workload, args.passes, phase=args.phase, batch=args.batch,
-                             context=_lengths(args.context) if args.context else None,
-                             fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, seed=args.seed)
+                             context=_lengths(args.context) if args.context else None, seed=args.seed,
+                             **_pass_options(args))
     print(report.table())
     return 0 if report.passed else 1
 
@@ -237,6 +254,10 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
     p.add_argument("--kv-layout", choices=("contiguous", "paged"), help="KV layout the kv_layout pass makes "
                    "(default contiguous)")
+    p.add_argument("--buckets", metavar="L1,L2,...", help="shape buckets of the buckets pass (default "
+                   "512,1024,2048,4096; add it with --passes optimized,buckets)")
+    p.add_argument("--margin", type=int, metavar="TOKENS", help="buckets pass: headroom a sequence keeps in its "
+                   "bucket (default 0)")
     return p
 
 
@@ -275,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
         p_.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
         p_.add_argument("--json", metavar="PATH", help="write the JSON report")
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    run.add_argument("--trace", metavar="PATH", help="write a Chrome trace (block level)")
+    run.add_argument("--trace", metavar="PATH", help="write a Chrome trace (Perfetto, chrome://tracing)")
+    run.add_argument("--trace-level", choices=("kernel", "block", "instr"), default="kernel",
+                     help="detail of --trace: kernel and host spans, + blocks per core, + every instruction")
+    run.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
     for p_ in (run, compare, op):
         p_.add_argument("--plot", metavar="DIR", help="write plots (PNG and SVG) into DIR: run: roofline, hotspots, "
                         "memory, timeline of the longest kernel; op: roofline, timeline; compare: before_after, "

@@ -92,6 +92,18 @@ def test_run_prints_the_summary_and_writes_the_contract(capsys, tmp_path):
     assert sum(v["count"] for v in data["by_type"].values()) == data["kernel_count"]
 
 
+def test_run_writes_tables_and_a_trace_at_the_level_asked(capsys, tmp_path):
+    argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "300,97", "--passes", "optimized,buckets",
+            "--margin", "16", "--profile", str(tmp_path), "--trace", str(tmp_path / "t.json"), "--trace-level", "block"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "context 512 for lengths 97..300" in text and "OP Type" in text
+    assert (tmp_path / "op_summary.csv").exists() and (tmp_path / "op_statistic.csv").exists()
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "block" for e in trace)
+    assert any(e.get("name") == "memory in use GiB" for e in trace)
+
+
 def test_compare_shows_each_pass(capsys):
     assert main(["compare", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]) == 0
     text = capsys.readouterr().out
@@ -110,6 +122,7 @@ def test_validate_command(capsys):
     (["run", "--workload", "k3-tiny", "--passes", "fusoin"], "unknown pass or pipeline 'fusoin'"),
     (["run", "--workload", "nope"], "nope"),
     (["run", "--workload", "k3-tiny", "--context", "64,x"], "--context"),
+    (["run", "--workload", "k3-tiny", "--passes", "optimized,buckets", "--buckets", "512,x"], "--buckets"),
     (["run", "--workload", "k3-tiny", "--batch", "2", "--context", "9999"], "exceeds"),
     (["run", "--workload", "k3", "--batch", "32", "--context", "8192"], "largest batch that fits"),
 ])

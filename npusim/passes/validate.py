@@ -86,11 +86,11 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
 
 
 def validate_passes(workload: Workload | str = "k3-tiny", passes: str | Sequence[str] = "optimized",
-                    phase: str = "decode", batch: int = 2, context=None, fusion_rules=None,
-                    kv_layout: str | None = None, seed: int = 0) -> Validation:
-    """validate() of a pass pipeline on a workload's decoder (small shapes: numpy runs it)."""
+                    phase: str = "decode", batch: int = 2, context=None, seed: int = 0, **options) -> Validation:
+    """validate() of a pass pipeline on a workload's decoder (small shapes: numpy runs it).
+    `options` go to the passes (fusion_rules, kv_layout, buckets, margin; None = default)."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
-    options = {k: v for k, v in (("fusion_rules", fusion_rules), ("kv_layout", kv_layout)) if v is not None}
+    options = {k: v for k, v in options.items() if v is not None}
     g = build_decoder(w, phase, batch, context if context is not None else min(64, w.max_context_tokens))
     return validate(g, lambda x: apply(x, passes, **options), seed)
 

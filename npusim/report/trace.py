@@ -100,7 +100,7 @@ def _flag_flows(result: RunResult, pids: dict[str, int]) -> list[dict]:
     return out
 
 
-def write_chrome_trace(result: RunResult, path: str | Path) -> Path:
+def write_chrome_trace(result: RunResult, path: str | Path, memory: list[tuple[float, float]] | None = None) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(result)))
+    path.write_text(json.dumps(chrome_trace(result, memory)))
     return path
