@@ -12,6 +12,7 @@ from npusim.hw import load_hw
 from npusim.hw.derived import derive
 from npusim.ops import lower, simulate_op
 from npusim.report import plots
+from npusim.report.step import activation_spans, memory_in_use
 
 STEP = {"batch": 2, "context": 64}
 
@@ -102,7 +103,7 @@ def test_roofline_dots_stay_under_the_ceilings(baseline, optimized):
 def test_memory_in_use_counts_each_activation_while_alive(baseline):
     """Without a plan: weights + KV + workspace all step, activations while alive -
     never more than all of them at once, at least the largest one."""
-    times, live, total, static = plots.memory_in_use(baseline)
+    times, live, total, static = memory_in_use(baseline)
     m = baseline.memory
     assert static == {"weights": m.weights_bytes, "KV cache": m.kv_bytes, "workspace": m.workspace_bytes}
     assert times == sorted(times) and times[0] == 0.0 and times[-1] == pytest.approx(baseline.latency_us)
@@ -115,7 +116,7 @@ def test_memory_in_use_counts_each_activation_while_alive(baseline):
 
 
 def test_memory_in_use_with_a_plan_holds_the_pool(optimized):
-    _, _, total, static = plots.memory_in_use(optimized)
+    _, _, total, static = memory_in_use(optimized)
     assert static["activation pool (memory plan)"] == optimized.memory.activation_bytes
     assert set(total) == {optimized.memory.total_bytes}
 
@@ -125,7 +126,7 @@ def test_memoised_layers_have_their_own_activations(tmp_path):
     the memo replicates (2 .. 30) count their own activations, not layer 1's again."""
     run = npusim.run_decoder("k3", "ascend910b2", passes="optimized", batch=1, context=16)
     assert run.memo
-    spans = plots.activation_spans(run)
+    spans = activation_spans(run)
     layers = {n.layer for n in run.graph.nodes if n.layer is not None}
     per_layer = [t for t, s in run.graph.tensors.items() if s.kind == "activation" and t.startswith("L5.")]
     assert len(layers) == 32 and per_layer

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from npusim.engine import RunResult
 from npusim.hw import HwConfig
 from npusim.hw.derived import derive
-from npusim.passes.memplan import PLANNED_KINDS
+from npusim.report.step import memory_in_use
 
 FORMATS = ("png", "svg")
 DPI = 120  # PNG resolution: sharp on a screen, small enough to commit next to a README
@@ -278,8 +278,7 @@ def run_timeline(run, out_dir: str | Path, kernel: str | None = None, name: str 
     from npusim.ops.registry import lower
 
     rec = _kernel_record(run.result, kernel)
-    nodes = {n.name: n for n in run.graph.nodes}
-    node = _node_of_kernel(rec.name, run.node_of[rec.name], nodes)
+    node = run.node_of[rec.name]
     kernels = lower(node.op_type, node.params, run.hw).kernels
     # a node of several kernels names them "{node}/{kernel}" (npusim.runtime.compile)
     own = rec.name[len(node.name) + 1:] if len(kernels) > 1 else kernels[0].name
@@ -317,80 +316,6 @@ def hotspots(source, out_dir: str | Path, name: str = "hotspots") -> list[Path]:
 
 
 # ---- memory over time
-
-_LAYER = re.compile(r"^L(\d+)\.")  # a node's (and its kernels') layer prefix
-
-
-def _node_of_kernel(kernel_name: str, node, nodes: dict):
-    """The graph node a kernel ran for. The layer memo replicates layer 1's kernels as
-    layers 2 .. L-2 (renamed L2., L3., ...) and GraphRun.node_of maps them to layer 1's
-    nodes; the replica's own node (with its own tensors) is the same name in its layer."""
-    m = _LAYER.match(kernel_name)
-    if m is None or node.layer is None or int(m.group(1)) == node.layer:
-        return node
-    own = f"L{m.group(1)}." + node.name[len(f"L{node.layer}."):]
-    return nodes.get(own, node)
-
-
-def activation_spans(run) -> list[tuple[float, float, int]]:
-    """(first cycle, last cycle, bytes) of every activation, host input and output of a
-    GraphRun: from its producer kernel's start (inputs: the step's start) to its last
-    reader kernel's end (outputs: the step's end)."""
-    graph, result = run.graph, run.result
-    nodes = {n.name: n for n in graph.nodes}
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for k in result.kernels:
-        node = _node_of_kernel(k.name, run.node_of[k.name], nodes)
-        for t in node.outputs.values():
-            first[t] = min(first.get(t, k.start), k.start)
-            last[t] = max(last.get(t, k.end), k.end)
-        for t in node.inputs.values():
-            last[t] = max(last.get(t, k.end), k.end)
-    for t in graph.inputs:
-        first[t] = 0.0
-    for t in graph.outputs:
-        last[t] = result.cycles
-    spans = []
-    for t, end in last.items():
-        spec = graph.tensors[t]
-        if spec.kind in PLANNED_KINDS:
-            spans.append((first.get(t, 0.0), end, spec.nbytes))
-    return spans
-
-
-def live_bytes(spans: Sequence[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
-    """The step function of bytes alive: (times, bytes from that time on). A tensor
-    freed at the cycle another is allocated is freed first."""
-    events = sorted([(a, 1, b) for a, _, b in spans] + [(e, 0, -b) for _, e, b in spans])
-    times, values, now = [0.0], [0.0], 0.0
-    for t, _, delta in events:
-        now += delta
-        if t == times[-1]:
-            values[-1] = now
-        else:
-            times.append(t)
-            values.append(now)
-    return times, values
-
-
-def memory_in_use(run) -> tuple[list[float], list[float], list[float], dict[str, int]]:
-    """Device memory of a GraphRun over its step: (times in µs, live activation bytes,
-    total bytes in use, static parts). Weights, KV cache and the kernel workspace are
-    held all the step; activations count while alive - or, with a memory plan, as the
-    pool the plan reserves for the whole step."""
-    m = run.memory
-    static = {"weights": m.weights_bytes, "KV cache": m.kv_bytes, "workspace": m.workspace_bytes}
-    if run.graph.memory_plan is not None:
-        static["activation pool (memory plan)"] = m.activation_bytes
-    times, live = live_bytes(activation_spans(run))
-    base = sum(static.values())
-    planned = run.graph.memory_plan is not None
-    total = [base + (0 if planned else v) for v in live]
-    times.append(run.result.cycles)  # hold the last value to the step's end
-    live.append(live[-1])
-    total.append(total[-1])
-    return [run.hw.us(t) for t in times], live, total, static
 
 
 def memory(run, out_dir: str | Path, name: str = "memory") -> list[Path]:
@@ -559,6 +484,6 @@ def _short(v) -> str:
     return str(v)
 
 
-__all__ = ["FORMATS", "activation_spans", "before_after", "hotspots", "live_bytes", "longest_kernel", "memory",
-           "memory_in_use", "roofline", "roofline_points", "run_timeline", "sweep_curves", "timeline", "waterfall",
+__all__ = ["FORMATS", "before_after", "hotspots", "longest_kernel", "memory",
+           "roofline", "roofline_points", "run_timeline", "sweep_curves", "timeline", "waterfall",
            "waterfall_steps"]

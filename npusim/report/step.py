@@ -3,8 +3,11 @@ the weight-read floor analysis and the side-by-side comparison."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from attrs import frozen
 
+from npusim.passes.memplan import PLANNED_KINDS
 from npusim.passes.buckets import distinct_kernels, first_run_compile_us, padding
 from npusim.report.contract import run_json
 from npusim.runtime.decoder import Comparison
@@ -186,29 +189,71 @@ def _target(name: str, before: GraphRun, after: GraphRun) -> str:
 
 
 
+def activation_spans(run) -> list[tuple[float, float, int]]:
+    """(first cycle, last cycle, bytes) of every activation, host input and output of a
+    GraphRun: from its producer kernel's start (inputs: the step's start) to its last
+    reader kernel's end (outputs: the step's end)."""
+    graph, result = run.graph, run.result
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for k in result.kernels:
+        node = run.node_of[k.name]
+        for t in node.outputs.values():
+            first[t] = min(first.get(t, k.start), k.start)
+            last[t] = max(last.get(t, k.end), k.end)
+        for t in node.inputs.values():
+            last[t] = max(last.get(t, k.end), k.end)
+    for t in graph.inputs:
+        first[t] = 0.0
+    for t in graph.outputs:
+        last[t] = result.cycles
+    spans = []
+    for t, end in last.items():
+        spec = graph.tensors[t]
+        if spec.kind in PLANNED_KINDS:
+            spans.append((first.get(t, 0.0), end, spec.nbytes))
+    return spans
+
+
+def live_bytes(spans: Sequence[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
+    """The step function of bytes alive: (times, bytes from that time on). A tensor
+    freed at the cycle another is allocated is freed first."""
+    events = sorted([(a, 1, b) for a, _, b in spans] + [(e, 0, -b) for _, e, b in spans])
+    times, values, now = [0.0], [0.0], 0.0
+    for t, _, delta in events:
+        now += delta
+        if t == times[-1]:
+            values[-1] = now
+        else:
+            times.append(t)
+            values.append(now)
+    return times, values
+
+
+def memory_in_use(run) -> tuple[list[float], list[float], list[float], dict[str, int]]:
+    """Device memory of a GraphRun over its step: (times in µs, live activation bytes,
+    total bytes in use, static parts). Weights, KV cache and the kernel workspace are
+    held all the step; activations count while alive - or, with a memory plan, as the
+    pool the plan reserves for the whole step."""
+    m = run.memory
+    static = {"weights": m.weights_bytes, "KV cache": m.kv_bytes, "workspace": m.workspace_bytes}
+    if run.graph.memory_plan is not None:
+        static["activation pool (memory plan)"] = m.activation_bytes
+    times, live = live_bytes(activation_spans(run))
+    base = sum(static.values())
+    planned = run.graph.memory_plan is not None
+    total = [base + (0 if planned else v) for v in live]
+    times.append(run.result.cycles)  # hold the last value to the step's end
+    live.append(live[-1])
+    total.append(total[-1])
+    return [run.hw.us(t) for t in times], live, total, static
+
+
 def memory_timeline(run: GraphRun) -> list[tuple[float, float]]:
-    """(cycle, bytes of device memory in use) steps over the step: weights, KV cache
-    and workspace from the start; with a memory plan its whole pool from the start;
-    without one, each activation from the start of the kernel that writes it (host
-    inputs from the start) to the end of the step, as separate allocations hold it.
-    The last value is the step's peak (MemoryBreakdown.total_bytes)."""
-    g, m = run.graph, run.memory
-    base = m.weights_bytes + m.kv_bytes + m.workspace_bytes
-    if g.memory_plan is not None:
-        return [(0.0, base + m.activation_bytes), (run.result.cycles, base + m.activation_bytes)]
-    start: dict[str, float] = {}
-    for r in run.result.kernels:
-        node = r.name.split("/")[0]
-        start[node] = min(start.get(node, r.start), r.start)
-    allocs = sorted((start.get(n.name, 0.0), g.tensors[t].nbytes) for n in g.nodes for t in n.outputs.values()
-                    if g.tensors[t].kind in ("activation", "output"))
-    used = base + m.activation_bytes - sum(b for _, b in allocs)  # inputs (and alignment) from the start
-    steps = [(0.0, used)]
-    for at, nbytes in allocs:
-        used += nbytes
-        steps.append((at, used))
-    steps.append((run.result.cycles, base + m.activation_bytes))
-    return steps
+    """(cycle, bytes of device memory in use) steps over the step (memory_in_use in cycles)."""
+    g = memory_in_use(run)
+    return [(run.hw.cycles(t * 1e-6), b) for t, b in zip(g[0], g[2])]
 
 
-__all__ = ["Floor", "by_type", "comparison_table", "floor_of", "memory_timeline", "step_json", "summary"]
+__all__ = ["Floor", "activation_spans", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
+           "memory_timeline", "step_json", "summary"]

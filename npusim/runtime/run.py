@@ -84,11 +84,23 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
         result, compiled, _ = _simulate(graph, hw, placement, graph.nodes, trace, replay=memo)
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)
-    node_of = {k.name: c.node for c in compiled for k in c.kernels}
-    node_of |= {r.name: node_of[_LAYER.sub(f"L{layers[1]}.", r.name)] for r in result.kernels if r.name not in node_of}
-    by_node = {c.node.name: c.workspace_bytes for c in compiled}
-    workspace = {r.name: by_node.get(node_of[r.name].name, 0) for r in result.kernels}
-    return GraphRun(graph, result, breakdown, node_of, memoised, {k: v for k, v in workspace.items() if v})
+    nodes = {n.name: n for n in graph.nodes}
+    node_of = {r.name: nodes[_node_name(r.name)] for r in result.kernels}
+    simulated = {c.node.name: c.workspace_bytes for c in compiled}
+
+    def workspace(kernel: str) -> int:
+        name = _node_name(kernel)
+        if name not in simulated and memoised:  # a replicated layer: as its pattern layer's node
+            name = _LAYER.sub(f"L{layers[1]}.", name)
+        return simulated.get(name, 0)
+
+    used = {r.name: workspace(r.name) for r in result.kernels}
+    return GraphRun(graph, result, breakdown, node_of, memoised, {k: v for k, v in used.items() if v})
+
+
+def _node_name(kernel: str) -> str:
+    """Kernels are named NODE, or NODE/KERNEL when a node lowers to several."""
+    return kernel.split("/")[0]
 
 
 def _workspace(compiled: Sequence[CompiledNode]) -> int:
