@@ -213,7 +213,7 @@ BAD_FILES = {
     "missing key in a fractal": (
         b2_with(FRACTAL_FP16, "fp16: {m0: 16, n0: 16}"), "missing key 'aic.mmad_fractals.fp16.k0'"),
     "empty file": ("", "expected a mapping at the top level, got an empty file"),
-    "list at the top level": ("- 1\n", "expected a mapping at the top level, got [1]"),
+    "list at the top level": ("- 1\n", "expected a mapping at the top level, got a list: [1]"),
 }
 
 

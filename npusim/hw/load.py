@@ -85,7 +85,8 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     data = parse_yaml(text, str(path))
     if not isinstance(data, dict):
-        got = "an empty file" if data is None else repr(data)
+        text = repr(data)
+        got = "an empty file" if data is None else f"a {type(data).__name__}: {text[:60]}{'...' if len(text) > 60 else ''}"
         raise ConfigError(f"{path}: expected a mapping at the top level, got {got}")
     return data
 

@@ -50,9 +50,10 @@ def _read_rules(path: Path) -> dict[str, bool]:
     return dict(data)
 
 
-def fuse(graph: Graph, rules: str | Path | dict | None = None) -> Graph:
-    """The graph with every switched-on rule applied wherever its pattern matches."""
-    switches = rules if isinstance(rules, dict) else load_rules(rules)
+def fuse(graph: Graph, fusion_rules: str | Path | dict | None = None) -> Graph:
+    """The graph with every switched-on rule applied wherever its pattern matches.
+    fusion_rules: a rules file (its entries over the defaults) or a dict of switches."""
+    switches = fusion_rules if isinstance(fusion_rules, dict) else load_rules(fusion_rules)
     ed = Editor(graph)
     for rule in RULES:
         if switches.get(rule, True):
