@@ -104,6 +104,14 @@ def test_run_writes_tables_and_a_trace_at_the_level_asked(capsys, tmp_path):
     assert any(e.get("name") == "memory in use GiB" for e in trace)
 
 
+def test_run_takes_a_fusion_rules_file(capsys, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("flash_attention: off\n")
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--fusion-rules", str(rules)]) == 0
+    text = capsys.readouterr().out
+    assert "kv_layout (skipped" in text and "softmax" in text
+
+
 def test_compare_shows_each_pass(capsys):
     assert main(["compare", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]) == 0
     text = capsys.readouterr().out
