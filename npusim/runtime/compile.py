@@ -149,6 +149,17 @@ def cross_stream_deps(graph: Graph, nodes: Sequence[CompiledNode], addresses: di
     return deps
 
 
+def _footprint(kernel: Kernel, node: Node, graph: Graph, addresses: dict[str, int]) -> tuple[tuple, tuple]:
+    """(reads, writes) as (address, bytes) of the node's tensors this kernel itself
+    declares (a split-K matmul's zero-fill kernel touches C, not A or B)."""
+    mine = {t.name for t in kernel.gm}
+
+    def ranges(tensors: dict[str, str]) -> tuple:
+        return tuple((addresses[t], graph.tensors[t].nbytes) for local, t in tensors.items() if local in mine)
+
+    return ranges(node.inputs), ranges(node.outputs)
+
+
 @frozen
 class HostProgram:
     """The host calls of a step, and the node each belongs to (None: the step's own
@@ -173,10 +184,8 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
     for c in nodes:
         name = c.node.name
         calls += [(name, WaitEvent(d, c.stream)) for d in deps.get(name, ())]
-        reads = tuple((addresses[t], graph.tensors[t].nbytes) for t in c.node.inputs.values())
-        writes = tuple((addresses[t], graph.tensors[t].nbytes) for t in c.node.outputs.values())
         for i, k in enumerate(c.kernels):
-            reuse = Reuse((*c.reuse_key, i), reads, writes) if replay else None
+            reuse = Reuse((*c.reuse_key, i), *_footprint(k, c.node, graph, addresses)) if replay else None
             calls.append((name, Launch(k, c.stream, sched.launch, reuse)))
             if sched.sync == "every_op":
                 calls.append((name, Synchronize()))
