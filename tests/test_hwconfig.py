@@ -402,3 +402,12 @@ def test_cli_process_exit_code():
     assert r.returncode == 2
     assert r.stderr.strip().endswith("key 'hbm.bw_efficiency': expected a value <= 1, got 2")
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_overrides_apply_to_a_loaded_config():
+    hw = load_hw("ascend910b2")
+    over = {"hbm.peak_bw_bytes_per_s": 2.4e12, "chip.aic_count": 20}
+    assert load_hw(hw, over) == load_hw("ascend910b2", over)
+    assert load_hw(hw) is hw
+    with pytest.raises(ConfigError, match="unknown key 'hbm.nope'"):
+        load_hw(hw, {"hbm.nope": 1})

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import cattrs
 import yaml
 from cattrs.errors import (
@@ -229,9 +230,15 @@ def _value_at(raw: Any, path: tuple[str, ...]) -> Any:
     return raw
 
 
-def load_hw(name_or_path: str | os.PathLike = DEFAULT_HW, overrides: Mapping[str, Any] | None = None) -> HwConfig:
-    """Load a hardware config by name (hwconfigs/NAME.yaml) or path, with optional
-    what-if overrides as a mapping {"key.path": value}."""
+def load_hw(name_or_path: str | os.PathLike | HwConfig = DEFAULT_HW,
+            overrides: Mapping[str, Any] | None = None) -> HwConfig:
+    """Load a hardware config by name (hwconfigs/NAME.yaml) or path - or take a loaded
+    one - with optional what-if overrides as a mapping {"key.path": value}."""
+    if isinstance(name_or_path, HwConfig):
+        raw, where = attrs.asdict(name_or_path), name_or_path.name
+        if not overrides:
+            return name_or_path
+        return structure(merge(raw, dotted_to_nested(overrides), where + " (--set)"), where + " (--set)")
     path = find_file(name_or_path, "hwconfigs")
     raw = _raw_config(path)
     where = str(path)

@@ -1,9 +1,10 @@
 """Memory planning: one static pool for the step's activations, offsets reused
 by tensors whose lifetimes do not overlap.
 
-Without a plan every activation, input and output gets its own allocation for
-the whole step (what op-by-op allocation without reuse holds at its peak). With
-it:
+Without a plan the runtime allocates as an eager framework does: each tensor its
+own allocation when its producer runs, freed after its last reader, first fit
+(npusim.runtime.memory.eager_allocation) - holes and rounding included. With
+a plan, offline:
 - a tensor lives from the node that first writes it (a host input: from the
   start) to the last node that reads it (a graph output: to the end); nodes of
   a side stream run beside the main stream from the node before them (the fork)
@@ -39,7 +40,7 @@ class MemoryPlan:
 
     offsets: dict[str, int]
     pool_bytes: int  # the pool's size: the peak of the planned tensors
-    separate_bytes: int  # what the same tensors take as separate allocations
+    separate_bytes: int  # what the same tensors take as separate allocations held all step (no reuse at all)
     in_place: tuple[tuple[str, str], ...]  # (output, input whose buffer it takes)
 
 

@@ -322,7 +322,7 @@ def memory(run, out_dir: str | Path, name: str = "memory") -> list[Path]:
     """Two panels over the step of a GraphRun: all device memory in use (weights, KV
     cache, workspace and activations), its peak marked; and the activations alone
     (they are MiB beside GiB of weights), with what the run reserves for them -
-    the memory plan's pool, or every activation's own allocation without a plan."""
+    the memory plan's pool, or the eager allocator's high-water mark without a plan."""
     times, live, total, static = memory_in_use(run)
     fig = Figure(figsize=(10, 7))
     ax, ax2 = fig.subplots(2, 1, sharex=True)
@@ -341,7 +341,7 @@ def memory(run, out_dir: str | Path, name: str = "memory") -> list[Path]:
     ax2.plot(times, [v / MIB for v in live], drawstyle="steps-post", color="tab:green", label="live activations")
     j = max(range(len(live)), key=live.__getitem__)
     ax2.plot([times[j]], [live[j] / MIB], "o", color="tab:red", label=f"peak {live[j] / MIB:,.3f} MiB")
-    reserved = "memory plan pool" if run.graph.memory_plan is not None else "separate allocations (no plan)"
+    reserved = "memory plan pool" if run.graph.memory_plan is not None else "eager allocator (no plan)"
     ax2.axhline(run.memory.activation_bytes / MIB, color="black", linestyle="--",
                 label=f"reserved: {reserved} {run.memory.activation_bytes / MIB:,.3f} MiB")
     ax2.set_xlabel("time (µs)")

@@ -40,7 +40,7 @@ class OutOfMemoryError(NpusimError):
 class MemoryBreakdown:
     weights_bytes: int
     kv_bytes: int
-    activation_bytes: int  # the pool (planned) or the sum of separate allocations
+    activation_bytes: int  # the memory plan's pool, or the eager allocator's high-water mark
     workspace_bytes: int
     capacity_bytes: int  # the device's HBM
 
