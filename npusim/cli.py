@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from npusim.errors import NpusimError
@@ -331,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     except NpusimError as e:
         print(f"npusim: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (npusim ... | head)
+        sys.stdout = open(os.devnull, "w")  # nothing more to flush at exit
+        return 0
     except OSError as e:  # an output path that cannot be written
         print(f"npusim: error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
