@@ -12,7 +12,7 @@ from npusim.cli import main
 from npusim.graph import build_decoder
 from npusim.hw import load_hw
 from npusim.passes import apply
-from npusim.report.step import floor_of, step_json
+from npusim.report.step import floor_of, floor_weight_bytes, step_json
 from npusim.runtime import OutOfMemoryError, run_graph
 from npusim.runtime.decoder import run_decoder
 from npusim.workload import load_workload
@@ -82,6 +82,9 @@ def test_decode_is_never_below_the_weight_read_floor(passes):
     print(f"\n{passes}: {f.latency_us:.1f} us = {f.ratio:.2f} x floor {f.floor_us:.2f} us "
           f"(+ other HBM {f.other_hbm_us:.2f}, idle {f.idle_us:.1f}, kernels {f.kernel_excess_us:.1f})")
     assert run.latency_us >= f.floor_us
+    embed = run.graph.tensors["embed"].nbytes  # gathered from, not read in full
+    assert HW.us(floor_weight_bytes(run.graph) / HW.hbm_bytes_per_cycle) == pytest.approx(f.floor_us)
+    assert floor_weight_bytes(run.graph) == run.memory.weights_bytes - embed or SIX_LAYERS.tie_embeddings
     assert f.floor_us + f.other_hbm_us + f.idle_us + f.kernel_excess_us == pytest.approx(run.latency_us)
 
 

@@ -22,7 +22,8 @@ MIB = 1 << 20
 class Floor:
     """Where a step's time goes relative to reading every weight once from HBM.
 
-    floor_us: weight bytes / sustained HBM bandwidth - no step can be faster.
+    floor_us: bytes of the weights read in full (the embedding table is only gathered
+    from) / sustained HBM bandwidth - no step can be faster.
     other_hbm_us: the rest of the HBM traffic (KV cache, activations) at that bandwidth.
     idle_us: time no kernel ran (host launch and synchronisation gaps, kernel start costs).
     kernel_excess_us: what remains - kernels running slower than their HBM traffic
@@ -39,11 +40,19 @@ class Floor:
         return self.latency_us / self.floor_us if self.floor_us else float("inf")
 
 
+def floor_weight_bytes(graph) -> int:
+    """Weight bytes a step must read in full: every weight but a table only gathered
+    from (the embedding reads one row per token, not the table)."""
+    gathered_only = {t for t, spec in graph.tensors.items() if spec.kind == "weight"
+                     and all(n.op_type == "embedding" for n in graph.consumers(t))}
+    return sum(spec.nbytes for t, spec in graph.tensors.items() if spec.kind == "weight" and t not in gathered_only)
+
+
 def floor_of(run: GraphRun) -> Floor:
     hw = run.hw
     s = run.result.stats
     bw = hw.hbm_bytes_per_cycle
-    weights = run.memory.weights_bytes
+    weights = floor_weight_bytes(run.graph)
     floor = hw.us(weights / bw)
     other = hw.us(max(s.hbm_read_bytes + s.hbm_write_bytes - weights, 0.0) / bw)
     busy, end = 0.0, 0.0
@@ -87,7 +96,7 @@ def summary(run: GraphRun, top: int = 5) -> str:
         f"  kernels        {len(r.kernels)}",
         f"  host           launch {hw.us(r.host_launch_cycles):,.1f} us, wait {hw.us(r.host_wait_cycles):,.1f} us "
         "(blocked in synchronize: the device was behind)",
-        f"  weight floor   {f.floor_us:,.1f} us (weights / sustained HBM bandwidth); this step is "
+        f"  weight floor   {f.floor_us:,.1f} us (weights read in full / sustained HBM bandwidth); this step is "
         f"{f.ratio:.2f}x it: + other HBM traffic {f.other_hbm_us:,.1f} us, + device idle {f.idle_us:,.1f} us, "
         f"+ kernels slower than their traffic {f.kernel_excess_us:,.1f} us",
         "  top op types   " + "; ".join(f"{t} {us:,.1f} us ({c})" for t, c, us in by_type(run)[:top]),
@@ -255,5 +264,5 @@ def memory_timeline(run: GraphRun) -> list[tuple[float, float]]:
     return [(run.hw.cycles(t * 1e-6), b) for t, b in zip(g[0], g[2])]
 
 
-__all__ = ["Floor", "activation_spans", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
+__all__ = ["Floor", "activation_spans", "floor_weight_bytes", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
            "memory_timeline", "step_json", "summary"]
