@@ -242,7 +242,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
-    p.add_argument("--batch", type=int, default=1 if name != "run" else 8, help="sequences")
+    p.add_argument("--batch", type=int, help="sequences")
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
                    "(one per sequence, ragged)")

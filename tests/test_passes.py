@@ -246,3 +246,10 @@ def test_pass_names_and_errors():
         pass_names("fusoin")
     g = apply(build_decoder(TINY, "decode", 1, 8), "kv_layout")  # unfused attention: per-layer caches stay
     assert g.applied[-1].startswith("kv_layout (skipped") and "L0.k_cache" in g.tensors
+
+
+def test_fusion_rules_as_a_dict_are_checked_too():
+    g = fuse(build_decoder(TINY, "decode", 1, 8), {"swiglu": False})
+    assert "silu" in g.count_by_type() and "decode_attention" in g.count_by_type()
+    with pytest.raises(ConfigError, match="unknown fusion rule 'flash_atention'"):
+        fuse(build_decoder(TINY, "decode", 1, 8), {"flash_atention": False})

@@ -119,3 +119,17 @@ def test_k3_decode_trace_at_kernel_level_is_small():
     size = len(json.dumps(chrome_trace(run.result, memory_timeline(run))))
     print(f"\nk3 decode step, kernel-level trace: {size / 1e6:.2f} MB")
     assert size < 20e6
+
+
+def test_a_memoised_trace_names_each_span_by_its_own_kernel():
+    import attrs
+
+    from npusim.workload import load_workload
+
+    five = attrs.evolve(load_workload("k3-tiny"), layers=5)
+    run = run_decoder(five, HW, "decode", 2, 64, "optimized", trace="block")
+    assert run.memo
+    names = {k.id: k.name for k in run.result.kernels}
+    assert len(names) == len(run.result.kernels)  # ids stay unique
+    for core, kernel, block, start, end, kid in run.result.trace.block_spans:
+        assert names[kid] == kernel

@@ -23,7 +23,8 @@ class KernelStats:
     wait is time a pipe spent blocked on a flag, barrier or cross-core flag.
     data_wait_cycles: the part of a data mover's busy time beyond what its transfers
     take alone (start-up + bytes at its core's port rate): waiting for bandwidth
-    shared with other transfers, or for HBM behind an L2 miss. core_cycles: per core type, block residency summed over cores (the denominator
+    shared with other transfers, or for HBM behind an L2 miss.
+    core_cycles: per core type, block residency summed over cores (the denominator
     of pipe utilisation). local_bytes: bytes written into each local buffer."""
 
     cycles: float = 0.0

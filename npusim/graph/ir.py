@@ -86,6 +86,10 @@ class Node:
     outputs: dict[str, str] = field(converter=dict)
     layer: int | None = None
 
+    def op_key(self) -> tuple[str, str]:
+        """(op type, parameters): equal for nodes that lower to the same kernels (addresses aside)."""
+        return self.op_type, repr(sorted(self.params.items()))
+
 
 @frozen(repr=False)
 class Graph:

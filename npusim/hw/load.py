@@ -235,10 +235,10 @@ def load_hw(name_or_path: str | os.PathLike | HwConfig = DEFAULT_HW,
     """Load a hardware config by name (hwconfigs/NAME.yaml) or path - or take a loaded
     one - with optional what-if overrides as a mapping {"key.path": value}."""
     if isinstance(name_or_path, HwConfig):
-        raw, where = attrs.asdict(name_or_path), name_or_path.name
         if not overrides:
             return name_or_path
-        return structure(merge(raw, dotted_to_nested(overrides), where + " (--set)"), where + " (--set)")
+        where = name_or_path.name + " (--set)"
+        return structure(merge(attrs.asdict(name_or_path), dotted_to_nested(overrides), where), where)
     path = find_file(name_or_path, "hwconfigs")
     raw = _raw_config(path)
     where = str(path)

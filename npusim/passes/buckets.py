@@ -55,7 +55,7 @@ def padding(graph: Graph) -> float:
 
 def distinct_kernels(graph: Graph) -> int:
     """Distinct (op type, parameters) among the nodes: what a new shape compiles."""
-    return len({(n.op_type, repr(sorted(n.params.items()))) for n in graph.nodes})
+    return len({n.op_key() for n in graph.nodes})
 
 
 def first_run_compile_us(graph: Graph, hw) -> float:

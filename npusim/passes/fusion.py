@@ -32,31 +32,32 @@ RULES = ("flash_attention", "scale_add", "qkv_proj", "swiglu", "add_rms_norm")  
 
 def load_rules(path: str | Path | None = None) -> dict[str, bool]:
     """The rule switches: the defaults file, then `path`'s entries over them."""
-    rules = _read_rules(RULES_FILE)
+    rules = check_rules(read_yaml(RULES_FILE), RULES_FILE)
     if path is not None:
-        rules |= _read_rules(Path(path))
+        rules |= check_rules(read_yaml(Path(path)), path)
     return rules
 
 
-def _read_rules(path: Path) -> dict[str, bool]:
-    data = read_yaml(path) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of fusion rule -> on/off")
+def check_rules(data: dict, where) -> dict[str, bool]:
+    """`data` if every key is a rule and every value on or off; else a one-line error."""
     for key, value in data.items():
         if key not in RULES:
-            raise ConfigError(f"{path}: unknown fusion rule '{key}' (rules: {', '.join(RULES)})")
+            raise ConfigError(f"{where}: unknown fusion rule '{key}' (rules: {', '.join(RULES)})")
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: rule '{key}' must be on or off, got {value!r}")
+            raise ConfigError(f"{where}: rule '{key}' must be on or off, got {value!r}")
     return dict(data)
 
 
 def fuse(graph: Graph, fusion_rules: str | Path | dict | None = None) -> Graph:
     """The graph with every switched-on rule applied wherever its pattern matches.
     fusion_rules: a rules file (its entries over the defaults) or a dict of switches."""
-    switches = fusion_rules if isinstance(fusion_rules, dict) else load_rules(fusion_rules)
+    if isinstance(fusion_rules, dict):
+        switches = load_rules() | check_rules(fusion_rules, "fusion_rules")
+    else:
+        switches = load_rules(fusion_rules)
     ed = Editor(graph)
     for rule in RULES:
-        if switches.get(rule, True):
+        if switches[rule]:
             _APPLY[rule](ed)
     return ed.graph("fusion")
 

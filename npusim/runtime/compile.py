@@ -23,6 +23,7 @@ from npusim.graph.ir import Graph, GraphError, Node
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.ops.registry import GM_ALIGN_BYTES, GmArena, Lowered, lower
+from npusim.passes.memplan import align
 from npusim.passes.schedule import Schedule, schedule_of
 from npusim.runtime.memory import Placement
 
@@ -41,7 +42,7 @@ def _reuse_key(node: Node, bound: dict[str, int], hw: HwConfig) -> tuple:
     """Same op, parameters and operand offsets within an L2 line: the same kernels at
     other addresses (engine.device.Reuse)."""
     line = hw.l2.line_bytes
-    return (node.op_type, repr(sorted(node.params.items())), tuple(sorted((k, a % line) for k, a in bound.items())))
+    return (*node.op_key(), tuple(sorted((k, a % line) for k, a in bound.items())))
 
 
 def _bound(node: Node, addresses: dict[str, int]) -> dict[str, int]:
@@ -69,7 +70,7 @@ _LOWERED_MAX = 4096  # entries kept before the cache starts over (bounds memory 
 
 def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
     bound = _bound(node, addresses)
-    key = (node.op_type, repr(sorted(node.params.items())), tuple(sorted(bound.items())), workspace_base, id(hw))
+    key = (*node.op_key(), tuple(sorted(bound.items())), workspace_base, id(hw))
     hit = _LOWERED.get(key)
     if hit is not None and hit[0] is hw:  # the config object itself (ids can be reused)
         low = hit[1]
@@ -103,7 +104,7 @@ def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: 
             many = len(low.kernels) > 1
             kernels = tuple(attrs.evolve(k, name=f"{n.name}/{k.name}" if many else n.name) for k in low.kernels)
             out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
-        base += -(-largest // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
+        base += align(largest, GM_ALIGN_BYTES)
     return [out[n.name] for n in nodes]
 
 

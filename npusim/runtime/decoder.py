@@ -38,10 +38,6 @@ class Step:
         return apply(g, self.passes, **dict(self.options))
 
 
-def _hw(hw: HwConfig | str, overrides: Mapping[str, Any] | None) -> HwConfig:
-    return hw if isinstance(hw, HwConfig) and not overrides else load_hw(hw, overrides)
-
-
 def step(workload: Workload | str, phase: str = "decode", batch: int = 1, context=None,
          passes: str | Sequence[str] = "baseline", **options) -> Step:
     """`options`: pass options (fusion_rules, kv_layout, buckets, margin); None = the pass's default."""
@@ -58,7 +54,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
     margin). Raises OutOfMemoryError, with the breakdown and the largest batch
     and context that fit, when the step does not fit in the device memory."""
-    hw = _hw(hw, overrides)
+    hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
     graph = s.graph()
     need = place(graph, hw.hbm.hbm_bytes).breakdown
@@ -107,7 +103,7 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
             overrides: Mapping[str, Any] | None = None, memo: bool = True, **options) -> Comparison:
     """Each pipeline, and the last one's passes added one at a time (a run already
     made for a pipeline is reused)."""
-    hw = _hw(hw, overrides)
+    hw = load_hw(hw, overrides)
     done: dict[tuple[str, ...], GraphRun] = {}
 
     def run(passes) -> GraphRun:

@@ -21,9 +21,6 @@ from npusim.graph.ir import Graph
 from npusim.ops.registry import GM_ALIGN_BYTES, GM_BASE
 from npusim.passes.memplan import align, lifetimes
 
-GIB = 1 << 30
-
-
 def size(n: float) -> str:
     """Bytes in the binary unit that keeps 1-4 digits before the point."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

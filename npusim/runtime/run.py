@@ -151,14 +151,16 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
     for r in part.kernels:
         shift = copies * delta if r.name in after else 0.0
         records.append(attrs.evolve(r, queued=r.queued + shift, start=r.start + shift, end=r.end + shift))
+    next_id = max(r.id for r in part.kernels) + 1  # simulated records keep their ids: the trace refers to them
     for j in range(1, copies + 1):
-        records += [attrs.evolve(r, name=_renamed(r.name, layer, layer + j), queued=r.queued + j * delta,
-                                 start=r.start + j * delta, end=r.end + j * delta) for r in block]
+        records += [attrs.evolve(r, id=next_id + (j - 1) * len(block) + i, name=_renamed(r.name, layer, layer + j),
+                                 queued=r.queued + j * delta, start=r.start + j * delta, end=r.end + j * delta)
+                    for i, r in enumerate(block)]
     records.sort(key=lambda r: (r.queued, r.start, r.id))
     return RunResult(
         hw=part.hw,
         cycles=cycles,
-        kernels=tuple(attrs.evolve(r, id=i) for i, r in enumerate(records)),
+        kernels=tuple(records),
         host_launch_cycles=part.host_launch_cycles + copies * launch,
         host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + copies * busy),
         trace=part.trace,
