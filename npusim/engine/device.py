@@ -35,6 +35,9 @@ find the cache as it would be. Anything else runs in full.
 # addresses (whole-line aligned alike, see Reuse.key) nor on what the L2 holds
 # of its inputs; tests/test_runtime.py checks whole decoder steps with and
 # without replay (and the layer memo) agree within 1%.
+# assumption: a replay makes no link traffic, so a kernel another stream starts
+# meanwhile (on the core types the replay does not hold) sees no contention
+# from it; and its L2 footprint lands at its end, not over its run.
 """
 
 from __future__ import annotations

@@ -57,10 +57,10 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
     graph = s.graph()
-    need = place(graph, hw.hbm.hbm_bytes).breakdown
-    if not need.fits:
-        raise OutOfMemoryError(_oom_message(s, graph, hw, need))
-    return run_graph(graph, hw, memo=memo, trace=trace)
+    try:
+        return run_graph(graph, hw, memo=memo, trace=trace)
+    except OutOfMemoryError as e:  # say what would fit
+        raise OutOfMemoryError(_oom_message(s, graph, hw, e.breakdown), e.breakdown) from None
 
 
 def _largest(fits: Callable[[int], bool], hi: int) -> int:

@@ -32,6 +32,10 @@ def size(n: float) -> str:
 class OutOfMemoryError(NpusimError):
     """Weights + KV cache + activations + workspace exceed the device memory."""
 
+    def __init__(self, message: str, breakdown: MemoryBreakdown | None = None):
+        super().__init__(message)
+        self.breakdown = breakdown
+
 
 @frozen
 class MemoryBreakdown:
@@ -87,17 +91,17 @@ def eager_allocation(graph: Graph) -> tuple[dict[str, int], int]:
     offsets, top = {}, 0
     for i in range(len(graph.nodes) + 1):
         for t in by_start.get(i, ()):
-            size = align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)
-            hole = next((h for h in holes if h[1] >= size), None)
+            nbytes = align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)
+            hole = next((h for h in holes if h[1] >= nbytes), None)
             if hole is None:
-                offsets[t], top = top, top + size
+                offsets[t], top = top, top + nbytes
             else:
                 offsets[t] = hole[0]
-                hole[0] += size
-                hole[1] -= size
-        for t in by_end.get(i, ()):
-            holes.append([offsets[t], align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)])
-        holes = _merged(h for h in holes if h[1] > 0)
+                hole[0] += nbytes
+                hole[1] -= nbytes
+        freed = [[offsets[t], align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)] for t in by_end.get(i, ())]
+        if freed:
+            holes = _merged(h for h in holes + freed if h[1] > 0)
     return offsets, top
 
 

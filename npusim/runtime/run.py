@@ -66,7 +66,7 @@ class GraphRun:
 
 def check_memory(graph: Graph, hw: HwConfig, breakdown: MemoryBreakdown) -> None:
     if not breakdown.fits:
-        raise OutOfMemoryError(f"{graph!r} does not fit in {hw.name}'s memory: {breakdown.line()}")
+        raise OutOfMemoryError(f"{graph!r} does not fit in {hw.name}'s memory: {breakdown.line()}", breakdown)
 
 
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel") -> GraphRun:
@@ -75,15 +75,14 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     check_memory(graph, hw, placement.breakdown)
     layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
     memoised = memo and len(layers) >= MEMO_MIN_LAYERS
-    if memoised:
-        keep = {layers[0], layers[1], layers[-1]}
-        nodes = [n for n in graph.nodes if n.layer is None or n.layer in keep]
-        part, compiled, program = _simulate(graph, hw, placement, nodes, trace, replay=True)
-        result = _replicate(part, compiled, program, layers[0], layers[1], len(layers) - 3)
-    else:
-        result, compiled, _ = _simulate(graph, hw, placement, graph.nodes, trace, replay=memo)
+    keep = {layers[0], layers[1], layers[-1]} if memoised else set(layers)
+    compiled = compile_nodes(graph, [n for n in graph.nodes if n.layer is None or n.layer in keep], hw, placement)
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
-    check_memory(graph, hw, breakdown)
+    check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
+    program = host_program(graph, compiled, placement.addresses, replay=memo)
+    result = run(program.calls, hw, trace)
+    if memoised:
+        result = _replicate(result, compiled, program, layers[0], layers[1], len(layers) - 3)
     nodes = {n.name: n for n in graph.nodes}
     node_of = {r.name: nodes[_node_name(r.name)] for r in result.kernels}
     simulated = {c.node.name: c.workspace_bytes for c in compiled}
@@ -109,13 +108,6 @@ def _workspace(compiled: Sequence[CompiledNode]) -> int:
     for c in compiled:
         per_stream[c.stream] = max(per_stream.get(c.stream, 0), c.workspace_bytes)
     return sum(per_stream.values())
-
-
-def _simulate(graph: Graph, hw: HwConfig, placement, nodes: Sequence[Node], trace: str, replay: bool
-              ) -> tuple[RunResult, list[CompiledNode], HostProgram]:
-    compiled = compile_nodes(graph, nodes, hw, placement)
-    program = host_program(graph, compiled, placement.addresses, replay)
-    return run(program.calls, hw, trace), compiled, program
 
 
 _LAYER = re.compile(r"^L\d+\.")  # the layer prefix of a node's (and its kernels') name
