@@ -201,12 +201,14 @@ def _start_cache(graph: Graph, name: str, shape: tuple[int, ...], seed: int) -> 
 def logical_kv(graph: Graph, kv: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-layer caches that `kv` (a layout's tensors by graph name, as
     Execution.kv or random_kv give them) holds: "L{layer}.k_cache" / "L{layer}.v_cache"
-    -> [batch, kv_heads, context, head_dim] (a per_layer cache: its own names), so
-    caches of graphs in different layouts compare directly."""
+    -> [batch, kv_heads, longest length, head_dim] (a per_layer cache: its own names;
+    positions a shape bucket pads on are left out), so caches of graphs in
+    different layouts and shapes compare directly."""
     out = {}
+    n = max(graph.lengths)
     for c in _caches(graph):
         phys = {local: np.asarray(kv[t]) for local, t in c.tensors.items()}
-        out |= dict(zip(c.names(), c.unpack(phys)))
+        out |= {name: x[:, :, :n] for name, x in zip(c.names(), c.unpack(phys))}
     return out
 
 

@@ -77,8 +77,6 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
         if name not in new:  # the transform lost an output
             checks.append(OutputCheck(name, cosine(base[name], r), 0.0, True))
             continue
-        if np.shape(new[name]) != np.shape(r) and np.ndim(r) == 4:  # a padded cache: compare the real positions
-            new[name] = np.asarray(new[name])[:, :, :np.shape(r)[2]]
         is_float = np.issubdtype(np.asarray(r).dtype, np.floating)
         score = cosine if is_float else (lambda a, b: float(np.mean(np.asarray(a) == np.asarray(b))))
         checks.append(OutputCheck(name, score(base[name], r), score(new[name], r), is_float))
