@@ -130,10 +130,8 @@ class MemorySystem:
         traffic: the cache state a replayed kernel (device.Reuse) leaves behind.
         # assumption: the lines it evicts would have been written back while the
         # original ran; their bytes are already in the replayed kernel's counters."""
-        if nbytes <= 0:
-            return
-        lo, hi = start // self.line, -(-(start + nbytes) // self.line)
-        self.l2.access(np.arange(lo, hi, dtype=np.int64), write)
+        if nbytes > 0:
+            self.l2.access(_lines([start], nbytes, 1, 0, self.line)[0], write)
 
     def _write_back(self, st: TransferStats, wb: np.ndarray, member: np.ndarray, w: int) -> None:
         """Dirty lines evicted by a transfer (mask `wb` over its lines) go to HBM: one

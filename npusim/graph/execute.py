@@ -56,7 +56,7 @@ from attrs import frozen
 
 from npusim.graph.build import host_inputs, node_params
 from npusim.graph.ir import Graph, GraphError, Node, TensorSpec
-from npusim.ops.layout import physical_block
+from npusim.ops.layout import KV_CACHE_NAMES, KV_READERS, physical_block
 
 MODES = ("device", "reference")
 FP16_MAX = 65504.0
@@ -214,8 +214,9 @@ def logical_kv(graph: Graph, kv: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
 
 # ================================================================ KV-cache layouts
 
-CACHE_OPS = {"kv_cache_write": "layout", "decode_attention": "kv_layout", "flash_attention": "kv_layout"}
-CACHE_TENSORS = ("k_cache", "v_cache", "kv_cache", "block_table")
+# op type -> its layout parameter
+CACHE_OPS = {"kv_cache_write": "layout"} | {op: "kv_layout" for op in KV_READERS}
+CACHE_TENSORS = tuple(dict.fromkeys(name for names in KV_CACHE_NAMES.values() for name in names))
 
 
 @frozen

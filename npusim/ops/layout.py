@@ -197,6 +197,11 @@ def lower_trans_data(p: TransDataParams, hw: HwConfig, gm: GmArena, tiling=None)
 # ================================================================ kv_cache_write
 
 KV_LAYOUTS = ("per_layer", "contiguous", "paged")
+# GM names of a cache's tensors per layout: the same for the writer (kv_cache_write)
+# and the readers (KV_READERS), so a graph binds both to the same tensors
+KV_CACHE_NAMES = {"per_layer": ("k_cache", "v_cache"), "contiguous": ("kv_cache",),
+                  "paged": ("k_cache", "v_cache", "block_table")}
+KV_READERS = ("decode_attention", "flash_attention")
 
 
 @frozen

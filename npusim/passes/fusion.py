@@ -24,7 +24,7 @@ from npusim.errors import ConfigError
 from npusim.graph.ir import Graph, Node, TensorSpec
 from npusim.hw.load import read_yaml
 from npusim.passes.graph_edit import Editor
-from npusim.passes.kv_layout import CACHE_NAMES
+from npusim.ops.layout import KV_CACHE_NAMES
 
 RULES_FILE = Path(__file__).with_name("fusion_rules.yaml")
 RULES = ("flash_attention", "scale_add", "qkv_proj", "swiglu", "add_rms_norm")  # the order they apply in
@@ -105,7 +105,7 @@ def _flash_attention(ed: Editor) -> None:
 
 def _kv_inputs(k_cache: str, v_cache: str) -> dict[str, str]:
     """The attention op's GM names of a per-layer K and V cache."""
-    return dict(zip(CACHE_NAMES["per_layer"], (k_cache, v_cache)))
+    return dict(zip(KV_CACHE_NAMES["per_layer"], (k_cache, v_cache)))
 
 
 def _scale_add(ed: Editor) -> None:

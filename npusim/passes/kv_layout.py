@@ -20,16 +20,11 @@ import attrs
 
 from npusim.errors import ConfigError
 from npusim.graph.ir import DTYPE_BYTES, Graph, TensorSpec
+from npusim.ops.layout import KV_CACHE_NAMES, KV_READERS
 from npusim.passes.graph_edit import Editor
 
 KV_LAYOUTS = ("contiguous", "paged")
 SKIPPED = "kv_layout (skipped: the unfused attention reads per-layer caches)"
-READERS = ("decode_attention", "flash_attention")
-
-# GM names of the cache tensors per layout, the same for the writer (kv_cache_write)
-# and the readers (decode_attention, flash_attention)
-CACHE_NAMES = {"per_layer": ("k_cache", "v_cache"), "contiguous": ("kv_cache",),
-               "paged": ("k_cache", "v_cache", "block_table")}
 
 
 def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: int = 128,
@@ -44,7 +39,7 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
     if not writers:
         return ed.graph("kv_layout")
     per_layer = {t for n in writers for t in n.outputs.values()}
-    if any(n.op_type not in READERS and per_layer & set(n.inputs.values()) for n in ed.nodes):
+    if any(n.op_type not in KV_READERS and per_layer & set(n.inputs.values()) for n in ed.nodes):
         return ed.graph(SKIPPED)
     p0 = writers[0].params
     b, layers, h, ctx, d = p0["batch"], p0["layers"], p0["kv_heads"], p0["context"], p0["head_dim"]
@@ -65,13 +60,13 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
             k_cache, v_cache = n.outputs["k_cache"], n.outputs["v_cache"]
             if kv_layout == "contiguous":
                 outs, ins = {"kv_cache": shared["kv_cache"]}, {}
-                tensors = dict(zip(CACHE_NAMES["contiguous"], (shared["kv_cache"],)))
+                tensors = dict(zip(KV_CACHE_NAMES["contiguous"], (shared["kv_cache"],)))
             else:
                 pool = (blocks, h, block_tokens, d)
                 for t in (k_cache, v_cache):
                     ed.tensors[t] = attrs.evolve(ed.tensors[t], shape=pool)
                 outs, ins = {"k_cache": k_cache, "v_cache": v_cache}, {"block_table": shared["block_table"]}
-                tensors = dict(zip(CACHE_NAMES["paged"], (k_cache, v_cache, shared["block_table"])))
+                tensors = dict(zip(KV_CACHE_NAMES["paged"], (k_cache, v_cache, shared["block_table"])))
             for reader in ed.readers(k_cache) + ed.readers(v_cache):
                 rename[reader.name] = tensors
             n = attrs.evolve(n, params=dict(n.params, **extra), inputs=dict(n.inputs, **ins), outputs=outs)
@@ -85,4 +80,4 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
     return ed.graph("kv_layout")
 
 
-__all__ = ["CACHE_NAMES", "KV_LAYOUTS", "change_kv_layout"]
+__all__ = ["KV_LAYOUTS", "change_kv_layout"]
