@@ -1,5 +1,5 @@
 """Compare simulated operators with the public measurements in
-../shared/calibration/ascend910b.yaml (GEMM points and an HBM copy).
+npusim/data/calibration/ascend910b.yaml (GEMM points and an HBM copy).
 
 Only config fields marked "assumed" may be tuned to bring these closer; the table
 this module prints is the evidence (benchmarks/calibrate.py searches, the
@@ -21,11 +21,11 @@ from npusim.ops.roofline import simulate_op
 
 
 def measurements_path() -> Path:
-    """The calibration file: $NPUSIM_CALIBRATION, or ../shared/calibration beside the checkout."""
+    """The calibration file: $NPUSIM_CALIBRATION, or the one shipped with npusim."""
     env = os.environ.get("NPUSIM_CALIBRATION")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "calibration" / "ascend910b.yaml"
+    return Path(__file__).resolve().parents[1] / "data" / "calibration" / "ascend910b.yaml"
 
 
 @frozen
