@@ -6,8 +6,14 @@ same weights, inputs and KV cache; an FP32 reference (the baseline graph with
 nothing rounded) is the yardstick. Per output - the logits, the KV caches after
 the step (compared layer by layer whatever their layout), the sampled tokens -
 the report gives the cosine similarity to the reference (pass: >= MIN_COSINE for
-float outputs) and every tensor that left the fp16 range (|x| > 65504) in a
-device run, which fails the check too: an fp16 device would have saturated.
+float outputs; integer outputs - the sampled token ids - must equal the
+reference's, and every differing id is reported) and every tensor that left the
+fp16 range (|x| > 65504) in a device run, which fails the check too: an fp16
+device would have saturated.
+
+The numpy runs hold every tensor of the graph in float32, so validate first
+estimates the host memory they need and refuses, in one line, a workload that
+would not fit (the full K3 needs tens of GiB; k3-tiny a few MiB).
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from attrs import frozen
 
+import os
+import resource
+
+from npusim.errors import NpusimError
 from npusim.graph.build import build_decoder
 from npusim.graph.execute import Execution, cosine, execute, logical_kv
 from npusim.graph.ir import Graph
@@ -24,6 +34,10 @@ from npusim.passes import apply
 from npusim.workload import Workload, load_workload
 
 MIN_COSINE = 0.999
+# Host memory of the numpy runs per graph element: a float32 value held for the
+# run, plus the float64 draw of the largest random weight (see _host_bytes).
+_VALUE_BYTES = 4
+_DRAW_BYTES = 8
 
 
 @frozen
@@ -32,10 +46,19 @@ class OutputCheck:
     baseline: float  # cosine to the reference (int outputs: fraction equal)
     transformed: float
     is_float: bool
+    differing: tuple[int, ...] = ()  # int outputs: flat indices where the transformed run's values differ
 
     @property
     def passed(self) -> bool:
-        return not self.is_float or self.transformed >= MIN_COSINE
+        return self.transformed >= MIN_COSINE if self.is_float else not self.differing
+
+    def result(self) -> str:
+        if self.is_float:
+            return "ok" if self.passed else "FAIL"
+        if self.passed:
+            return "ok (ids equal)"
+        shown = ", ".join(map(str, self.differing[:8])) + (", ..." if len(self.differing) > 8 else "")
+        return f"FAIL ({len(self.differing)} ids differ, at {shown})"
 
 
 @frozen
@@ -53,9 +76,7 @@ class Validation:
                  f"pass >= {MIN_COSINE} for float outputs)",
                  f"  {'output':28s}{'baseline':>12s}{'transformed':>14s}  result"]
         for c in self.checks:
-            kind = "" if c.is_float else "  (ids equal)"
-            lines.append(f"  {c.name:28s}{c.baseline:>12.6f}{c.transformed:>14.6f}  "
-                         f"{'ok' if c.passed else 'FAIL'}{kind}")
+            lines.append(f"  {c.name:28s}{c.baseline:>12.6f}{c.transformed:>14.6f}  {c.result()}")
         lines.append("  fp16 overflow: " + (", ".join(self.overflow) if self.overflow else "none"))
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
@@ -77,10 +98,43 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
         if name not in new:  # the transform lost an output
             checks.append(OutputCheck(name, cosine(base[name], r), 0.0, True))
             continue
-        is_float = np.issubdtype(np.asarray(r).dtype, np.floating)
-        score = cosine if is_float else (lambda a, b: float(np.mean(np.asarray(a) == np.asarray(b))))
-        checks.append(OutputCheck(name, score(base[name], r), score(new[name], r), is_float))
+        if np.issubdtype(np.asarray(r).dtype, np.floating):
+            checks.append(OutputCheck(name, cosine(base[name], r), cosine(new[name], r), True))
+            continue
+        differing = tuple(int(i) for i in np.flatnonzero(np.ravel(new[name]) != np.ravel(r)))
+        checks.append(OutputCheck(name, _equal_fraction(base[name], r), _equal_fraction(new[name], r), False,
+                                  differing))
     return Validation(after.applied, tuple(checks), run.overflow)
+
+
+def _equal_fraction(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.ravel(a) == np.ravel(b)))
+
+
+def _host_bytes(graph: Graph) -> int:
+    """What one numpy run of `graph` holds at its peak: every tensor as float32, plus
+    the float64 draw of its largest weight."""
+    numels = [t.numel for t in graph.tensors.values()]
+    return _VALUE_BYTES * sum(numels) + _DRAW_BYTES * max(numels, default=0)
+
+
+def available_host_bytes() -> int:
+    """Memory this process may still use: what the OS reports available, capped by
+    the address-space limit (ulimit -v) when one is set."""
+    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return min(avail, limit) if limit != resource.RLIM_INFINITY else avail
+
+
+def check_host_memory(graph: Graph, runs: int = 2) -> None:
+    """Refuse, in one line, a validation whose numpy runs would not fit in host memory
+    (`runs` of them alive at once: one run's outputs are kept while the next runs)."""
+    need, have = runs * _host_bytes(graph), available_host_bytes()
+    if need > have:
+        name = getattr(graph.workload, "name", "this workload")
+        raise NpusimError(f"validate: {name} {graph.phase} batch {graph.batch} x {graph.context} needs about "
+                          f"{need / 2**30:.1f} GiB of host memory for its numpy runs (every tensor in float32), "
+                          f"{have / 2**30:.1f} GiB is available; validate a smaller workload (k3-tiny) or shape")
 
 
 def validate_passes(workload: Workload | str = "k3-tiny", passes: str | Sequence[str] = "optimized",
@@ -90,7 +144,9 @@ def validate_passes(workload: Workload | str = "k3-tiny", passes: str | Sequence
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     options = {k: v for k, v in options.items() if v is not None}
     g = build_decoder(w, phase, batch, context if context is not None else min(64, w.max_context_tokens))
+    check_host_memory(g)
     return validate(g, lambda x: apply(x, passes, **options), seed)
 
 
-__all__ = ["MIN_COSINE", "OutputCheck", "Validation", "validate", "validate_passes"]
+__all__ = ["MIN_COSINE", "OutputCheck", "Validation", "available_host_bytes", "check_host_memory", "validate",
+           "validate_passes"]
