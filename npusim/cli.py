@@ -244,8 +244,8 @@ def _cmd_compare(args) -> int:
     traces = _trace_paths(args.trace, pipelines) if args.trace else {}
     _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = _step_args(args)
-    c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo,
-                progress=progress_bar("compare", "runs", args.progress), **step)
+    with progress_bar("compare", "runs", args.progress) as bar:
+        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar, **step)
     say(comparison_table(c, overrides=step["overrides"]))
     first = next(iter(c.runs.values()))
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -301,8 +301,9 @@ def _cmd_sweep(args) -> int:
     csv_path = os.path.join(args.out, "sweep.csv")
     start = time.monotonic()
     try:
-        rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
-                     memo=not args.no_memo, progress=progress_bar("sweep", "points", args.progress), **step)
+        with progress_bar("sweep", "points", args.progress) as bar:
+            rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
+                         memo=not args.no_memo, progress=bar, **step)
     except SweepInterrupted as e:
         write_csv(e.rows, csv_path, params_of(grid))
         for stale in SWEEP_FILES[1:]:  # plots of an earlier sweep would not match the rows

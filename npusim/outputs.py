@@ -72,7 +72,11 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Itera
     path = Path(path)
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file where a folder of the path should be
+            blocker = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+            raise OutputError(f"cannot write {path}: Not a directory ({blocker} is a file)") from None
         if path.is_dir():
             raise OutputError(f"{path}: is a directory (expected a file path)")
         if path.exists() and not path.is_file():  # a device or a pipe (/dev/stdout): written in place
@@ -102,9 +106,14 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
-def _key(path: str | os.PathLike) -> str:
-    """One spelling per file: symlinks, '..' and relative paths resolved."""
-    return os.path.normcase(os.path.realpath(path))
+def _key(path: str | os.PathLike) -> tuple:
+    """One key per file: an existing file's device and inode (hard links are one file),
+    else its path with symlinks, '..' and relative parts resolved."""
+    try:
+        st = os.stat(path)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.normcase(os.path.realpath(path)))
 
 
 def check_paths(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, str | os.PathLike | None],
@@ -112,7 +121,7 @@ def check_paths(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping
     """Refuse, before a command runs, an output file that is also an input or another
     output, and an output file that is also an output folder. Keys are what the user
     typed (`--json`); None values are outputs or inputs not asked for."""
-    seen: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for flag, path in inputs.items():
         if path is not None and os.path.isfile(path):
             seen.setdefault(_key(path), f"input of {flag}")

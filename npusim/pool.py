@@ -31,6 +31,7 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5  # without prctl: how often a worker checks its parent is alive
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 STOP_GRACE_S = 1.0  # how long a worker told to stop (SIGTERM) may take before SIGKILL
 
 
@@ -56,6 +57,7 @@ def _serve(conn, fn: Callable, parent: int) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would not end a worker
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by the parent while it forked
     while True:
         try:
             task = conn.recv()
@@ -87,7 +89,13 @@ class _Worker:
     def __init__(self, fn: Callable):
         self.conn, child = multiprocessing.Pipe()
         self.process = multiprocessing.Process(target=_serve, args=(child, fn, os.getpid()), daemon=True)
-        self.process.start()
+        # a signal that lands inside fork's bookkeeping is swallowed ("Exception ignored"):
+        # hold Ctrl-C and SIGTERM until the worker exists, then take them here
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         child.close()
         self.task: int | None = None
 
