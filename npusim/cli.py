@@ -346,7 +346,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """--help shows each option's default, except where there is none to show."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or "(default" in (action.help or ""):
             return action.help
         if isinstance(action.default, list):
             return f"{action.help} (default: {' '.join(map(str, action.default))})"
@@ -378,8 +378,8 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
                    "(one per sequence, ragged)")
-    passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline: "
-              "fusion,layout,kv_layout,sync,launch,streams,memplan,buckets")
+    passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline (e.g. "
+              "fusion,memplan); the passes: fusion, layout, kv_layout, sync, launch, streams, memplan, buckets")
     if passes_nargs:
         p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"], metavar="PIPELINE",
                        help="pipelines to compare, as separate words (--passes baseline optimized); each is "
@@ -456,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
                             default_workload="k3-tiny")
     validate.set_defaults(batch=2, context="64")
+    for action in validate._actions:
+        if action.dest == "context":
+            action.help = "context length per sequence (decode) or prompt length (prefill); one int, or a comma list"
     validate.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     validate.set_defaults(func=_cmd_validate)
     return p
