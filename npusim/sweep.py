@@ -9,11 +9,12 @@ key varying slowest. A key is a hardware field (`hbm.peak_bw_bytes_per_s`, as
 `--set` takes it) or a step knob (`batch`, `context`). `grid` may also be a list
 of grids: their points one after another (a 12-point grid plus one odd point).
 
-Points run in worker processes (one step each, independent); a point that fails
-(an out-of-memory step, a tiling that no longer fits) gets its error in its row
-and the others still run. Rows come back in grid order whatever order the
-workers finish in, so the CSV is deterministic. Ctrl-C stops the workers and
-raises SweepInterrupted carrying the rows finished so far.
+Points run in worker processes (npusim.pool: one step each, independent); a point
+that fails (an out-of-memory step, a tiling that no longer fits, a worker that
+died) gets its error in its row and the others still run. Rows come back in grid
+order whatever order the workers finish in, so the CSV is deterministic. Ctrl-C
+(or SIGTERM under the CLI) stops the workers at once and raises SweepInterrupted
+carrying the rows finished so far.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import csv
 import itertools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
