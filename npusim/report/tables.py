@@ -154,7 +154,8 @@ def statistic_table(result: RunResult, top: int = 10) -> str:
                      f"{r['Ratio(%)']:>10.1f}")
     if len(rows) > top:
         rest = rows[top:]
-        lines.append(f"  ... and {len(rest)} more ({sum(r['Count'] for r in rest)} kernels, "
+        kernels = sum(r["Count"] for r in rest)
+        lines.append(f"  ... and {len(rest)} more ({kernels} kernel{'s' * (kernels != 1)}, "
                      f"{sum(r['Total Time(us)'] for r in rest):,.1f} us, {sum(r['Ratio(%)'] for r in rest):.1f}%)")
     return "\n".join(lines)
 
