@@ -305,12 +305,15 @@ def _cmd_sweep(args) -> int:
             rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
                          memo=not args.no_memo, progress=bar, **step)
     except SweepInterrupted as e:
+        what = "terminated" if e.status == 143 else "interrupted"
+        if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was
+            err(f"npusim: {what} before any of {e.total} points finished: nothing written")
+            return e.status
         write_csv(e.rows, csv_path, params_of(grid))
         for stale in SWEEP_FILES[1:]:  # plots of an earlier sweep would not match the rows
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(args.out, stale))
-        err(f"npusim: {'terminated' if e.status == 143 else 'interrupted'}: {len(e.rows)} of {e.total} points "
-             f"written to {csv_path}")
+        err(f"npusim: {what}: {len(e.rows)} of {e.total} points written to {csv_path}")
         return e.status
     seconds = time.monotonic() - start
     write_csv(rows, csv_path, params_of(grid))

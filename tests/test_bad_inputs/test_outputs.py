@@ -96,9 +96,8 @@ elif HOOK == "run":  # ... while the step is simulated
 elif HOOK.startswith("points"):  # a sweep of fake points: point N (0-based) fires, the others take 0.2 s
     fire_at = int(HOOK[len("points"):] or -1)
     def point(spec, params):
-        if params["batch"] == fire_at:
-            if os.getpid() != PARENT:
-                os.kill(PARENT, SIG); time.sleep(30)
+        if params["batch"] == fire_at:  # from a worker, or from the sweep's own process (one job)
+            os.kill(PARENT, SIG); time.sleep(30)
         time.sleep(0.2)
         if "pids" in os.environ:
             with open(os.environ["pids"], "a") as f: f.write(f"{os.getpid()}\\n")
@@ -459,6 +458,17 @@ def test_an_interrupted_overwrite_leaves_no_stale_plots(tmp_path):
     assert code == 130, err
     assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
     assert "earlier" not in (out / "sweep.csv").read_text()
+
+
+def test_an_interrupt_before_any_point_keeps_an_earlier_result(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    for name in ("sweep.csv", "sweep.png"):
+        (out / name).write_text("from an earlier sweep")
+    code, err, _ = driven("points1", "SIGTERM", ["sweep", "--set", "batch=1", "--out", out, "--overwrite"], ROOT)
+    assert code == 143 and "before any of 1 points finished: nothing written" in err
+    clean_error(err)
+    assert all((out / n).read_text() == "from an earlier sweep" for n in ("sweep.csv", "sweep.png"))
 
 
 def test_ctrl_c_does_not_wait_for_running_points(tmp_path):
