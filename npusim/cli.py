@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         except Terminated:
             err("npusim: terminated (no partial output left)")
             return 143
-        except BrokenPipeError:  # the reader went away outside _say (a library printed)
+        except BrokenPipeError:  # the reader went away outside say() (a library printed)
             drop_stdout()
             return 0
         except OSError as e:  # an output folder that cannot be made, ...
