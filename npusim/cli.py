@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
 from npusim.errors import NpusimError
+from npusim.outputs import err, say
 
 
 def _cmd_hw(args) -> int:
     from npusim.hw.show import show_hw
 
-    print(show_hw(args.name, args.set))
+    say(show_hw(args.name, args.set))
     return 0
 
 
@@ -42,14 +44,14 @@ def _op_help(op_type: str) -> str:
 def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
-    from npusim.hw.load import parse_set_args
     from npusim.ops import OPS, lower, simulate_op
+    from npusim.report.contract import provenance
 
-    if args.list or not args.type:
-        print("op types: " + ", ".join(sorted(OPS)))
-        return 0
     if args.help:
-        print(_op_help(args.type))
+        say(args.parser.format_help().rstrip() + ("\n\n" + _op_help(args.type) if args.type else ""))
+        return 0
+    if args.list or not args.type:
+        say("op types: " + ", ".join(sorted(OPS)))
         return 0
     params, tiling = {}, {}
     for item in args.params:
@@ -60,21 +62,25 @@ def _cmd_op(args) -> int:
             tiling[key[len("tiling."):]] = value
         else:
             params[key] = value
-    hw = load_hw(args.hw, parse_set_args(args.set))
+    _check_outputs(args)
+    overrides = _overrides(args)
+    hw = load_hw(args.hw, overrides)
     low = lower(args.type, params, hw, tiling or None)
     report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
-    print(_op_summary(report))
+    say(_op_summary(report, overrides))
+    meta = provenance(args.argv, hw, overrides)
     if args.json:
-        import json
-
         from npusim.report import op_json
 
-        with open(args.json, "w") as f:
-            json.dump(op_json(report), f, indent=1)
+        _write_json(op_json(report) | {"provenance": meta}, args.json)
     if args.trace:
         from npusim.report import write_chrome_trace
 
-        write_chrome_trace(report.run, args.trace)
+        write_chrome_trace(report.run, args.trace, metadata=meta)
+    if args.profile:
+        from npusim.report.tables import write_tables
+
+        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile)))
     if args.plot:
         from npusim.report import plots
 
@@ -85,13 +91,15 @@ def _cmd_op(args) -> int:
 def _wrote(out_dir: str, paths) -> None:
     """One line naming the plots written."""
     names = ", ".join(dict.fromkeys(p.stem for p in paths))
-    print(f"plots in {out_dir}: {names} (.png, .svg)")
+    say(f"plots in {out_dir}: {names} (.png, .svg)")
 
 
-def _op_summary(r) -> str:
+def _op_summary(r, overrides=None) -> str:
+    from npusim.report.contract import set_note
+
     low = r.lowered
     lines = [
-        f"{low.op_type} on {r.hw.name}: {r.us:.2f} us ({r.cycles:.0f} cycles), {len(low.kernels)} kernel(s)",
+        f"{low.op_type} on {r.hw.name}{set_note(overrides)}: {r.us:.2f} us ({r.cycles:.0f} cycles), {len(low.kernels)} kernel(s)",
         f"  {r.tflops:.2f} TFLOPS, GM {r.gm_bw_bytes_per_s / 1e12:.3f} TB/s, HBM {r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s, "
         f"L2 hit rate {100 * r.stats.l2_hit_rate:.1f}%",
         f"  bound: {r.bound} (roofline {r.roofline.time_s * 1e6:.2f} us: compute {r.roofline.compute_s * 1e6:.2f}, "
@@ -114,6 +122,33 @@ def _lengths(text: str):
     return values[0] if len(values) == 1 else values
 
 
+def _pipeline(text: str, flag: str = "--passes") -> str:
+    """A pipeline as run and compare take it: a name or one comma list of passes. A
+    comma list naming two pipelines (baseline,optimized) is one pipeline, their
+    union - never what was meant, so it is refused with the syntax of both commands."""
+    from npusim.errors import ConfigError
+    from npusim.passes import PIPELINES
+
+    named = [s.strip() for s in text.split(",") if s.strip() in PIPELINES]
+    if len(named) > 1:
+        raise ConfigError(f"{flag} {text}: a comma list is ONE pipeline (its passes together); to compare "
+                          f"pipelines give them as separate words: npusim compare --passes {' '.join(named)}")
+    return text
+
+
+def _overrides(args) -> dict:
+    """--set KEY=VALUE of run, compare, op and hw show: one value per --set."""
+    from npusim.errors import ConfigError
+    from npusim.hw.load import parse_set_args
+
+    overrides = parse_set_args(args.set)
+    for key, value in overrides.items():
+        if "," in value:
+            raise ConfigError(f"--set {key}={value}: takes one value here (a list of values is a sweep: "
+                              f"npusim sweep --set {key}={value} --out DIR)")
+    return overrides
+
+
 def _pass_options(args) -> dict:
     """Options of the passes given on the command line (None: the pass's default)."""
     from npusim.errors import ConfigError
@@ -128,29 +163,62 @@ def _pass_options(args) -> dict:
 
 
 def _step_args(args) -> dict:
-    from npusim.hw.load import parse_set_args
-
     return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
-                overrides=parse_set_args(args.set), **_pass_options(args))
+                overrides=_overrides(args), **_pass_options(args))
+
+
+def _inputs(args) -> dict:
+    """The input files of a command, by flag (None: a name that resolves to no file)."""
+    from npusim.errors import ConfigError
+    from npusim.hw.load import find_file
+
+    def path(value, kind):
+        if value is None:
+            return None
+        try:
+            return str(find_file(value, kind))
+        except ConfigError:  # unknown: the command reports it in its turn
+            return value if os.path.exists(value) else None
+
+    return {"--hw": path(getattr(args, "hw", None), "hwconfigs"),
+            "--workload": path(getattr(args, "workload", None), "workloads"),
+            "--fusion-rules": getattr(args, "fusion_rules", None)}
+
+
+def _check_outputs(args, extra: dict | None = None) -> None:
+    """Before running: no output on an input, no two outputs on one path."""
+    from npusim.outputs import check_paths
+
+    files = {"--json": getattr(args, "json", None), "--trace": getattr(args, "trace", None)}
+    folders = {"--profile": getattr(args, "profile", None), "--plot": getattr(args, "plot", None)}
+    if folders["--profile"]:
+        from npusim.report.tables import TABLE_FILES
+
+        files |= {f"--profile ({name})": os.path.join(folders["--profile"], name) for name in TABLE_FILES}
+    check_paths(files | (extra or {}), _inputs(args), folders)
 
 
 def _cmd_run(args) -> int:
+    from npusim.report.contract import provenance
     from npusim.report.step import memory_timeline, step_json, summary
     from npusim.report.tables import statistic_table, write_tables
     from npusim.runtime.decoder import run_decoder
 
-    run = run_decoder(args.workload, args.hw, passes=args.passes, memo=not args.no_memo,
-                      trace=args.trace_level, **_step_args(args))
-    print(summary(run))
-    print(statistic_table(run.result))
+    _check_outputs(args)
+    step = _step_args(args)
+    run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
+                      trace=args.trace_level, **step)
+    say(summary(run, overrides=step["overrides"]))
+    say(statistic_table(run.result))
+    meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
-        _write_json(step_json(run), args.json)
+        _write_json(step_json(run) | {"provenance": meta}, args.json)
     if args.trace:
         from npusim.report import write_chrome_trace
 
-        write_chrome_trace(run.result, args.trace, memory_timeline(run))
+        write_chrome_trace(run.result, args.trace, memory_timeline(run), metadata=meta)
     if args.profile:
-        print("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.node_of, run.graph)))
+        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.node_of, run.graph)))
     if args.plot:
         from npusim.report import plots
 
@@ -159,15 +227,38 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _trace_paths(path: str, names) -> dict[str, str]:
+    """compare --trace PATH: one trace per pipeline, PATH with the pipeline's name
+    before the suffix (trace.json -> trace.baseline.json, trace.fusion+memplan.json)."""
+    stem, suffix = os.path.splitext(path)
+    return {n: f"{stem}.{n.replace(',', '+')}{suffix or '.json'}" for n in names}
+
+
 def _cmd_compare(args) -> int:
-    from npusim.report.step import comparison_table, step_json
+    from npusim.report.contract import provenance
+    from npusim.progress import progress_bar
+    from npusim.report.step import comparison_table, memory_timeline, step_json
     from npusim.runtime.decoder import compare
 
-    c = compare(args.workload, args.hw, pipelines=args.passes, memo=not args.no_memo, **_step_args(args))
-    print(comparison_table(c))
+    pipelines = [_pipeline(p) for p in args.passes]
+    traces = _trace_paths(args.trace, pipelines) if args.trace else {}
+    _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    step = _step_args(args)
+    with progress_bar("compare", "runs", args.progress) as bar:
+        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar, **step)
+    say(comparison_table(c, overrides=step["overrides"]))
+    first = next(iter(c.runs.values()))
+    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
         _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
-                     "steps": {k: step_json(r) for k, r in c.steps.items()}}, args.json)
+                     "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
+    if traces:
+        from npusim.report import write_chrome_trace
+
+        for name, path in traces.items():
+            run = c.runs[name]
+            write_chrome_trace(run.result, path, memory_timeline(run), metadata=meta | {"pipeline": name})
+        say("traces: " + ", ".join(traces.values()))
     if args.plot:
         from npusim.report import plots
 
@@ -175,83 +266,129 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+SWEEP_FILES = ("sweep.csv", "sweep.png", "sweep.svg")
+
+
+def _check_sweep_out(args) -> None:
+    """--out is a new or empty folder, or --overwrite was given; no output on an input."""
+    from npusim.outputs import OutputError
+
+    if os.path.exists(args.out):
+        if not os.path.isdir(args.out):
+            raise OutputError(f"--out {args.out}: not a folder")
+        entries = os.listdir(args.out)
+        if entries and not args.overwrite:
+            raise OutputError(f"--out {args.out}: not empty ({len(entries)} entries, e.g. {sorted(entries)[0]}); "
+                              "give a new or empty folder, or --overwrite to replace its sweep files")
+    _check_outputs(args, {f"--out ({n})": os.path.join(args.out, n) for n in SWEEP_FILES})
+
+
 def _cmd_sweep(args) -> int:
     import time
 
     from npusim.errors import ConfigError
-    from npusim.sweep import (
-        SweepInterrupted,
-        params_of,
-        parse_grid,
-        plot,
-        progress_bar,
-        sweep,
-        table,
-        write_csv,
-    )
+    from npusim.progress import progress_bar
+    from npusim.sweep import SweepInterrupted, params_of, parse_grid, plot, sweep, table, write_csv
 
     grid = parse_grid(args.set)
     if not grid:
         raise ConfigError("sweep: nothing to sweep: give --set KEY=V1,V2,... (a hardware field, or batch / context)")
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: expected a positive integer, got {args.jobs}")
+    _check_sweep_out(args)
     step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
             **_pass_options(args)}
-    csv_path = f"{args.out}/sweep.csv"
+    csv_path = os.path.join(args.out, "sweep.csv")
     start = time.monotonic()
     try:
-        rows = sweep(args.workload, grid, args.hw, passes=args.passes, jobs=args.jobs, memo=not args.no_memo,
-                     progress=progress_bar(), **step)
+        with progress_bar("sweep", "points", args.progress) as bar:
+            rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
+                         memo=not args.no_memo, progress=bar, **step)
     except SweepInterrupted as e:
+        what = "terminated" if e.status == 143 else "interrupted"
+        if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was
+            err(f"npusim: {what} before any of {e.total} points finished: nothing written")
+            return e.status
         write_csv(e.rows, csv_path, params_of(grid))
-        print(f"\nnpusim: interrupted: {len(e.rows)} of {e.total} points written to {csv_path}", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:  # before any point ran
-        return 130
+        for stale in SWEEP_FILES[1:]:  # plots of an earlier sweep would not match the rows
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(args.out, stale))
+        err(f"npusim: {what}: {len(e.rows)} of {e.total} points written to {csv_path}")
+        return e.status
     seconds = time.monotonic() - start
-    print(table(rows, params_of(grid)))
     write_csv(rows, csv_path, params_of(grid))
     title = (f"{args.workload} {args.phase} batch {args.batch} x context {args.context or 'default'}, "
              f"passes {args.passes}, on {args.hw}")
     plots = plot(rows, args.out, params_of(grid), title)
+    say(table(rows, params_of(grid)))
     failed = sum(r["status"] != "ok" for r in rows)
-    print(f"{len(rows)} points ({len(rows) - failed} ok, {failed} failed) in {seconds:.1f} s: {csv_path}, "
-          + ", ".join(str(p) for p in plots))
-    return 0
+    say(f"{len(rows)} points ({len(rows) - failed} ok, {failed} failed) in {seconds:.1f} s: {csv_path}, "
+         + ", ".join(str(p) for p in plots))
+    return 1 if failed else 0
 
 
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
-    report = validate_passes(args.workload, args.passes, phase=args.phase, batch=args.batch,
+    report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,
                              context=_lengths(args.context) if args.context else None, seed=args.seed,
                              **_pass_options(args))
-    print(report.table())
+    say(report.table())
     return 0 if report.passed else 1
 
 
 def _write_json(data: dict, path: str) -> None:
     import json
 
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
+    from npusim.outputs import write_text
+
+    write_text(path, json.dumps(data, indent=1))
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, except where there is none to show."""
+
+    def _get_help_string(self, action):
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or "(default" in (action.help or ""):
+            return action.help
+        if isinstance(action.default, list):
+            return f"{action.help} (default: {' '.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
+SET_ONE = "override a hardware field, one value per --set (repeat --set for more fields; lists of values: sweep)"
+PROGRESS = "progress with an ETA on stderr (default: only when stderr is a terminal)"
+
+
+def _common(p, *, plot: str | None = None, trace: str | None = None, json_: bool = True) -> None:
+    """The flags that mean the same in every subcommand that has them."""
+    p.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help=SET_ONE)
+    if json_:
+        p.add_argument("--json", metavar="PATH", help="write the JSON report (with provenance)")
+    if trace:
+        p.add_argument("--trace", metavar="PATH", help=trace)
+    if plot:
+        p.add_argument("--plot", metavar="DIR", help=f"write plots (PNG and SVG) into DIR: {plot}")
 
 
 def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload: str = "k3"):
-    p = sub.add_parser(name, help=help)
+    p = sub.add_parser(name, help=help, description=help, formatter_class=_Help)
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
-    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="the step simulated")
     p.add_argument("--batch", type=int, help="sequences")
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
                    "(one per sequence, ragged)")
+    passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline (e.g. "
+              "fusion,memplan); the passes: fusion, layout, kv_layout, sync, launch, streams, memplan, buckets")
     if passes_nargs:
-        p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"],
-                       help="pipelines to compare (baseline, optimized, or comma lists of passes)")
+        p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"], metavar="PIPELINE",
+                       help="pipelines to compare, as separate words (--passes baseline optimized); each is "
+                       + passes)
     else:
-        p.add_argument("--passes", default="optimized", help="baseline, optimized, or a comma list of "
-                       "passes: fusion,layout,kv_layout,sync,launch,streams,memplan")
+        p.add_argument("--passes", default="optimized", help=passes)
     p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
     p.add_argument("--kv-layout", choices=("contiguous", "paged"), help="KV layout the kv_layout pass makes "
                    "(default contiguous)")
@@ -268,76 +405,92 @@ def build_parser() -> argparse.ArgumentParser:
 
     hw = sub.add_parser("hw", help="hardware configs")
     hw_sub = hw.add_subparsers(dest="hw_command", required=True)
-    show = hw_sub.add_parser("show", help="print a config with derived figures")
+    show = hw_sub.add_parser("show", help="print a config with derived figures", formatter_class=_Help)
     show.add_argument("name", nargs="?", default="ascend910b2", help="config name or path")
-    show.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a field")
+    show.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help=SET_ONE)
     show.set_defaults(func=_cmd_hw)
 
-    demo = sub.add_parser("demo", help="run the README's hand-built vector add on every AIV core")
-    demo.add_argument("--hw", default="ascend910b2", help="config name or path")
+    demo = sub.add_parser("demo", help="run the README's hand-built vector add on every AIV core",
+                          formatter_class=_Help)
+    demo.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
     demo.set_defaults(func=_cmd_demo)
 
-    op = sub.add_parser("op", add_help=False, help="simulate one operator (npusim op --list; npusim op TYPE --help)")
-    op.add_argument("type", nargs="?", help="op type (snake_case)")
+    op = sub.add_parser("op", add_help=False, formatter_class=_Help,
+                        help="simulate one operator (npusim op --list; npusim op TYPE --help)",
+                        description="Simulate one operator. `npusim op TYPE --help` adds the op's parameters.")
+    op.add_argument("type", nargs="?", help="op type (snake_case; npusim op --list)")
     op.add_argument("params", nargs="*", metavar="key=value", help="op parameters; tiling.KEY=VALUE to force a tiling")
-    op.add_argument("--hw", default="ascend910b2", help="config name or path")
-    op.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
-    op.add_argument("--json", metavar="PATH", help="write the JSON report")
-    op.add_argument("--trace", metavar="PATH", help="write a Chrome trace (instruction level)")
+    _common(op, plot="roofline, timeline", trace="write a Chrome trace (instruction level)")
+    op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
     op.add_argument("--list", action="store_true", help="list the op types")
-    op.add_argument("-h", "--help", action="store_true", help="show the op's parameters")
-    op.set_defaults(func=_cmd_op)
+    op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
+    op.set_defaults(func=_cmd_op, parser=op)
 
     run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
-    run.set_defaults(batch=8)
-    compare = _step_parser(sub, "compare", "pipelines side by side, and the gain of each pass", "+")
-    compare.set_defaults(batch=8)
-    for p_ in (run, compare):
-        p_.add_argument("--hw", default="ascend910b2", help="config name or path")
-        p_.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
-        p_.add_argument("--json", metavar="PATH", help="write the JSON report")
-        p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    run.add_argument("--trace", metavar="PATH", help="write a Chrome trace (Perfetto, chrome://tracing)")
+    _common(run, plot="roofline, hotspots, memory, timeline of the longest kernel",
+            trace="write a Chrome trace (Perfetto, chrome://tracing)")
     run.add_argument("--trace-level", choices=("kernel", "block", "instr"), default="kernel",
                      help="detail of --trace: kernel and host spans, + blocks per core, + every instruction")
     run.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
-    for p_ in (run, compare, op):
-        p_.add_argument("--plot", metavar="DIR", help="write plots (PNG and SVG) into DIR: run: roofline, hotspots, "
-                        "memory, timeline of the longest kernel; op: roofline, timeline; compare: before_after, "
-                        "waterfall")
+    compare = _step_parser(sub, "compare", "pipelines side by side, and the gain of each pass", "+")
+    _common(compare, plot="before_after, waterfall",
+            trace="write a Chrome trace (kernel level) per pipeline: PATH with the pipeline's name before its "
+                  "suffix (trace.json -> trace.baseline.json, trace.optimized.json)")
+    compare.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
+    for p_ in (run, compare):
+        p_.set_defaults(batch=8)
+        p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
     run.set_defaults(func=_cmd_run)
     compare.set_defaults(func=_cmd_compare)
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
     sweep.set_defaults(batch=8, func=_cmd_sweep)
-    sweep.add_argument("--hw", default="ascend910b2", help="config name or path")
+    sweep.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
     sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...", help="a swept hardware field "
-                       "(key.path) or step knob (batch, context) and its values; the grid is the product of all")
-    sweep.add_argument("--out", metavar="DIR", required=True, help="write DIR/sweep.csv and DIR/sweep.png, .svg")
+                       "(key.path) or step knob (batch, context) and its LIST of values; the grid is the product "
+                       "of all")
+    sweep.add_argument("--out", metavar="DIR", required=True, help="write DIR/sweep.csv and DIR/sweep.png, .svg "
+                       "(a new or empty folder, unless --overwrite)")
+    sweep.add_argument("--overwrite", action="store_true", help="replace the sweep files of a non-empty --out")
     sweep.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
     sweep.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
+    sweep.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
 
     validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
                             default_workload="k3-tiny")
     validate.set_defaults(batch=2, context="64")
+    for action in validate._actions:
+        if action.dest == "context":
+            action.help = "context length per sequence (decode) or prompt length (prefill); one int, or a comma list"
     validate.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     validate.set_defaults(func=_cmd_validate)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from npusim.outputs import Terminated, drop_stdout, on_sigterm
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except NpusimError as e:
-        print(f"npusim: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # the reader of our output went away (npusim ... | head)
-        sys.stdout = open(os.devnull, "w")  # nothing more to flush at exit
-        return 0
-    except OSError as e:  # an output path that cannot be written
-        print(f"npusim: error: {e.filename}: {e.strerror}", file=sys.stderr)
-        return 2
+    args.argv = ["npusim", *argv]
+    with on_sigterm():
+        try:
+            return args.func(args)
+        except NpusimError as e:
+            err(f"npusim: error: {e}")
+            return 2
+        except KeyboardInterrupt:
+            err("npusim: interrupted (no partial output left)")
+            return 130
+        except Terminated:
+            err("npusim: terminated (no partial output left)")
+            return 143
+        except BrokenPipeError:  # the reader went away outside say() (a library printed)
+            drop_stdout()
+            return 0
+        except OSError as e:  # an output folder that cannot be made, ...
+            err(f"npusim: error: {e.filename or 'output'}: {e.strerror or e}")
+            return 2
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def main(hw_name="ascend910b2"):
     s = k.stats
     seconds = hw.us(k.cycles) * 1e-6
     print(f"{k.name}: {k.cycles:.0f} cycles = {hw.us(k.cycles):.1f} us on {hw.name}")
-    print(f"HBM traffic {(s.hbm_read_bytes + s.hbm_write_bytes) / 2**20:.0f} MiB, "
+    print(f"HBM traffic {(s.hbm_read_bytes + s.hbm_write_bytes) / 1e9:.3f} GB, "
           f"achieved {(s.gm_read_bytes + s.gm_write_bytes) / seconds / 1e12:.2f} TB/s "
           f"of {hw.hbm.peak_bw_bytes_per_s / 1e12:.2f} TB/s peak")
     for pipe in ("AIV.MTE2", "AIV.V", "AIV.MTE3"):

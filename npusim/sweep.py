@@ -9,11 +9,12 @@ key varying slowest. A key is a hardware field (`hbm.peak_bw_bytes_per_s`, as
 `--set` takes it) or a step knob (`batch`, `context`). `grid` may also be a list
 of grids: their points one after another (a 12-point grid plus one odd point).
 
-Points run in worker processes (one step each, independent); a point that fails
-(an out-of-memory step, a tiling that no longer fits) gets its error in its row
-and the others still run. Rows come back in grid order whatever order the
-workers finish in, so the CSV is deterministic. Ctrl-C stops the workers and
-raises SweepInterrupted carrying the rows finished so far.
+Points run in worker processes (npusim.pool: one step each, independent); a point
+that fails (an out-of-memory step, a tiling that no longer fits, a worker that
+died) gets its error in its row and the others still run. Rows come back in grid
+order whatever order the workers finish in, so the CSV is deterministic. Ctrl-C
+(or SIGTERM under the CLI) stops the workers at once and raises SweepInterrupted
+carrying the rows finished so far.
 """
 
 from __future__ import annotations
@@ -21,34 +22,33 @@ from __future__ import annotations
 import csv
 import itertools
 import os
-import signal
-import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from npusim.errors import ConfigError
+from npusim.outputs import Terminated, atomic_write
+from npusim.pool import one_line, run_tasks
+from npusim.progress import Progress
 
 STEP_KNOBS = ("batch", "context")  # grid keys that are step parameters, not hardware fields
 METRICS = ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_rate", "peak_memory_bytes",
            "kernel_count")
 STATUS_OK = "ok"
-PROGRESS_WIDTH = 30  # characters of the progress bar
 GB, GIB = 1e9, 1 << 30
 
 Grid = Mapping[str, Sequence[Any]]
-Progress = Callable[[int, int, int], None]  # (points done, points in all, points failed)
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a sweep: `rows` are the points finished so far, in grid order."""
+    """Ctrl-C (or SIGTERM, under the CLI) during a sweep: `rows` are the points
+    finished so far, in grid order; `status` the exit status the CLI gives (130, 143)."""
 
-    def __init__(self, rows: list[dict], total: int):
+    def __init__(self, rows: list[dict], total: int, status: int = 130):
         super().__init__(f"sweep interrupted after {len(rows)} of {total} points")
         self.rows = rows
         self.total = total
+        self.status = status
 
 
 # ---- the grid
@@ -142,7 +142,7 @@ def run_point(spec: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
     try:
         run = run_decoder(spec["workload"], spec["hw"], overrides=overrides, **step)
     except Exception as e:  # noqa: BLE001 - NpusimError is the expected failure; any other is reported, not lost
-        return row | dict.fromkeys(METRICS) | {"status": _one_line(e)}
+        return row | dict.fromkeys(METRICS) | {"status": one_line(e)}
     s = run.result.stats
     return row | {
         "latency_us": run.latency_us,
@@ -154,22 +154,6 @@ def run_point(spec: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
         "kernel_count": len(run.result.kernels),
         "status": STATUS_OK,
     }
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"
-
-
-def _point_task(task: tuple) -> tuple[int, dict]:
-    """What a worker runs: (index, spec, params) -> (index, row)."""
-    index, spec, params = task
-    return index, run_point(spec, params)
-
-
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them and keeps the finished rows."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ---- the sweep
@@ -198,58 +182,34 @@ def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase:
     spec = {"workload": workload, "hw": hw, "overrides": dict(overrides or {}),
             "step": dict(phase=phase, batch=batch, context=context, passes=passes, memo=memo,
                          **{k: v for k, v in options.items() if v is not None})}
-    tasks = [(i, spec, p) for i, p in enumerate(points(grid))]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+    every = points(grid)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(every) or 1))
     done: dict[int, dict] = {}
     progress = progress or (lambda *_: None)
-    progress(0, len(tasks), 0)
-    try:
-        _execute(tasks, jobs, done, progress)
-    except KeyboardInterrupt:
-        raise SweepInterrupted([done[i] for i in sorted(done)], len(tasks)) from None
-    return [done[i] for i in range(len(tasks))]
-
-
-def _execute(tasks: list[tuple], jobs: int, done: dict[int, dict], progress: Progress) -> None:
-    """Run the tasks, filling `done` (index -> row) as they finish."""
+    progress(0, len(every), 0)
 
     def finished(index: int, row: dict) -> None:
         done[index] = row
-        progress(len(done), len(tasks), sum(r["status"] != STATUS_OK for r in done.values()))
+        progress(len(done), len(every), sum(r["status"] != STATUS_OK for r in done.values()))
 
-    if jobs == 1:
-        for task in tasks:
-            finished(*_point_task(task))
-        return
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+    def lost(index: int, reason: str) -> None:
+        finished(index, dict(every[index]) | dict.fromkeys(METRICS) | {"status": reason})
+
     try:
-        pending = {pool.submit(_point_task, t): t for t in tasks}
-        while pending:
-            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in ready:
-                index, _, params = pending.pop(f)
-                try:
-                    finished(*f.result())
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # noqa: BLE001 - the worker itself died (killed, out of host memory)
-                    finished(index, dict(params) | dict.fromkeys(METRICS) | {"status": _one_line(e)})
-    except BaseException:
-        _stop(pool)
-        raise
-    pool.shutdown()
+        if jobs == 1:
+            for i, p in enumerate(every):
+                finished(i, run_point(spec, p))
+        else:
+            run_tasks(_run_point, [(spec, p) for p in every], jobs, finished, lost)
+    except (KeyboardInterrupt, Terminated) as e:
+        status = 143 if isinstance(e, Terminated) else 130
+        raise SweepInterrupted([done[i] for i in sorted(done)], len(every), status) from None
+    return [done[i] for i in range(len(every))]
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel what has not started and end the workers now (a running point may
-    take seconds; Ctrl-C should not wait for it)."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
-        terminate()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):  # before 3.14: no public way
-        process.terminate()
+def _run_point(spec, params) -> dict:
+    """run_point as the module holds it when the worker runs (tests replace it)."""
+    return run_point(spec, params)
 
 
 # ---- outputs
@@ -270,8 +230,7 @@ def columns(rows: Sequence[dict], params: Sequence[str] | None = None) -> list[s
 def write_csv(rows: Sequence[dict], path: str | Path, params: Sequence[str] | None = None) -> Path:
     """One line per row, in the rows' order; a value a point does not have is empty."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns(rows, params), restval="")
         writer.writeheader()
         for r in rows:
@@ -314,21 +273,5 @@ def _cell(v) -> str:
     return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
-def progress_bar(stream=None) -> Progress:
-    """A plain-text progress bar on stderr: [#####.....] 6/12 points, 1 failed, 12.3 s."""
-    stream = stream or sys.stderr
-    start = time.monotonic()
-
-    def show(done: int, total: int, failed: int) -> None:
-        filled = PROGRESS_WIDTH * done // max(total, 1)
-        bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
-        end = "\n" if done == total else ""
-        stream.write(f"\rsweep [{bar}] {done}/{total} points, {failed} failed, "
-                     f"{time.monotonic() - start:.1f} s{end}")
-        stream.flush()
-
-    return show
-
-
 __all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "columns", "params_of", "parse_grid",
-           "parse_values", "plot", "points", "progress_bar", "run_point", "sweep", "swept", "table", "write_csv"]
+           "parse_values", "plot", "points", "run_point", "sweep", "swept", "table", "write_csv"]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from npusim.engine import RunResult
 from npusim.engine.device import KernelRecord
@@ -77,6 +81,37 @@ def op_json(report: OpReport) -> dict:
         "bound": report.bound,
         "roofline_us": {"compute": r.compute_s * 1e6, "hbm": r.hbm_s * 1e6, "l2": r.l2_s * 1e6},
     })
+
+
+def set_note(overrides: Mapping[str, Any] | None) -> str:
+    """' (--set a.b=1 --set c=2)' after a config's name in a header; '' without overrides."""
+    if not overrides:
+        return ""
+    return " (" + " ".join(f"--set {k}={v}" for k, v in overrides.items()) + ")"
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 of a config's canonical JSON (keys sorted, no spaces): equal configs, equal hashes."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def provenance(argv: Sequence[str], hw: HwConfig, overrides: Mapping[str, Any] | None = None,
+               workload: str | None = None, workload_path: str | None = None) -> dict:
+    """What produced an output, for its JSON and its trace's metadata: the command as
+    typed, the npusim version, the hardware config in effect (overrides applied) with
+    its hash, the overrides as given and the workload (name or path as given, and the
+    file it resolved to)."""
+    from npusim import __version__
+
+    import attrs
+
+    config = attrs.asdict(hw)
+    out = {"command": list(argv), "npusim_version": __version__, "hw": hw.name,
+           "overrides": dict(overrides or {}), "hw_config": config, "hw_config_sha256": config_hash(config)}
+    if workload is not None:
+        out["workload"] = {"name": workload, "path": workload_path}
+    return out
 
 
 def vars_of(record) -> dict:

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from npusim.engine import RunResult
 from npusim.hw import HwConfig
 from npusim.hw.derived import derive
+from npusim.outputs import atomic_write
 from npusim.report.step import memory_in_use
 
 FORMATS = ("png", "svg")
@@ -53,7 +54,8 @@ def _save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     paths = []
     for fmt in FORMATS:
         path = out / f"{name}.{fmt}"
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=DPI, bbox_inches="tight")
         paths.append(path)
     return paths
 

@@ -9,7 +9,7 @@ from attrs import frozen
 
 from npusim.passes.memplan import PLANNED_KINDS
 from npusim.passes.buckets import distinct_kernels, first_run_compile_us, padding
-from npusim.report.contract import run_json
+from npusim.report.contract import run_json, set_note
 from npusim.runtime.decoder import Comparison
 from npusim.runtime.memory import size
 from npusim.runtime.run import GraphRun
@@ -74,21 +74,22 @@ def by_type(run: GraphRun) -> list[tuple[str, int, float]]:
     return sorted(((k, c, t) for k, (c, t) in out.items()), key=lambda x: -x[2])
 
 
-def _title(run: GraphRun) -> str:
+def _title(run: GraphRun, overrides=None) -> str:
     g = run.graph
     lengths = g.lengths[0] if len(set(g.lengths)) == 1 else f"{min(g.lengths)}..{max(g.lengths)}"
     what = "context" if g.phase == "decode" else "prompt"
     passes = ", ".join(g.applied) or "none"
-    return (f"{g.workload.name} {g.phase} on {run.hw.name}: batch {g.batch} x {what} {lengths}, "
+    return (f"{g.workload.name} {g.phase} on {run.hw.name}{set_note(overrides)}: batch {g.batch} x {what} {lengths}, "
             f"passes: {passes}" + ("" if run.memo else " (every layer simulated)"))
 
 
-def summary(run: GraphRun, top: int = 5) -> str:
+def summary(run: GraphRun, top: int = 5, overrides=None) -> str:
+    """The console summary; `overrides` (--set KEY=VALUE as given) are named after the hardware's name."""
     r, hw, m = run.result, run.hw, run.memory
     s = r.stats
     f = floor_of(run)
     lines = [
-        _title(run),
+        _title(run, overrides),
         f"  latency        {run.latency_us:,.1f} us ({r.cycles:,.0f} cycles), {run.tokens_per_s:,.1f} tokens/s",
         f"  HBM traffic    read {s.hbm_read_bytes / GB:.3f} GB, write {s.hbm_write_bytes / GB:.3f} GB "
         f"({r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s); L2 hit rate {100 * s.l2_hit_rate:.1f}%",
@@ -161,11 +162,11 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 or float(v).is_integer() else f"{v:,.3f}"
 
 
-def comparison_table(c: Comparison) -> str:
+def comparison_table(c: Comparison, overrides=None) -> str:
     """The pipelines side by side, then each pass's gain (added in pipeline order)."""
     names = list(c.runs)
     first = next(iter(c.runs.values()))
-    lines = [_title(first).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>16s}" for n in names)]
+    lines = [_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>16s}" for n in names)]
     for label, get in _ROWS:
         lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>16s}" for r in c.runs.values()))
     lines += ["", "  each pass added in order (latency, then the figure it targets):"]

@@ -23,6 +23,7 @@ from npusim.engine.run import RunResult
 from npusim.engine.stats import KernelStats
 from npusim.graph.ir import Node
 from npusim.ops.roofline import bound_of
+from npusim.outputs import atomic_write
 
 SUMMARY_COLUMNS = (
     "Op Name", "OP Type", "Task Type", "Task Start Time(us)", "Task Duration(us)", "Task Wait Time(us)",
@@ -38,6 +39,7 @@ _RATIOS = {"aic_cube_ratio": "AIC.M", "aic_mte1_ratio": "AIC.MTE1", "aic_mte2_ra
            "aiv_mte2_ratio": "AIV.MTE2", "aiv_mte3_ratio": "AIV.MTE3"}
 _TASK_TYPES = {"AIC": "AI_CORE", "AIV": "AI_VECTOR_CORE", "MIX": "MIX_AIC"}
 STALLS = ("busy", "flag", "data", "idle")
+TABLE_FILES = ("op_summary.csv", "op_statistic.csv")  # what write_tables writes into its folder
 
 
 @frozen
@@ -124,7 +126,7 @@ def write_csv(rows: Sequence[dict], path: str | Path, columns: Iterable[str]) ->
     for r in rows:
         columns += [k for k in r if k not in columns]
     path = Path(path)
-    with path.open("w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns, restval="")
         w.writeheader()
         for r in rows:
@@ -136,8 +138,8 @@ def write_tables(result: RunResult, directory: str | Path, node_of=None, graph=N
     """op_summary.csv and op_statistic.csv into `directory` (created)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    return (write_csv(summary_rows(result, node_of, graph), d / "op_summary.csv", SUMMARY_COLUMNS + NPUSIM_COLUMNS),
-            write_csv(statistic_rows(result), d / "op_statistic.csv", STATISTIC_COLUMNS))
+    return (write_csv(summary_rows(result, node_of, graph), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
+            write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
 
 
 def statistic_table(result: RunResult, top: int = 10) -> str:
@@ -150,8 +152,13 @@ def statistic_table(result: RunResult, top: int = 10) -> str:
         lines.append(f"  {r['OP Type']:{width}s}{r['Core Type']:>16s}{r['Count']:>7d}{r['Total Time(us)']:>13,.1f}"
                      f"{r['Avg Time(us)']:>11,.2f}{r['Min Time(us)']:>11,.2f}{r['Max Time(us)']:>11,.2f}"
                      f"{r['Ratio(%)']:>10.1f}")
+    if len(rows) > top:
+        rest = rows[top:]
+        kernels = sum(r["Count"] for r in rest)
+        lines.append(f"  ... and {len(rest)} more ({kernels} kernel{'s' * (kernels != 1)}, "
+                     f"{sum(r['Total Time(us)'] for r in rest):,.1f} us, {sum(r['Ratio(%)'] for r in rest):.1f}%)")
     return "\n".join(lines)
 
 
-__all__ = ["NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS", "Stall", "stalls", "statistic_rows",
+__all__ = ["NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS", "TABLE_FILES", "Stall", "stalls", "statistic_rows",
            "statistic_table", "summary_rows", "write_csv", "write_tables"]

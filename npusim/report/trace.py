@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from npusim.engine import RunResult
+from npusim.outputs import write_text
 
 _PIPES = ("MTE2", "MTE1", "M", "FIX", "MTE3", "V", "S")
 
@@ -100,7 +101,11 @@ def _flag_flows(result: RunResult, pids: dict[str, int]) -> list[dict]:
     return out
 
 
-def write_chrome_trace(result: RunResult, path: str | Path, memory: list[tuple[float, float]] | None = None) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(chrome_trace(result, memory)))
-    return path
+def write_chrome_trace(result: RunResult, path: str | Path, memory: list[tuple[float, float]] | None = None,
+                       metadata: dict | None = None) -> Path:
+    """The trace into `path` (atomically); `metadata` (provenance) goes into the
+    trace's `otherData`, which Perfetto and chrome://tracing show as metadata."""
+    trace = chrome_trace(result, memory)
+    if metadata:
+        trace["otherData"] = metadata
+    return write_text(path, json.dumps(trace))

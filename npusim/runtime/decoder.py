@@ -100,21 +100,29 @@ class Comparison:
 
 def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode", batch: int = 1,
             context=None, pipelines: Sequence[str] = ("baseline", "optimized"), *,
-            overrides: Mapping[str, Any] | None = None, memo: bool = True, **options) -> Comparison:
+            overrides: Mapping[str, Any] | None = None, memo: bool = True,
+            progress: Callable[[int, int], None] | None = None, **options) -> Comparison:
     """Each pipeline, and the last one's passes added one at a time (a run already
-    made for a pipeline is reused)."""
+    made for a pipeline is reused). `progress(runs done, runs in all)` is called as
+    each distinct run starts and at the end."""
     hw = load_hw(hw, overrides)
     done: dict[tuple[str, ...], GraphRun] = {}
+    order = pass_names(pipelines[-1])
+    total = len({pass_names(p) for p in pipelines} | {order[:i + 1] for i in range(len(order))})
 
     def run(passes) -> GraphRun:
         key = pass_names(passes)
         if key not in done:
+            if progress:
+                progress(len(done), total)
             done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, **options)
         return done[key]
 
     runs = {p: run(p) for p in pipelines}
-    order = pass_names(pipelines[-1])
-    return Comparison(runs, {name: run(order[:i + 1]) for i, name in enumerate(order)})
+    comparison = Comparison(runs, {name: run(order[:i + 1]) for i, name in enumerate(order)})
+    if progress:
+        progress(total, total)
+    return comparison
 
 
 __all__ = ["Comparison", "Step", "compare", "run_decoder", "step"]

@@ -1,0 +1,508 @@
+"""Hostile use of npusim's outputs, signals and sweeps (issue 10's first two families).
+
+Every case asserts the exit status, a message of at most 3 lines without a
+traceback, and that no partial output is left: a file asked for is either whole
+(it parses) or absent, no temporary file remains, and a file that was there
+before (an input, an earlier result) is unchanged unless it was replaced whole.
+
+Signal cases run `npusim` in a subprocess and deliver the signal at a chosen
+moment: the child is started through a small driver that makes one step (a file
+write, the simulation, a sweep point) send the signal to its own process, so the
+signal lands exactly mid-write or mid-run on any machine, however loaded.
+Sweep cases replace the simulated point by a fake one (forked workers inherit it),
+so they take a fraction of a second; the real sweep is covered by tests/test_sweep.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from npusim.cli import main
+from npusim.outputs import OutputError, atomic_write, check_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+OP = ["op", "add", "shape=8,4096"]
+TOO_SMALL = 1 << 20  # hbm.hbm_bytes that k3-tiny's 3.4 MiB of weights and cache do not fit in
+
+
+# ---- helpers
+
+
+def clean_error(err: str) -> None:
+    """A message of 1 to 3 lines and no traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 3, err
+
+
+def no_partial(folder: Path) -> None:
+    """No temporary file left, and every JSON or CSV output in `folder` is whole."""
+    for p in folder.rglob("*"):
+        assert not (p.name.startswith(".") and p.name.endswith(".tmp")), f"temporary file left: {p}"
+        if p.suffix == ".json" and p.is_file():
+            json.loads(p.read_text())
+        if p.suffix == ".csv" and p.is_file():
+            rows = list(csv.reader(p.open()))
+            assert rows and all(len(r) == len(rows[0]) for r in rows), p
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(argv, capsys, *needles) -> str:
+    """The command exits 2 with one clean message holding every needle."""
+    code, _, err = cli(argv, capsys)
+    assert code == 2, err
+    clean_error(err)
+    for n in needles:
+        assert str(n) in err, err
+    return err
+
+
+DRIVER = """
+import contextlib, os, signal, sys, time
+import npusim.outputs, npusim.runtime.decoder, npusim.sweep
+from npusim.cli import main
+HOOK, SIG = sys.argv[1], getattr(signal, sys.argv[2])
+def fire():
+    os.kill(os.getpid(), SIG)
+    time.sleep(30)  # the signal's handler ends this
+if HOOK == "write":  # the signal lands when half of the first file is written
+    real = npusim.outputs.atomic_write
+    @contextlib.contextmanager
+    def halfway(path, mode="w", **kw):
+        with real(path, mode, **kw) as f:
+            class Half:
+                def write(self, data):
+                    f.write(data[: len(data) // 2]); f.flush(); fire()
+            yield Half()
+    npusim.outputs.atomic_write = halfway
+elif HOOK == "run":  # ... while the step is simulated
+    npusim.runtime.decoder.run_decoder = lambda *a, **k: fire()
+elif HOOK.startswith("points"):  # a sweep of fake points: point N (0-based) fires, the others take 0.2 s
+    fire_at = int(HOOK[len("points"):] or -1)
+    def point(spec, params):
+        if params["batch"] == fire_at:  # from a worker, or from the sweep's own process (one job)
+            os.kill(PARENT, SIG); time.sleep(30)
+        time.sleep(0.2)
+        if "pids" in os.environ:
+            with open(os.environ["pids"], "a") as f: f.write(f"{os.getpid()}\\n")
+        return {**params, **dict.fromkeys(npusim.sweep.METRICS, 1.0), "status": "ok"}
+    PARENT = os.getpid()
+    npusim.sweep.run_point = point
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def driven(hook: str, sig: str, argv, cwd: Path, timeout: float = 60, env: dict | None = None):
+    """Run `npusim argv` under DRIVER; (exit status, stderr, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", DRIVER, hook, sig, *map(str, argv)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return proc.returncode, proc.stderr, time.monotonic() - start
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its new parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@pytest.fixture
+def hw_copy(tmp_path) -> Path:
+    p = tmp_path / "hw.yaml"
+    shutil.copy(ROOT / "hwconfigs" / "ascend910b2.yaml", p)
+    return p
+
+
+# ---- outputs: an output on an input or on another output is refused before anything runs
+
+
+def _inputs(tmp_path: Path) -> dict[str, Path]:
+    files = {"hw": tmp_path / "hw.yaml", "workload": tmp_path / "tiny.yaml", "rules": tmp_path / "rules.yaml"}
+    shutil.copy(ROOT / "hwconfigs" / "ascend910b2.yaml", files["hw"])
+    shutil.copy(ROOT / "workloads" / "k3-tiny.yaml", files["workload"])
+    shutil.copy(ROOT / "npusim" / "passes" / "fusion_rules.yaml", files["rules"])
+    return files
+
+
+COLLISIONS = [  # (argv with {hw} {workload} {rules} {d}, words of the message)
+    (["run", "--hw", "{hw}", "--json", "{hw}"], ["--json", "--hw"]),
+    (["run", "--hw", "{hw}", "--trace", "{hw}"], ["--trace", "--hw"]),
+    (["run", "--workload", "{workload}", "--json", "{workload}"], ["--json", "--workload"]),
+    (["run", "--workload", "{workload}", "--trace", "{d}/../{d_name}/tiny.yaml"], ["--trace", "--workload"]),
+    (["run", "--fusion-rules", "{rules}", "--json", "{rules}"], ["--json", "--fusion-rules"]),
+    (["run", "--json", "{d}/x.json", "--trace", "{d}/x.json"], ["--trace", "--json"]),
+    (["run", "--json", "{d}/x.json", "--trace", "{d}/./x.json"], ["--trace", "--json"]),
+    (["run", "--json", "{d}/x.json", "--plot", "{d}/x.json"], ["--plot", "--json"]),
+    (["run", "--json", "{d}/x.json", "--profile", "{d}/x.json"], ["--profile", "--json"]),
+    (["run", "--json", "{d}/p/op_summary.csv", "--profile", "{d}/p"], ["op_summary.csv", "--json"]),
+    (["run", "--trace", "{d}/p/op_statistic.csv", "--profile", "{d}/p"], ["op_statistic.csv", "--trace"]),
+    (["op", "add", "shape=8,64", "--hw", "{hw}", "--json", "{hw}"], ["--json", "--hw"]),
+    (["op", "add", "shape=8,64", "--json", "{d}/o.json", "--trace", "{d}/o.json"], ["--trace", "--json"]),
+    (["op", "add", "shape=8,64", "--json", "{d}/o.json", "--plot", "{d}/o.json"], ["--plot"]),
+    (["compare", "--hw", "{hw}", "--json", "{hw}"], ["--json", "--hw"]),
+    (["compare", "--trace", "{d}/t.json", "--json", "{d}/t.baseline.json"], ["--trace (baseline)"]),
+    (["compare", "--trace", "{d}/t.json", "--json", "{d}/t.optimized.json"], ["--trace (optimized)"]),
+    (["sweep", "--hw", "{hw}", "--set", "batch=1,2", "--out", "{hw}"], ["--out", "not a folder"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), COLLISIONS, ids=[" ".join(a[:1] + a[-2:-1]) + f"-{i}"
+                                                             for i, (a, _) in enumerate(COLLISIONS)])
+def test_an_output_on_an_input_or_another_output_is_refused(argv, words, tmp_path, capsys):
+    files = _inputs(tmp_path)
+    before = {p: p.read_bytes() for p in files.values()}
+    argv = [a.format(hw=files["hw"], workload=files["workload"], rules=files["rules"], d=tmp_path,
+                     d_name=tmp_path.name) for a in argv]
+    if argv[0] in ("run", "compare"):
+        argv += ["--batch", "2", "--context", "64"] + ([] if "--workload" in argv else ["--workload", "k3-tiny"])
+    refused(argv, capsys, *words)
+    assert {p: p.read_bytes() for p in files.values()} == before  # inputs untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.yaml", "rules.yaml", "tiny.yaml"]  # nothing written
+
+
+def test_a_symlink_to_an_input_is_the_input(tmp_path, capsys, hw_copy):
+    link = tmp_path / "link.json"
+    link.symlink_to(hw_copy)
+    before = hw_copy.read_bytes()
+    refused([*RUN, "--hw", hw_copy, "--json", link], capsys, "--json", "--hw")
+    assert hw_copy.read_bytes() == before
+
+
+def test_a_hard_link_to_an_input_is_the_input(tmp_path, capsys, hw_copy):
+    link = tmp_path / "hard.json"
+    os.link(hw_copy, link)
+    refused([*RUN, "--hw", hw_copy, "--trace", link], capsys, "--trace", "--hw")
+
+
+def test_check_paths_ignores_outputs_not_asked_for(tmp_path):
+    check_paths({"--json": None, "--trace": tmp_path / "t.json"}, {"--hw": None}, {"--plot": None})
+
+
+# ---- outputs: an unwritable path names the path and the reason
+
+
+UNWRITABLE = [  # (flag, path under tmp_path or absolute, reason)
+    ("--json", "/dev/full", "No space left on device"),
+    ("--trace", "/dev/full", "No space left on device"),
+    ("--json", "{d}/a_file/x.json", "Not a directory"),
+    ("--trace", "{d}/a_file/t.json", "Not a directory"),
+    ("--profile", "{d}/a_file/prof", "Not a directory"),
+    ("--plot", "{d}/a_file/plots", "Not a directory"),
+    ("--json", "{d}/a_dir", "is a directory"),
+    ("--trace", "{d}/a_dir", "is a directory"),
+    ("--json", "/proc/npusim-nowhere.json", "No such file or directory"),
+]
+
+
+@pytest.mark.parametrize(("flag", "path", "reason"), UNWRITABLE)
+def test_an_unwritable_output_names_the_path_and_the_reason(flag, path, reason, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    path = path.format(d=tmp_path)
+    err = refused([*RUN, flag, path], capsys, reason)
+    assert path.split("/a_file")[0] in err and "None" not in err
+    no_partial(tmp_path)
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+def test_a_full_disk_on_op_json(capsys):
+    refused([*OP, "--json", "/dev/full"], capsys, "cannot write /dev/full: No space left on device")
+
+
+def test_a_full_disk_on_a_sweep_csv(capsys, tmp_path, monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _fake_point)
+    os.symlink("/dev/full", tmp_path / "sweep.csv")  # the CSV lands on a full device
+    code, _, err = cli(["sweep", "--set", "batch=1,2", "--jobs", "1", "--out", tmp_path, "--overwrite"], capsys)
+    assert code == 2 and "No space left on device" in err and "sweep.csv" in err
+    clean_error(err)
+
+
+def test_a_device_is_written_in_place_not_replaced(capsys):
+    code, _, err = cli([*OP, "--json", "/dev/null", "--trace", "/dev/full"], capsys)
+    assert code == 2 and "No space left" in err  # /dev/null took the JSON, /dev/full refused the trace
+    assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()
+
+
+# ---- outputs: whole or absent
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text('{"old": 1}')
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with atomic_write(target) as f:
+                f.write('{"new": ')
+                raise exc
+        assert target.read_text() == '{"old": 1}'
+        assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_an_os_error_while_writing_is_an_output_error_naming_the_path(tmp_path):
+    with pytest.raises(OutputError, match=r"cannot write .*r\.json: No space left"):
+        with atomic_write(tmp_path / "r.json") as f:
+            f.write("x")
+            raise OSError(28, "No space left on device")  # what a write on a full disk raises: no file name
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_written_file_has_ordinary_permissions(tmp_path):
+    with atomic_write(tmp_path / "r.json") as f:
+        f.write("{}")
+    assert (tmp_path / "r.json").stat().st_mode & 0o644 == 0o644
+
+
+# ---- outputs: a closed stdout never stops the files asked for
+
+
+@pytest.mark.parametrize("argv", [
+    [*RUN, "--json", "{d}/r.json", "--trace", "{d}/t.json"],
+    [*OP, "--json", "{d}/r.json", "--profile", "{d}/prof"],
+    [*RUN, "--profile", "{d}/prof"],
+], ids=["run", "op", "run-profile"])
+def test_a_closed_stdout_still_writes_the_files(argv, tmp_path):
+    argv = [a.format(d=tmp_path) for a in argv]
+    proc = subprocess.Popen([sys.executable, "-m", "npusim", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # `| head -0`: the reader is gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    for a in argv:
+        if str(tmp_path) in a:
+            assert Path(a).exists(), a
+    no_partial(tmp_path)
+
+
+def test_a_closed_stdout_in_a_sweep_still_writes_the_csv(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "npusim", "sweep", "--workload", "k3-tiny", "--jobs", "1",
+                             "--set", f"hbm.hbm_bytes={TOO_SMALL},{2 * TOO_SMALL}", "--out", tmp_path / "s"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err  # every point failed: status 1
+    assert len(list(csv.reader((tmp_path / "s" / "sweep.csv").open()))) == 3
+
+
+# ---- signals: 130 / 143, one line, no partial files
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.parametrize("what", ["json", "trace"])
+def test_a_signal_mid_write_leaves_no_partial_file(sig, status, what, tmp_path):
+    target = tmp_path / f"{what}.json"
+    code, err, _ = driven("write", sig, [*RUN, f"--{what}", target], ROOT)
+    assert code == status, err
+    clean_error(err)
+    assert ("interrupted" if status == 130 else "terminated") in err
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_mid_write_keeps_the_earlier_result(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text('{"earlier": true}')
+    code, err, _ = driven("write", "SIGTERM", [*RUN, "--json", target], ROOT)
+    assert code == 143 and json.loads(target.read_text()) == {"earlier": True}
+    clean_error(err)
+    no_partial(tmp_path)
+
+
+def test_a_signal_mid_write_of_op_json(tmp_path):
+    code, err, _ = driven("write", "SIGINT", [*OP, "--json", tmp_path / "o.json"], ROOT)
+    assert code == 130 and list(tmp_path.iterdir()) == []
+    clean_error(err)
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_simulating_writes_nothing(sig, status, tmp_path):
+    code, err, _ = driven("run", sig, [*RUN, "--json", tmp_path / "r.json", "--profile", tmp_path / "p"], ROOT)
+    assert code == status
+    clean_error(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- sweeps
+
+
+def _fake_point(spec, params):
+    """A point that takes no time: its batch as its latency."""
+    from npusim.sweep import METRICS
+
+    return {**params, **dict.fromkeys(METRICS, float(params.get("batch", 1))), "status": "ok"}
+
+
+def _killed_point(spec, params):
+    """Points 2 and 4 kill their own worker (kill -9), the others are fine."""
+    if params["batch"] in (2, 4):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _fake_point(spec, params)
+
+
+def _raising_point(spec, params):
+    """Point 3 fails with an error that is not npusim's (run_point's own guard bypassed)."""
+    if params["batch"] == 3:
+        raise RuntimeError("boom\nsecond line")
+    return _fake_point(spec, params)
+
+
+def test_a_killed_worker_costs_only_its_own_point(monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _killed_point)
+    rows = npusim.sweep.sweep("k3-tiny", {"batch": [1, 2, 3, 4, 5, 6]}, jobs=2)
+    assert [r["batch"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["status"] for r in rows] == ["ok", "worker lost (killed by SIGKILL)", "ok",
+                                           "worker lost (killed by SIGKILL)", "ok", "ok"]
+    assert [r["latency_us"] for r in rows] == [1.0, None, 3.0, None, 5.0, 6.0]
+
+
+def test_an_error_in_a_worker_costs_its_point_in_one_line(monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _raising_point)
+    rows = npusim.sweep.sweep("k3-tiny", {"batch": [1, 2, 3, 4]}, jobs=2)
+    assert [r["status"] for r in rows] == ["ok", "ok", "RuntimeError: boom", "ok"]
+
+
+def test_a_sweep_where_every_point_fails_exits_non_zero(tmp_path, capsys):
+    code, out, err = cli(["sweep", "--workload", "k3-tiny", "--jobs", "1", "--out", tmp_path / "s",
+                          "--set", f"hbm.hbm_bytes={TOO_SMALL},{2 * TOO_SMALL}"], capsys)
+    assert code == 1 and "2 points (0 ok, 2 failed)" in out and err == ""
+    lines = list(csv.DictReader((tmp_path / "s" / "sweep.csv").open()))
+    assert [r["status"].split(":")[0] for r in lines] == ["OutOfMemoryError"] * 2
+
+
+def test_a_sweep_with_a_lost_worker_exits_non_zero(tmp_path, capsys, monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _killed_point)
+    code, out, _ = cli(["sweep", "--set", "batch=1,2,3", "--jobs", "2", "--out", tmp_path], capsys)
+    assert code == 1 and "3 points (2 ok, 1 failed)" in out and "worker lost" in out
+
+
+def test_a_sweep_where_every_point_is_fine_exits_zero(tmp_path, capsys, monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _fake_point)
+    code, out, _ = cli(["sweep", "--set", "batch=1,2,3", "--jobs", "2", "--out", tmp_path], capsys)
+    assert code == 0 and "3 points (3 ok, 0 failed)" in out
+
+
+def test_a_non_empty_out_is_refused_and_left_alone(tmp_path, capsys):
+    (tmp_path / "sweep.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    refused(["sweep", "--set", "batch=1,2", "--out", tmp_path], capsys, "--out", "not empty", "--overwrite")
+    assert (tmp_path / "sweep.csv").read_text() == "a,b\n1,2\n" and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    refused(["sweep", "--set", "batch=1,2", "--out", tmp_path / "f", "--overwrite"], capsys, "not a folder")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_overwrite_replaces_the_sweep_files_only(tmp_path, capsys, monkeypatch):
+    import npusim.sweep
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _fake_point)
+    (tmp_path / "sweep.csv").write_text("old\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    code, _, _ = cli(["sweep", "--set", "batch=1,2", "--jobs", "1", "--out", tmp_path, "--overwrite"], capsys)
+    assert code == 0 and (tmp_path / "notes.txt").read_text() == "mine"
+    assert [r["batch"] for r in csv.DictReader((tmp_path / "sweep.csv").open())] == ["1", "2"]
+    no_partial(tmp_path)
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_sweep_keeps_every_finished_row(sig, status, tmp_path):
+    """Point batch=4 signals the parent (points 1 and 2, at least, are done by then)."""
+    out = tmp_path / "s"
+    code, err, _ = driven("points4", sig, ["sweep", "--set", "batch=1,2,3,4,5,6", "--jobs", "2", "--out", out],
+                          ROOT)
+    assert code == status, err
+    clean_error(err)
+    assert "of 6 points written to" in err
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert 2 <= len(rows) < 6 and all(r["status"] == "ok" for r in rows)
+    assert [int(r["batch"]) for r in rows] == sorted(int(r["batch"]) for r in rows)
+    no_partial(out)
+
+
+def test_an_interrupted_overwrite_leaves_no_stale_plots(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    for name in ("sweep.csv", "sweep.png", "sweep.svg"):
+        (out / name).write_text("from an earlier sweep")
+    code, err, _ = driven("points3", "SIGINT", ["sweep", "--set", "batch=1,2,3,4", "--jobs", "2", "--out", out,
+                                                "--overwrite"], ROOT)
+    assert code == 130, err
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
+    assert "earlier" not in (out / "sweep.csv").read_text()
+
+
+def test_an_interrupt_before_any_point_keeps_an_earlier_result(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    for name in ("sweep.csv", "sweep.png"):
+        (out / name).write_text("from an earlier sweep")
+    code, err, _ = driven("points1", "SIGTERM", ["sweep", "--set", "batch=1", "--out", out, "--overwrite"], ROOT)
+    assert code == 143 and "before any of 1 points finished: nothing written" in err
+    clean_error(err)
+    assert all((out / n).read_text() == "from an earlier sweep" for n in ("sweep.csv", "sweep.png"))
+
+
+def test_ctrl_c_does_not_wait_for_running_points(tmp_path):
+    """The point batch=1 signals the parent and then runs 30 s: the sweep must not wait for it."""
+    code, err, seconds = driven("points1", "SIGINT", ["sweep", "--set", "batch=1,2", "--jobs", "2",
+                                                      "--out", tmp_path / "s"], ROOT)
+    assert code == 130 and seconds < 20, (code, seconds, err)  # generous: a loaded CI; typically < 0.5 s after the signal
+
+
+def _sweep_with_pids(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A sweep of slow fake points (30 s each) whose workers write their pid once started."""
+    pids = tmp_path / "pids"
+    code = DRIVER.replace("time.sleep(0.2)", "open(os.environ['pids'], 'a').write(f'{os.getpid()}\\n'); "
+                                             "time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", code, "points", "SIGINT", "sweep", "--set", "batch=1,2,3",
+                             "--jobs", "2", "--out", str(tmp_path / "s")], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "pids": str(pids)})
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, "the workers never started"
+        time.sleep(0.05)
+    return proc, pids
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
+def test_workers_die_with_their_parent(sig, status, tmp_path):
+    proc, pids = _sweep_with_pids(tmp_path)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert all(alive(w) for w in workers)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == status
+    deadline = time.monotonic() + 5
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(w) for w in workers), "a worker outlived its parent"
+    if sig == signal.SIGTERM:
+        clean_error(proc.stderr.read())
