@@ -150,7 +150,7 @@ def _cmd_run(args) -> int:
 
         write_chrome_trace(run.result, args.trace, memory_timeline(run))
     if args.profile:
-        print("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.node_of, run.graph)))
+        print("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph)))
     if args.plot:
         from npusim.report import plots
 

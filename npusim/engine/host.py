@@ -27,7 +27,7 @@ import simpy
 from attrs import frozen
 
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.device import Device, Reuse
+from npusim.engine.device import Device, Owner, Reuse
 from npusim.engine.flows import Link
 from npusim.isa.program import Kernel
 
@@ -41,6 +41,7 @@ class Launch:
     stream: int = 0
     mode: str = "eager"
     reuse: Reuse | None = None  # the kernel may be replayed from a lone twin (see device.py)
+    owner: Owner | None = None  # what it was launched for; its KernelRecord carries it
 
 
 @frozen
@@ -203,7 +204,7 @@ class Host:
             start = env.now
             if isinstance(item, Launch):
                 yield env.timeout(rt.kernel_start_cycles)
-                yield self.device.run_kernel(item.kernel, s.index, start, item.reuse)
+                yield self.device.run_kernel(item.kernel, s.index, start, item.reuse, item.owner)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, Memcpy):
                 yield env.timeout(self.cycles(rt.memcpy_startup_us))
