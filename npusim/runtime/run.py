@@ -10,8 +10,8 @@ wait that ended in that span - is added L-3 more times, its kernels replicated
 as the nodes at the same place in layers 2, 3, ... (each record names its node
 and layer, see engine.device.Owner) and everything after them shifted; the
 middle layers must run the same op types in the same order, or every layer is
-simulated. tests/test_runtime.py
-checks the result against the full simulation (memo=False) on a 4-layer decoder.
+simulated. tests/test_runtime.py checks the result against the full simulation
+(memo=False) on a 4-layer decoder.
 The trace of a memoised run holds the simulated layers only. memo=True also lets
 the engine replay a kernel whose twin (the same op and parameters at other
 addresses) already ran alone on the device (engine.device.Reuse), instead of
