@@ -53,8 +53,9 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
-    margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache). Raises OutOfMemoryError, with the breakdown and the largest batch
-    and context that fit, when the step does not fit in the device memory."""
+    margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
+    Raises OutOfMemoryError, with the breakdown and the largest batch and context
+    that fit, when the step does not fit in the device memory."""
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
     graph = s.graph()
