@@ -218,7 +218,7 @@ def _cmd_run(args) -> int:
 
         write_chrome_trace(run.result, args.trace, memory_timeline(run), metadata=meta)
     if args.profile:
-        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.node_of, run.graph)))
+        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph)))
     if args.plot:
         from npusim.report import plots
 

@@ -35,9 +35,10 @@ SMALL = {"chip.aic_count": 4, "runtime.eager_launch_us": 10.0, "runtime.graph_la
 HW = load_hw("ascend910b2", overrides=SMALL)
 
 
-def host_cycles(hw, us: float) -> int:
-    """us x freq rounded up, in exact arithmetic (a float product can overshoot)."""
-    return math.ceil(Fraction(str(us)) * Fraction(hw.chip.freq_hz) / 10**6)
+def host_cycles(hw, us: float) -> float:
+    """us x freq in exact arithmetic (a float product can overshoot); host time is not
+    rounded to whole cycles."""
+    return float(Fraction(str(us)) * Fraction(hw.chip.freq_hz) / 10**6)
 
 
 def vec_body_cycles(hw, op: str, n: int, count: int) -> int:
@@ -300,6 +301,17 @@ def test_host_cost_in_us_converts_without_float_overshoot():
     assert r.host_launch_cycles == exact
 
 
+def test_host_time_is_not_rounded_to_chip_cycles():
+    """At a 1 kHz clock a cycle is 1 ms: 30 launches of 1 µs still take 30 µs of host
+    time (0.03 cycles), and 30 µs of host work delays the first kernel by 30 µs."""
+    hw = load_hw("ascend910b2", overrides={**SMALL, "chip.freq_hz": 1000, "runtime.kernel_start_cycles": 0})
+    k, _ = compute_kernel(hw, "k", count=1)
+    r = run([Launch(k, 0, "graph") for _ in range(30)] + [Synchronize()], hw)
+    assert hw.us(r.host_launch_cycles) == pytest.approx(30.0, rel=1e-9)
+    worked = run([HostWork(30.0), Launch(k, 0, "graph"), Synchronize()], hw)
+    assert hw.us(worked.kernels[0].start) == pytest.approx(31.0, rel=1e-9)
+
+
 @pytest.mark.parametrize("level", ["kernel", "block"])
 def test_trace_level_does_not_change_the_run(level):
     hw = HW
@@ -314,7 +326,8 @@ def test_trace_level_does_not_change_the_run(level):
 @pytest.mark.parametrize(("call", "message"), [
     (Memcpy(1024, "H2D"), r"host call 0 \(Memcpy\): expected nbytes >= 1 and direction in h2d, d2h"),
     (Memcpy(0, "h2d"), r"host call 0 \(Memcpy\): expected nbytes >= 1"),
-    (HostWork(-1.0), r"host call 0 \(HostWork\): us must be >= 0"),
+    (HostWork(-1.0), r"host call 0 \(HostWork\): us must be a finite number >= 0"),
+    (HostWork(math.inf), r"host call 0 \(HostWork\): us must be a finite number >= 0"),
     ("launch", r"host call 0 \(str\): not a host call"),
 ])
 def test_bad_host_calls_are_one_line_errors_before_anything_runs(call, message):

@@ -31,7 +31,7 @@ def _read(path):
 
 
 def test_csv_headers_and_totals(step, tmp_path):
-    summary, statistic = write_tables(step.result, tmp_path, step.node_of, step.graph)
+    summary, statistic = write_tables(step.result, tmp_path, step.graph)
     header, rows = _read(summary)
     assert tuple(header[:len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
     assert tuple(header[len(SUMMARY_COLUMNS):len(SUMMARY_COLUMNS) + len(NPUSIM_COLUMNS)]) == NPUSIM_COLUMNS

@@ -13,7 +13,8 @@ from npusim.graph import build_decoder
 from npusim.hw import load_hw
 from npusim.passes import apply
 from npusim.report.step import floor_of, floor_weight_bytes, step_json
-from npusim.runtime import OutOfMemoryError, run_graph
+from npusim.runtime import LoweringCache, OutOfMemoryError, place, run_graph
+from npusim.runtime.compile import kernel_name
 from npusim.runtime.decoder import run_decoder
 from npusim.workload import load_workload
 
@@ -55,6 +56,64 @@ def test_memo_matches_at_k3_shapes(passes):
           f"HBM read {m.stats.hbm_read_bytes / 1e9:.3f} vs {f.stats.hbm_read_bytes / 1e9:.3f} GB")
     assert m.cycles == pytest.approx(f.cycles, rel=0.01)
     assert m.stats.hbm_read_bytes == pytest.approx(f.stats.hbm_read_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize("memo", [True, False], ids=["memo", "full"])
+def test_every_kernel_record_names_its_node_and_layer(memo):
+    """The owner a record carries is the node it was launched for - replicated layers
+    too - and its name is made from it, never parsed from it."""
+    g = apply(build_decoder(SIX_LAYERS, "decode", 2, 64), "optimized")
+    run = run_graph(g, HW, memo=memo)
+    assert run.memo == memo
+    nodes = {n.name: n for n in g.nodes}
+    compiled = {c.node.name: c for c in run.compiled}
+    seen = set()
+    for r in run.result.kernels:
+        node = run.node(r)
+        assert node is nodes[r.owner.node] and r.owner.layer == node.layer
+        c = compiled[run.pattern.get(node.name, node.name)]
+        own = c.lowered.kernels[r.owner.index].name
+        assert r.name == kernel_name(node.name, own, len(c.kernels) > 1)
+        assert run.kernel(r).op_type == r.op_type
+        seen.add(node.name)
+    assert seen == {n.name for n in g.nodes}  # every node of every layer ran (or was replicated)
+    assert sorted({r.owner.layer for r in run.result.kernels} - {None}) == list(range(6))
+    if memo:  # layers 2 .. 4 were replicated from layer 1
+        assert {nodes[n].layer for n in run.pattern} == {2, 3, 4}
+        assert all(nodes[p].layer == 1 for p in run.pattern.values())
+
+
+def test_the_kernel_of_a_record_is_the_one_the_run_lowered_at_its_addresses():
+    g = apply(build_decoder(SIX_LAYERS, "decode", 2, 64), "optimized")
+    run = run_graph(g, HW)
+    addresses = place(g, HW.hbm.hbm_bytes).addresses
+    for r in run.result.kernels:
+        if r.owner.node in run.pattern:
+            continue
+        node = run.node(r)
+        bound = {local: addresses[t] for local, t in (node.inputs | node.outputs).items()}
+        gm = {t.name: t.addr for t in run.kernel(r).gm if t.name in bound}
+        assert gm and all(gm[k] == bound[k] for k in gm), r.name
+
+
+def test_lowering_cache_is_keyed_by_config_value_and_bounded():
+    g = apply(build_decoder(FOUR_LAYERS, "decode", 2, 64), "optimized")
+    cache = LoweringCache(max_entries=10_000)
+    a = run_graph(g, HW, cache=cache)
+    filled = len(cache)
+    assert 0 < filled <= len(a.compiled)  # (nodes lowering alike at the same addresses share an entry)
+    b = run_graph(g, load_hw("ascend910b2"), cache=cache)  # an equal config, another object: all hits
+    assert len(cache) == filled
+    assert all(x.lowered is y.lowered for x, y in zip(a.compiled, b.compiled))
+    assert b.result.cycles == a.result.cycles
+    other = load_hw("ascend910b2", {"chip.aic_count": 20})
+    run_graph(g, other, cache=cache)  # another config: lowered again
+    assert len(cache) == 2 * filled
+    small = LoweringCache(max_entries=3)
+    c = run_graph(g, HW, cache=small)
+    assert len(small) == 3 and c.result.cycles == a.result.cycles
+    with pytest.raises(ValueError):
+        LoweringCache(max_entries=0)
 
 
 def test_same_input_same_output():

@@ -80,8 +80,20 @@ class Reuse:
 
 
 @frozen
+class Owner:
+    """What a kernel was launched for, carried from the Launch to its KernelRecord so
+    reports never parse names: the graph node (by name), its decoder layer (None
+    outside the layers) and the kernel's index among that node's kernels."""
+
+    node: str
+    layer: int | None = None
+    index: int = 0
+
+
+@frozen
 class KernelRecord:
-    """One kernel as it ran: when (cycles) and what it did."""
+    """One kernel as it ran: when (cycles) and what it did; `owner` as launched
+    (None for a kernel launched on its own, e.g. `npusim op`)."""
 
     id: int
     name: str
@@ -93,6 +105,7 @@ class KernelRecord:
     start: float
     end: float
     stats: KernelStats
+    owner: Owner | None = None
 
     @property
     def cycles(self) -> float:
@@ -162,13 +175,13 @@ class Device:
     # ---------------------------------------------------------------- kernels
 
     def run_kernel(self, kernel: Kernel, stream: int = 0, queued: float | None = None,
-                   reuse: Reuse | None = None) -> simpy.Event:
+                   reuse: Reuse | None = None, owner: Owner | None = None) -> simpy.Event:
         """Start a kernel now (it reached the head of its stream at `queued`, before its
         start cost); the returned event fires with its KernelRecord when it ends."""
         kr = _KernelRun(self._next_id, kernel, stream, self.env)
         kr.queued = self.env.now if queued is None else queued
         self._next_id += 1
-        kr.reuse, kr.alone = reuse, not self.active
+        kr.reuse, kr.alone, kr.owner = reuse, not self.active, owner
         for other in self.active:
             other.alone = False
         self.active.append(kr)
@@ -198,7 +211,7 @@ class Device:
     def _finish(self, kr: _KernelRun, stats: KernelStats) -> None:
         k = kr.kernel
         rec = KernelRecord(kr.id, k.name, k.op_type or k.name, k.core_type.value, k.block_dim, kr.stream,
-                           kr.queued, kr.start, self.env.now, stats)
+                           kr.queued, kr.start, self.env.now, stats, kr.owner)
         self.records.append(rec)
         self.active.remove(kr)
         if kr.reuse is not None and kr.alone:

@@ -16,18 +16,24 @@ A host program is a list of calls, executed in order by one host thread:
 A stream runs its queue in order; a kernel at its head pays kernel_start_cycles,
 then its blocks go to the device. Kernels of different streams overlap when cores
 are free.
+
+Host time has its own unit: host costs are configured in µs and enter the
+simulated clock as exact (fractional) chip cycles, never rounded to whole cycles -
+a host call does not run on the chip clock. So at a 1 kHz clock 30 launches of
+1 µs take 30 µs (0.03 cycles), not 30 ms. Device work stays in whole cycles.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from functools import lru_cache
 from typing import Union
 
 import simpy
 from attrs import frozen
 
-from npusim.engine.cycles import whole_cycles
-from npusim.engine.device import Device, Reuse
+from npusim.engine.device import Device, Owner, Reuse
 from npusim.engine.flows import Link
 from npusim.isa.program import Kernel
 
@@ -41,6 +47,7 @@ class Launch:
     stream: int = 0
     mode: str = "eager"
     reuse: Reuse | None = None  # the kernel may be replayed from a lone twin (see device.py)
+    owner: Owner | None = None  # what it was launched for; its KernelRecord carries it
 
 
 @frozen
@@ -76,12 +83,19 @@ class HostWork:
 HostCall = Union[Launch, Memcpy, RecordEvent, WaitEvent, Synchronize, HostWork]
 
 
-def _host_cycles(us: float, hw) -> int:
-    """Host costs are configured in µs; the engine counts whole cycles."""
-    return whole_cycles(hw.cycles(us * 1e-6))
+@lru_cache(maxsize=1024)
+def _us_in_cycles(us: float, freq_hz: float) -> float:
+    # the µs value as the decimal the config wrote (its shortest repr), times the clock, in
+    # exact arithmetic: 1.12 µs at 1.8 GHz is 2016 cycles, not 2016.0000000002
+    return float(Fraction(repr(float(us))) * Fraction(freq_hz) / 1_000_000)
 
 
-def host_cost_cycles(call: HostCall, hw) -> int:
+def _host_cycles(us: float, hw) -> float:
+    """A host cost configured in µs, in chip cycles: exact, not rounded (see the module doc)."""
+    return _us_in_cycles(us, hw.chip.freq_hz)
+
+
+def host_cost_cycles(call: HostCall, hw) -> float:
     """What a call costs the host thread itself (a synchronize's wait comes on top)."""
     rt = hw.runtime
     if isinstance(call, Launch):
@@ -124,7 +138,7 @@ class Host:
         self.done = False
         self.end = 0.0  # when the host program and all its stream work had finished
 
-    def cycles(self, us: float) -> int:
+    def cycles(self, us: float) -> float:
         return _host_cycles(us, self.hw)
 
     def _stream(self, index: int) -> _Stream:
@@ -203,7 +217,7 @@ class Host:
             start = env.now
             if isinstance(item, Launch):
                 yield env.timeout(rt.kernel_start_cycles)
-                yield self.device.run_kernel(item.kernel, s.index, start, item.reuse)
+                yield self.device.run_kernel(item.kernel, s.index, start, item.reuse, item.owner)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, Memcpy):
                 yield env.timeout(self.cycles(rt.memcpy_startup_us))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import simpy
@@ -103,8 +104,8 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             if c.direction not in MEMCPY_DIRECTIONS or c.nbytes < 1:
                 raise ProgramError(f"{where}: expected nbytes >= 1 and direction in "
                                    f"{', '.join(MEMCPY_DIRECTIONS)}, got {c.nbytes}, {c.direction!r}")
-        elif isinstance(c, HostWork) and c.us < 0:
-            raise ProgramError(f"{where}: us must be >= 0, got {c.us}")
+        elif isinstance(c, HostWork) and not 0 <= c.us < math.inf:
+            raise ProgramError(f"{where}: us must be a finite number >= 0, got {c.us}")
         elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):
             raise ProgramError(f"{where}: not a host call")
 

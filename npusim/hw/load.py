@@ -1,4 +1,4 @@
-"""Load a hardware config from hwconfigs/: YAML -> validated frozen HwConfig.
+"""Load a hardware config by name (see search_dirs) or path: YAML -> validated frozen HwConfig.
 
 A variant file names a `base:` and overrides only what differs. Overrides for
 what-if runs (`--set key.path=value`, or a mapping in the API) go through the same
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from importlib import resources
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,12 +33,15 @@ DEFAULT_HW = "ascend910b2"
 
 
 def search_dirs(kind: str) -> list[Path]:
-    """Where named configs of `kind` (hwconfigs, workloads) are looked up."""
+    """Where named configs of `kind` (hwconfigs, workloads) are looked up, first match
+    wins: $NPUSIM_HWCONFIGS / $NPUSIM_WORKLOADS, ./KIND of the working folder, then the
+    configs shipped inside the package (npusim/KIND, package data: found wherever
+    npusim is installed; the repository's top-level KIND/ is a link to them)."""
     dirs = []
     if os.environ.get("NPUSIM_" + kind.upper()):
         dirs.append(Path(os.environ["NPUSIM_" + kind.upper()]))
     dirs.append(Path.cwd() / kind)
-    dirs.append(Path(__file__).resolve().parents[2] / kind)
+    dirs.append(Path(str(resources.files("npusim") / kind)))  # an installed package is a folder, not a zip
     return dirs
 
 

@@ -24,11 +24,8 @@ import attrs
 from attrs import frozen
 
 from npusim.graph.ir import Graph
+from npusim.graph.lifetimes import PLANNED_KINDS, POOL_ALIGN_BYTES, align, lifetimes
 
-# Pool offsets are 64-byte aligned: a buffer starts on a DMA burst (the seed
-# articles' rule for GM addresses, and the issue's "64 B aligned offsets").
-POOL_ALIGN_BYTES = 64
-PLANNED_KINDS = ("activation", "input", "output")
 # Ops whose output element i depends only on input element i, read before it is
 # written: their output may take an input's buffer.
 IN_PLACE_OPS = ("add", "mul", "scale", "scale_add", "silu", "gelu", "relu", "cast")
@@ -42,48 +39,6 @@ class MemoryPlan:
     pool_bytes: int  # the pool's size: the peak of the planned tensors
     separate_bytes: int  # what the same tensors take as separate allocations held all step (no reuse at all)
     in_place: tuple[tuple[str, str], ...]  # (output, input whose buffer it takes)
-
-
-def align(n: int, to: int = POOL_ALIGN_BYTES) -> int:
-    return -(-n // to) * to
-
-
-def lifetimes(graph: Graph) -> dict[str, tuple[int, int]]:
-    """Pooled tensor -> (first node index alive, last node index alive), inclusive."""
-    end = len(graph.nodes)
-    life: dict[str, list[int]] = {t: [0, 0] for t in graph.inputs}
-    for i, n in enumerate(graph.nodes):
-        for t in n.outputs.values():
-            if graph.tensors[t].kind in PLANNED_KINDS:
-                life.setdefault(t, [i, i])
-        for t in n.inputs.values():
-            if t in life:
-                life[t][1] = i
-    for t in graph.outputs:
-        if t in life:
-            life[t][1] = end
-    for lo, hi in _concurrent_windows(graph):
-        for n in graph.nodes[lo:hi + 1]:
-            for t in (*n.inputs.values(), *n.outputs.values()):
-                if t in life:
-                    life[t] = [min(life[t][0], lo), max(life[t][1], hi)]
-    return {t: (a, b) for t, (a, b) in life.items()}
-
-
-def _concurrent_windows(graph: Graph) -> list[tuple[int, int]]:
-    """(fork, join) node indices around each run of side-stream nodes."""
-    streams = graph.schedule.streams if graph.schedule is not None else {}
-    windows, start = [], None
-    for i, n in enumerate(graph.nodes):
-        side = streams.get(n.name, 0) != 0
-        if side and start is None:
-            start = i
-        elif not side and start is not None:
-            windows.append((max(start - 1, 0), i))
-            start = None
-    if start is not None:
-        windows.append((max(start - 1, 0), len(graph.nodes)))
-    return windows
 
 
 def _in_place_pairs(graph: Graph, life: dict[str, tuple[int, int]]) -> dict[str, str]:

@@ -274,17 +274,12 @@ def _kernel_record(result: RunResult, kernel: str | int | None):
 def run_timeline(run, out_dir: str | Path, kernel: str | None = None, name: str = "timeline") -> list[Path]:
     """Pipe timeline of one kernel of a GraphRun (by name; default the longest). A
     step is traced at kernel level (an instruction trace of every kernel would be
-    huge), so the kernel's node is lowered again and that one kernel simulated
-    alone, at instruction level, on an idle device with a cold L2."""
+    huge), so the kernel the run lowered for it (at its bound addresses) is simulated
+    again alone, at instruction level, on an idle device with a cold L2."""
     from npusim.engine import simulate
-    from npusim.ops.registry import lower
 
     rec = _kernel_record(run.result, kernel)
-    node = run.node_of[rec.name]
-    kernels = lower(node.op_type, node.params, run.hw).kernels
-    # a node of several kernels names them "{node}/{kernel}" (npusim.runtime.compile)
-    own = rec.name[len(node.name) + 1:] if len(kernels) > 1 else kernels[0].name
-    alone = simulate(next(k for k in kernels if k.name == own), run.hw, trace="instr")
+    alone = simulate(run.kernel(rec), run.hw, trace="instr")
     return timeline(alone, out_dir, name=name, label=f"{rec.name} (simulated alone)")
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from attrs import frozen
 
-from npusim.passes.memplan import PLANNED_KINDS
+from npusim.graph.lifetimes import PLANNED_KINDS
 from npusim.passes.buckets import distinct_kernels, first_run_compile_us, padding
 from npusim.report.contract import run_json, set_note
 from npusim.runtime.decoder import Comparison
@@ -121,7 +121,7 @@ def _workspaces(run: GraphRun, top: int = 3) -> list[str]:
     """The fused kernels that need GM workspace beyond their operands, largest first."""
     sizes: dict[str, int] = {}
     for k in run.result.kernels:
-        node = run.node_of.get(k.name)
+        node = run.node(k)
         if node is not None:
             sizes[node.op_type] = max(sizes.get(node.op_type, 0), run.workspace.get(k.name, 0))
     ranked = sorted(((t, b) for t, b in sizes.items() if b), key=lambda x: -x[1])
@@ -207,7 +207,7 @@ def activation_spans(run) -> list[tuple[float, float, int]]:
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     for k in result.kernels:
-        node = run.node_of[k.name]
+        node = run.node(k)
         for t in node.outputs.values():
             first[t] = min(first.get(t, k.start), k.start)
             last[t] = max(last.get(t, k.end), k.end)

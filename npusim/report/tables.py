@@ -76,13 +76,15 @@ def _tensors(node: Node | None, graph, which: str) -> tuple[str, str, str]:
             ";".join(s.format for s in specs))
 
 
-def summary_rows(result: RunResult, node_of: dict[str, Node] | None = None, graph=None) -> list[dict]:
-    """op_summary rows in start order. Task Wait Time: from the end of the previous
-    task on the same stream (or the stream's first queueing) to this one's start."""
+def summary_rows(result: RunResult, graph=None) -> list[dict]:
+    """op_summary rows in start order; a kernel launched for a node of `graph` (its
+    record's owner) lists that node's tensors. Task Wait Time: from the end of the
+    previous task on the same stream (or the stream's first queueing) to this one's start."""
     hw = result.hw
+    nodes = {n.name: n for n in graph.nodes} if graph is not None else {}
     rows, last_end = [], {}
     for k in sorted(result.kernels, key=lambda r: (r.start, r.id)):
-        node = (node_of or {}).get(k.name)
+        node = nodes.get(k.owner.node) if k.owner is not None else None
         s = k.stats
         shapes, dtypes, formats = _tensors(node, graph, "in")
         out_shapes = _tensors(node, graph, "out")[0]
@@ -134,11 +136,12 @@ def write_csv(rows: Sequence[dict], path: str | Path, columns: Iterable[str]) ->
     return path
 
 
-def write_tables(result: RunResult, directory: str | Path, node_of=None, graph=None) -> tuple[Path, Path]:
-    """op_summary.csv and op_statistic.csv into `directory` (created)."""
+def write_tables(result: RunResult, directory: str | Path, graph=None) -> tuple[Path, Path]:
+    """op_summary.csv and op_statistic.csv into `directory` (created); `graph`: the
+    graph the kernels were launched for (its tensors fill the shape columns)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    return (write_csv(summary_rows(result, node_of, graph), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
+    return (write_csv(summary_rows(result, graph), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
             write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
 
 

@@ -41,9 +41,10 @@ def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = N
                        "dur": us(end - start), "pid": p, "tid": 0, "args": {}})
     kp = pid("kernels")
     for k in result.kernels:
+        owner = {} if k.owner is None else {"node": k.owner.node, "layer": k.owner.layer}
         events.append({"name": k.name, "cat": "kernel", "ph": "X", "ts": us(k.start), "dur": us(k.cycles),
                        "pid": kp, "tid": k.stream, "args": {"type": k.op_type, "block_dim": k.block_dim,
-                                                            "core_type": k.core_type}})
+                                                            "core_type": k.core_type, **owner}})
     for core, kernel, block, start, end, kid in result.trace.block_spans:
         events.append({"name": f"{kernel} block {block}", "cat": "block", "ph": "X", "ts": us(start),
                        "dur": us(end - start), "pid": pid(core), "tid": 0, "args": {}})

@@ -11,20 +11,22 @@ wherever a node depends on bytes the other stream wrote or read.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import attrs
 from attrs import frozen
 
-from npusim.engine.device import Reuse
+from npusim.engine.device import Owner, Reuse
 from npusim.engine.host import HostCall, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent
 from npusim.errors import NpusimError
 from npusim.graph.ir import Graph, GraphError, Node
+from npusim.graph.lifetimes import align
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.ops.registry import GM_ALIGN_BYTES, GmArena, Lowered, lower
-from npusim.passes.memplan import align
-from npusim.passes.schedule import Schedule, schedule_of
+from npusim.passes import Schedule, schedule_of
 from npusim.runtime.memory import Placement
 
 
@@ -62,47 +64,79 @@ def _check_binding(node: Node, low: Lowered, graph: Graph) -> None:
                              f"tensor '{t}' has {graph.tensors[t].nbytes}")
 
 
-# (op type, params, bound addresses, workspace base, id(hw)) -> (hw, Lowered): repeated runs of one
-# graph (compare, sweeps, the layer memo's two runs) lower each node once
-_LOWERED: dict = {}
-_LOWERED_MAX = 4096  # entries kept before the cache starts over (bounds memory in long sweeps)
-
-
 def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
-    bound = _bound(node, addresses)
-    key = (*node.op_key(), tuple(sorted(bound.items())), workspace_base, id(hw))
-    hit = _LOWERED.get(key)
-    if hit is not None and hit[0] is hw:  # the config object itself (ids can be reused)
-        low = hit[1]
-    else:
-        try:
-            low = lower(node.op_type, node.params, hw, gm=GmArena(bound, base=workspace_base))
-        except (ValueError, TypeError) as e:
-            raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
-        except NpusimError as e:
-            raise type(e)(f"node '{node.name}': {e}") from None
-        _check_binding(node, low, graph)
-        if len(_LOWERED) >= _LOWERED_MAX:
-            _LOWERED.clear()
-        _LOWERED[key] = (hw, low)
+    """The node's lowering with its operands bound to their addresses and its workspace at `workspace_base`."""
+    try:
+        low = lower(node.op_type, node.params, hw, gm=GmArena(_bound(node, addresses), base=workspace_base))
+    except (ValueError, TypeError) as e:
+        raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
+    except NpusimError as e:
+        raise type(e)(f"node '{node.name}': {e}") from None
+    _check_binding(node, low, graph)
     return low
 
 
-def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: Placement) -> list[CompiledNode]:
-    """Lower `nodes` (a subset of the graph's, in order). Stream s's workspace region
-    starts after stream s-1's largest workspace."""
+class LoweringCache:
+    """Lowered nodes kept for reuse by the caller that owns the cache: repeated runs of
+    one graph (compare's pipelines, a serving model's steps) lower each node once.
+    Keyed by everything a lowering depends on: the op and its parameters, the bound
+    addresses and sizes of its operands, the workspace base and the hardware config
+    by value (two equal configs share entries). Holds at most `max_entries`; the
+    least recently used entry goes first."""
+
+    def __init__(self, max_entries: int = 4096):
+        if max_entries < 1:
+            raise ValueError(f"LoweringCache: max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, Lowered] = OrderedDict()
+        self._hw: tuple[HwConfig, str] | None = None  # the last config and its value key
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _hw_key(self, hw: HwConfig) -> str:
+        if self._hw is None or self._hw[0] is not hw:  # (a held reference: its id cannot be reused)
+            self._hw = (hw, json.dumps(attrs.asdict(hw), sort_keys=True, default=str))
+        return self._hw[1]
+
+    def lower(self, node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int],
+              workspace_base: int) -> Lowered:
+        """lower_node, through the cache."""
+        operands = tuple(sorted((local, addresses[t], graph.tensors[t].nbytes)
+                                for local, t in (node.inputs | node.outputs).items()))
+        key = (*node.op_key(), operands, workspace_base, self._hw_key(hw))
+        low = self._entries.get(key)
+        if low is None:
+            low = self._entries[key] = lower_node(node, graph, hw, addresses, workspace_base)
+            if len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return low
+
+
+def kernel_name(node: str, kernel: str, many: bool) -> str:
+    """A launched kernel's name: its node's, or "NODE/KERNEL" when the node lowers to several."""
+    return f"{node}/{kernel}" if many else node
+
+
+def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: Placement,
+                  cache: LoweringCache | None = None) -> list[CompiledNode]:
+    """Lower `nodes` (a subset of the graph's, in order), through `cache` if given.
+    Stream s's workspace region starts after stream s-1's largest workspace."""
     sched = schedule_of(graph)
+    lowered = lower_node if cache is None else cache.lower
     out: dict[str, CompiledNode] = {}
     base = placement.workspace_base
     for s in sorted({sched.stream(n.name) for n in nodes}):
         largest = 0
         for n in (n for n in nodes if sched.stream(n.name) == s):
-            low = lower_node(n, graph, hw, placement.addresses, base)
+            low = lowered(n, graph, hw, placement.addresses, base)
             ws = sum(t.nbytes for k in low.kernels for t in k.gm if t.name not in n.inputs | n.outputs)
             ws = max(ws, low.workspace_bytes)
             largest = max(largest, ws)
             many = len(low.kernels) > 1
-            kernels = tuple(attrs.evolve(k, name=f"{n.name}/{k.name}" if many else n.name) for k in low.kernels)
+            kernels = tuple(attrs.evolve(k, name=kernel_name(n.name, k.name, many)) for k in low.kernels)
             out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
         base += align(largest, GM_ALIGN_BYTES)
     return [out[n.name] for n in nodes]
@@ -187,7 +221,7 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
         calls += [(name, WaitEvent(d, c.stream)) for d in deps.get(name, ())]
         for i, k in enumerate(c.kernels):
             reuse = Reuse((*c.reuse_key, i), *_footprint(k, c.node, graph, addresses)) if replay else None
-            calls.append((name, Launch(k, c.stream, sched.launch, reuse)))
+            calls.append((name, Launch(k, c.stream, sched.launch, reuse, Owner(name, c.node.layer, i))))
             if sched.sync == "every_op":
                 calls.append((name, Synchronize()))
         if name in recorded:
@@ -203,4 +237,5 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
     return HostProgram(tuple(c for _, c in calls), tuple(o for o, _ in calls))
 
 
-__all__ = ["CompiledNode", "HostProgram", "compile_nodes", "cross_stream_deps", "host_program", "lower_node"]
+__all__ = ["CompiledNode", "HostProgram", "LoweringCache", "compile_nodes", "cross_stream_deps", "host_program",
+           "kernel_name", "lower_node"]

@@ -16,6 +16,7 @@ from npusim.graph.build import build_decoder
 from npusim.graph.ir import Graph
 from npusim.hw import HwConfig, load_hw
 from npusim.passes import apply, pass_names
+from npusim.runtime.compile import LoweringCache
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place
 from npusim.runtime.run import GraphRun, run_graph
 from npusim.workload import Workload, load_workload
@@ -48,17 +49,18 @@ def step(workload: Workload | str, phase: str = "decode", batch: int = 1, contex
 def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode",
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
-                **options) -> GraphRun:
+                cache: LoweringCache | None = None, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
-    margin). Raises OutOfMemoryError, with the breakdown and the largest batch
-    and context that fit, when the step does not fit in the device memory."""
+    margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
+    Raises OutOfMemoryError, with the breakdown and the largest batch and context
+    that fit, when the step does not fit in the device memory."""
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
     graph = s.graph()
     try:
-        return run_graph(graph, hw, memo=memo, trace=trace)
+        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache)
     except OutOfMemoryError as e:  # say what would fit
         raise OutOfMemoryError(_oom_message(s, graph, hw, e.breakdown), e.breakdown) from None
 
@@ -104,10 +106,11 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
             progress: Callable[[int, int], None] | None = None, **options) -> Comparison:
     """Each pipeline, and the last one's passes added one at a time (a run already
     made for a pipeline is reused). `progress(runs done, runs in all)` is called as
-    each distinct run starts and at the end."""
+    each distinct run starts and at the end; the runs share one LoweringCache."""
     hw = load_hw(hw, overrides)
     done: dict[tuple[str, ...], GraphRun] = {}
     order = pass_names(pipelines[-1])
+    cache = LoweringCache()
     total = len({pass_names(p) for p in pipelines} | {order[:i + 1] for i in range(len(order))})
 
     def run(passes) -> GraphRun:
@@ -115,7 +118,7 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
         if key not in done:
             if progress:
                 progress(len(done), total)
-            done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, **options)
+            done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, cache=cache, **options)
         return done[key]
 
     runs = {p: run(p) for p in pipelines}

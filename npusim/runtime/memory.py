@@ -18,8 +18,8 @@ from attrs import frozen
 
 from npusim.errors import NpusimError
 from npusim.graph.ir import Graph
+from npusim.graph.lifetimes import align, lifetimes
 from npusim.ops.registry import GM_ALIGN_BYTES, GM_BASE
-from npusim.passes.memplan import align, lifetimes
 
 def size(n: float) -> str:
     """Bytes in the binary unit that keeps 1-4 digits before the point."""

@@ -7,8 +7,11 @@ middle ones after fusion across layer boundaries) and takes layer 1 as the
 pattern of the missing ones: what it adds to the step - the time from the end of
 layer 0's last kernel to the end of layer 1's, its host launch time and the host
 wait that ended in that span - is added L-3 more times, its kernels replicated
-(renamed L2., L3., ...) and everything after them shifted. tests/test_runtime.py
-checks the result against the full simulation (memo=False) on a 4-layer decoder.
+as the nodes at the same place in layers 2, 3, ... (each record names its node
+and layer, see engine.device.Owner) and everything after them shifted; the
+middle layers must run the same op types in the same order, or every layer is
+simulated. tests/test_runtime.py checks the result against the full simulation
+(memo=False) on a 4-layer decoder.
 The trace of a memoised run holds the simulated layers only. memo=True also lets
 the engine replay a kernel whose twin (the same op and parameters at other
 addresses) already ran alone on the device (engine.device.Reuse), instead of
@@ -17,17 +20,17 @@ simulating it again; memo=False simulates everything.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import attrs
 from attrs import frozen
 
-from npusim.engine import RunResult, run
+from npusim.engine import KernelRecord, Owner, RunResult, run
 from npusim.engine.host import Launch, host_cost_cycles
 from npusim.graph.ir import Graph, Node
 from npusim.hw import HwConfig
-from npusim.runtime.compile import CompiledNode, HostProgram, compile_nodes, host_program
+from npusim.isa.program import Kernel
+from npusim.runtime.compile import CompiledNode, HostProgram, LoweringCache, compile_nodes, host_program, kernel_name
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place
 
 MEMO_MIN_LAYERS = 4  # below this there is no middle layer to replicate beyond the one simulated
@@ -35,15 +38,34 @@ MEMO_MIN_LAYERS = 4  # below this there is no middle layer to replicate beyond t
 
 @frozen
 class GraphRun:
-    """A simulated step: the engine's result (every kernel of every layer), the
-    memory it needs, and which node each kernel came from."""
+    """A simulated step: the engine's result (every kernel of every layer, each record
+    naming its node and layer), the memory it needs, and the nodes lowered for it."""
 
     graph: Graph
     result: RunResult
     memory: MemoryBreakdown
-    node_of: dict[str, Node]  # kernel name -> node
+    compiled: tuple[CompiledNode, ...]  # the nodes lowered and simulated, in launch order
     memo: bool
+    pattern: dict[str, str]  # node of a replicated layer -> the simulated node it repeats
     workspace: dict[str, int]  # kernel name -> GM workspace its node's kernels use beyond their operands
+    _nodes: dict[str, Node] = attrs.field(init=False, repr=False, eq=False)
+    _lowered: dict[str, CompiledNode] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_nodes", {n.name: n for n in self.graph.nodes})
+        object.__setattr__(self, "_lowered", {c.node.name: c for c in self.compiled})
+
+    def node(self, rec: KernelRecord) -> Node | None:
+        """The graph node a kernel was launched for (None: not launched for a node)."""
+        return None if rec.owner is None else self._nodes[rec.owner.node]
+
+    def kernel(self, rec: KernelRecord) -> Kernel:
+        """The lowered kernel a record ran, at its bound addresses (a replicated layer's
+        kernel: its pattern's, the same kernel at other addresses)."""
+        if rec.owner is None:
+            raise ValueError(f"kernel {rec.name!r} was not launched for a node of this run")
+        name = self.pattern.get(rec.owner.node, rec.owner.node)
+        return self._lowered[name].kernels[rec.owner.index]
 
     @property
     def hw(self) -> HwConfig:
@@ -69,37 +91,36 @@ def check_memory(graph: Graph, hw: HwConfig, breakdown: MemoryBreakdown) -> None
         raise OutOfMemoryError(f"{graph!r} does not fit in {hw.name}'s memory: {breakdown.line()}", breakdown)
 
 
-def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel") -> GraphRun:
-    """Simulate one step of `graph` on `hw` (see the module doc for `memo`)."""
+def _alike(graph: Graph, layers: Sequence[int]) -> bool:
+    """These layers run the same op types in the same order (what the memo repeats)."""
+    first = [n.op_type for n in graph.layer_nodes(layers[0])]
+    return all([n.op_type for n in graph.layer_nodes(i)] == first for i in layers[1:])
+
+
+def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
+              cache: LoweringCache | None = None) -> GraphRun:
+    """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
+    lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh."""
     placement = place(graph, hw.hbm.hbm_bytes)
     check_memory(graph, hw, placement.breakdown)
     layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
-    memoised = memo and len(layers) >= MEMO_MIN_LAYERS
+    memoised = memo and len(layers) >= MEMO_MIN_LAYERS and _alike(graph, layers[1:-1])
     keep = {layers[0], layers[1], layers[-1]} if memoised else set(layers)
-    compiled = compile_nodes(graph, [n for n in graph.nodes if n.layer is None or n.layer in keep], hw, placement)
+    compiled = compile_nodes(graph, [n for n in graph.nodes if n.layer is None or n.layer in keep], hw, placement,
+                             cache)
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
     result = run(program.calls, hw, trace)
+    pattern: dict[str, str] = {}
     if memoised:
-        result = _replicate(result, compiled, program, layers[0], layers[1], len(layers) - 3)
-    nodes = {n.name: n for n in graph.nodes}
-    node_of = {r.name: nodes[_node_name(r.name)] for r in result.kernels}
+        copies = _copies(graph, layers[1], len(layers) - 3)
+        pattern = {target.name: source for targets in copies.values() for source, target in targets.items()}
+        result = _replicate(result, compiled, program, layers[0], layers[1], copies)
     simulated = {c.node.name: c.workspace_bytes for c in compiled}
-
-    def workspace(kernel: str) -> int:
-        name = _node_name(kernel)
-        if name not in simulated and memoised:  # a replicated layer: as its pattern layer's node
-            name = _LAYER.sub(f"L{layers[1]}.", name)
-        return simulated.get(name, 0)
-
-    used = {r.name: workspace(r.name) for r in result.kernels}
-    return GraphRun(graph, result, breakdown, node_of, memoised, {k: v for k, v in used.items() if v})
-
-
-def _node_name(kernel: str) -> str:
-    """Kernels are named NODE, or NODE/KERNEL when a node lowers to several."""
-    return kernel.split("/")[0]
+    used = {r.name: simulated[pattern.get(r.owner.node, r.owner.node)] for r in result.kernels}
+    return GraphRun(graph, result, breakdown, tuple(compiled), memoised, pattern,
+                    {k: v for k, v in used.items() if v})
 
 
 def _workspace(compiled: Sequence[CompiledNode]) -> int:
@@ -110,51 +131,51 @@ def _workspace(compiled: Sequence[CompiledNode]) -> int:
     return sum(per_stream.values())
 
 
-_LAYER = re.compile(r"^L\d+\.")  # the layer prefix of a node's (and its kernels') name
-
-
-def _renamed(name: str, layer: int, to: int) -> str:
-    """A kernel name of layer `layer` as layer `to`'s (names start with "L{layer}.")."""
-    prefix = f"L{layer}."
-    return f"L{to}." + name[len(prefix):] if name.startswith(prefix) else name
+def _copies(graph: Graph, layer: int, copies: int) -> dict[int, dict[str, Node]]:
+    """j -> {node of `layer`: the node at its place in layer `layer` + j}, for j in 1 .. copies."""
+    pattern = graph.layer_nodes(layer)
+    return {j: {s.name: t for s, t in zip(pattern, graph.layer_nodes(layer + j))} for j in range(1, copies + 1)}
 
 
 def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostProgram, first: int, layer: int,
-               copies: int) -> RunResult:
-    """`part` with layer `layer`'s kernels repeated `copies` more times (as layers
-    layer+1 ..), everything after them shifted, host costs grown to match. The
-    host thread ends with the final synchronize when the device does, so its wait
-    is the step's time less what its calls cost - which is what is extended."""
-    layer_of = {k.name: c.node.layer for c in compiled for k in c.kernels}
-    block = [r for r in part.kernels if layer_of.get(r.name) == layer]
-    end_before = max(r.end for r in part.kernels if layer_of.get(r.name) == first)
+               copies: dict[int, dict[str, Node]]) -> RunResult:
+    """`part` with layer `layer`'s kernels repeated as the `copies` (see _copies),
+    everything after them shifted, host costs grown to match. The host thread ends
+    with the final synchronize when the device does, so its wait is the step's time
+    less what its calls cost - which is what is extended."""
+    n = len(copies)
+    block = [r for r in part.kernels if r.owner.layer == layer]
+    end_before = max(r.end for r in part.kernels if r.owner.layer == first)
     end = max(r.end for r in block)
     delta = end - end_before
-    names = {r.name for r in block}
-    order = [k.name for c in compiled for k in c.kernels]
-    after = set(order[max(i for i, name in enumerate(order) if name in names) + 1:])  # launched after layer
-    in_layer = {c.node.name for c in compiled if c.node.layer == layer}
+    order = [(c.node.name, i) for c in compiled for i in range(len(c.kernels))]  # launch order
+    last = max(i for i, (node, _) in enumerate(order) if node in copies[1])
+    after = set(order[last + 1:])  # launched after the layer
     costs = [(host_cost_cycles(call, part.hw), call) for call, owner in zip(program.calls, program.owners)
-             if owner in in_layer]
+             if owner in copies[1]]
     launch = sum(cost for cost, call in costs if isinstance(call, Launch))
     busy = sum(cost for cost, _ in costs)
-    cycles = part.cycles + copies * delta
+    cycles = part.cycles + n * delta
     records = []
     for r in part.kernels:
-        shift = copies * delta if r.name in after else 0.0
+        shift = n * delta if (r.owner.node, r.owner.index) in after else 0.0
         records.append(attrs.evolve(r, queued=r.queued + shift, start=r.start + shift, end=r.end + shift))
+    lowered = {c.node.name: c for c in compiled}
     next_id = max(r.id for r in part.kernels) + 1  # simulated records keep their ids: the trace refers to them
-    for j in range(1, copies + 1):
-        records += [attrs.evolve(r, id=next_id + (j - 1) * len(block) + i, name=_renamed(r.name, layer, layer + j),
-                                 queued=r.queued + j * delta, start=r.start + j * delta, end=r.end + j * delta)
-                    for i, r in enumerate(block)]
+    for j, targets in copies.items():
+        for i, r in enumerate(block):
+            c, target = lowered[r.owner.node], targets[r.owner.node]
+            name = kernel_name(target.name, c.lowered.kernels[r.owner.index].name, len(c.kernels) > 1)
+            records.append(attrs.evolve(r, id=next_id + (j - 1) * len(block) + i, name=name,
+                                        owner=Owner(target.name, target.layer, r.owner.index),
+                                        queued=r.queued + j * delta, start=r.start + j * delta, end=r.end + j * delta))
     records.sort(key=lambda r: (r.queued, r.start, r.id))
     return RunResult(
         hw=part.hw,
         cycles=cycles,
         kernels=tuple(records),
-        host_launch_cycles=part.host_launch_cycles + copies * launch,
-        host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + copies * busy),
+        host_launch_cycles=part.host_launch_cycles + n * launch,
+        host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + n * busy),
         trace=part.trace,
     )
 
