@@ -108,9 +108,21 @@ def check_shape(data: Any, where: str) -> None:
     size(data, 0)
 
 
+def _check_brackets(text: str, where: str) -> None:
+    """Flow collections ([...], {...}) nested far deeper than MAX_DEPTH, refused before
+    the YAML parser spends time quadratic in the depth on them. Brackets inside
+    strings count too; the bound leaves them room."""
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth += 1 if m[0] in "[{" else -1
+        if depth > 2 * MAX_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+
+
 def parse_yaml(text: str, where: str) -> Any:
     """YAML text -> data, within the limits above; errors name `where` and the line."""
     _check_text(text, where)
+    _check_brackets(text, where)
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
