@@ -308,8 +308,11 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         raise TypeError(f"workload: expected a name, a path or a Workload, got {short(name_or_path)}")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise TypeError(f"overrides: expected a mapping {{'field': value}} or None, got {short(overrides)}")
-    if Path(name_or_path).is_dir() and (Path(name_or_path) / "config.json").is_file():
-        name_or_path = Path(name_or_path) / "config.json"  # a Hugging Face model directory
+    if Path(name_or_path).is_dir():  # a Hugging Face model directory
+        if not (Path(name_or_path) / "config.json").is_file():
+            raise ConfigError(f"{name_or_path}: a directory without a config.json (expected a workload YAML, "
+                              "a Hugging Face config.json or the model directory holding it)")
+        name_or_path = Path(name_or_path) / "config.json"
     path = find_file(name_or_path, "workloads")
     if path.suffix == ".json":
         raw, nm = _from_hf(path), _hf_name

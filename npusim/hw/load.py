@@ -123,7 +123,7 @@ def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
         if not isinstance(dotted, str):
             raise TypeError(f"overrides: expected 'key.path' strings as keys, got {short(dotted)}")
         if isinstance(value, str):
-            value = parse_yaml(value, f"--set {dotted}") if value.strip() else value
+            value = parse_yaml(value, f"--set {short(dotted)[1:-1]}") if value.strip() else value
         parts = dotted.split(".")
         d = nested
         for p in parts[:-1]:

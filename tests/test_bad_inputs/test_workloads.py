@@ -197,7 +197,7 @@ def test_hf_model_directory_is_a_workload(tmp_path, capsys):
 
 def test_a_directory_without_config_json_is_a_clean_error(tmp_path, capsys):
     (tmp_path / "empty-model").mkdir()
-    fails_cleanly(["run", "--workload", tmp_path / "empty-model"], capsys, r"empty-model")
+    fails_cleanly(["run", "--workload", tmp_path / "empty-model"], capsys, r"empty-model: a directory without a config.json")
 
 
 @pytest.mark.parametrize("off", [
