@@ -11,7 +11,7 @@ import difflib
 import json
 import re
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -123,19 +123,7 @@ def parse_yaml(text: str, where: str) -> Any:
     """YAML text -> data, within the limits above; errors name `where` and the line."""
     _check_text(text, where)
     _check_brackets(text, where)
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}:{line} not valid YAML: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise ConfigError(f"{where}: not valid YAML: a number with too many digits") from None
-    check_shape(data, where)
-    return data
+    return _checked(lambda: yaml.load(text, Loader=_Loader), where, "YAML")
 
 
 def parse_json(text: str, where: str) -> Any:
@@ -150,14 +138,24 @@ def parse_json(text: str, where: str) -> Any:
             out[k] = v
         return out
 
+    return _checked(lambda: json.loads(text, object_pairs_hook=no_duplicates), where, "JSON")
+
+
+def _checked(load: Callable[[], Any], where: str, kind: str) -> Any:
+    """load() with its errors as one ConfigError line, and its data's shape checked."""
     try:
-        data = json.loads(text, object_pairs_hook=no_duplicates)
+        data = load()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}:{line} not valid YAML: {problem}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: line {e.lineno} not valid JSON: {e.msg}") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise ConfigError(f"{where}: not valid JSON: a number with too many digits") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise ConfigError(f"{where}: not valid {kind}: a number with too many digits") from None
     check_shape(data, where)
     return data
 
