@@ -37,7 +37,8 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     aic, aiv = hw.aic, hw.aiv
     for key in _FED_BY_L1:
         if getattr(aic, key) > aic.l1_bytes:
-            return f"aic.{key}", f"{getattr(aic, key)} is larger than aic.l1_bytes {aic.l1_bytes} (it is filled from L1)"
+            return f"aic.{key}", (f"{getattr(aic, key)} is larger than aic.l1_bytes {aic.l1_bytes} "
+                                  "(it is filled from L1)")
     sizes = {Mem.L1: ("aic.l1_bytes", aic.l1_bytes), Mem.L0A: ("aic.l0a_bytes", aic.l0a_bytes),
              Mem.L0B: ("aic.l0b_bytes", aic.l0b_bytes), Mem.L0C: ("aic.l0c_bytes", aic.l0c_bytes),
              Mem.BT: ("aic.bt_bytes", aic.bt_bytes), Mem.FB: ("aic.fb_bytes", aic.fb_bytes),

@@ -6,6 +6,7 @@ directory is accepted as --workload."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -55,8 +56,10 @@ BAD_YAML = {
     "huge context": (yaml_with("max_context_tokens", "9" * 30), r"key 'max_context_tokens': expected a value <="),
     "negative ffn": (yaml_with("ffn_size", "-1"), r"key 'ffn_size': expected a value > 0, got -1"),
     "duplicate key": (TINY + "layers: 4\n", r"not valid YAML: duplicate key 'layers'"),
-    "unknown key, suggestion": (yaml_with("hiden_size", "256"), r"unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)"),
-    "unknown key, suggestion 2": (yaml_with("num_layers", "2"), r"unknown key 'num_layers' \(did you mean 'layers'\?\)"),
+    "unknown key, suggestion": (yaml_with("hiden_size", "256"),
+                                r"unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)"),
+    "unknown key, suggestion 2": (yaml_with("num_layers", "2"),
+                                  r"unknown key 'num_layers' \(did you mean 'layers'\?\)"),
     "MoE experts": (yaml_with("num_experts", "8"), r"not supported: num_experts = 8 \(mixture of experts"),
     "MoE local experts": (yaml_with("num_local_experts", "8"), r"not supported: num_local_experts = 8"),
     "sliding window": (yaml_with("sliding_window", "4096"), r"not supported: sliding_window = 4096 \(sliding-window"),
@@ -197,7 +200,8 @@ def test_hf_model_directory_is_a_workload(tmp_path, capsys):
 
 def test_a_directory_without_config_json_is_a_clean_error(tmp_path, capsys):
     (tmp_path / "empty-model").mkdir()
-    fails_cleanly(["run", "--workload", tmp_path / "empty-model"], capsys, r"empty-model: a directory without a config.json")
+    fails_cleanly(["run", "--workload", tmp_path / "empty-model"], capsys,
+                  r"empty-model: a directory without a config.json")
 
 
 @pytest.mark.parametrize("off", [
@@ -219,5 +223,4 @@ def test_workload_override_suggests_a_field():
 
 def test_param_count_does_not_list_every_layer():
     w = load_workload("k3")
-    assert w.param_count == sum(
-        (lambda s: __import__("math").prod(s))(s) for s in w.weight_shapes().values())
+    assert w.param_count == sum(math.prod(s) for s in w.weight_shapes().values())
