@@ -7,7 +7,8 @@ and the pass-by-pass comparison `compare` makes of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 from attrs import frozen
@@ -51,10 +52,11 @@ def _check_args(workload=None, phase="decode", batch=1, context=None, passes="ba
         raise TypeError(f"hw: expected an HwConfig, a config name or a path, got {short(named['hw'])}")
     if not isinstance(phase, str) or phase not in ("decode", "prefill"):
         raise ConfigError(f"phase: expected 'decode' or 'prefill', got {short(phase)}")
-    if isinstance(batch, bool) or not isinstance(batch, int):
+    if isinstance(batch, bool) or not isinstance(batch, Integral):
         raise TypeError(f"batch: expected a positive integer, got {short(batch)}")
-    ints = context if isinstance(context, Sequence) and not isinstance(context, str) else (context,)
-    if context is not None and any(isinstance(x, bool) or not isinstance(x, int) for x in ints):
+    several = isinstance(context, Iterable) and not isinstance(context, (str, bytes, Mapping))
+    ints = context if several else (context,)
+    if context is not None and any(isinstance(x, bool) or not isinstance(x, Integral) for x in ints):
         raise TypeError(f"context: expected an integer or a sequence of integers (one per sequence), "
                         f"got {short(context)}")
     pass_names(passes)  # its TypeError / ConfigError names the argument
