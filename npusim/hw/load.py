@@ -9,8 +9,8 @@ and what was expected.
 from __future__ import annotations
 
 import contextlib
-import os
 import math
+import os
 import re
 import typing
 from collections.abc import Mapping
@@ -129,9 +129,9 @@ def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
         for p in parts[:-1]:
             d = d.setdefault(p, {})
             if not isinstance(d, dict):
-                raise ConfigError(f"--set {dotted}: '{p}' is set twice")
+                raise ConfigError(f"--set {short(dotted)[1:-1]}: '{short(p)[1:-1]}' is set twice")
         if parts[-1] in d:
-            raise ConfigError(f"--set {dotted}: '{parts[-1]}' is set twice")
+            raise ConfigError(f"--set {short(dotted)[1:-1]}: '{short(parts[-1])[1:-1]}' is set twice")
         d[parts[-1]] = value
     return nested
 
@@ -144,7 +144,8 @@ def parse_set_args(items: list[str] | None) -> dict[str, str]:
         if not eq or not key.strip():
             raise ConfigError(f"--set {short(item)[1:-1]}: expected key.path=value")
         if key.strip() in out:
-            raise ConfigError(f"--set {key.strip()}: given twice ({out[key.strip()]!r} and {value.strip()!r})")
+            raise ConfigError(f"--set {short(key.strip())[1:-1]}: given twice ({short(out[key.strip()])} and "
+                              f"{short(value.strip())})")
         out[key.strip()] = value.strip()
     return out
 
