@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from npusim.cli import main
 
 
-def fails_cleanly(argv: list[str], capsys, expect: str, outputs=()) -> str:
-    """Run `npusim ARGV` in-process: exit status 2, one error of at most 3 lines that
-    matches `expect` (a regex), no traceback, and none of `outputs` written."""
+def fails_cleanly(argv: list[str], capsys, expect: str, outputs=(), seconds: float = 30) -> str:
+    """Run `npusim ARGV` in-process: exit status 2 within `seconds`, one error of at
+    most 3 lines that matches `expect` (a regex), no traceback, and none of `outputs` written."""
+    start = time.monotonic()
     try:
         code = main([str(a) for a in argv])
     except SystemExit as e:  # argparse's own usage errors
         code = e.code
     out, err = capsys.readouterr()
+    assert time.monotonic() - start < seconds, f"took {time.monotonic() - start:.1f} s: {err!r}"
     assert code == 2, f"exit status {code}; stderr: {err!r}"
     lines = err.strip().splitlines()
     assert 1 <= len(lines) <= 3, err

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 
 import attrs
@@ -164,9 +163,8 @@ def test_bad_file_is_one_clean_error(case, tmp_path, capsys):
     text, expect = BAD_FILES[case]
     p = tmp_path / "bad.yaml"
     p.write_text(text)
-    start = time.monotonic()
-    fails_cleanly(["hw", "show", p], capsys, re.escape(str(p)) + r"(:| )" + r".*" + expect)
-    assert time.monotonic() - start < 5  # an alias bomb or deep nesting must fail fast
+    # an alias bomb or deep nesting must fail fast
+    fails_cleanly(["hw", "show", p], capsys, re.escape(str(p)) + r"(:| )" + r".*" + expect, seconds=10)
 
 
 def test_undecodable_file(tmp_path, capsys):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -78,10 +77,8 @@ def test_bad_yaml_workload_is_one_clean_error(case, tmp_path, capsys):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
     out = tmp_path / "out.json"
-    start = time.monotonic()
     fails_cleanly(["run", "--workload", p, "--batch", "1", "--context", "16", "--json", out], capsys,
-                  re.escape(str(p)) + r":.*" + expect, [out])
-    assert time.monotonic() - start < 10
+                  re.escape(str(p)) + r":.*" + expect, [out], seconds=10)
 
 
 # ---- Hugging Face config.json
@@ -170,9 +167,7 @@ BAD_SIZES = {
 def test_step_too_large_fails_fast(case, capsys, tmp_path):
     args, expect = BAD_SIZES[case]
     out = tmp_path / "out.json"
-    start = time.monotonic()
-    fails_cleanly(["run", *args, "--json", out], capsys, expect, [out])
-    assert time.monotonic() - start < 30
+    fails_cleanly(["run", *args, "--json", out], capsys, expect, [out], seconds=30)
 
 
 def test_deep_model_that_cannot_fit_fails_before_building(tmp_path, capsys):
@@ -180,10 +175,8 @@ def test_deep_model_that_cannot_fit_fails_before_building(tmp_path, capsys):
     without building (and running the passes over) a 1000-layer graph."""
     p = tmp_path / "deep.yaml"
     p.write_text(re.sub(r"^layers:.*$", "layers: 1000", (WORKLOADS / "k3.yaml").read_text(), flags=re.M))
-    start = time.monotonic()
     fails_cleanly(["run", "--workload", p], capsys, r"weights 319.35 GiB \+ KV cache .* alone need .* the largest "
-                  r"batch that fits at context 8192 is 0")
-    assert time.monotonic() - start < 10
+                  r"batch that fits at context 8192 is 0", seconds=10)
 
 
 # ---- what must be accepted
