@@ -14,7 +14,7 @@ shapes per layer) are properties, computed from the fields.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,7 +26,8 @@ from attrs import field, frozen
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
-from npusim.hw.load import _leaf_errors, find_file, parse_yaml, read_yaml
+from npusim.hw.load import _leaf_errors, find_file
+from npusim.hw.parse import did_you_mean, parse_json, parse_yaml, read_text, read_yaml, short
 
 DEFAULT_WORKLOAD = "k3"
 
@@ -34,6 +35,33 @@ DEFAULT_WORKLOAD = "k3"
 DTYPE_BYTES = {"fp16": 2, "bf16": 2}
 NORMS = ("rms_norm",)  # the builder models pre-norm RMSNorm only
 MLPS = ("swiglu",)  # and the SwiGLU FFN only
+
+# Upper bounds of the size fields (assumed): far above any public decoder (the
+# largest have ~130 layers, hidden ~25k, FFN ~100k, vocabularies ~256k, contexts
+# ~10M tokens), and low enough that a typo cannot make the builder emit a graph of
+# millions of nodes before the memory check can refuse it.
+LIMITS = {"layers": 1024, "hidden_size": 1 << 20, "heads": 1 << 12, "kv_heads": 1 << 12, "ffn_size": 1 << 20,
+          "vocab_size": 1 << 24, "max_context_tokens": 1 << 24, "head_dim": 1 << 12}
+
+# Architecture features some configs carry that the builder does not model: key ->
+# (is it on?, what it is). A config with one on is refused rather than simulated as
+# the dense decoder it is not. Keys as Hugging Face's config.json spells them (a
+# workload YAML using one gets the same message).
+UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
+    "num_local_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts (Mixtral)"),
+    "num_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts"),
+    "n_routed_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts (DeepSeek)"),
+    "moe_intermediate_size": (lambda v, d: v not in (None, 0), "mixture of experts"),
+    "sliding_window": (lambda v, d: v is not None and d.get("use_sliding_window", True) is not False
+                       and not (isinstance(v, int) and v >= d.get("max_position_embeddings", math.inf)),
+                       "sliding-window attention"),
+    "kv_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
+    "q_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
+    "mlp_bias": (lambda v, d: v not in (None, False), "a bias in the FFN projections"),
+    "partial_rotary_factor": (lambda v, d: v not in (None, 1, 1.0), "RoPE on part of each head"),
+    "layer_types": (lambda v, d: not (isinstance(v, list) and set(v) <= {"full_attention"}),
+                    "layers of different attention types"),
+}
 
 
 def _help(text: str, **kw):
@@ -121,8 +149,10 @@ class Workload:
 
     @property
     def param_count(self) -> int:
-        """Parameters of the whole model (a tied LM head counted once)."""
-        return sum(_numel(s) for s in self.weight_shapes().values())
+        """Parameters of the whole model (a tied LM head counted once): weight_shapes()
+        counted without listing every layer's weights."""
+        table = self.vocab_size * self.hidden_size
+        return table * (1 if self.tie_embeddings else 2) + self.layers * self.layer_params + self.hidden_size
 
     @property
     def weight_bytes(self) -> int:
@@ -181,11 +211,14 @@ class _Inconsistent(ValueError):
 def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | None:
     """(key, what is wrong) for the first value out of range or not fitting the others;
     `nm` spells a field name as the source file does."""
-    for key in ("layers", "hidden_size", "heads", "kv_heads", "ffn_size", "vocab_size", "max_context_tokens",
-                "head_dim"):
+    for key, limit in LIMITS.items():
         if getattr(w, key) <= 0:
-            return key, f"expected a value > 0, got {getattr(w, key)!r}"
+            return key, f"expected a value > 0, got {short(getattr(w, key))}"
+        if getattr(w, key) > limit:
+            return key, f"expected a value <= {limit} (a sanity bound), got {short(getattr(w, key))}"
     for key in ("norm_eps", "rope_theta"):
+        if not math.isfinite(getattr(w, key)):
+            return key, f"expected a finite number, got {getattr(w, key)!r}"
         if not getattr(w, key) > 0:
             return key, f"expected a value > 0, got {getattr(w, key)!r}"
     if w.hidden_size % w.heads:
@@ -199,7 +232,7 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
         return "kv_heads", f"{w.kv_heads} does not divide {nm('heads')} {w.heads}"
     for key, allowed in (("dtype", tuple(DTYPE_BYTES)), ("norm", NORMS), ("mlp", MLPS)):
         if getattr(w, key) not in allowed:
-            return key, f"expected one of {', '.join(allowed)}, got {getattr(w, key)!r}"
+            return key, f"expected one of {', '.join(allowed)}, got {short(getattr(w, key))}"
     return None
 
 
@@ -268,23 +301,47 @@ HF_QKV_BIAS_MODELS = ("qwen2",)
 def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
                   overrides: Mapping[str, Any] | None = None) -> Workload:
     """Load a workload by name (workloads/NAME.yaml, looked up like hwconfigs), a
-    path to a YAML file, or a path to a Hugging Face config.json; `overrides`
-    {"field": value} (string values read as YAML scalars) change fields for a what-if."""
+    path to a YAML file, or a Hugging Face config.json or the model directory
+    holding it; `overrides` {"field": value} (string values read as YAML scalars)
+    change fields for a what-if."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"workload: expected a name, a path or a Workload, got {short(name_or_path)}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides: expected a mapping {{'field': value}} or None, got {short(overrides)}")
+    if Path(name_or_path).is_dir():  # a Hugging Face model directory
+        if not (Path(name_or_path) / "config.json").is_file():
+            raise ConfigError(f"{name_or_path}: a directory without a config.json (expected a workload YAML, "
+                              "a Hugging Face config.json or the model directory holding it)")
+        name_or_path = Path(name_or_path) / "config.json"
     path = find_file(name_or_path, "workloads")
     if path.suffix == ".json":
         raw, nm = _from_hf(path), _hf_name
     else:
         raw, nm = read_yaml(path), (lambda k: k)
+        _refuse_unsupported(raw, str(path))
         raw.setdefault("name", path.stem)
     where = str(path)
     if overrides:
         where += " (--set)"
         for key, value in overrides.items():
             if key not in _FIELD_TYPES:
-                raise ConfigError(f"{where}: unknown key '{key}'")
+                raise ConfigError(f"{where}: unknown key '{short(key)[1:-1]}'{did_you_mean(key, _FIELD_TYPES)}")
             raw[key] = parse_yaml(value, f"--set {key}") if isinstance(value, str) and value.strip() else value
         nm = _names_for_overrides(nm, overrides)
     return structure_workload(raw, where, nm)
+
+
+def _refuse_unsupported(data: Mapping[str, Any], where: str) -> None:
+    """A ConfigError "not supported: KEY" for the first architecture feature that is on."""
+    for key, (on, what) in UNSUPPORTED.items():
+        if key in data:
+            try:
+                enabled = on(data[key], data)
+            except TypeError:  # a value of a type the rule does not expect: treat it as on
+                enabled = True
+            if enabled:
+                raise ConfigError(f"{where}: not supported: {key} = {short(data[key])} ({what} is not modelled; "
+                                  "npusim simulates dense decoders)")
 
 
 def _names_for_overrides(nm: Callable[[str], str], overrides: Mapping[str, Any]) -> Callable[[str], str]:
@@ -301,7 +358,9 @@ def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], s
         errors.sort(key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
         path, exc, type_ = errors[0]
         if isinstance(exc, ForbiddenExtraKeysError):
-            raise ConfigError(f"{where}: unknown key '{sorted(map(str, exc.extra_fields))[0]}'") from None
+            extra = sorted(map(str, exc.extra_fields))[0]
+            raise ConfigError(f"{where}: unknown key '{short(extra)[1:-1]}'{did_you_mean(extra, _FIELD_TYPES)}") \
+                from None
         if isinstance(exc, KeyError):
             raise ConfigError(f"{where}: missing key '{nm(path[-1])}'") from None
         if isinstance(exc, _Inconsistent):
@@ -309,7 +368,7 @@ def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], s
             raise ConfigError(f"{where}: key '{nm(key)}': {message}") from None
         key = path[-1] if path else "?"
         expected = _EXPECTED.get(_FIELD_TYPES.get(key), "another type")
-        raise ConfigError(f"{where}: key '{nm(key)}': expected {expected}, got {raw.get(key)!r}") from None
+        raise ConfigError(f"{where}: key '{nm(key)}': expected {expected}, got {short(raw.get(key))}") from None
 
 
 _HF_NAME = {v: k for k, v in HF_KEYS.items()}
@@ -322,32 +381,31 @@ def _hf_name(field_name: str) -> str:
 def _from_hf(path: Path) -> dict:
     """A Hugging Face config.json -> the Workload's fields. Keys the decoder does not
     need (architectures, token ids, ...) are ignored; the ones it needs must be there
-    and have the right type."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: line {e.lineno} not valid JSON: {e.msg}") from None
+    and have the right type; features it does not model are refused."""
+    data = parse_json(read_text(path), str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     for key in HF_REQUIRED:
         if key not in data:
             raise ConfigError(f"{path}: missing key '{key}'")
+    _refuse_unsupported(data, str(path))
     act = data.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{path}: key 'hidden_act': expected 'silu' (the SwiGLU FFN, the only one modelled), "
-                          f"got {act!r}")
+                          f"got {short(act)}")
     raw = {field_name: data[k] for k, field_name in HF_KEYS.items() if data.get(k) is not None}
     raw.setdefault("kv_heads", data["num_attention_heads"])  # HF's default: MHA
-    raw.setdefault("rope_theta", (data.get("rope_parameters") or {}).get("rope_theta", 10000.0))  # HF's default
+    rope = data.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{path}: key 'rope_parameters': expected a mapping, got {short(rope)}")
+    raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))  # HF's default
     raw.setdefault("tie_embeddings", False)  # Llama-style configs' default
     if data.get("model_type") in HF_QKV_BIAS_MODELS:
         raw["qkv_bias"] = True
     dtype_key = "torch_dtype" if "torch_dtype" in data else "dtype"  # newer transformers write "dtype"
     dtype = data.get(dtype_key, "float16")  # assumed fp16 when the config does not say
-    if dtype not in HF_DTYPES:
-        raise ConfigError(f"{path}: key '{dtype_key}': expected one of {', '.join(HF_DTYPES)}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in HF_DTYPES:
+        raise ConfigError(f"{path}: key '{dtype_key}': expected one of {', '.join(HF_DTYPES)}, got {short(dtype)}")
     raw["dtype"] = HF_DTYPES[dtype]
     raw["name"] = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return raw

@@ -80,3 +80,24 @@ def test_a_flow_ending_just_after_a_whole_cycle_does_not_hang_the_link():
     with deadline(0.5):
         ends, _ = run_flows(capacity, [(0, nbytes, math.inf, 1)])
     assert ends == [whole_cycles(nbytes / capacity)]  # 37: the 5e-7 is float noise by policy
+
+
+@pytest.mark.parametrize("bytes_per_s", [1.0, 1e3])
+def test_a_very_slow_link_still_moves_time_forward(bytes_per_s):
+    """At 1 B/s (a what-if `--set l2.bw_bytes_per_s=1`) the clock reaches ~1e12 cycles,
+    where the float clock cannot move by the last fraction of a cycle a flow has left:
+    the flow must end at the cycle the timer found, not wait forever for that fraction."""
+    capacity = bytes_per_s / 1.8e9  # bytes per cycle at a 1.8 GHz clock
+    with deadline(2):
+        ends, _ = run_flows(capacity, [(1, 256, 110.0, 1), (2, 1000, 86.0, 1)])
+    # alone for one cycle, then sharing until the first ends, then the second alone
+    first = 2 + (256 - capacity) / (capacity / 2)
+    second = first + (1000 - (first - 2) * capacity / 2) / capacity
+    assert ends == [pytest.approx(first, rel=1e-9, abs=1), pytest.approx(second, rel=1e-9, abs=1)]
+
+
+@pytest.mark.parametrize("capacity", [1e-20, 1e30])
+def test_extreme_rates_end_every_flow(capacity):
+    with deadline(2):
+        ends, link = run_flows(capacity, [(0, 1e6, 110.0, 1), (3, 5e5, 64.0, 1), (7, 12345, 110.0, 1)])
+    assert all(e is not None and math.isfinite(e) for e in ends)

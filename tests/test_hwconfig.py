@@ -136,7 +136,7 @@ B2 = str(find_file("ascend910b2", "hwconfigs"))  # as load_hw names it in messag
         ({"hbm.bw_efficiency": 1.5}, "key 'hbm.bw_efficiency': expected a value <= 1, got 1.5"),
         ({"chip.aic_count": "24.5"}, "key 'chip.aic_count': expected an integer, got 24.5"),
         ({"aic.l1_bytes": 0}, "key 'aic.l1_bytes': expected a value > 0, got 0"),
-        ({"chip.aic_cnt": 3}, "unknown key 'chip.aic_cnt'"),
+        ({"chip.aic_cnt": 3}, "unknown key 'chip.aic_cnt' (did you mean 'aic_count'?)"),
         ({"bogus": 3}, "unknown key 'bogus'"),
         ({"aic.mmad_fractals.fp16.z0": 3}, "unknown key 'aic.mmad_fractals.fp16.z0'"),
         ({"chip": 3}, "key 'chip': expected a mapping, got 3"),
@@ -169,10 +169,11 @@ FRACTAL_FP16 = "fp16: {m0: 16, n0: 16, k0: 16}"
 BAD_FILES = {
     "unknown key, top level": (B2_TEXT + "bogus: 1\n", "unknown key 'bogus'"),
     "unknown key, nested": (
-        b2_with("  aic_count: 24", "  aic_count: 24\n  aic_cnt: 3"), "unknown key 'chip.aic_cnt'"),
+        b2_with("  aic_count: 24", "  aic_count: 24\n  aic_cnt: 3"),
+        "unknown key 'chip.aic_cnt' (did you mean 'aic_count'?)"),
     "unknown key, in a fractal": (
         b2_with(FRACTAL_FP16, "fp16: {m0: 16, n0: 16, k0: 16, z0: 1}"), "unknown key 'aic.mmad_fractals.fp16.z0'"),
-    "misspelt section": (b2_with("\ndma:", "\ndmx:"), "unknown key 'dmx'"),
+    "misspelt section": (b2_with("\ndma:", "\ndmx:"), "unknown key 'dmx' (did you mean 'dma'?)"),
     "string for a number": (
         b2_with("freq_hz: 1.8e9", "freq_hz: fast"), "key 'chip.freq_hz': expected a number, got 'fast'"),
     "string for an int": (
@@ -240,7 +241,7 @@ def test_bad_yaml_syntax_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("base: ascend910b2\nchip:\n  aic_cnt: 3\n", "unknown key 'chip.aic_cnt'"),
+        ("base: ascend910b2\nchip:\n  aic_cnt: 3\n", "unknown key 'chip.aic_cnt' (did you mean 'aic_count'?)"),
         ("base: ascend910b2\nfoo: 3\n", "unknown key 'foo'"),
         ("base: ascend910b2\naic:\n  mmad_fractals:\n    fp8: {m0: 16}\n", "unknown key 'aic.mmad_fractals.fp8'"),
         ("base: ascend910b2\nchip:\n  aic_count: 2.5\n", "key 'chip.aic_count': expected an integer, got 2.5"),

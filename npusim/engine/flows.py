@@ -12,7 +12,11 @@ Flows with the same cap always get the same rate, so each cap class keeps a
 was created. A flow finishes when its class clock reaches its start value plus its
 bytes, which makes every start and end O(log n) instead of O(n).
 
-Completions are rounded up to whole cycles (the engine's time unit).
+Completions are rounded up to whole cycles (the engine's time unit). A flow whose
+rest would end within the current whole cycle is finished by the timer that
+found it: at a very slow rate the clock reaches values where a fraction of a
+cycle no longer changes it (floats), and waiting for that fraction would never
+move time forward.
 """
 
 from __future__ import annotations
@@ -119,6 +123,11 @@ class Link:
         timer = self.env.timeout(when - self.env.now)
         timer.callbacks.append(lambda _ev, when=when: self._on_timer(when))
 
+    def _ends_this_cycle(self, nbytes: float, rate: float) -> bool:
+        """Would `nbytes` at `rate` end at the current cycle, as _reschedule rounds it?
+        (Then no later timer could see it end: the flow is done now.)"""
+        return whole_cycles(self.env.now + nbytes / rate) <= self.env.now
+
     def _on_timer(self, when: float) -> None:
         if when != self._timer_at:
             return  # superseded by a later reschedule
@@ -128,7 +137,7 @@ class Link:
         for cls in self._order:
             heap = cls.heap
             done_at = cls.clock + cls.rate * _DONE_SLACK_CYCLES
-            while heap and heap[0][0] <= done_at:
+            while heap and (heap[0][0] <= done_at or self._ends_this_cycle(heap[0][0] - cls.clock, cls.rate)):
                 _, _, weight, on_done = heapq.heappop(heap)
                 cls.count -= weight
                 finished.append(on_done)

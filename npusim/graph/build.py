@@ -32,7 +32,8 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -212,12 +213,22 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
                  capacity=capacity if capacity != max(lengths) else None).check()
 
 
+# Sequences in one step, at most (assumed): far above what a device batches, and
+# low enough that a typo cannot make the builder list millions of lengths.
+MAX_BATCH = 1 << 16
+
+
 def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
     where = f"build_decoder({w.name}, {phase})"
     if phase not in ("decode", "prefill"):
-        raise ConfigError(f"{where}: phase must be decode or prefill, got {phase!r}")
+        raise ConfigError(f"{where}: phase must be decode or prefill, got {reprlib.repr(phase)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"{where}: batch must be a positive integer, got {batch!r}")
+    if batch > MAX_BATCH:
+        raise ConfigError(f"{where}: batch {batch} is more than the {MAX_BATCH} sequences a step may have")
+    several = isinstance(lengths, Iterable) and not isinstance(lengths, (str, bytes, Mapping))
+    if not (lengths is None or several or isinstance(lengths, (int, np.integer))):
+        raise ConfigError(f"{where}: lengths must be an integer or one per sequence, got {type(lengths).__name__}")
     if lengths is None:
         lengths = w.max_context_tokens if phase == "decode" else min(128, w.max_context_tokens)
     if isinstance(lengths, (int, np.integer)) and not isinstance(lengths, bool):

@@ -8,17 +8,57 @@ how they are measured (they are converted to cycles where they are used).
 
 from __future__ import annotations
 
-from attrs import field, frozen, validators
+import math
 
-_positive = validators.gt(0)
-_non_negative = validators.ge(0)
+from attrs import field, frozen
+
+from npusim.hw.parse import short
+
+# The range of every number in a config: finite, and within bounds far outside any
+# chip (assumed) so that products and quotients of fields (bytes over a rate, a rate
+# over the clock, cycles to microseconds) stay finite floats.
+MAX_VALUE = 1e18
+MIN_POSITIVE_FLOAT = 1e-9
+
+
+def _range_error(name: str, value, lo_open: bool) -> str | None:
+    """What `value` breaks ('finite', '> 0', ...), worded as attrs' validators do, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"'{name}' must be finite: {value}"
+    if lo_open and not value > 0:
+        return f"'{name}' must be > 0: {short(value)}"
+    if not lo_open and not value >= 0:
+        return f"'{name}' must be >= 0: {short(value)}"
+    if isinstance(value, float) and 0 < value < MIN_POSITIVE_FLOAT:
+        return f"'{name}' must be >= {MIN_POSITIVE_FLOAT:g}: {value}"
+    if value > MAX_VALUE:
+        return f"'{name}' must be <= {MAX_VALUE:g}: {short(value)}"
+    return None
+
+
+def _positive(instance, attribute, value) -> None:
+    bad = _range_error(attribute.name, value, True)
+    if bad:
+        raise ValueError(bad)
+
+
+def _non_negative(instance, attribute, value) -> None:
+    bad = _range_error(attribute.name, value, False)
+    if bad:
+        raise ValueError(bad)
+
+
+def _at_most_one(instance, attribute, value) -> None:
+    if not value <= 1:
+        raise ValueError(f"'{attribute.name}' must be <= 1: {value}")
 
 
 def _positive_values(instance, attribute, value: dict) -> None:
-    """Every entry of a mapping field must be > 0 (named in the error like a field)."""
+    """Every entry of a mapping field must be in range (named in the error like a field)."""
     for key, v in value.items():
-        if not v > 0:
-            raise ValueError(f"'{attribute.name}.{key}' must be > 0: {v}")
+        bad = _range_error(f"{attribute.name}.{key}", v, True)
+        if bad:
+            raise ValueError(bad)
 
 
 def _pos(help: str):
@@ -30,7 +70,7 @@ def _nonneg(help: str):
 
 
 def _fraction(help: str):
-    return field(validator=[_positive, validators.le(1)], metadata={"help": help})
+    return field(validator=[_positive, _at_most_one], metadata={"help": help})
 
 
 @frozen

@@ -9,16 +9,17 @@ and what was expected.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from importlib import resources
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import cattrs
-import yaml
 from cattrs.errors import (
     AttributeValidationNote,
     ClassValidationError,
@@ -27,7 +28,12 @@ from cattrs.errors import (
 )
 
 from npusim.errors import ConfigError
+from npusim.hw.checks import inconsistency
 from npusim.hw.config import HwConfig
+from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short
+
+__all__ = ["DEFAULT_HW", "find_file", "known_names", "load_hw", "parse_set_args", "parse_yaml", "read_yaml",
+           "search_dirs"]
 
 DEFAULT_HW = "ascend910b2"
 
@@ -63,39 +69,6 @@ def known_names(kind: str) -> list[str]:
     return sorted({f.stem for d in search_dirs(kind) if d.is_dir() for f in d.glob("*.yaml")})
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1.6e12 as a float (YAML 1.1 wants 1.6e+12)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def parse_yaml(text: str, where: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{where}:{line} not valid YAML: {getattr(e, 'problem', None) or e}") from None
-
-
-def read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
-    data = parse_yaml(text, str(path))
-    if not isinstance(data, dict):
-        text = repr(data)
-        got = "an empty file" if data is None else f"a {type(data).__name__}: {text[:60]}{'...' if len(text) > 60 else ''}"
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {got}")
-    return data
-
-
 def _strict_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
 
@@ -103,17 +76,20 @@ def _strict_converter() -> cattrs.Converter:
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(v, float) and v.is_integer():
                 return int(v)
-            raise TypeError(f"expected an integer, got {v!r}")
+            raise TypeError(f"expected an integer, got {short(v)}")
         return v
 
     def to_float(v, _):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"expected a number, got {v!r}")
-        return float(v)
+            raise TypeError(f"expected a number, got {short(v)}")
+        try:
+            return float(v)
+        except OverflowError:  # an integer too large for a float: the range check words it
+            return math.inf
 
     def to_str(v, _):
         if not isinstance(v, str):
-            raise TypeError(f"expected a string, got {v!r}")
+            raise TypeError(f"expected a string, got {short(v)}")
         return v
 
     conv.register_structure_hook(int, to_int)
@@ -124,6 +100,9 @@ def _strict_converter() -> cattrs.Converter:
 
 _converter = _strict_converter()
 
+# `base:` chains deeper than this are refused (the shipped variants are one level deep).
+MAX_BASE_DEPTH = 8
+
 
 def merge(base: dict, over: Mapping, where: str, path: str = "") -> dict:
     """Deep-merge `over` into a copy of `base`; a key `base` does not have is an error."""
@@ -131,7 +110,7 @@ def merge(base: dict, over: Mapping, where: str, path: str = "") -> dict:
     for k, v in over.items():
         key = f"{path}.{k}" if path else str(k)
         if k not in base:
-            raise ConfigError(f"{where}: unknown key '{key}'")
+            raise ConfigError(f"{where}: unknown key '{short(key)[1:-1]}'{did_you_mean(k, base)}")
         if isinstance(v, Mapping) and isinstance(base[k], dict):
             out[k] = merge(base[k], v, where, key)
         else:
@@ -141,38 +120,51 @@ def merge(base: dict, over: Mapping, where: str, path: str = "") -> dict:
 
 def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
     """{'memory.hbm.x': 1} -> {'memory': {'hbm': {'x': 1}}}. String values are read as YAML scalars."""
+    if not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides: expected a mapping {{'key.path': value}}, got {short(overrides)}")
     nested: dict = {}
     for dotted, value in overrides.items():
+        if not isinstance(dotted, str):
+            raise TypeError(f"overrides: expected 'key.path' strings as keys, got {short(dotted)}")
         if isinstance(value, str):
-            value = parse_yaml(value, f"--set {dotted}") if value.strip() else value
+            value = parse_yaml(value, f"--set {short(dotted)[1:-1]}") if value.strip() else value
         parts = dotted.split(".")
         d = nested
         for p in parts[:-1]:
             d = d.setdefault(p, {})
             if not isinstance(d, dict):
-                raise ConfigError(f"--set {dotted}: '{p}' is set twice")
+                raise ConfigError(f"--set {short(dotted)[1:-1]}: '{short(p)[1:-1]}' is set twice")
+        if parts[-1] in d:
+            raise ConfigError(f"--set {short(dotted)[1:-1]}: '{short(parts[-1])[1:-1]}' is set twice")
         d[parts[-1]] = value
     return nested
 
 
 def parse_set_args(items: list[str] | None) -> dict[str, str]:
-    """['a.b=1', ...] (the CLI's --set) -> {'a.b': '1'}."""
+    """['a.b=1', ...] (the CLI's --set) -> {'a.b': '1'}; a key given twice is an error."""
     out = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--set {item}: expected key.path=value")
+            raise ConfigError(f"--set {short(item)[1:-1]}: expected key.path=value")
+        if key.strip() in out:
+            raise ConfigError(f"--set {short(key.strip())[1:-1]}: given twice ({short(out[key.strip()])} and "
+                              f"{short(value.strip())})")
         out[key.strip()] = value.strip()
     return out
 
 
-def _raw_config(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+def _raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
+    """The merged mapping of a config and its `base:` chain, and which file gave each
+    key path (so an error names the file the bad value is in)."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    if len(seen) >= MAX_BASE_DEPTH:
+        raise ConfigError(f"{path}: 'base' chain deeper than {MAX_BASE_DEPTH} files")
     data = read_yaml(path)
     base = data.pop("base", None)
     if base is None:
-        return data
+        return data, _origins(data, path)
     base_path = None
     if isinstance(base, str):
         # a path is relative to the variant file; a bare name is looked up in hwconfigs/
@@ -181,18 +173,50 @@ def _raw_config(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             base_path = find_file(ref, "hwconfigs")
     if base_path is None:
         expected = ", ".join(known_names("hwconfigs")) + " or a path to a .yaml file"
-        raise ConfigError(f"{path}: key 'base': expected {expected}, got {base!r}")
-    return merge(_raw_config(base_path, seen + (path.resolve(),)), data, str(path))
+        raise ConfigError(f"{path}: key 'base': expected {expected}, got {short(base)}")
+    raw, origins = _raw_config(base_path, seen + (path.resolve(),))
+    return merge(raw, data, str(path)), origins | _origins(data, path)
 
 
-def structure(raw: dict, where: str) -> HwConfig:
+def _origins(data: dict, path: Path, prefix: str = "") -> dict[str, Path]:
+    out = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out[key] = path
+        if isinstance(v, dict):
+            out |= _origins(v, path, key + ".")
+    return out
+
+
+def _file_of(key: str, origins: Mapping[str, Path] | None, where: str) -> str:
+    """The file that gave `key` (or its nearest enclosing section), else `where`."""
+    while origins:
+        if key in origins:
+            return str(origins[key])
+        if "." not in key:
+            break
+        key = key.rpartition(".")[0]
+    return where
+
+
+def structure(raw: dict, where: str, origins: Mapping[str, Path] | None = None) -> HwConfig:
+    """A validated HwConfig from a merged mapping. `where` names the source in errors;
+    `origins` (key path -> file) names the file of a bad value in a `base:` chain."""
     try:
-        return _converter.structure(raw, HwConfig)
+        hw = _converter.structure(raw, HwConfig)
     except Exception as e:  # cattrs collects type, missing-key and validator errors into a group
         errors = list(_leaf_errors(e))
         # an unknown key first: a misspelt key also shows up as a missing one
         errors.sort(key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
-        raise ConfigError(f"{where}: {_describe(*errors[0], raw)}") from None
+        key, message = _describe(*errors[0], raw)
+        # a missing key is the root file's to give (the one without a base)
+        file = where if isinstance(errors[0][1], KeyError) else _file_of(key, origins, where)
+        raise ConfigError(f"{file}: {message}") from None
+    bad = inconsistency(hw)
+    if bad:
+        key, message = bad
+        raise ConfigError(f"{_file_of(key, origins, where)}: key '{key}': {message}")
+    return hw
 
 
 def _leaf_errors(exc: BaseException, path: tuple[str, ...] = (), type_: Any = None):
@@ -211,21 +235,41 @@ def _leaf_errors(exc: BaseException, path: tuple[str, ...] = (), type_: Any = No
 _EXPECTED = {int: "an integer", float: "a number", str: "a string"}
 
 
-def _describe(path: tuple[str, ...], exc: BaseException, type_: Any, raw: dict) -> str:
+def _record_at(path: tuple[str, ...]) -> Any:
+    """The attrs class (or dict type) of the value at a key path of HwConfig."""
+    cls: Any = HwConfig
+    for part in path:
+        if attrs.has(cls):
+            cls = typing.get_type_hints(cls).get(part)
+        elif typing.get_origin(cls) is dict:
+            cls = typing.get_args(cls)[1]
+        else:
+            return None
+    return cls
+
+
+def _describe(path: tuple[str, ...], exc: BaseException, type_: Any, raw: dict) -> tuple[str, str]:
+    """(dotted key path, the message after the file name) for one cattrs leaf error."""
+    dotted = ".".join(path)
     if isinstance(exc, ForbiddenExtraKeysError):
-        return f"unknown key '{'.'.join(path + (sorted(map(str, exc.extra_fields))[0],))}'"
+        extra = sorted(map(str, exc.extra_fields))[0]
+        cls = _record_at(path)
+        hint = did_you_mean(extra, attrs.fields_dict(cls)) if attrs.has(cls) else ""
+        key = ".".join(path + (extra,))
+        return key, f"unknown key '{short(key)[1:-1]}'{hint}"
     if isinstance(exc, KeyError):
-        return f"missing key '{'.'.join(path)}'"
+        return dotted, f"missing key '{dotted}'"
     # attrs validators raise in the record's __init__, so the path stops at the record:
     # "'l1_bytes' must be > 0: 0" names the field
     m = re.match(r"'([\w.]+)' must be (.*?): ", str(exc))
     if isinstance(exc, ValueError) and m:
         path += tuple(m[1].split("."))
-        return f"key '{'.'.join(path)}': expected a value {m[2]}, got {_value_at(raw, path)!r}"
+        expected = "a finite number" if m[2] == "finite" else f"a value {m[2]}"
+        return ".".join(path), f"key '{'.'.join(path)}': expected {expected}, got {short(_value_at(raw, path))}"
     if type_ is None:
-        return f"key '{'.'.join(path)}': {exc}"
+        return dotted, f"key '{dotted}': {short(str(exc))[1:-1]}"
     expected = _EXPECTED.get(type_, "a mapping")  # the other field types are records and dicts
-    return f"key '{'.'.join(path)}': expected {expected}, got {_value_at(raw, path)!r}"
+    return dotted, f"key '{dotted}': expected {expected}, got {short(_value_at(raw, path))}"
 
 
 def _value_at(raw: Any, path: tuple[str, ...]) -> Any:
@@ -238,15 +282,19 @@ def load_hw(name_or_path: str | os.PathLike | HwConfig = DEFAULT_HW,
             overrides: Mapping[str, Any] | None = None) -> HwConfig:
     """Load a hardware config by name (hwconfigs/NAME.yaml) or path - or take a loaded
     one - with optional what-if overrides as a mapping {"key.path": value}."""
+    if not isinstance(name_or_path, (str, os.PathLike, HwConfig)):
+        raise TypeError(f"hw: expected a config name, a path or an HwConfig, got {short(name_or_path)}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides: expected a mapping {{'key.path': value}} or None, got {short(overrides)}")
     if isinstance(name_or_path, HwConfig):
         if not overrides:
             return name_or_path
         where = name_or_path.name + " (--set)"
         return structure(merge(attrs.asdict(name_or_path), dotted_to_nested(overrides), where), where)
     path = find_file(name_or_path, "hwconfigs")
-    raw = _raw_config(path)
+    raw, origins = _raw_config(path)
     where = str(path)
-    hw = structure(raw, where)
+    hw = structure(raw, where, origins)
     if not overrides:
         return hw
     # the file alone is valid, so an error from here on is the override's

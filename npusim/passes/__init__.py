@@ -10,10 +10,12 @@ a dict of switches), `kv_layout` (contiguous or paged).
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Sequence
 
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph
+from npusim.hw.parse import did_you_mean
 from npusim.passes.buckets import DEFAULT_BUCKETS, pad_to_bucket
 from npusim.passes.fusion import RULES, fuse, load_rules
 from npusim.passes.kv_layout import KV_LAYOUTS, change_kv_layout
@@ -44,6 +46,11 @@ def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
         if spec in PIPELINES:
             return PIPELINES[spec]
         spec = [s.strip() for s in spec.split(",") if s.strip()]
+        if not spec:
+            raise ConfigError(f"--passes: empty; expected {', '.join(PIPELINES)} or a comma list of passes")
+    elif not isinstance(spec, Sequence) or not all(isinstance(s, str) for s in spec):
+        raise TypeError(f"passes: expected a pipeline name, a comma list or a sequence of pass names, "
+                        f"got {reprlib.repr(spec)}")
     names = set()
     for s in spec:
         if s in PIPELINES:
@@ -51,13 +58,16 @@ def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
         elif s in PASSES:
             names.add(s)
         else:
-            raise ConfigError(f"--passes: unknown pass or pipeline '{s}' (pipelines: {', '.join(PIPELINES)}; "
+            raise ConfigError(f"--passes: unknown pass or pipeline {reprlib.repr(s)}"
+                              f"{did_you_mean(s, list(PIPELINES) + list(PASSES))} (pipelines: {', '.join(PIPELINES)}; "
                               f"passes: {', '.join(PASSES)})")
     return tuple(p for p in PASSES if p in names)
 
 
 def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) -> Graph:
     """The graph after the named passes (see pass_names), each given its options."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph: expected a Graph, got {reprlib.repr(graph)}")
     unknown = set(options) - {o for _, opts in PASSES.values() for o in opts}
     if unknown:
         raise ConfigError(f"apply: unknown pass option '{sorted(unknown)[0]}'")

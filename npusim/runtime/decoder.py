@@ -7,17 +7,21 @@ and the pass-by-pass comparison `compare` makes of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 from attrs import frozen
 
-from npusim.graph.build import build_decoder
+from npusim.errors import ConfigError
+from npusim.graph.build import _lengths, build_decoder
 from npusim.graph.ir import Graph
 from npusim.hw import HwConfig, load_hw
+from npusim.hw.parse import short
 from npusim.passes import apply, pass_names
 from npusim.runtime.compile import LoweringCache
-from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place
+from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place, size
 from npusim.runtime.run import GraphRun, run_graph
 from npusim.workload import Workload, load_workload
 
@@ -39,9 +43,34 @@ class Step:
         return apply(g, self.passes, **dict(self.options))
 
 
+def _check_args(workload=None, phase="decode", batch=1, context=None, passes="baseline", **named) -> None:
+    """TypeError or ConfigError naming the argument of the public API that is wrong,
+    before anything deep inside trips on it."""
+    if not isinstance(workload, (Workload, str, os.PathLike)):
+        raise TypeError(f"workload: expected a Workload, a name or a path, got {short(workload)}")
+    if "hw" in named and not isinstance(named["hw"], (HwConfig, str, os.PathLike)):
+        raise TypeError(f"hw: expected an HwConfig, a config name or a path, got {short(named['hw'])}")
+    if not isinstance(phase, str) or phase not in ("decode", "prefill"):
+        raise ConfigError(f"phase: expected 'decode' or 'prefill', got {short(phase)}")
+    if isinstance(batch, bool) or not isinstance(batch, Integral):
+        raise TypeError(f"batch: expected a positive integer, got {short(batch)}")
+    several = isinstance(context, Iterable) and not isinstance(context, (str, bytes, Mapping))
+    ints = context if several else (context,)
+    if context is not None and any(isinstance(x, bool) or not isinstance(x, Integral) for x in ints):
+        raise TypeError(f"context: expected an integer or a sequence of integers (one per sequence), "
+                        f"got {short(context)}")
+    pass_names(passes)  # its TypeError / ConfigError names the argument
+    if named.get("overrides") is not None and not isinstance(named["overrides"], Mapping):
+        raise TypeError(f"overrides: expected a mapping {{'key.path': value}} or None, got {short(named['overrides'])}")
+    for key in ("memo",):
+        if key in named and not isinstance(named[key], bool):
+            raise TypeError(f"{key}: expected True or False, got {short(named[key])}")
+
+
 def step(workload: Workload | str, phase: str = "decode", batch: int = 1, context=None,
          passes: str | Sequence[str] = "baseline", **options) -> Step:
     """`options`: pass options (fusion_rules, kv_layout, buckets, margin); None = the pass's default."""
+    _check_args(workload, phase, batch, context, passes)
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     return Step(w, phase, batch, context, passes, {k: v for k, v in options.items() if v is not None})
 
@@ -56,13 +85,28 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
+    _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
+    # Weights and KV cache are a lower bound of what the graph needs: a step they
+    # alone do not fit is refused before its graph is built (which may be large).
+    ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
+    least = MemoryBreakdown(s.workload.weight_bytes, s.workload.kv_bytes(s.batch, ctx), 0, 0, hw.hbm.hbm_bytes)
+    if not least.fits:
+        need = (f"weights {size(least.weights_bytes)} + KV cache {size(least.kv_bytes)} alone need "
+                f"{size(least.total_bytes)} of {size(least.capacity_bytes)}")
+        raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
     graph = s.graph()
     try:
         return run_graph(graph, hw, memo=memo, trace=trace, cache=cache)
     except OutOfMemoryError as e:  # say what would fit
-        raise OutOfMemoryError(_oom_message(s, graph, hw, e.breakdown), e.breakdown) from None
+        raise OutOfMemoryError(_oom_message(s, graph.batch, graph.context, hw, e.breakdown.line()),
+                               e.breakdown) from None
+
+
+def _most(free: int, per: int) -> int:
+    """How many `per`-byte pieces fit in `free` bytes."""
+    return max(free, 0) // per
 
 
 def _largest(fits: Callable[[int], bool], hi: int) -> int:
@@ -77,17 +121,18 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
-def _oom_message(s: Step, graph: Graph, hw: HwConfig, need: MemoryBreakdown) -> str:
+def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     def fits(batch: int | None = None, length: int | None = None) -> bool:
         lengths = length if length is not None else s.lengths
         return place(s.graph(batch=batch, lengths=lengths), hw.hbm.hbm_bytes).breakdown.fits
 
-    ctx = graph.context
-    best_batch = _largest(lambda b: fits(batch=b), graph.batch - 1)
-    best_ctx = _largest(lambda n: fits(length=n), ctx - 1)
-    return (f"{s.workload.name} {s.phase} batch {graph.batch} x context {ctx} does not fit in {hw.name}'s "
-            f"memory: {need.line()}; the largest batch that fits at context {ctx} is {best_batch}, "
-            f"the largest context that fits at batch {graph.batch} is {best_ctx}")
+    # weights and KV cache alone bound the search (fewer, smaller graphs to build)
+    free = hw.hbm.hbm_bytes - s.workload.weight_bytes
+    best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, s.workload.kv_bytes(1, ctx))))
+    best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, s.workload.kv_bytes(batch, 1))))
+    return (f"{s.workload.name} {s.phase} batch {batch} x context {ctx} does not fit in {hw.name}'s "
+            f"memory: {need}; the largest batch that fits at context {ctx} is {best_batch}, "
+            f"the largest context that fits at batch {batch} is {best_ctx}")
 
 
 @frozen
@@ -107,6 +152,13 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
     """Each pipeline, and the last one's passes added one at a time (a run already
     made for a pipeline is reused). `progress(runs done, runs in all)` is called as
     each distinct run starts and at the end; the runs share one LoweringCache."""
+    if isinstance(pipelines, str) or not isinstance(pipelines, Sequence):
+        raise TypeError(f"pipelines: expected a sequence of pipelines, e.g. ('baseline', 'optimized'), "
+                        f"got {short(pipelines)}")
+    if not pipelines:
+        raise ConfigError("pipelines: expected at least one pipeline, got none")
+    for p in pipelines:
+        _check_args(workload, phase, batch, context, p, hw=hw, overrides=overrides, memo=memo)
     hw = load_hw(hw, overrides)
     done: dict[tuple[str, ...], GraphRun] = {}
     order = pass_names(pipelines[-1])

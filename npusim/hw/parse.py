@@ -1,0 +1,180 @@
+"""Reading config text (hardware configs, workloads, fusion rules, `--set` values)
+without trusting it: YAML and JSON with duplicate keys rejected, and limits on size,
+nesting and YAML alias expansion checked before anything walks the data. Error
+messages quote values through `short()`, so a huge or self-referencing value can
+never make building the message itself slow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import reprlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from npusim.errors import ConfigError
+
+# Limits on config text. A shipped config is a few KB, a few levels deep and a few
+# hundred values; these bounds are far above that and far below what would make
+# loading or an error message slow.
+MAX_TEXT_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_VALUES = 100_000  # after YAML aliases are expanded (what a walk of the data visits)
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxdict, _repr.maxlist, _repr.maxtuple, _repr.maxset = 2, 4, 4, 4, 4
+_repr.maxstring, _repr.maxlong, _repr.maxother = 40, 24, 40
+
+
+def short(value: Any) -> str:
+    """repr() of a value from a config, bounded in length and depth (for messages)."""
+    return _repr.repr(value)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' naming the closest candidate (by difflib's ratio, else
+    those containing the word: 'bw' -> 'peak_bw_bytes_per_s'), or '' when none is close."""
+    word, names = str(word), sorted(str(c) for c in candidates)
+    close = difflib.get_close_matches(word, names, n=1)
+    if not close and len(word) >= 2:
+        close = [c for c in names if word.lower() in c.lower()][:3]
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 1.6e12 as a float (YAML 1.1 wants 1.6e+12) and rejects a
+    key given twice in one mapping (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` keys may be overridden by design
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {short(key)}", key_node.start_mark)
+                    seen.add(key)
+                except TypeError:  # an unhashable key: PyYAML reports it below
+                    pass
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _check_text(text: str, where: str) -> None:
+    if len(text) > MAX_TEXT_BYTES:
+        raise ConfigError(f"{where}: {len(text):,} characters, more than the {MAX_TEXT_BYTES:,} a config may have")
+
+
+def check_shape(data: Any, where: str) -> None:
+    """Nesting at most MAX_DEPTH levels, at most MAX_VALUES values counting every
+    use of a YAML alias, and no value containing itself. Shared (aliased) values
+    are counted without being walked twice, so a YAML alias bomb is caught fast."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(v: Any, depth: int) -> int:
+        if not isinstance(v, (dict, list)):
+            return 1
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if id(v) in open_:
+            raise ConfigError(f"{where}: a value contains itself (a recursive YAML alias)")
+        if id(v) not in sizes:
+            open_.add(id(v))
+            items = v.values() if isinstance(v, dict) else v
+            n = 1 + len(v)  # the keys count too
+            for item in items:
+                n += size(item, depth + 1)
+                if n > MAX_VALUES:
+                    raise ConfigError(f"{where}: more than {MAX_VALUES:,} values once YAML aliases are expanded")
+            open_.discard(id(v))
+            sizes[id(v)] = n
+        return sizes[id(v)]
+
+    size(data, 0)
+
+
+def _check_brackets(text: str, where: str) -> None:
+    """Flow collections ([...], {...}) nested far deeper than MAX_DEPTH, refused before
+    the YAML parser spends time quadratic in the depth on them. Brackets inside
+    strings count too; the bound leaves them room."""
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth += 1 if m[0] in "[{" else -1
+        if depth > 2 * MAX_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text -> data, within the limits above; errors name `where` and the line."""
+    _check_text(text, where)
+    _check_brackets(text, where)
+    return _checked(lambda: yaml.load(text, Loader=_Loader), where, "YAML")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON text -> data, with duplicate keys rejected and the same limits as YAML."""
+    _check_text(text, where)
+
+    def no_duplicates(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise ConfigError(f"{where}: duplicate key {short(k)}")
+            out[k] = v
+        return out
+
+    return _checked(lambda: json.loads(text, object_pairs_hook=no_duplicates), where, "JSON")
+
+
+def _checked(load: Callable[[], Any], where: str, kind: str) -> Any:
+    """load() with its errors as one ConfigError line, and its data's shape checked."""
+    try:
+        data = load()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}:{line} not valid YAML: {problem}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: line {e.lineno} not valid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise ConfigError(f"{where}: not valid {kind}: a number with too many digits") from None
+    check_shape(data, where)
+    return data
+
+
+def read_text(path: Path) -> str:
+    """A config file's text, refusing one larger than MAX_TEXT_BYTES before reading it all."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_TEXT_BYTES + 1)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    _check_text(text, str(path))
+    return text
+
+
+def read_yaml(path: Path) -> dict:
+    """A YAML file whose top level is a mapping."""
+    data = parse_yaml(read_text(path), str(path))
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}: {short(data)}"
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {got}")
+    return data
