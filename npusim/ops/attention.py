@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy as np
 from attrs import frozen, validators
 
 from npusim.errors import ProgramError
@@ -35,7 +36,10 @@ from npusim.isa.program import (
     Program, SetFlag, VecOp, WaitFlag, addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
-from npusim.ops.layout import KV_LAYOUTS, KvCache, gm_copy, kv_row_bytes
+from npusim.kvcache import KV_LAYOUTS, KvLayout
+from npusim.ops.kv_cache import KvCache, kv_row_align_bytes, kv_row_bytes
+from npusim.ops.layout import gm_copy
+from npusim.ops.reference import attention, batches_to, bsnd_to_batches, group_heads
 from npusim.ops.registry import OPS, GmArena, Lowered, TensorInfo, lower, param, register
 from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream, streaming_kernel
@@ -101,6 +105,11 @@ class FlashAttentionParams(AttentionParams):
     layer: int = param(0, _LAYER_HELP, validator=[validators.ge(0), _below_layers])
     block_tokens: int = param(128, _BLOCK_HELP, validator=_pos)
 
+    def kv_cache(self, row_align_bytes: int | None = None) -> KvLayout:
+        """The cache read (one layer's view of it)."""
+        return KvLayout(self.kv_layout, self.batch, self.kv_heads, self.seq_kv, self.head_dim, self.dtype,
+                        self.layers, self.layer, self.block_tokens, row_align_bytes)
+
 
 def _io(p: AttentionParams) -> tuple[list[TensorInfo], list[TensorInfo]]:
     qs = (p.batch, p.heads, p.seq_q, p.head_dim)
@@ -114,7 +123,7 @@ def _kv_inputs(cache: KvCache) -> list[TensorInfo]:
     per_layer tensors; the layer's slice of the contiguous cache (K and V of every
     token, without the row padding); the tokens of the paged pools and the block
     table. (The roofline counts every listed byte as read.)"""
-    p = cache.p
+    p = cache.layout
     tokens = (p.batch, p.kv_heads, p.context, p.head_dim)
     if p.layout == "per_layer":
         return [TensorInfo("k_cache", tokens, p.dtype), TensorInfo("v_cache", tokens, p.dtype)]
@@ -124,15 +133,13 @@ def _kv_inputs(cache: KvCache) -> list[TensorInfo]:
             TensorInfo("block_table", (p.batch, cache.max_blocks), "int32")]
 
 
-def _kv_cache(p, context: int, hw: HwConfig, gm: GmArena, op: str) -> KvCache:
+def _kv_cache(p, hw: HwConfig, gm: GmArena, op: str) -> KvCache:
     """The KvCache a reader with params p (kv_layout, layers, layer, block_tokens) sees."""
     e = DTYPE_BYTES[p.dtype]
     if p.kv_layout != "per_layer" and (p.head_dim * e) % UB_BLOCK:
         raise ProgramError(f"op {op}: head_dim={p.head_dim} makes a head {p.head_dim * e} bytes, not a multiple "
                            f"of {UB_BLOCK}: the {p.kv_layout} layout's pieces would be misaligned in local memory")
-    return KvCache.of(hw, gm, batch=p.batch, kv_heads=p.kv_heads, head_dim=p.head_dim, context=context,
-                      dtype=p.dtype, layout=p.kv_layout, layers=p.layers, layer=p.layer,
-                      block_tokens=p.block_tokens)
+    return KvCache(p.kv_cache(kv_row_align_bytes(hw)), gm)
 
 
 def _table_read(cache: KvCache, b: int, first: int, last: int, mem: Mem, dst: int) -> list:
@@ -372,8 +379,8 @@ class _KvRead:
 
     def load(self, which: str, k0: _Lin, kt: int, dst: int) -> list:
         c = self.cache
-        piece = c.p.head_dim * c.e
-        if c.p.layout == "paged":
+        piece = c.layout.head_dim * c.layout.elem_bytes
+        if c.layout.layout == "paged":
             assert not k0.terms, "paged steps are not looped: their blocks are data"
             out, off = [], 0
             for a, n in c.runs(which, self.seq, self.head, k0.c, kt):
@@ -385,7 +392,7 @@ class _KvRead:
 
     def start(self, g: _FaGeometry) -> list:
         """Paged: the sequence's block-table entries, once per block."""
-        if self.cache.p.layout != "paged":
+        if self.cache.layout.layout != "paged":
             return []
         return _table_read(self.cache, self.seq, 0, self.cache.max_blocks - 1, L1, g.l1["table"])
 
@@ -716,7 +723,25 @@ def _splits(heads: int, cores: int, work: list[int], contiguous: bool) -> int:
     return best[1]
 
 
-@register("flash_attention", FlashAttentionParams, FlashAttentionTiling)
+def reference_flash_attention(p: FlashAttentionParams, x, specs, ctx) -> dict:
+    """q (BSND or [b*h, s, d]) over the layer's cache (kv_layout); causal aligned to the
+    end of the keys, and in decode each sequence's padding keys hidden. Scores and
+    softmax in fp32 (in UB, never stored); P stored in q's dtype for the cube."""
+    q = bsnd_to_batches(x["q"], specs["q"], p.batch * p.heads, p.seq_q, p.head_dim)
+    k, v = (group_heads(t, p.group).reshape(-1, p.seq_kv, p.head_dim) for t in p.kv_cache().unpack(x))
+    keys = np.arange(p.seq_kv)
+    visible = np.ones((p.batch, p.heads, p.seq_q, p.seq_kv), dtype=bool)
+    if p.causal:
+        visible &= keys[None, :] <= np.arange(p.seq_q)[:, None] + p.seq_kv - p.seq_q
+    if ctx.phase == "decode":  # each sequence's padding keys
+        visible &= keys[None, None, None, :] < np.array(ctx.lengths)[:, None, None, None]
+    o = attention(q.reshape(p.batch, p.heads, p.seq_q, p.head_dim), k.reshape(p.batch, p.heads, p.seq_kv, -1),
+                  v.reshape(p.batch, p.heads, p.seq_kv, -1), visible, lambda a: ctx.store(a, specs["q"].dtype))
+    return {"o": batches_to(o.reshape(-1, p.seq_q, p.head_dim), specs["o"])}
+
+
+@register("flash_attention", FlashAttentionParams, FlashAttentionTiling, reference=reference_flash_attention,
+          ins=("q",), outs=("o",), kv="read")
 def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
                           tiling: FlashAttentionTiling | None) -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
@@ -749,7 +774,7 @@ def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
     bkv = p.batch * p.kv_heads
     hs = p.seq_q * d * e
     Q = gm.tensor("q", p.batch * p.heads * hs)
-    cache = _kv_cache(p, p.seq_kv, hw, gm, "flash_attention")
+    cache = _kv_cache(p, hw, gm, "flash_attention")
     O = gm.tensor("o", p.batch * p.heads * hs)
     paged = p.kv_layout == "paged"
     n_tiles = cdiv(p.seq_q, g.qt)
@@ -861,7 +886,19 @@ def _mask_kernel(p: AttentionParams, hw: HwConfig, scores: GmTensor) -> Kernel:
                             tmp_row_bytes=align_up(cdiv(pitch // e, 8), 32), quantum=_rows_quantum(hw, row))
 
 
-@register("attention_unfused", AttentionParams)
+def reference_attention_unfused(p: AttentionParams, x, specs, ctx) -> dict:
+    """softmax(q k^T / sqrt(d) + causal mask) v over BNSD q, k, v; the chain stores the
+    scores and the probabilities in the op's dtype."""
+    q = x["q"].reshape(p.batch, p.heads, p.seq_q, p.head_dim)
+    k, v = (group_heads(x[n].reshape(p.batch, p.kv_heads, p.seq_kv, p.head_dim), p.group) for n in "kv")
+    visible = np.ones((p.seq_q, p.seq_kv), dtype=bool)
+    if p.causal:
+        visible = np.arange(p.seq_kv)[None, :] <= np.arange(p.seq_q)[:, None] + p.seq_kv - p.seq_q
+    return {"o": attention(q, k, v, visible, lambda a: ctx.store(a, p.dtype))}
+
+
+@register("attention_unfused", AttentionParams, reference=reference_attention_unfused, ins=("q", "k", "v"),
+          outs=("o",))
 def lower_attention_unfused(p: AttentionParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Attention as five kernels: BatchMatMul Q K^T -> Scale -> Mask -> Softmax -> BatchMatMul P V.
 
@@ -916,6 +953,11 @@ class DecodeAttentionParams:
     layers: int = param(1, _LAYERS_HELP, validator=_pos)
     layer: int = param(0, _LAYER_HELP, validator=[validators.ge(0), _below_layers])
     block_tokens: int = param(128, _BLOCK_HELP, validator=_pos)
+
+    def kv_cache(self, row_align_bytes: int | None = None) -> KvLayout:
+        """The cache read (one layer's view of it)."""
+        return KvLayout(self.kv_layout, self.batch, self.kv_heads, self.context, self.head_dim, self.dtype,
+                        self.layers, self.layer, self.block_tokens, row_align_bytes)
 
     @property
     def group(self) -> int:
@@ -982,7 +1024,20 @@ def choose_decode_tiling(p: DecodeAttentionParams, hw: HwConfig) -> DecodeAttent
     return DecodeAttentionTiling(kv_tile=kc, splits=best[1])
 
 
-@register("decode_attention", DecodeAttentionParams, DecodeAttentionTiling)
+def reference_decode_attention(p: DecodeAttentionParams, x, specs, ctx) -> dict:
+    """One new token per sequence: q and o [batch, heads, head_dim] (token-major with
+    seq 1, the same bytes as BSND), over the first ctx.lengths[b] keys of sequence
+    b's cache (its new token sits at position L - 1: build.py's decode convention).
+    Scores and softmax in fp32; P stored in q's dtype before P V, as the kernel casts it."""
+    q = x["q"].reshape(p.batch, p.heads, 1, p.head_dim)
+    k, v = (group_heads(t, p.group) for t in p.kv_cache().unpack(x))  # [batch, heads, context, head_dim]
+    visible = np.arange(p.context)[None, :] < np.array(ctx.lengths)[:, None]  # [batch, context]
+    o = attention(q, k, v, visible[:, None, None, :], lambda a: ctx.store(a, specs["q"].dtype))
+    return {"o": o.reshape(p.batch, p.heads, p.head_dim)}
+
+
+@register("decode_attention", DecodeAttentionParams, DecodeAttentionTiling, reference=reference_decode_attention,
+          ins=("q",), outs=("o",), kv="read")
 def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
                            tiling: DecodeAttentionTiling | None) -> Lowered:
     """Decode attention: one new token per sequence over its KV cache (flash-decoding).
@@ -1017,7 +1072,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     chunk = align_up(cdiv(p.context, t.splits or choose_decode_tiling(p, hw).splits), kc)
     splits = cdiv(p.context, chunk)
     Q = gm.tensor("q", p.batch * p.heads * d * e)
-    cache = _kv_cache(p, p.context, hw, gm, "decode_attention")
+    cache = _kv_cache(p, hw, gm, "decode_attention")
     O = gm.tensor("o", p.batch * p.heads * d * e)
     paged, together = p.kv_layout == "paged", p.kv_layout == "contiguous"
     pitch = cache.token_pitch()

@@ -27,7 +27,7 @@ import itertools
 import math
 
 import attrs
-
+import numpy as np
 from attrs import frozen, validators
 
 from npusim.errors import ProgramError
@@ -50,6 +50,7 @@ from npusim.isa.program import (
     addr, shift,
 )
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, pingpong
+from npusim.ops.reference import batches_to, bsnd_to_batches
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
 
@@ -217,13 +218,44 @@ class _Layout:
         return Copy(Mem.L0C, Mem.GM, src, self._gm(at, steps), seg, nseg, src_row_bytes, stride)
 
 
-@register("matmul", MatmulParams, MatmulTiling, choose_tiling)
+def reference_matmul(p: MatmulParams, x, specs, ctx) -> dict:
+    """C = A B (+ bias) in fp32; with n_parts, C's columns in order as outputs c0, c1, ...
+    each [m, n_parts[i]] (a fused QKV projection writing q, k and v)."""
+    a = x["a"].reshape(p.m, p.k)
+    b = x["b"].reshape(p.n, p.k).T if p.trans_b else x["b"].reshape(p.k, p.n)
+    c = a @ b  # float32 inputs, float32 accumulation
+    if p.bias:
+        c = c + x["bias"].reshape(p.n)
+    if not p.n_parts:
+        return {"c": c}
+    edges = np.cumsum((0,) + tuple(p.n_parts))
+    return {f"c{i}": c[:, lo:hi] for i, (lo, hi) in enumerate(itertools.pairwise(edges))}
+
+
+def reference_batch_matmul(p: BatchMatmulParams, x, specs, ctx) -> dict:
+    """C[b] = A[b] B[b] (+ bias) in fp32; BSND operands are read and written head by head."""
+    a = bsnd_to_batches(x["a"], specs["a"], p.batch, p.m, p.k)
+    if p.trans_b:
+        b = bsnd_to_batches(x["b"], specs["b"], p.batch, p.n, p.k).transpose(0, 2, 1)
+    else:
+        b = bsnd_to_batches(x["b"], specs["b"], p.batch, p.k, p.n)
+    c = a @ b
+    if p.bias:
+        c = c + x["bias"].reshape(p.n)
+    return {"c": batches_to(c, specs["c"])}
+
+
+_OPERANDS = dict(ins=("a", "b", "bias"), outs=("c", "c*"))
+
+
+@register("matmul", MatmulParams, MatmulTiling, choose_tiling, reference=reference_matmul, **_OPERANDS)
 def lower_matmul(p: MatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Matrix multiply on the cube: C = A @ B (+ bias)."""
     return _lower(p, hw, gm, tiling, "matmul")
 
 
-@register("batch_matmul", BatchMatmulParams, MatmulTiling, choose_tiling)
+@register("batch_matmul", BatchMatmulParams, MatmulTiling, choose_tiling, reference=reference_batch_matmul,
+          **_OPERANDS)
 def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Batched matrix multiply on the cube: C[b] = A[b] @ B[b]."""
     return _lower(p, hw, gm, tiling, "batch_matmul")

@@ -79,30 +79,71 @@ class Lowered:
     workspace_bytes: int = 0
 
 
+KV_ROLES = (None, "read", "write")
+
+
+@frozen
+class Operands:
+    """An op's GM operands by role: the local names it reads (`ins`) and writes (`outs`);
+    a name ending in "*" stands for numbered parts ("c*": c0, c1, ...). `kv`: whether it
+    reads or writes a KV cache, whose tensors (npusim.kvcache.KV_CACHE_NAMES of its
+    layout) are then operands too - read, or read and written in place."""
+
+    ins: tuple[str, ...] = field(converter=tuple)
+    outs: tuple[str, ...] = field(converter=tuple)
+    kv: str | None = field(default=None, validator=attrs.validators.in_(KV_ROLES))
+
+    def allows(self, local: str, side: tuple[str, ...]) -> bool:
+        return any(local == n or (n.endswith("*") and local[:len(n) - 1] == n[:-1] and local[len(n) - 1:].isdigit())
+                   for n in side)
+
+
 @frozen
 class OpSpec:
+    """Everything about one operator type: its parameter and tiling records, its
+    lowering, its numpy reference, its operands and whether it may run in place."""
+
     op_type: str
     params: type  # frozen attrs class of the op's parameters (with defaults and help)
     tiling: type | None  # frozen attrs class of its tiling, or None if it has no knobs
     lower: Callable[..., Lowered]
     help: str
     choose: Callable | None = None  # choose(params, hw) -> tiling: what fields not given default to
+    # reference(params, inputs: local name -> array, specs: local name -> TensorSpec, ctx) ->
+    # {local output: array}: the op's numpy semantics (npusim.ops.reference says what ctx holds)
+    reference: Callable | None = None
+    operands: Operands | None = None
+    # output element i depends only on input element i, read before it is written: the
+    # output may take an input's buffer (the memory plan)
+    in_place: bool = False
 
 
 OPS: dict[str, OpSpec] = {}
 
 
-def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None):
-    """Decorator: register a lowering under `op_type` (with its tiling record and the
-    function that chooses a tiling, if it has knobs)."""
+def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None, *,
+             reference: Callable | None = None, ins: tuple[str, ...] = (), outs: tuple[str, ...] = (),
+             kv: str | None = None, in_place: bool = False):
+    """Decorator: register a lowering under `op_type` with its tiling record and the
+    function that chooses a tiling (if it has knobs), its numpy reference, its operands
+    (ins, outs, kv) and whether it may run in place."""
 
     def deco(fn):
         if op_type in OPS:
             raise ValueError(f"op type '{op_type}' registered twice")
-        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose)
+        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose,
+                              reference, Operands(ins, outs, kv), in_place)
         return fn
 
     return deco
+
+
+def ops_where(pred: Callable[[OpSpec], bool]) -> tuple[str, ...]:
+    """Registered op types whose descriptor satisfies `pred`, in registration order:
+    how a pass derives the table it needs (in-place ops, KV readers) from the descriptors."""
+    from npusim import ops  # noqa: F401  (importing the package registers every lowering)
+
+    return tuple(op for op, s in OPS.items() if pred(s))
 
 
 def param(default, help: str, **kw):

@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Loop, Pipe, SetFlag, VecOp, WaitFlag, addr
 from npusim.ops.build import align_up, cdiv
+from npusim.ops.reference import eltwise, gated, gelu, silu, softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 
@@ -170,31 +172,36 @@ def _eltwise(op: str, p, hw: HwConfig, gm: GmArena, in_names: Sequence[str], bod
                     [TensorInfo("y", p.shape, p.dtype)])
 
 
-@register("add", EltwiseParams)
+@register("add", EltwiseParams, reference=eltwise(lambda p, a, b: a + b, "x1", "x2"), in_place=True,
+          ins=("x1", "x2"), outs=("y",))
 def lower_add(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Elementwise add: y = x1 + x2."""
     return _eltwise("add", p, hw, gm, ("x1", "x2"), lambda n, s, d, t, dt: [vop("add", n, dt, d, s[0], s[1])], 1)
 
 
-@register("mul", EltwiseParams)
+@register("mul", EltwiseParams, reference=eltwise(lambda p, a, b: a * b, "x1", "x2"), in_place=True,
+          ins=("x1", "x2"), outs=("y",))
 def lower_mul(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Elementwise multiply: y = x1 * x2."""
     return _eltwise("mul", p, hw, gm, ("x1", "x2"), lambda n, s, d, t, dt: [vop("mul", n, dt, d, s[0], s[1])], 1)
 
 
-@register("relu", EltwiseParams)
+@register("relu", EltwiseParams, reference=eltwise(lambda p, a: np.maximum(a, 0), "x"), in_place=True,
+          ins=("x",), outs=("y",))
 def lower_relu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """ReLU: y = max(x, 0)."""
     return _eltwise("relu", p, hw, gm, ("x",), lambda n, s, d, t, dt: [vop("relu", n, dt, d, s[0])], 1)
 
 
-@register("scale", ScaleParams)
+@register("scale", ScaleParams, reference=eltwise(lambda p, a: a * np.float32(p.scale), "x"), in_place=True,
+          ins=("x",), outs=("y",))
 def lower_scale(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Multiply by a scalar: y = x * s (Muls)."""
     return _eltwise("scale", p, hw, gm, ("x",), lambda n, s, d, t, dt: [vop("muls", n, dt, d, s[0])], 1)
 
 
-@register("scale_add", ScaleParams)
+@register("scale_add", ScaleParams, reference=eltwise(lambda p, a, r: a * np.float32(p.scale) + r, "x", "r"),
+          in_place=True, ins=("x", "r"), outs=("y",))
 def lower_scale_add(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Scale and add: y = x * s + r (Muls then Add)."""
     return _eltwise("scale_add", p, hw, gm, ("x", "r"),
@@ -206,13 +213,15 @@ def silu_ops(n: int, x, dst, t, dt: str) -> list:
     return [vop("muls", n, dt, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t), vop("div", n, dt, dst, x, t)]
 
 
-@register("silu", EltwiseParams)
+@register("silu", EltwiseParams, reference=eltwise(lambda p, a: silu(a), "x"), in_place=True, ins=("x",),
+          outs=("y",))
 def lower_silu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """SiLU: y = x * sigmoid(x), as x / (1 + exp(-x))."""
     return _eltwise("silu", p, hw, gm, ("x",), lambda n, s, d, t, dt: silu_ops(n, s[0], d, t[0], dt), 4, n_tmp=1)
 
 
-@register("gelu", EltwiseParams)
+@register("gelu", EltwiseParams, reference=eltwise(lambda p, a: gelu(a), "x"), in_place=True, ins=("x",),
+          outs=("y",))
 def lower_gelu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """GELU (tanh form): y = x / (1 + exp(-2c(x + 0.044715 x^3))), c = sqrt(2/pi)."""
 
@@ -227,7 +236,7 @@ def lower_gelu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
     return _eltwise("gelu", p, hw, gm, ("x",), body, 7, n_tmp=1)
 
 
-@register("swiglu", SwigluParams)
+@register("swiglu", SwigluParams, reference=gated(silu), ins=("x",), outs=("y",))
 def lower_swiglu(p: SwigluParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """SwiGLU: y = silu(gate) * up, gate and up the two halves of one [.., 2h] input."""
     # One [.., 2h] input, as the fused gate_up projection writes it (torch_npu
@@ -267,7 +276,7 @@ def lower_swiglu(p: SwigluParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
                     [TensorInfo("y", (*lead, h), p.dtype)])
 
 
-@register("cast", CastParams)
+@register("cast", CastParams, reference=eltwise(lambda p, a: a, "x"), in_place=True, ins=("x",), outs=("y",))
 def lower_cast(p: CastParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Convert dtype: y = cast(x) (one Cast instruction per tile)."""
     if p.dtype == p.out_dtype:
@@ -284,6 +293,43 @@ def lower_cast(p: CastParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
 
 
 # ================================================================ row-wise
+
+
+def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    h = gamma.size
+    x = x.reshape(-1, h)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma.reshape(h)
+
+
+def reference_rms_norm(p, x, specs, ctx) -> dict:
+    return {"y": _rms(x["x"], x["gamma"], p.eps)}
+
+
+def reference_add_rms_norm(p, x, specs, ctx) -> dict:
+    s = x["x"] + x["residual"]
+    # the device normalises the stored sum (what the unfused add would have written)
+    return {"x_sum": s, "y": _rms(ctx.store(s, specs["x_sum"].dtype), x["gamma"], p.eps)}
+
+
+def reference_layer_norm(p, x, specs, ctx) -> dict:
+    h = x["gamma"].size
+    v = x["x"].reshape(-1, h)
+    v = v - v.mean(axis=-1, keepdims=True)
+    y = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + p.eps)
+    return {"y": y * x["gamma"].reshape(h) + x["beta"].reshape(h)}
+
+
+def reference_softmax(p, x, specs, ctx) -> dict:
+    return {"y": softmax_rows(x["x"].reshape(-1, p.shape[-1]))}
+
+
+def reference_rope(p, x, specs, ctx) -> dict:
+    tokens, heads, d = p.shape
+    v = x["x"].reshape(tokens, heads, d)
+    cos = x["cos"].reshape(tokens, 1, d)
+    sin = x["sin"].reshape(tokens, 1, d)
+    rot = np.concatenate([-v[..., d // 2:], v[..., :d // 2]], axis=-1)  # rotate_half
+    return {"y": v * cos + rot * sin}
 
 
 @frozen
@@ -378,7 +424,7 @@ def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32) -> list:
     return ops
 
 
-@register("rms_norm", NormParams)
+@register("rms_norm", NormParams, reference=reference_rms_norm, ins=("x", "gamma"), outs=("y",))
 def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim."""
     r = _rows(p.shape, p.dtype)
@@ -404,7 +450,8 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
                     [TensorInfo("y", p.shape, p.dtype)])
 
 
-@register("add_rms_norm", NormParams)
+@register("add_rms_norm", NormParams, reference=reference_add_rms_norm, ins=("x", "residual", "gamma"),
+          outs=("x_sum", "y"))
 def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Residual add + RMSNorm: s = x + residual; y = rms_norm(s) * gamma; outputs s and y."""
     r = _rows(p.shape, p.dtype)
@@ -445,7 +492,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
                     [TensorInfo("x_sum", p.shape, dt), TensorInfo("y", p.shape, dt)])
 
 
-@register("layer_norm", NormParams)
+@register("layer_norm", NormParams, reference=reference_layer_norm, ins=("x", "gamma", "beta"), outs=("y",))
 def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, over the last dim."""
     r = _rows(p.shape, p.dtype)
@@ -486,7 +533,7 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
                     [TensorInfo("y", p.shape, p.dtype)])
 
 
-@register("softmax", SoftmaxParams)
+@register("softmax", SoftmaxParams, reference=reference_softmax, ins=("x",), outs=("y",))
 def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Softmax over the last dim: y = exp(x - max) / sum(exp(x - max))."""
     r = _rows(p.shape, p.dtype)
@@ -517,7 +564,7 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
                     [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
 
 
-@register("rope", RopeParams)
+@register("rope", RopeParams, reference=reference_rope, ins=("x", "cos", "sin"), outs=("y",))
 def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Rotary embedding (rotate-half form): y = x * cos + rotate_half(x) * sin."""
     # rotate_half(x) = [-x2, x1] per head. cos and sin are [tokens, head_dim] (already
@@ -570,6 +617,20 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
 
 # ================================================================ sampling
 
+
+def reference_argmax(p, x, specs, ctx) -> dict:
+    return {"index": np.argmax(x["logits"].reshape(-1, p.shape[-1]), axis=-1).astype(np.int32)}
+
+
+def reference_top_k(p, x, specs, ctx) -> dict:
+    """The exponential race over each row's k largest logits: argmax_i exp(v_i - v_max) / q_i
+    with q = noise [.., k] (Exp(1) draws), i over the top k in descending order."""
+    logits = x["logits"].reshape(-1, p.shape[-1])
+    top = np.argsort(-logits, axis=-1, kind="stable")[:, :p.k]
+    v = np.take_along_axis(logits, top, axis=-1)
+    race = np.exp(v - v[:, :1]) / x["noise"].reshape(-1, p.k)
+    return {"token": np.take_along_axis(top, np.argmax(race, axis=-1)[:, None], axis=-1)[:, 0].astype(np.int32)}
+
 # A [batch, vocab] row is usually too long for one core to be quick (and batch is
 # smaller than the core count), so both ops split each row into `parts` chunks:
 # kernel 1 reduces every chunk to a partial record in a GM workspace, kernel 2
@@ -616,7 +677,7 @@ def _split_vocab(op: str, hw: HwConfig, rows: int, vocab: int, e: int, ub_per_el
     return min(enough) if enough else max(ok)
 
 
-@register("argmax", ArgmaxParams)
+@register("argmax", ArgmaxParams, reference=reference_argmax, ins=("logits",), outs=("index",))
 def lower_argmax(p: ArgmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Greedy sampling: the index of each row's largest logit (int32)."""
     *lead, vocab = p.shape
@@ -675,7 +736,7 @@ def _merge_ops(nr: int, lists: int, length: int, k: int, pairs: int, src: int, d
     return ops, src
 
 
-@register("top_k", TopKParams)
+@register("top_k", TopKParams, reference=reference_top_k, ins=("logits", "noise"), outs=("token",))
 def lower_top_k(p: TopKParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Top-k sampling: draw one token per row from its k largest logits (int32)."""
     # Modelled: kernel 1 sorts each vocab chunk (Sort32 over groups of 32, then 4-way

@@ -24,14 +24,12 @@ import attrs
 from attrs import frozen
 
 from npusim.graph.ir import Graph
+from npusim.ops import IN_PLACE_OPS  # ops whose descriptor says their output may take an input's buffer
 
 # Pool offsets are 64-byte aligned: a buffer starts on a DMA burst (the seed
 # articles' rule for GM addresses, and the issue's "64 B aligned offsets").
 POOL_ALIGN_BYTES = 64
 PLANNED_KINDS = ("activation", "input", "output")
-# Ops whose output element i depends only on input element i, read before it is
-# written: their output may take an input's buffer.
-IN_PLACE_OPS = ("add", "mul", "scale", "scale_add", "silu", "gelu", "relu", "cast")
 
 
 @frozen
