@@ -7,6 +7,7 @@ import os
 import sys
 
 from npusim.errors import NpusimError
+from npusim.kvcache import PASS_KV_LAYOUTS
 
 
 def _cmd_hw(args) -> int:
@@ -253,7 +254,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
         p.add_argument("--passes", default="optimized", help="baseline, optimized, or a comma list of "
                        "passes: fusion,layout,kv_layout,sync,launch,streams,memplan")
     p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
-    p.add_argument("--kv-layout", choices=("contiguous", "paged"), help="KV layout the kv_layout pass makes "
+    p.add_argument("--kv-layout", choices=PASS_KV_LAYOUTS, help="KV layout the kv_layout pass makes "
                    "(default contiguous)")
     p.add_argument("--buckets", metavar="L1,L2,...", help="shape buckets of the buckets pass (default "
                    "512,1024,2048,4096; add it with --passes optimized,buckets)")

@@ -49,7 +49,7 @@ from npusim.isa.program import (
     WaitFlag,
     addr, shift,
 )
-from npusim.ops.build import Buffers, align_up, boxes, cdiv, pingpong
+from npusim.ops.build import Buffers, align_up, boxes, cdiv, line_quantum, pingpong
 from npusim.ops.reference import batches_to, bsnd_to_batches
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
@@ -368,7 +368,7 @@ def _zero_parts(name: str, hw: HwConfig, tensors: list[GmTensor], dtype: str) ->
     e = DTYPE_BYTES[dtype]
     rows = math.gcd(*(t.nbytes // e for t in tensors))
     row_bytes = [t.nbytes // rows for t in tensors]
-    quantum = math.lcm(*(hw.l2.line_bytes // math.gcd(b, hw.l2.line_bytes) for b in row_bytes))
+    quantum = line_quantum(hw, *row_bytes)
     quantum = quantum if rows >= 4 * quantum * hw.aiv_count else 1  # each core's share starts on an L2 line
 
     def compute(nr, ub_in, ub_out, tmp, consts):

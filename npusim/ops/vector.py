@@ -33,7 +33,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Loop, Pipe, SetFlag, VecOp, WaitFlag, addr
-from npusim.ops.build import align_up, cdiv
+from npusim.ops.build import align_up, cdiv, line_quantum
 from npusim.ops.reference import eltwise, gated, gelu, silu, softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
@@ -88,7 +88,7 @@ def quantum(hw: HwConfig, rows: int, pitch: int, fallback: int = 1) -> int:
     """Rows per core come in multiples of this: whole L2 lines per core when there are
     rows enough for every core to get several lines (identical blocks, no line shared
     between cores), else `fallback` (whole DMA bursts for elementwise streams)."""
-    q = hw.l2.line_bytes // math.gcd(pitch, hw.l2.line_bytes)
+    q = line_quantum(hw, pitch)
     return q if rows >= 4 * q * hw.aiv_count else fallback
 
 
