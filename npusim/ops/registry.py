@@ -8,6 +8,7 @@ states the op's analytic FLOPs and minimum GM bytes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,10 +19,24 @@ from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel
 
-# GM allocations of a standalone op start here and are aligned like the runtime's
-# allocator (aclrtMalloc returns 512-byte aligned addresses; we use the L2 line).
+# GM allocations of a standalone op start here (an address, not a hardware fact: any
+# base aligned to the allocation alignment gives the same costs).
 GM_BASE = 1 << 30
-GM_ALIGN_BYTES = 512
+
+
+@functools.cache
+def default_hw() -> HwConfig:
+    """The default hardware config: where a hardware fact comes from when no config is at hand."""
+    from npusim.hw import load_hw
+
+    return load_hw()
+
+
+def gm_align_bytes(hw: HwConfig | None = None) -> int:
+    """Alignment of GM allocations, the runtime allocator's and a standalone op's
+    arena's: the L2 line of `hw` (the default config's without one). aclrtMalloc
+    returns 512-byte aligned addresses; we use the line, so no allocation shares one."""
+    return (hw or default_hw()).l2.line_bytes
 
 
 @frozen
@@ -43,11 +58,13 @@ class TensorInfo:
 
 class GmArena:
     """Where an op's GM tensors live: addresses given by the caller (a memory plan)
-    for names it binds, the rest bump-allocated, GM_ALIGN_BYTES aligned."""
+    for names it binds, the rest bump-allocated, align_bytes aligned (gm_align_bytes:
+    the default config's when not given)."""
 
-    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE):
+    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE, align_bytes: int | None = None):
         self.bound = dict(bound or {})
         self.next = base
+        self.align_bytes = align_bytes or gm_align_bytes()
         self.tensors: dict[str, GmTensor] = {}
 
     def tensor(self, name: str, nbytes: int) -> GmTensor:
@@ -57,7 +74,7 @@ class GmArena:
             addr = self.bound[name]
         else:
             addr = self.next
-            self.next += -(-nbytes // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
+            self.next += -(-nbytes // self.align_bytes) * self.align_bytes
         t = self.tensors[name] = GmTensor(name, addr, nbytes)
         return t
 
@@ -200,4 +217,4 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
         raise ConfigError(f"op {op_type}: has no tiling to set (got '{next(iter(tiling))}')")
     if tiling is not None and not isinstance(tiling, s.tiling):  # fields not given: the op's choice
         tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
-    return s.lower(params, hw, gm or GmArena(), tiling)
+    return s.lower(params, hw, gm or GmArena(align_bytes=gm_align_bytes(hw)), tiling)

@@ -21,8 +21,11 @@ import attrs
 
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph, TensorSpec
-from npusim.kvcache import KV_CACHE_NAMES, PASS_KV_LAYOUTS, KvLayout
+from npusim.hw import HwConfig
+from npusim.kvcache import KV_CACHE_NAMES, PASS_KV_LAYOUTS
 from npusim.ops import KV_READERS
+from npusim.ops.kv_cache import kv_row_align_bytes
+from npusim.ops.registry import default_hw
 from npusim.passes.graph_edit import Editor
 
 KV_LAYOUTS = PASS_KV_LAYOUTS  # the layouts this pass makes (npusim.kvcache's, but the baseline per_layer)
@@ -30,10 +33,10 @@ SKIPPED = "kv_layout (skipped: the unfused attention reads per-layer caches)"
 
 
 def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: int = 128,
-                     row_align_bytes: int = 64) -> Graph:
-    """The graph with its KV caches in `kv_layout`. row_align_bytes: what a contiguous
-    row is padded to - the DMA burst of the config it will run on (the runtime
-    checks that the op's tensor fits the graph's)."""
+                     hw: HwConfig | None = None) -> Graph:
+    """The graph with its KV caches in `kv_layout`. A contiguous row is padded to the
+    DMA burst of `hw`, the config it will run on (the default config's without one;
+    the runtime checks that the op's tensor fits the graph's)."""
     if kv_layout not in KV_LAYOUTS:
         raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {kv_layout!r}")
     ed = Editor(graph)
@@ -45,7 +48,8 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
         return ed.graph(SKIPPED)
     p0 = writers[0].args
     layers = p0.layers
-    cache = attrs.evolve(p0.kv_cache(row_align_bytes), layout=kv_layout, block_tokens=block_tokens)
+    cache = attrs.evolve(p0.kv_cache(kv_row_align_bytes(hw or default_hw())), layout=kv_layout,
+                         block_tokens=block_tokens)
     shapes = cache.tensor_shapes()
     extra = dict(layout=kv_layout, block_tokens=block_tokens)
     shared: dict[str, str] = {}

@@ -22,7 +22,7 @@ from npusim.errors import NpusimError
 from npusim.graph.ir import Graph, GraphError, Node
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
-from npusim.ops.registry import GM_ALIGN_BYTES, GmArena, Lowered, lower
+from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower
 from npusim.passes.memplan import align
 from npusim.passes.schedule import Schedule, schedule_of
 from npusim.runtime.memory import Placement
@@ -76,7 +76,7 @@ def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int]
         low = hit[1]
     else:
         try:
-            low = lower(node.op_type, node.params, hw, gm=GmArena(bound, base=workspace_base))
+            low = lower(node.op_type, node.params, hw, gm=GmArena(bound, base=workspace_base, align_bytes=gm_align_bytes(hw)))
         except (ValueError, TypeError) as e:
             raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
         except NpusimError as e:
@@ -104,7 +104,7 @@ def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: 
             many = len(low.kernels) > 1
             kernels = tuple(attrs.evolve(k, name=f"{n.name}/{k.name}" if many else n.name) for k in low.kernels)
             out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
-        base += align(largest, GM_ALIGN_BYTES)
+        base += align(largest, gm_align_bytes(hw))
     return [out[n.name] for n in nodes]
 
 

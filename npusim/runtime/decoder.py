@@ -32,10 +32,10 @@ class Step:
     passes: Any = "baseline"  # a pipeline name, a comma list or a sequence of pass names
     options: Mapping[str, Any] = {}  # pass options: fusion_rules, kv_layout
 
-    def graph(self, batch: int | None = None, lengths=None) -> Graph:
+    def graph(self, batch: int | None = None, lengths=None, hw: HwConfig | None = None) -> Graph:
         g = build_decoder(self.workload, self.phase, batch or self.batch,
                           self.lengths if lengths is None else lengths)
-        return apply(g, self.passes, **dict(self.options))
+        return apply(g, self.passes, **dict(self.options), hw=hw)
 
 
 def step(workload: Workload | str, phase: str = "decode", batch: int = 1, context=None,
@@ -56,7 +56,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     and context that fit, when the step does not fit in the device memory."""
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
-    graph = s.graph()
+    graph = s.graph(hw=hw)
     try:
         return run_graph(graph, hw, memo=memo, trace=trace)
     except OutOfMemoryError as e:  # say what would fit
@@ -78,7 +78,7 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
 def _oom_message(s: Step, graph: Graph, hw: HwConfig, need: MemoryBreakdown) -> str:
     def fits(batch: int | None = None, length: int | None = None) -> bool:
         lengths = length if length is not None else s.lengths
-        return place(s.graph(batch=batch, lengths=lengths), hw.hbm.hbm_bytes).breakdown.fits
+        return place(s.graph(batch=batch, lengths=lengths, hw=hw), hw.hbm.hbm_bytes).breakdown.fits
 
     ctx = graph.context
     best_batch = _largest(lambda b: fits(batch=b), graph.batch - 1)
