@@ -1,8 +1,8 @@
 """Operator lowerings: each op type -> tiled kernels for a hardware config."""
 
 from npusim.ops import copy, matmul  # noqa: F401  (register their op types)
-from npusim.ops import vector, layout, kv_cache  # noqa: F401
-from npusim.ops import attention  # noqa: F401
+from npusim.ops import vector, rowwise, sampling, layout, kv_cache  # noqa: F401
+from npusim.ops import attention, geglu, logit_softcap  # noqa: F401
 from npusim.ops.registry import OPS, GmArena, Lowered, OpSpec, TensorInfo, lower, ops_where
 from npusim.ops.roofline import OpReport, roofline, simulate_op
 

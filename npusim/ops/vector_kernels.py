@@ -23,7 +23,7 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    DTYPE_BYTES, Affine, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
+    DTYPE_BYTES, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
     addr, moving, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
