@@ -9,6 +9,7 @@ import sys
 
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
+from npusim.kvcache import PASS_KV_LAYOUTS
 
 
 def _cmd_hw(args) -> int:
@@ -390,7 +391,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     else:
         p.add_argument("--passes", default="optimized", help=passes)
     p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
-    p.add_argument("--kv-layout", choices=("contiguous", "paged"), help="KV layout the kv_layout pass makes "
+    p.add_argument("--kv-layout", choices=PASS_KV_LAYOUTS, help="KV layout the kv_layout pass makes "
                    "(default contiguous)")
     p.add_argument("--buckets", metavar="L1,L2,...", help="shape buckets of the buckets pass (default "
                    "512,1024,2048,4096; add it with --passes optimized,buckets)")

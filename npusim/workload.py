@@ -28,11 +28,12 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.hw.load import _leaf_errors, find_file
 from npusim.hw.parse import did_you_mean, parse_json, parse_yaml, read_text, read_yaml, short
+from npusim.isa.program import DTYPE_BYTES
 
 DEFAULT_WORKLOAD = "k3"
 
 # The dtypes the decoder's operators take (the cube has no fp32 matmul input).
-DTYPE_BYTES = {"fp16": 2, "bf16": 2}
+DTYPES = ("fp16", "bf16")
 NORMS = ("rms_norm",)  # the builder models pre-norm RMSNorm only
 MLPS = ("swiglu",)  # and the SwiGLU FFN only
 
@@ -230,7 +231,7 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
         return "head_dim", f"RoPE rotates pairs of elements: expected an even value, got {w.head_dim}"
     if w.kv_heads > w.heads or w.heads % w.kv_heads:
         return "kv_heads", f"{w.kv_heads} does not divide {nm('heads')} {w.heads}"
-    for key, allowed in (("dtype", tuple(DTYPE_BYTES)), ("norm", NORMS), ("mlp", MLPS)):
+    for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS)):
         if getattr(w, key) not in allowed:
             return key, f"expected one of {', '.join(allowed)}, got {short(getattr(w, key))}"
     return None

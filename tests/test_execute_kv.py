@@ -16,7 +16,7 @@ from npusim.graph import Node, build_decoder, cosine, execute, random_weights
 from npusim.graph.execute import logical_kv, random_kv
 from npusim.graph.ir import DTYPE_BYTES, Graph, TensorSpec
 from npusim.hw import load_hw
-from npusim.ops.layout import KvCache, kv_row_bytes
+from npusim.ops.kv_cache import KvCache, kv_row_bytes
 from npusim.ops.registry import GmArena, lower
 from npusim.workload import load_workload
 

@@ -300,10 +300,8 @@ def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -
 
 
 def node_params(node: Node):
-    """The node's parameter record (defaults filled in), as the lowering sees it."""
-    from npusim.ops.registry import make_record, spec
-
-    return make_record(node.op_type, spec(node.op_type).params, node.params)
+    """The node's parameter record (defaults filled in), as the lowering sees it: Node.args."""
+    return node.args
 
 
 __all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "host_inputs", "node_params", "positions",

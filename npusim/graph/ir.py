@@ -20,9 +20,9 @@ import attrs
 from attrs import field, frozen
 
 from npusim.errors import NpusimError
+from npusim.isa.program import DTYPE_BYTES
 
 KINDS = ("weight", "activation", "kv", "input", "output")
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
 
 # Storage formats. BSND is plain row-major (ND) storage of a [batch, seq, heads,
 # head_dim] tensor - the token-major layout projections and RoPE produce - that
@@ -85,6 +85,18 @@ class Node:
     inputs: dict[str, str] = field(converter=dict)
     outputs: dict[str, str] = field(converter=dict)
     layer: int | None = None
+    _args: Any = field(default=None, init=False, eq=False, repr=False)
+
+    @property
+    def args(self) -> Any:
+        """The op's typed parameter record (defaults filled in), as the lowering and the
+        reference see it: built from `params` on first use (a bad parameter is a
+        ConfigError naming it; Graph.check reports it as a GraphError first)."""
+        if self._args is None:
+            from npusim.ops.registry import make_record, spec
+
+            object.__setattr__(self, "_args", make_record(self.op_type, spec(self.op_type).params, self.params))
+        return self._args
 
     def op_key(self) -> tuple[str, str]:
         """(op type, parameters): equal for nodes that lower to the same kernels (addresses aside)."""
@@ -200,10 +212,12 @@ class Graph:
             names.add(n.name)
             if n.op_type not in OPS:
                 raise GraphError(f"{where}: unknown op type '{n.op_type}'")
-            known = {f.name for f in attrs.fields(OPS[n.op_type].params)}
+            op = OPS[n.op_type]
+            known = {f.name for f in attrs.fields(op.params)}
             extra = sorted(set(n.params) - known)
             if extra:
                 raise GraphError(f"{where}: '{extra[0]}' is not a parameter of {n.op_type}")
+            _check_operands(n, op.operands, where)
             for local, t in n.inputs.items():
                 spec = self._need(t, f"{where} input '{local}'")
                 if spec.kind in ("activation", "output") and t not in written:
@@ -248,6 +262,19 @@ class Graph:
         for kind, b in self.bytes_by_kind().items():
             lines.append(f"  {kind:<16}{counts[kind]:>7}{b:>16,}")
         return "\n".join(lines)
+
+
+def _check_operands(n: Node, roles, where: str) -> None:
+    """Every operand a node binds is one its op reads or writes (a KV cache op: or its cache's)."""
+    from npusim.kvcache import CACHE_TENSORS
+
+    cache = CACHE_TENSORS if roles.kv else ()
+    for side, names, allowed in (("input", n.inputs, roles.ins + cache),
+                                 ("output", n.outputs, roles.outs + (cache if roles.kv == "write" else ()))):
+        bad = [k for k in names if not roles.allows(k, allowed)]
+        if bad:
+            raise GraphError(f"{where}: '{bad[0]}' is not an {side} of {n.op_type} "
+                             f"(expected: {', '.join(allowed)})")
 
 
 def _short(lengths: tuple[int, ...]) -> str:

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from npusim.graph.ir import Graph
 
-# Pool offsets are 64-byte aligned: a buffer starts on a DMA burst (the seed
-# articles' rule for GM addresses, and the issue's "64 B aligned offsets").
-POOL_ALIGN_BYTES = 64
 PLANNED_KINDS = ("activation", "input", "output")
 
 
-def align(n: int, to: int = POOL_ALIGN_BYTES) -> int:
+def align(n: int, to: int) -> int:
     """n rounded up to a multiple of `to`."""
     return -(-n // to) * to
 
@@ -61,4 +58,4 @@ def _concurrent_windows(graph: Graph) -> list[tuple[int, int]]:
     return windows
 
 
-__all__ = ["PLANNED_KINDS", "POOL_ALIGN_BYTES", "align", "lifetimes"]
+__all__ = ["PLANNED_KINDS", "align", "lifetimes"]

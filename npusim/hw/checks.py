@@ -17,7 +17,7 @@ REQUIRED_FRACTALS = ("fp16",)
 # only these costs in the config, so the list cannot fall behind the lowerings.
 REQUIRED_VECTOR_OPS = (
     "add", "adds", "cast", "compare", "copy", "div", "dup", "exp", "gather", "max", "mrgsort", "mul", "muls",
-    "reduce_max", "reduce_sum", "relu", "rsqrt", "select", "sort32", "sub",
+    "reduce_max", "reduce_sum", "relu", "rsqrt", "select", "sort32", "sub", "tanh",
 )
 
 # Buffers the cube core fills from (or drains into) L1: a tile of any of them must

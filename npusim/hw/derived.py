@@ -10,9 +10,10 @@ from attrs import field, frozen
 
 from npusim.errors import ConfigError
 from npusim.hw.config import HwConfig
+from npusim.isa.program import DTYPE_BYTES
 
-# element sizes of the vector dtypes the vector peak is quoted for
-VECTOR_ELEM_BYTES = {"fp16": 2, "fp32": 4}
+# the vector dtypes the vector peak is quoted for
+VECTOR_DTYPES = ("fp16", "fp32")
 
 
 def _help(help: str):
@@ -57,7 +58,7 @@ class Derived:
 
 def derive(hw: HwConfig) -> Derived:
     cube = {dtype: cube_peak_flops_per_s(hw, dtype) for dtype in hw.aic.mmad_fractals}
-    vector = {dtype: vector_peak_ops_per_s(hw, size) for dtype, size in VECTOR_ELEM_BYTES.items()}
+    vector = {dtype: vector_peak_ops_per_s(hw, DTYPE_BYTES[dtype]) for dtype in VECTOR_DTYPES}
     hbm_sustained = hw.hbm.peak_bw_bytes_per_s * hw.hbm.bw_efficiency
     cube_fp16 = cube_peak_flops_per_s(hw, "fp16")
     return Derived(

@@ -119,6 +119,24 @@ def shift(a: Addr, delta: int) -> Addr:
     return a + delta if a.__class__ is int else Affine(a.base + delta, a.terms)
 
 
+def moving(a: Addr, var: str, step: int) -> Addr:
+    """An address (int or Affine) that also moves by `step` bytes per unit of `var` (0: a itself)."""
+    if not step:
+        return a
+    base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
+    return Affine(base, terms + ((var, step),))
+
+
+def offset(base: Addr, index: Addr, scale: int) -> Addr:
+    """base + index * scale, both moving with loop variables (an index is an Addr too:
+    c + sum(coef * var)); a variable in both gets the sum of its steps."""
+    b, terms = (base, {}) if base.__class__ is int else (base.base, dict(base.terms))
+    c, steps = (index, ()) if index.__class__ is int else (index.base, index.terms)
+    for var, k in steps:
+        terms[var] = terms.get(var, 0) + k * scale
+    return addr(b + c * scale, **terms)
+
+
 def at(a: Addr, vars: dict[str, int]) -> int:
     return a if a.__class__ is int else a.at(vars)
 

@@ -3,6 +3,7 @@ splitting work over cores."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from npusim.errors import ProgramError
@@ -23,6 +24,14 @@ def align_up(n: int, a: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def line_quantum(hw: HwConfig, *item_bytes: int) -> int:
+    """The fewest items (rows, units) whose bytes fill whole L2 lines in every one of
+    the given item sizes: a core's run of rows in multiples of this starts on a line,
+    so no line is shared between cores."""
+    line = hw.l2.line_bytes
+    return math.lcm(*(line // math.gcd(n, line) for n in item_bytes))
 
 
 class Buffers:

@@ -11,6 +11,7 @@ from attrs import frozen, validators
 
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, VecOp
+from npusim.ops.reference import eltwise
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 
@@ -21,7 +22,7 @@ class CopyParams:
     dtype: str = param("fp16", "element dtype", validator=validators.in_(tuple(DTYPE_BYTES)))
 
 
-@register("copy", CopyParams)
+@register("copy", CopyParams, reference=eltwise(lambda p, a: a, "x"), ins=("x",), outs=("y",))
 def lower_copy(p: CopyParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Device-to-device copy of n elements through the vector cores' UB."""
     e = DTYPE_BYTES[p.dtype]

@@ -8,6 +8,7 @@ states the op's analytic FLOPs and minimum GM bytes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,10 +19,24 @@ from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel
 
-# GM allocations of a standalone op start here and are aligned like the runtime's
-# allocator (aclrtMalloc returns 512-byte aligned addresses; we use the L2 line).
+# GM allocations of a standalone op start here (an address, not a hardware fact: any
+# base aligned to the allocation alignment gives the same costs).
 GM_BASE = 1 << 30
-GM_ALIGN_BYTES = 512
+
+
+@functools.cache
+def default_hw() -> HwConfig:
+    """The default hardware config: where a hardware fact comes from when no config is at hand."""
+    from npusim.hw import load_hw
+
+    return load_hw()
+
+
+def gm_align_bytes(hw: HwConfig | None = None) -> int:
+    """Alignment of GM allocations, the runtime allocator's and a standalone op's
+    arena's: the L2 line of `hw` (the default config's without one). aclrtMalloc
+    returns 512-byte aligned addresses; we use the line, so no allocation shares one."""
+    return (hw or default_hw()).l2.line_bytes
 
 
 @frozen
@@ -43,11 +58,13 @@ class TensorInfo:
 
 class GmArena:
     """Where an op's GM tensors live: addresses given by the caller (a memory plan)
-    for names it binds, the rest bump-allocated, GM_ALIGN_BYTES aligned."""
+    for names it binds, the rest bump-allocated, align_bytes aligned (gm_align_bytes:
+    the default config's when not given)."""
 
-    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE):
+    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE, align_bytes: int | None = None):
         self.bound = dict(bound or {})
         self.next = base
+        self.align_bytes = align_bytes or gm_align_bytes()
         self.tensors: dict[str, GmTensor] = {}
 
     def tensor(self, name: str, nbytes: int) -> GmTensor:
@@ -57,7 +74,7 @@ class GmArena:
             addr = self.bound[name]
         else:
             addr = self.next
-            self.next += -(-nbytes // GM_ALIGN_BYTES) * GM_ALIGN_BYTES
+            self.next += -(-nbytes // self.align_bytes) * self.align_bytes
         t = self.tensors[name] = GmTensor(name, addr, nbytes)
         return t
 
@@ -79,30 +96,71 @@ class Lowered:
     workspace_bytes: int = 0
 
 
+KV_ROLES = (None, "read", "write")
+
+
+@frozen
+class Operands:
+    """An op's GM operands by role: the local names it reads (`ins`) and writes (`outs`);
+    a name ending in "*" stands for numbered parts ("c*": c0, c1, ...). `kv`: whether it
+    reads or writes a KV cache, whose tensors (npusim.kvcache.KV_CACHE_NAMES of its
+    layout) are then operands too - read, or read and written in place."""
+
+    ins: tuple[str, ...] = field(converter=tuple)
+    outs: tuple[str, ...] = field(converter=tuple)
+    kv: str | None = field(default=None, validator=attrs.validators.in_(KV_ROLES))
+
+    def allows(self, local: str, side: tuple[str, ...]) -> bool:
+        return any(local == n or (n.endswith("*") and local[:len(n) - 1] == n[:-1] and local[len(n) - 1:].isdigit())
+                   for n in side)
+
+
 @frozen
 class OpSpec:
+    """Everything about one operator type: its parameter and tiling records, its
+    lowering, its numpy reference, its operands and whether it may run in place."""
+
     op_type: str
     params: type  # frozen attrs class of the op's parameters (with defaults and help)
     tiling: type | None  # frozen attrs class of its tiling, or None if it has no knobs
     lower: Callable[..., Lowered]
     help: str
     choose: Callable | None = None  # choose(params, hw) -> tiling: what fields not given default to
+    # reference(params, inputs: local name -> array, specs: local name -> TensorSpec, ctx) ->
+    # {local output: array}: the op's numpy semantics (npusim.ops.reference says what ctx holds)
+    reference: Callable | None = None
+    operands: Operands | None = None
+    # output element i depends only on input element i, read before it is written: the
+    # output may take an input's buffer (the memory plan)
+    in_place: bool = False
 
 
 OPS: dict[str, OpSpec] = {}
 
 
-def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None):
-    """Decorator: register a lowering under `op_type` (with its tiling record and the
-    function that chooses a tiling, if it has knobs)."""
+def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None, *,
+             reference: Callable | None = None, ins: tuple[str, ...] = (), outs: tuple[str, ...] = (),
+             kv: str | None = None, in_place: bool = False):
+    """Decorator: register a lowering under `op_type` with its tiling record and the
+    function that chooses a tiling (if it has knobs), its numpy reference, its operands
+    (ins, outs, kv) and whether it may run in place."""
 
     def deco(fn):
         if op_type in OPS:
             raise ValueError(f"op type '{op_type}' registered twice")
-        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose)
+        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose,
+                              reference, Operands(ins, outs, kv), in_place)
         return fn
 
     return deco
+
+
+def ops_where(pred: Callable[[OpSpec], bool]) -> tuple[str, ...]:
+    """Registered op types whose descriptor satisfies `pred`, in registration order:
+    how a pass derives the table it needs (in-place ops, KV readers) from the descriptors."""
+    from npusim import ops  # noqa: F401  (importing the package registers every lowering)
+
+    return tuple(op for op, s in OPS.items() if pred(s))
 
 
 def param(default, help: str, **kw):
@@ -159,4 +217,4 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
         raise ConfigError(f"op {op_type}: has no tiling to set (got '{next(iter(tiling))}')")
     if tiling is not None and not isinstance(tiling, s.tiling):  # fields not given: the op's choice
         tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
-    return s.lower(params, hw, gm or GmArena(), tiling)
+    return s.lower(params, hw, gm or GmArena(align_bytes=gm_align_bytes(hw)), tiling)

@@ -23,8 +23,8 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    DTYPE_BYTES, Affine, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
-    addr, shift,
+    DTYPE_BYTES, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
+    addr, moving, shift,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 
@@ -276,15 +276,7 @@ def _shape(items) -> tuple[tuple, list[int]]:
 def _shift(items, steps: list[int], var: str) -> list:
     """`items` with address k moving by steps[k] per unit of `var`."""
     it = iter(steps)
-
-    def move(a):
-        step = next(it)
-        if not step:
-            return a
-        base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
-        return Affine(base, terms + ((var, step),))
-
-    return _map_addrs(items, move)
+    return _map_addrs(items, lambda a: moving(a, var, next(it)))
 
 
 def _runs(bodies: Sequence[list]):

@@ -5,7 +5,9 @@
 relies on the ones before it: the KV layout needs fused attention to read the
 new layout, streams see the final nodes, the memory plan sees the final tensors
 and which nodes run concurrently). Options go to the pass that takes them: `fusion_rules` (a rules file or
-a dict of switches), `kv_layout` (contiguous or paged).
+a dict of switches), `kv_layout` (contiguous or paged), `hw` (the config the graph
+will run on: the KV row and pool alignment are its DMA burst; the default config's
+when not given).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
     "buckets": (pad_to_bucket, ("buckets", "margin")),  # first: it rebuilds the graph at the bucket's length
     "fusion": (fuse, ("fusion_rules",)),
     "layout": (propagate_layouts, ()),
-    "kv_layout": (change_kv_layout, ("kv_layout",)),
+    "kv_layout": (change_kv_layout, ("kv_layout", "hw")),
     "sync": (sync_by_events, ()),
     "launch": (graph_launch, ()),
     # a second stream pays only once the host neither blocks nor lags the device
     "streams": (assign_streams, ()),
-    "memplan": (plan_memory, ()),  # last: it sees the final tensors and what runs concurrently
+    "memplan": (plan_memory, ("hw",)),  # last: it sees the final tensors and what runs concurrently
 }
 # optimized: every pass that cannot make one step slower. Buckets trade a step's padding
 # for fewer first-run compiles across steps, so they are asked for: "optimized,buckets".

@@ -23,8 +23,8 @@ from pathlib import Path
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph, Node, TensorSpec
 from npusim.hw.load import read_yaml
+from npusim.kvcache import KV_CACHE_NAMES
 from npusim.passes.graph_edit import Editor
-from npusim.ops.layout import KV_CACHE_NAMES
 
 RULES_FILE = Path(__file__).with_name("fusion_rules.yaml")
 RULES = ("flash_attention", "scale_add", "qkv_proj", "swiglu", "add_rms_norm")  # the order they apply in
@@ -71,7 +71,7 @@ def _layer_prefix(node: Node) -> str:
 
 def _attention_chains(ed: Editor):
     """(qk, scale-ish nodes, softmax, pv) for every QK^T ... PV chain."""
-    for qk in [n for n in ed.nodes if n.op_type == "batch_matmul" and n.params.get("trans_b")]:
+    for qk in [n for n in ed.nodes if n.op_type == "batch_matmul" and n.args.trans_b]:
         chain, t = [], qk.outputs["c"]
         while True:
             nxt = ed.only_reader(t)
@@ -84,7 +84,7 @@ def _attention_chains(ed: Editor):
         if not chain or chain[-1].op_type != "softmax":
             continue
         pv = ed.only_reader(t)
-        if pv is not None and pv.op_type == "batch_matmul" and not pv.params.get("trans_b"):
+        if pv is not None and pv.op_type == "batch_matmul" and not pv.args.trans_b:
             yield qk, chain[:-1], chain[-1], pv
 
 
@@ -126,7 +126,7 @@ def _projection_groups(ed: Editor) -> list[list[Node]]:
     """Matmuls (Linear, trans_b) reading the same input (or TransData copies of it), in order."""
     groups: dict[str, list[Node]] = {}
     for n in ed.nodes:
-        if n.op_type == "matmul" and n.params.get("trans_b") and not n.params.get("n_parts"):
+        if n.op_type == "matmul" and n.args.trans_b and not n.args.n_parts:
             groups.setdefault(ed.source(n.inputs["a"]), []).append(n)
     return [g for g in groups.values() if len(g) > 1]
 
@@ -143,17 +143,17 @@ def _fused_matmul(ed: Editor, group: list[Node], name: str, outputs: dict[str, s
     first = group[0]
     weights = [n.inputs["b"] for n in group]
     inputs = {"a": first.inputs["a"], "b": _concat_weight(ed, weights, "+".join(weights))}
-    if first.params.get("bias"):
+    if first.args.bias:
         biases = [n.inputs["bias"] for n in group]
         inputs["bias"] = _concat_weight(ed, biases, "+".join(biases))
-    widths = tuple(n.params["n"] for n in group)
+    widths = tuple(n.args.n for n in group)
     params = dict(first.params, n=sum(widths)) | (dict(n_parts=widths) if split else {})
     return Node(name, "matmul", params, inputs, outputs, first.layer)
 
 
 def _compatible(group: list[Node]) -> bool:
     keys = ("m", "k", "dtype", "out_dtype", "bias", "format_a", "format_b", "weight_dtype")
-    return all(n.params.get(k) == group[0].params.get(k) for n in group for k in keys)
+    return all(getattr(n.args, k) == getattr(group[0].args, k) for n in group for k in keys)
 
 
 def _swiglu_of(ed: Editor, group: list[Node]) -> tuple[Node, Node, Node, Node] | None:
@@ -187,11 +187,11 @@ def _swiglu(ed: Editor) -> None:
         if found is None or not _compatible([found[0], found[1]]):
             continue
         gate, up, silu, mul = found
-        m, f = gate.params["m"], gate.params["n"]
+        m, f = gate.args.m, gate.args.n
         prefix = _layer_prefix(gate)
         gate_up = ed.add_tensor(TensorSpec(prefix + "gate_up", (m, 2 * f), ed.tensors[gate.outputs["c"]].dtype))
         mm = _fused_matmul(ed, [gate, up], prefix + "gate_up_proj", {"c": gate_up}, split=False)
-        act = Node(prefix + "swiglu", "swiglu", dict(shape=(m, 2 * f), dtype=silu.params["dtype"]),
+        act = Node(prefix + "swiglu", "swiglu", dict(shape=(m, 2 * f), dtype=silu.args.dtype),
                    {"x": gate_up}, {"y": mul.outputs["y"]}, gate.layer)
         ed.replace([gate, up, silu, mul], [mm, act])
 
@@ -203,7 +203,7 @@ def _add_rms_norm(ed: Editor) -> None:
     for add in [n for n in ed.nodes if n.op_type == "add"]:
         s = add.outputs["y"]
         norm = next((n for n in ed.readers(s) if n.op_type == "rms_norm" and n.inputs["x"] == s), None)
-        if norm is None or tuple(norm.params["shape"]) != tuple(add.params["shape"]):
+        if norm is None or norm.args.shape != add.args.shape:
             continue
         node = Node(add.name + "+" + norm.name.rsplit(".", 1)[-1], "add_rms_norm", dict(norm.params),
                     {"x": add.inputs["x1"], "residual": add.inputs["x2"], "gamma": norm.inputs["gamma"]},

@@ -8,7 +8,8 @@
   head_dim] and one block table [batch, blocks per sequence] (int32) shared by
   the layers, blocks scattered as after a serving run's churn.
 The writer (kv_cache_write) and the readers (decode_attention, flash_attention)
-address the cache through the same layout description (npusim.ops.layout.KvCache).
+address the cache through the same layout value (npusim.kvcache.KvLayout), which
+also gives the pass its tensors' shapes.
 The unfused attention chain's batch matmuls read per-layer caches only: without
 the flash_attention fusion the pass keeps the per-layer layout and says so in
 the graph's applied passes.
@@ -19,19 +20,23 @@ from __future__ import annotations
 import attrs
 
 from npusim.errors import ConfigError
-from npusim.graph.ir import DTYPE_BYTES, Graph, TensorSpec
-from npusim.ops.layout import KV_CACHE_NAMES, KV_READERS
+from npusim.graph.ir import Graph, TensorSpec
+from npusim.hw import HwConfig
+from npusim.kvcache import KV_CACHE_NAMES, PASS_KV_LAYOUTS
+from npusim.ops import KV_READERS
+from npusim.ops.kv_cache import kv_row_align_bytes
+from npusim.ops.registry import default_hw
 from npusim.passes.graph_edit import Editor
 
-KV_LAYOUTS = ("contiguous", "paged")
+KV_LAYOUTS = PASS_KV_LAYOUTS  # the layouts this pass makes (npusim.kvcache's, but the baseline per_layer)
 SKIPPED = "kv_layout (skipped: the unfused attention reads per-layer caches)"
 
 
 def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: int = 128,
-                     row_align_bytes: int = 64) -> Graph:
-    """The graph with its KV caches in `kv_layout`. row_align_bytes: what a contiguous
-    row is padded to - the DMA burst of the config it will run on (the runtime
-    checks that the op's tensor fits the graph's)."""
+                     hw: HwConfig | None = None) -> Graph:
+    """The graph with its KV caches in `kv_layout`. A contiguous row is padded to the
+    DMA burst of `hw`, the config it will run on (the default config's without one;
+    the runtime checks that the op's tensor fits the graph's)."""
     if kv_layout not in KV_LAYOUTS:
         raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {kv_layout!r}")
     ed = Editor(graph)
@@ -41,18 +46,16 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
     per_layer = {t for n in writers for t in n.outputs.values()}
     if any(n.op_type not in KV_READERS and per_layer & set(n.inputs.values()) for n in ed.nodes):
         return ed.graph(SKIPPED)
-    p0 = writers[0].params
-    b, layers, h, ctx, d = p0["batch"], p0["layers"], p0["kv_heads"], p0["context"], p0["head_dim"]
-    dt = p0.get("dtype", "fp16")
-    e = DTYPE_BYTES[dt]
+    p0 = writers[0].args
+    layers = p0.layers
+    cache = attrs.evolve(p0.kv_cache(kv_row_align_bytes(hw or default_hw())), layout=kv_layout,
+                         block_tokens=block_tokens)
+    shapes = cache.tensor_shapes()
     extra = dict(layout=kv_layout, block_tokens=block_tokens)
     shared: dict[str, str] = {}
-    if kv_layout == "contiguous":
-        row = -(-2 * d * e // row_align_bytes) * row_align_bytes // e
-        shared["kv_cache"] = ed.add_tensor(TensorSpec("kv_cache", (b, layers, h, ctx, row), dt, kind="kv"))
-    else:
-        blocks = b * -(-ctx // block_tokens)
-        shared["block_table"] = ed.add_tensor(TensorSpec("block_table", (b, blocks // b), "int32", kind="kv"))
+    for name in ("kv_cache", "block_table"):  # the tensors every layer shares
+        if name in shapes:
+            shared[name] = ed.add_tensor(TensorSpec(name, *shapes[name], kind="kv"))
     rename: dict[str, dict[str, str]] = {}  # reader node -> its new cache inputs
     new_nodes = []
     for n in ed.nodes:
@@ -62,9 +65,8 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
                 outs, ins = {"kv_cache": shared["kv_cache"]}, {}
                 tensors = dict(zip(KV_CACHE_NAMES["contiguous"], (shared["kv_cache"],)))
             else:
-                pool = (blocks, h, block_tokens, d)
-                for t in (k_cache, v_cache):
-                    ed.tensors[t] = attrs.evolve(ed.tensors[t], shape=pool)
+                for t, local in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+                    ed.tensors[t] = attrs.evolve(ed.tensors[t], shape=shapes[local][0])
                 outs, ins = {"k_cache": k_cache, "v_cache": v_cache}, {"block_table": shared["block_table"]}
                 tensors = dict(zip(KV_CACHE_NAMES["paged"], (k_cache, v_cache, shared["block_table"])))
             for reader in ed.readers(k_cache) + ed.readers(v_cache):

@@ -24,7 +24,7 @@ def propagate_layouts(graph: Graph) -> Graph:
     ed = Editor(graph)
     nodes = []
     for n in ed.nodes:
-        if n.op_type == "matmul" and n.params.get("format_a") == "NZ":
+        if n.op_type == "matmul" and n.args.format_a == "NZ":
             src = ed.source(n.inputs["a"])
             if src != n.inputs["a"] and graph.tensors[src].format in ("ND", "BSND"):
                 n = attrs.evolve(n, params=dict(n.params, format_a="ND"), inputs=dict(n.inputs, a=src))
@@ -41,7 +41,7 @@ def _without_round_trips(ed: Editor, nodes: list[Node]) -> list[Node]:
             continue
         first = ed.producer(n.inputs["x"])
         if (first is not None and first.op_type == "trans_data"
-                and first.params["src_format"] == n.params["dst_format"]):
+                and first.args.src_format == n.args.dst_format):
             alias[n.outputs["y"]] = first.inputs["x"]
     return [attrs.evolve(n, inputs={k: alias.get(t, t) for k, t in n.inputs.items()}) for n in nodes]
 

@@ -14,7 +14,8 @@ a plan, offline:
   and has the same size (in place), so the two share one buffer;
 - buffers are placed greedily, largest first, at the lowest offset where they
   overlap no placed buffer that is alive at the same time; offsets are aligned
-  to POOL_ALIGN_BYTES.
+  to the DMA burst (hw.dma.burst_bytes: a buffer starts on a burst, the seed
+  articles' rule for GM addresses and the issue's "64 B aligned offsets").
 Weights and KV caches are not in the pool: they persist across steps.
 """
 
@@ -24,11 +25,10 @@ import attrs
 from attrs import frozen
 
 from npusim.graph.ir import Graph
-from npusim.graph.lifetimes import PLANNED_KINDS, POOL_ALIGN_BYTES, align, lifetimes
-
-# Ops whose output element i depends only on input element i, read before it is
-# written: their output may take an input's buffer.
-IN_PLACE_OPS = ("add", "mul", "scale", "scale_add", "silu", "gelu", "relu", "cast")
+from npusim.graph.lifetimes import PLANNED_KINDS, align, lifetimes
+from npusim.hw import HwConfig
+from npusim.ops import IN_PLACE_OPS  # ops whose descriptor says their output may take an input's buffer
+from npusim.ops.registry import default_hw
 
 
 @frozen
@@ -59,8 +59,10 @@ def _in_place_pairs(graph: Graph, life: dict[str, tuple[int, int]]) -> dict[str,
     return pairs
 
 
-def plan_memory(graph: Graph) -> Graph:
-    """The graph with a MemoryPlan for its activations, inputs and outputs."""
+def plan_memory(graph: Graph, hw: HwConfig | None = None) -> Graph:
+    """The graph with a MemoryPlan for its activations, inputs and outputs, offsets
+    aligned to the DMA burst of `hw` (the default config's without one)."""
+    to = (hw or default_hw()).dma.burst_bytes
     life = lifetimes(graph)
     pairs = _in_place_pairs(graph, life)
 
@@ -72,7 +74,7 @@ def plan_memory(graph: Graph) -> Graph:
     buffers: dict[str, list] = {}  # root tensor -> [size, first, last, members]
     for t, (a, b) in life.items():
         r = root(t)
-        size = align(graph.tensors[t].nbytes)
+        size = align(graph.tensors[t].nbytes, to)
         buf = buffers.setdefault(r, [size, a, b, []])
         buf[0], buf[1], buf[2] = max(buf[0], size), min(buf[1], a), max(buf[2], b)
         buf[3].append(t)
@@ -85,14 +87,14 @@ def plan_memory(graph: Graph) -> Graph:
         for lo, hi in busy:
             if at + size <= lo:
                 break
-            at = max(at, align(hi))
+            at = max(at, align(hi, to))
         placed.append((at, size, a, b))
         for t in members:
             offsets[t] = at
     pool = max((o + s for o, s, _, _ in placed), default=0)
-    separate = sum(align(graph.tensors[t].nbytes) for t in life)
+    separate = sum(align(graph.tensors[t].nbytes, to) for t in life)
     plan = MemoryPlan(dict(sorted(offsets.items())), pool, separate, tuple(sorted(pairs.items())))
     return attrs.evolve(graph, memory_plan=plan, applied=(*graph.applied, "memplan"))
 
 
-__all__ = ["IN_PLACE_OPS", "POOL_ALIGN_BYTES", "MemoryPlan", "align", "lifetimes", "plan_memory"]
+__all__ = ["IN_PLACE_OPS", "MemoryPlan", "align", "lifetimes", "plan_memory"]

@@ -25,7 +25,7 @@ from npusim.graph.ir import Graph, GraphError, Node
 from npusim.graph.lifetimes import align
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
-from npusim.ops.registry import GM_ALIGN_BYTES, GmArena, Lowered, lower
+from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower
 from npusim.passes import Schedule, schedule_of
 from npusim.runtime.memory import Placement
 
@@ -67,7 +67,8 @@ def _check_binding(node: Node, low: Lowered, graph: Graph) -> None:
 def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
     """The node's lowering with its operands bound to their addresses and its workspace at `workspace_base`."""
     try:
-        low = lower(node.op_type, node.params, hw, gm=GmArena(_bound(node, addresses), base=workspace_base))
+        low = lower(node.op_type, node.params, hw, gm=GmArena(_bound(node, addresses), base=workspace_base,
+                                                         align_bytes=gm_align_bytes(hw)))
     except (ValueError, TypeError) as e:
         raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
     except NpusimError as e:
@@ -138,7 +139,7 @@ def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: 
             many = len(low.kernels) > 1
             kernels = tuple(attrs.evolve(k, name=kernel_name(n.name, k.name, many)) for k in low.kernels)
             out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
-        base += align(largest, GM_ALIGN_BYTES)
+        base += align(largest, gm_align_bytes(hw))
     return [out[n.name] for n in nodes]
 
 

@@ -37,10 +37,10 @@ class Step:
     passes: Any = "baseline"  # a pipeline name, a comma list or a sequence of pass names
     options: Mapping[str, Any] = {}  # pass options: fusion_rules, kv_layout
 
-    def graph(self, batch: int | None = None, lengths=None) -> Graph:
+    def graph(self, batch: int | None = None, lengths=None, hw: HwConfig | None = None) -> Graph:
         g = build_decoder(self.workload, self.phase, batch or self.batch,
                           self.lengths if lengths is None else lengths)
-        return apply(g, self.passes, **dict(self.options))
+        return apply(g, self.passes, **dict(self.options), hw=hw)
 
 
 def _check_args(workload=None, phase="decode", batch=1, context=None, passes="baseline", **named) -> None:
@@ -96,7 +96,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
         need = (f"weights {size(least.weights_bytes)} + KV cache {size(least.kv_bytes)} alone need "
                 f"{size(least.total_bytes)} of {size(least.capacity_bytes)}")
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
-    graph = s.graph()
+    graph = s.graph(hw=hw)
     try:
         return run_graph(graph, hw, memo=memo, trace=trace, cache=cache)
     except OutOfMemoryError as e:  # say what would fit
@@ -124,7 +124,7 @@ def _largest(fits: Callable[[int], bool], hi: int) -> int:
 def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     def fits(batch: int | None = None, length: int | None = None) -> bool:
         lengths = length if length is not None else s.lengths
-        return place(s.graph(batch=batch, lengths=lengths), hw.hbm.hbm_bytes).breakdown.fits
+        return place(s.graph(batch=batch, lengths=lengths, hw=hw), hw.hbm.hbm_bytes).breakdown.fits
 
     # weights and KV cache alone bound the search (fewer, smaller graphs to build)
     free = hw.hbm.hbm_bytes - s.workload.weight_bytes

@@ -5,7 +5,7 @@ GM is laid out as  weights | KV caches | activations | kernel workspace, each
 region starting on an L2 line. Weights and KV caches are static. Activations
 (with host inputs and outputs) are one pool at the memory plan's offsets, or,
 without a plan, what an eager framework's allocator does: each tensor its own
-allocation (rounded to GM_ALIGN_BYTES) made when its producer runs and freed
+allocation (rounded to gm_align_bytes: the L2 line) made when its producer runs and freed
 after its last reader, first fit in address order; the region is the
 allocator's high-water mark, holes and all. The workspace region holds what the
 kernels ask for beyond their operands (FlashAttention's partial results, split
@@ -19,7 +19,7 @@ from attrs import frozen
 from npusim.errors import NpusimError
 from npusim.graph.ir import Graph
 from npusim.graph.lifetimes import align, lifetimes
-from npusim.ops.registry import GM_ALIGN_BYTES, GM_BASE
+from npusim.ops.registry import GM_BASE, gm_align_bytes
 
 def size(n: float) -> str:
     """Bytes in the binary unit that keeps 1-4 digits before the point."""
@@ -65,7 +65,7 @@ def _region(graph: Graph, kinds: tuple[str, ...], start: int) -> tuple[dict[str,
     for name, spec in graph.tensors.items():
         if spec.kind in kinds:
             out[name] = at
-            at += align(spec.nbytes, GM_ALIGN_BYTES)
+            at += align(spec.nbytes, gm_align_bytes())
     return out, at
 
 
@@ -91,7 +91,7 @@ def eager_allocation(graph: Graph) -> tuple[dict[str, int], int]:
     offsets, top = {}, 0
     for i in range(len(graph.nodes) + 1):
         for t in by_start.get(i, ()):
-            nbytes = align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)
+            nbytes = align(graph.tensors[t].nbytes, gm_align_bytes())
             hole = next((h for h in holes if h[1] >= nbytes), None)
             if hole is None:
                 offsets[t], top = top, top + nbytes
@@ -99,7 +99,7 @@ def eager_allocation(graph: Graph) -> tuple[dict[str, int], int]:
                 offsets[t] = hole[0]
                 hole[0] += nbytes
                 hole[1] -= nbytes
-        freed = [[offsets[t], align(graph.tensors[t].nbytes, GM_ALIGN_BYTES)] for t in by_end.get(i, ())]
+        freed = [[offsets[t], align(graph.tensors[t].nbytes, gm_align_bytes())] for t in by_end.get(i, ())]
         if freed:
             holes = _merged(h for h in holes + freed if h[1] > 0)
     return offsets, top
@@ -121,7 +121,7 @@ def place(graph: Graph, capacity_bytes: int) -> Placement:
     plan = graph.memory_plan
     offsets, pool = eager_allocation(graph) if plan is None else (plan.offsets, plan.pool_bytes)
     acts = {t: at2 + off for t, off in offsets.items()}
-    act_bytes = align(pool, GM_ALIGN_BYTES)
+    act_bytes = align(pool, gm_align_bytes())
     breakdown = MemoryBreakdown(at - GM_BASE, at2 - at, act_bytes, 0, capacity_bytes)
     return Placement(weights | kv | acts, at2 + act_bytes, breakdown)
 

@@ -1,0 +1,240 @@
+"""FlashAttention as one MIX kernel: the block programs and the lowering."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from npusim.hw import HwConfig
+from npusim.isa.program import Affine, CoreType, CrossWaitFlag, Kernel, Loop, Program, moving
+from npusim.ops.build import cdiv
+from npusim.ops.reference import attention, batches_to, bsnd_to_batches, group_heads
+from npusim.ops.registry import GmArena, Lowered, register
+from npusim.ops.attention.common import FIX, FlashAttentionParams, _io, _kv_cache, _kv_inputs
+from npusim.ops.attention.flash_cores import _Cube, _KvRead, _Vec
+from npusim.ops.attention.flash_tiling import (
+    choose_flash_tiling, _fa_geometry, _FaGeometry, FlashAttentionTiling, _partition, _S_FREE, _splits, _Step, _Tile,
+    _tile_steps,
+)
+
+
+def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, o, w,
+                 loops: bool = True) -> tuple[Program, Program]:
+    """The AIC and AIV programs of a block working through q tiles `tiles` of one head.
+
+    Slot s: the cube computes Q K^T of step s+2 and P V of step s; the AIVs do the
+    softmax of step s+1 and the rescale-accumulate of step s (and finish a tile
+    after its last step). The cube running two steps ahead keeps both sides busy:
+    the chain P(s) -> P V -> Q K^T -> S -> softmax has two steps to complete. The
+    pipeline runs on across q tiles. Slots that look alike become a Loop (two per
+    iteration: ping and pong); in a non-causal head whole tiles look alike and loop
+    (unless loops=False: steps whose addresses are data, as a paged cache's)."""
+    cube, vec = _Cube(g, q, kv, w), _Vec(g, o, w)
+    cube.out, vec.out = cube.prologue() + kv.start(g), vec.prologue()
+    nsteps = [len(specs[t][1]) for t in tiles]
+    start = [0]
+    for n in nsteps:
+        start.append(start[-1] + n)
+
+    def step(i: int, j: int, lin=None) -> _Step | None:
+        """Step j of block tile i (None past the last); lin(i) gives the tile's first row."""
+        while i < len(tiles) and j >= nsteps[i]:
+            j -= nsteps[i]
+            i += 1
+        if i >= len(tiles):
+            return None
+        rows, steps = specs[tiles[i]]
+        k0, kt, masked = steps[j]
+        nsub, nb = g.step_shape(kt)
+        tile = _Tile(lin(i) if lin else tiles[i] * g.qt, rows, i % 2)
+        return _Step(tile, k0, kt, nsub, nb, masked, j == 0, j == len(steps) - 1, (start[i] + j) % 2)
+
+    def ahead(st: _Step) -> None:
+        """Q K^T of st (its tile's Q first, if st opens the tile)."""
+        if st.first:
+            cube.load_q(st.tile)
+        cube.load_kv(st, "k")
+        cube.qk(st, reuse=True)
+
+    def slot(s: _Step, s1: _Step | None, s2: _Step | None) -> None:
+        if s2 is not None:
+            ahead(s2)
+        cube.load_kv(s, "v")
+        cube.load_p(s)
+        cube.pv(s)
+        if s1 is not None:
+            vec.softmax(s1)
+        vec.update(s)
+        if s.last:
+            vec.finish(s.tile)
+
+    def looped(var: str, count: int, body) -> None:
+        """Emit body() once as the body of Loop(var, count) on both cores; every
+        buffer rotation must come back to where it started."""
+        before = (cube.mm % 2, cube.cc % 2, vec.ch % 2)
+        saved = cube.out, vec.out
+        cube.out, vec.out = [], []
+        body()
+        assert before == (cube.mm % 2, cube.cc % 2, vec.ch % 2), "loop body must rotate buffers evenly"
+        (c_out, v_out), (cube.out, vec.out) = (cube.out, vec.out), saved
+        cube.out.append(Loop(var, count, c_out))
+        vec.out.append(Loop(var, count, v_out))
+
+    def moved(st: _Step | None) -> _Step | None:
+        return None if st is None else attrs.evolve(st, k0=moving(st.k0, "j", 2 * g.kt))
+
+    def emit_tile(i: int, lin=None) -> None:
+        n = nsteps[i]
+        steps = [step(i, j, lin) for j in range(n + 2)]  # and two past the tile's end
+        run = 0  # slots 0 .. run-1 look alike: their s+1 and s+2 are in this tile, unmasked, not its last
+        while loops and run <= n - 4 and not steps[run + 1].masked and not steps[run + 2].masked:
+            run += 1
+        if run >= 2:
+            looped("j", run // 2, lambda: [slot(*(moved(steps[x + i]) for i in range(3))) for x in (0, 1)])
+        for j in range(run // 2 * 2, n):
+            slot(steps[j], steps[j + 1], steps[j + 2])
+
+    first = step(0, 0)
+    cube.load_q(first.tile)
+    cube.load_kv(first, "k")
+    cube.qk(first, reuse=False)
+    second = step(0, 1)
+    if second is not None:
+        if second.first:
+            cube.load_q(second.tile)
+        cube.load_kv(second, "k")
+        cube.qk(second, reuse=False)
+    vec.softmax(first)
+    # tiles 0 .. same-1 are alike (consecutive, same rows and steps): pairs of them loop, as long
+    # as the two tiles after a pair (which its last slots look into) are alike too
+    same = 1
+    while (same < len(tiles) and tiles[same] == tiles[0] + same and specs[tiles[same]] == specs[tiles[0]]):
+        same += 1
+    pairs = max(0, (same - 2) // 2) if loops else 0
+    if pairs >= 1:
+        lin = lambda i: moving((tiles[0] + i) * g.qt, "tt", 2 * g.qt)  # noqa: E731
+        looped("tt", pairs, lambda: [emit_tile(i, lin) for i in (0, 1)])
+    for i in range(2 * pairs, len(tiles)):
+        emit_tile(i)
+    cube.out += [CrossWaitFlag(FIX, _S_FREE)] * min(2, start[-1])  # the last two slots' releases
+    return (Program(cube.out + cube.epilogue(), g.aic), Program(vec.out + vec.epilogue(), g.aiv))
+
+
+def reference_flash_attention(p: FlashAttentionParams, x, specs, ctx) -> dict:
+    """q (BSND or [b*h, s, d]) over the layer's cache (kv_layout); causal aligned to the
+    end of the keys, and in decode each sequence's padding keys hidden. Scores and
+    softmax in fp32 (in UB, never stored); P stored in q's dtype for the cube."""
+    q = bsnd_to_batches(x["q"], specs["q"], p.batch * p.heads, p.seq_q, p.head_dim)
+    k, v = (group_heads(t, p.group).reshape(-1, p.seq_kv, p.head_dim) for t in p.kv_cache().unpack(x))
+    keys = np.arange(p.seq_kv)
+    visible = np.ones((p.batch, p.heads, p.seq_q, p.seq_kv), dtype=bool)
+    if p.causal:
+        visible &= keys[None, :] <= np.arange(p.seq_q)[:, None] + p.seq_kv - p.seq_q
+    if ctx.phase == "decode":  # each sequence's padding keys
+        visible &= keys[None, None, None, :] < np.array(ctx.lengths)[:, None, None, None]
+    o = attention(q.reshape(p.batch, p.heads, p.seq_q, p.head_dim), k.reshape(p.batch, p.heads, p.seq_kv, -1),
+                  v.reshape(p.batch, p.heads, p.seq_kv, -1), visible, lambda a: ctx.store(a, specs["q"].dtype))
+    return {"o": batches_to(o.reshape(-1, p.seq_q, p.head_dim), specs["o"])}
+
+
+@register("flash_attention", FlashAttentionParams, FlashAttentionTiling, reference=reference_flash_attention,
+          ins=("q",), outs=("o",), kv="read")
+def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
+                          tiling: FlashAttentionTiling | None) -> Lowered:
+    """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
+
+    A block (1 AIC + 2 AIVs) takes q tiles of one head. For each step of keys
+    (kv_tile) the AIC loads K, computes S = Q K^T (Mmad per sub_tile into L0C) and
+    FixPipes it to the block's workspace; the AIVs (half the rows each) scale,
+    mask, update the running max and sum, write P = exp(S - max) back (fp16) and
+    signal; the AIC loads P and V, computes P V and FixPipes the partial O, which
+    the AIVs rescale-accumulate in UB. At the end of a q tile the AIVs divide by
+    the row sums and store O. The cube computes Q K^T two steps ahead of P V, so
+    cube and vector cores overlap; the workspace per block holds two of each (S,
+    P, partial O) and the AIVs tell the cube when they have read an S slot. It is
+    sized per block (the program knows its block, not its core) and stays in L2.
+    Scores never reach GM as an S x S tensor. Causal: key steps wholly past a tile's last row are skipped,
+    the diagonal steps are masked. GQA: K/V head h // group is read by the blocks
+    of each of its query heads (the L2 keeps it).
+
+    Blocks: every core first takes whole heads (block b = head b, in waves); the
+    heads left over are split into q-tile sets of equal work (longest-first when
+    causal) so the last wave fills the cores too.
+
+    K and V come from the KV cache in kv_layout (seq_kv = its capacity, `layer` of
+    `layers`); see _KvRead for what each layout's loads are."""
+    t = tiling or FlashAttentionTiling()
+    if not (t.q_tile and t.kv_tile and t.sub_tile):
+        t = choose_flash_tiling(p, hw, t)
+    g = _fa_geometry(p, t, hw)
+    e, d, grp = g.e, p.head_dim, p.group
+    bkv = p.batch * p.kv_heads
+    hs = p.seq_q * d * e
+    Q = gm.tensor("q", p.batch * p.heads * hs)
+    cache = _kv_cache(p, hw, gm, "flash_attention")
+    O = gm.tensor("o", p.batch * p.heads * hs)
+    paged = p.kv_layout == "paged"
+    n_tiles = cdiv(p.seq_q, g.qt)
+    specs = [_tile_steps(g, i) for i in range(n_tiles)]
+    work = [len(s[1]) + 1 for s in specs]
+    uniform = len(set(work)) == 1
+
+    cores = hw.chip.aic_count
+    units = p.batch * p.heads  # (gi, bk) in order gi * bkv + bk: query head bk * grp + gi
+    whole = units // cores * cores
+    left = units - whole
+    parts = []
+    if left:
+        n_parts = min(t.q_splits, n_tiles) if t.q_splits else _splits(left, cores, work, uniform)
+        parts = _partition(work, n_parts, uniform)
+    # block -> (kind, unit): kind -1 = the whole head, else the index of a part
+    blocks = [(-1, u) for u in range(whole)] + [(i, u) for i in range(len(parts)) for u in range(whole, units)]
+    W = gm.tensor("workspace", len(blocks) * g.ws_bytes)
+    wb = Affine(W.addr, (("block", g.ws_bytes),))
+
+    def kv_head(which: str, bk: int) -> int:
+        """GM address of token 0 of K or V head bk (= batch * kv_heads + head)."""
+        return cache.token_addr(which, *divmod(bk, p.kv_heads), 0)
+
+    def kv_affine(bk: int, n: int) -> bool:
+        """KV heads bk .. bk+n equally spaced (a run of blocks can share a program)."""
+        return all(kv_head(w, bk + n) - kv_head(w, bk) == n * (kv_head(w, bk + 1) - kv_head(w, bk)) for w in "kv")
+
+    aic, aiv = [], []
+    b = 0
+    while b < len(blocks):  # runs of blocks: same kind, same gi, consecutive and equally spaced bk
+        kind, u = blocks[b]
+        gi, bk = divmod(u, bkv)
+        end = b + 1
+        while not paged and end < len(blocks) and blocks[end][0] == kind and blocks[end][1] == u + end - b \
+                and blocks[end][1] // bkv == gi and kv_affine(bk, end - b):
+            end += 1
+
+        def at(tensor, per_head: int, head: int, heads_per_block: int):
+            """The head's base at block b, moving by heads_per_block heads per block."""
+            step = per_head * heads_per_block
+            return Affine(tensor.addr + head * per_head - b * step, (("block", step),))
+
+        qh = bk * grp + gi
+        if paged:
+            kv = _KvRead(cache, seq=bk // p.kv_heads, head=bk % p.kv_heads)
+        else:  # the run's KV heads, one step apart per block
+            steps = [kv_head(w, bk + 1) - kv_head(w, bk) if end - b > 1 else 0 for w in "kv"]
+            kv = _KvRead(cache, *(Affine(kv_head(w, bk) - b * s, (("block", s),)) for w, s in zip("kv", steps)))
+        progs = _fa_programs(g, list(range(n_tiles)) if kind < 0 else parts[kind], specs,
+                             at(Q, hs, qh, grp), kv, at(O, hs, qh, grp), wb, loops=not paged)
+        aic += [progs[0]] * (end - b)
+        aiv += [progs[1]] * (end - b)
+        b = end
+    if all(x is aic[0] for x in aic):  # every block runs one program: verify checks it once
+        aic, aiv = aic[:1], aiv[:1]
+    kernel = Kernel("flash_attention", CoreType.MIX, len(blocks), aic=aic, aiv=aiv, gm=[Q, *cache.tensors, O, W],
+                    workspace_bytes=W.nbytes, op_type="flash_attention")
+    ins, outs = _io(p)
+    ins = [ins[0], *_kv_inputs(cache)]
+    return Lowered(
+        op_type="flash_attention", params=p, tiling=t, kernels=[kernel],
+        flops=4.0 * p.batch * p.heads * d * p.visible_pairs(),
+        min_gm_bytes=float(sum(x.nbytes for x in ins + outs)),
+        unit="cube", inputs=ins, outputs=outs, workspace_bytes=W.nbytes,
+    )

@@ -1,0 +1,217 @@
+"""FlashAttention: tiling, local buffers (geometry), the steps of a q tile and how
+q tiles are split over blocks."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import frozen, validators
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES
+from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.registry import param
+from npusim.ops.attention.common import AttentionParams, L0A, L0B, L0C, L1, STAT, _table_bytes, UB
+
+
+# ================================================================ FlashAttention
+
+
+@frozen
+class FlashAttentionTiling:
+    q_tile: int = param(0, "query rows per block step (the cube's M; each AIV takes half); 0 = auto",
+                        validator=validators.ge(0))
+    kv_tile: int = param(0, "keys per step: one cross-core round trip (S, P, partial O through GM); 0 = auto",
+                         validator=validators.ge(0))
+    sub_tile: int = param(0, "keys per Mmad / L0C tile inside a step (divides kv_tile); 0 = auto",
+                          validator=validators.ge(0))
+    vec_rows: int = param(0, "rows per AIV chunk of a step (ping-pong in UB); 0 = most that fit",
+                          validator=validators.ge(0))
+    q_splits: int = param(0, "parts the q tiles of each leftover head are split into; 0 = balance the cores",
+                          validator=validators.ge(0))
+
+
+# Cross-core flag ids (MIX): AIC -> AIVs, AIVs -> AIC.
+_S_READY, _O_READY, _P_READY, _S_FREE = 0, 1, 2, 3
+# AIC flag ids MTE2 <-> MTE1: each L1 buffer pair (ping, pong).
+_Q, _K, _V, _P = 0, 2, 4, 6
+
+
+@frozen
+class _Tile:
+    q0: object  # first query row of the tile (int, or an Affine moving with a loop: isa.program.offset)
+    rows: int
+    tp: int  # tile parity: which Q buffer and statistics set
+
+
+@frozen
+class _Step:
+    tile: _Tile
+    k0: object  # first key (int or Affine)
+    kt: int  # keys loaded
+    nsub: int  # Mmad sub-tiles
+    nb: int  # keys per sub-tile (all equal; nsub * nb >= kt, padding masked)
+    masked: bool
+    first: bool  # first step of its tile
+    last: bool
+    sp: int  # step parity: which K/V/P L1 buffers and workspace slots
+
+
+@frozen
+class _FaGeometry:
+    """Shapes, buffers and addresses shared by every block of a FlashAttention kernel."""
+
+    p: AttentionParams
+    t: FlashAttentionTiling
+    e: int
+    qt: int
+    kt: int
+    nb: int
+    rc: int  # AIV rows per chunk
+    aic: tuple  # AIC buffers
+    aiv: tuple  # AIV buffers
+    l1: dict
+    l0: dict
+    ub: dict
+    ws_bytes: int  # workspace per block
+    ws: dict  # workspace offsets: S/P/O slot of parity sp
+
+    def step_shape(self, kt: int) -> tuple[int, int]:
+        """(sub-tiles, keys per sub-tile) of a step loading kt keys."""
+        nsub = cdiv(kt, self.nb)
+        return nsub, min(self.nb, align_up(cdiv(kt, nsub), 16))
+
+
+def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _FaGeometry:
+    """Allocate every local buffer (L0 first: it is what a large head_dim runs out of)."""
+    f = hw.aic.mmad_fractals[p.dtype]
+    for name, v in (("q_tile", t.q_tile), ("kv_tile", t.kv_tile), ("sub_tile", t.sub_tile)):
+        if v % 16 or not v:
+            raise ProgramError(f"op flash_attention: tiling {name}={v} is not a positive multiple of 16")
+    if t.kv_tile % t.sub_tile:
+        raise ProgramError(f"op flash_attention: tiling sub_tile={t.sub_tile} does not divide kv_tile={t.kv_tile}")
+    e, d = DTYPE_BYTES[p.dtype], p.head_dim
+    qt = min(t.q_tile, align_up(p.seq_q, f.m0))
+    nb = min(t.sub_tile, align_up(p.seq_kv, 16))
+    kt = min(t.kv_tile, align_up(p.seq_kv, nb))  # whole sub-tiles: a short step's padding stays inside
+    cube = Buffers(hw, "flash_attention")
+    l0 = {
+        "a": [cube.alloc(f"a_l0_{i}", L0A, qt * max(d, nb) * e) for i in (0, 1)],
+        "b": [cube.alloc(f"b_l0_{i}", L0B, d * nb * e) for i in (0, 1)],
+        "c": [cube.alloc(f"c_l0_{i}", L0C, qt * max(nb, d) * 4) for i in (0, 1)],
+    }
+    l1 = {
+        "q": [cube.alloc(f"q_l1_{i}", L1, qt * d * e) for i in (0, 1)],
+        "k": [cube.alloc(f"k_l1_{i}", L1, kt * d * e) for i in (0, 1)],
+        "v": [cube.alloc(f"v_l1_{i}", L1, kt * d * e) for i in (0, 1)],
+        "p": [cube.alloc(f"p_l1_{i}", L1, qt * kt * e) for i in (0, 1)],
+    }
+    if _table_bytes(p, p.seq_kv):
+        l1["table"] = cube.alloc("block_table", L1, _table_bytes(p, p.seq_kv))
+    r = cdiv(qt, 2)  # rows per AIV
+
+    def vec_buffers(rc: int) -> tuple[Buffers, dict]:
+        vec = Buffers(hw, "flash_attention")
+        ub = {
+            "s": [vec.alloc(f"s_ub_{i}", UB, rc * kt * 4) for i in (0, 1)],
+            "p": [vec.alloc(f"p_ub_{i}", UB, rc * kt * e) for i in (0, 1)],
+            "oacc": vec.alloc("o_acc", UB, r * d * 4),
+            "opart": vec.alloc("o_part", UB, r * d * 4),
+            "oout": vec.alloc("o_out", UB, r * d * e),
+            "m": [vec.alloc(f"row_max_{i}", UB, r * STAT) for i in (0, 1)],
+            "l": [vec.alloc(f"row_sum_{i}", UB, r * STAT) for i in (0, 1)],
+            "alpha": [vec.alloc(f"rescale_{i}", UB, r * STAT) for i in (0, 1)],
+            "red": vec.alloc("reduce", UB, r * STAT),
+            "ramp": vec.alloc("key_ramp", UB, kt * 4),
+            "mask": vec.alloc("mask_bits", UB, rc * cdiv(kt, 8)),
+        }
+        return vec, ub
+
+    if t.vec_rows:
+        rc = min(t.vec_rows, r)
+    else:  # the most rows per chunk that fit, then chunks of equal size
+        rc = next((n for n in range(r, 1, -1) if _fits(lambda: vec_buffers(n))), 1)
+        rc = cdiv(r, cdiv(r, rc))
+    vec, ub = vec_buffers(rc)
+    s_b, p_b, o_b = qt * kt * 4, qt * kt * e, qt * d * 4
+    ws = {"s": (0, s_b), "p": (2 * s_b, 2 * s_b + p_b), "o": (2 * s_b + 2 * p_b, 2 * s_b + 2 * p_b + o_b)}
+    ws_bytes = align_up(2 * (s_b + p_b + o_b), 512)
+    return _FaGeometry(p, t, e, qt, kt, nb, rc, tuple(cube.buffers), tuple(vec.buffers), l1, l0, ub, ws_bytes, ws)
+
+
+def _fits(build) -> bool:
+    try:
+        build()
+        return True
+    except ProgramError:
+        return False
+
+
+def choose_flash_tiling(p: AttentionParams, hw: HwConfig,
+                        given: FlashAttentionTiling = FlashAttentionTiling()) -> FlashAttentionTiling:
+    """The largest tiles (of those not `given`) whose buffers fit twice over (ping-pong)
+    in L1, L0 and UB: q_tile 128 x kv_tile 256 for head_dim <= 128, smaller for larger
+    heads. A head too large for even the smallest tiles raises the error naming the buffer."""
+    err = None
+    for qt in (given.q_tile,) if given.q_tile else (128, 64, 32, 16):
+        for kt in (given.kv_tile,) if given.kv_tile else (256, 128, 64, 32):
+            for nb in (given.sub_tile,) if given.sub_tile else (128, 64, 32, 16):
+                if nb > kt or kt % nb:
+                    continue
+                t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb)
+                try:
+                    _fa_geometry(p, t, hw)
+                    return t
+                except ProgramError as e:
+                    err = e
+    if err is None:
+        raise ProgramError(
+            f"op flash_attention: tiling sub_tile={given.sub_tile} does not divide kv_tile={given.kv_tile}")
+    raise err
+
+
+def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]]]:
+    """(rows, [(first key, keys, masked)]) of q tile t: keys past the causal limit of
+    its last row are skipped; a step is masked if some key in it is hidden from some row
+    (or its sub-tiles pad past the keys)."""
+    p = g.p
+    q0 = t * g.qt
+    rows = min(g.qt, p.seq_q - q0)
+    off = p.seq_kv - p.seq_q
+    kv_end = min(p.seq_kv, q0 + rows + off) if p.causal else p.seq_kv
+    steps = []
+    for k0 in range(0, kv_end, g.kt):
+        kt = min(g.kt, kv_end - k0)
+        nsub, nb = g.step_shape(kt)
+        masked = (p.causal and k0 + kt - 1 > q0 + off) or nsub * nb > kt
+        steps.append((k0, kt, masked))
+    return rows, steps
+
+
+def _partition(work: list[int], parts: int, contiguous: bool) -> list[list[int]]:
+    """Split q tiles 0..n-1 into `parts` non-empty sets of near-equal work: contiguous
+    ranges when every tile costs the same, else longest-first onto the least loaded."""
+    n = len(work)
+    parts = min(parts, n)
+    if contiguous:
+        size = cdiv(n, parts)
+        return [list(range(s, min(n, s + size))) for s in range(0, n, size)]
+    load = [0] * parts
+    sets: list[list[int]] = [[] for _ in range(parts)]
+    for t in sorted(range(n), key=lambda t: (-work[t], t)):
+        i = min(range(parts), key=lambda i: (load[i], i))
+        load[i] += work[t]
+        sets[i].append(t)
+    return [sorted(s) for s in sets]
+
+
+def _splits(heads: int, cores: int, work: list[int], contiguous: bool) -> int:
+    """Parts to split each of `heads` leftover heads into so the blocks fill the cores:
+    least (waves x heaviest part), fewer parts on a tie (each part re-reads K and V)."""
+    best = None
+    for parts in range(1, min(len(work), 4 * cores) + 1):
+        sets = _partition(work, parts, contiguous)
+        cost = cdiv(heads * len(sets), cores) * (max(sum(work[t] for t in s) for s in sets) + 1)
+        if best is None or cost < best[0]:
+            best = (cost, len(sets))
+    return best[1]

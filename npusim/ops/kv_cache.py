@@ -1,0 +1,263 @@
+"""kv_cache_write: one layer's new K and V tokens into a KV cache laid out per_layer,
+contiguous or paged (npusim.kvcache.KvLayout says where every token goes, KvCache
+binds it to GM), so the three layouts differ in segments, alignment and the
+block-table reads. A custom tile pipeline on the vector cores, as the layout ops
+(npusim.ops.layout)."""
+
+from __future__ import annotations
+
+from attrs import frozen, validators
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
+from npusim.kvcache import KV_LAYOUTS, KvLayout, row_bytes
+from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.layout import UB_RESERVE, gm_copy, pipeline_kernel, split_runs
+from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.vector import UB_BLOCK, one_of
+
+_pos = validators.gt(0)
+
+
+@frozen
+class KvCacheWriteParams:
+    batch: int = param(8, "sequences", validator=_pos)
+    kv_heads: int = param(32, "KV heads", validator=_pos)
+    head_dim: int = param(128, "elements per head", validator=_pos)
+    new_tokens: int = param(1, "tokens written per sequence (1 in decode, the prompt in prefill)", validator=_pos)
+    context: int = param(4096, "cache capacity in tokens per sequence", validator=_pos)
+    layers: int = param(32, "decoder layers (the contiguous cache holds all of them)", validator=_pos)
+    layer: int = param(0, "the layer written", validator=validators.ge(0))
+    position: int = param(-1, "first position written; -1: context - new_tokens (the cache ends full)",
+                          validator=validators.ge(-1))
+    layout: str = param("per_layer", "per_layer | contiguous | paged", validator=one_of(KV_LAYOUTS))
+    block_tokens: int = param(128, "tokens per block of the paged layout", validator=_pos)
+    dtype: str = param("fp16", "cache dtype", validator=one_of(("fp16", "bf16", "fp32", "int8")))
+
+    def __attrs_post_init__(self):
+        if self.layer >= self.layers:
+            raise ValueError(f"'layer' {self.layer} must be < layers {self.layers}")
+        if self.start + self.new_tokens > self.context:
+            raise ValueError(f"'position' {self.start} + new_tokens {self.new_tokens} exceeds context {self.context}")
+
+    @property
+    def start(self) -> int:
+        return self.context - self.new_tokens if self.position < 0 else self.position
+
+    def kv_cache(self, row_align_bytes: int | None = None) -> KvLayout:
+        """The cache written (one layer's view of it)."""
+        return KvLayout(self.layout, self.batch, self.kv_heads, self.context, self.head_dim, self.dtype, self.layers,
+                        self.layer, self.block_tokens, row_align_bytes)
+
+
+def kv_row_bytes(head_dim: int, dtype: str, hw: HwConfig) -> int:
+    """Bytes of one token's row of the contiguous layout: its K and V, padded to the DMA burst."""
+    return row_bytes(head_dim, dtype, kv_row_align_bytes(hw))
+
+
+def kv_row_align_bytes(hw: HwConfig) -> int:
+    """What a contiguous cache row is padded to: one DMA burst (the 64-byte rule)."""
+    return hw.dma.burst_bytes
+
+
+class KvCache:
+    """A KV cache's layout (npusim.kvcache.KvLayout) bound to GM tensors: the
+    addresses of every token's K and V rows, as the writer and readers use them."""
+
+    def __init__(self, layout: KvLayout, gm: GmArena):
+        self.layout = layout
+        self.named = {name: gm.tensor(name, nbytes) for name, nbytes in layout.tensor_bytes().items()}
+        self.tensors: list[GmTensor] = list(self.named.values())
+        self.table = self.named.get("block_table")
+
+    @classmethod
+    def of(cls, hw: HwConfig, gm: GmArena, *, batch: int, kv_heads: int, head_dim: int, context: int, dtype: str,
+           layout: str, layers: int, layer: int, block_tokens: int) -> KvCache:
+        """The cache of this description on `hw` (the contiguous row padded to its DMA burst)."""
+        return cls(KvLayout(layout, batch, kv_heads, context, head_dim, dtype, layers, layer, block_tokens,
+                            kv_row_align_bytes(hw)), gm)
+
+    @property
+    def max_blocks(self) -> int:
+        return self.layout.max_blocks
+
+    @property
+    def row(self) -> int:
+        return self.layout.row_bytes
+
+    def physical_block(self, b: int, logical: int) -> int:
+        return self.layout.physical_block(b, logical)
+
+    def token_pitch(self) -> int:
+        return self.layout.token_pitch()
+
+    def head_stride(self) -> int:
+        return self.layout.head_stride()
+
+    def token_addr(self, which: str, b: int, h: int, pos: int) -> int:
+        """GM address of K ('k') or V ('v') of sequence b, head h, position pos."""
+        name, off = self.layout.token_offset(which, b, h, pos)
+        return self.named[name].addr + off
+
+    def runs(self, which: str, b: int, h: int, pos: int, n: int) -> list[tuple[int, int]]:
+        """Tokens pos .. pos+n-1 of sequence b, head h as (GM address, tokens) runs, each
+        contiguous in GM (token_pitch apart): one run, or one per paged block touched,
+        in the order of the tokens (the blocks' physical order is scattered)."""
+        return [(self.token_addr(which, b, h, at), k) for at, k in self.layout.runs(b, pos, n)]
+
+
+def _kv_tiling(p: KvCacheWriteParams, hw: HwConfig, row_bytes: int) -> tuple[int, int]:
+    """(tokens, heads) per tile, the same for every layout: the UB of the contiguous
+    layout (K and V tiles in, a [heads, tokens, row] tile out, ping and pong) must
+    fit; least estimated time per core (as _trans_tiling)."""
+    e, d, h = DTYPE_BYTES[p.dtype], p.head_dim, p.kv_heads
+    budget = hw.aiv.ub_bytes - UB_RESERVE - 2048  # block-table slices
+    n = p.new_tokens
+    best = None
+    tcs = sorted({min(n, 1 << i) for i in range(n.bit_length() + 1)} | {n})
+    for hg in range(1, h + 1):
+        for tc in tcs:
+            if 2 * (2 * tc * hg * d * e + tc * hg * row_bytes) > budget:
+                continue
+            tiles = p.batch * cdiv(n, tc) * cdiv(h, hg)
+            active = min(tiles, hw.aiv_count)
+            rate = min(hw.aiv.gm_write_bytes_per_cycle, hw.hbm_bytes_per_cycle / active)
+            segs = 2 * (1 if hg == h else tc) + 2 * hg
+            per_tile = 4 * hw.dma.startup_cycles + segs * hw.dma.segment_cycles + 4 * tc * hg * d * e / rate
+            cost = cdiv(tiles, hw.aiv_count) * per_tile
+            if best is None or cost < best[0]:
+                best = (cost, tc, hg)
+    if best is None:
+        raise ProgramError(f"op kv_cache_write: one token of one head (head_dim={d}) does not fit UB "
+                           f"({hw.aiv.ub_bytes} bytes)")
+    return best[1], best[2]
+
+
+def reference_kv_cache_write(p: KvCacheWriteParams, x, specs, ctx) -> dict:
+    """New K and V ([batch, new_tokens, kv_heads, head_dim]) into the layer's logical
+    cache, packed back into the layout's tensors (the block table passes through):
+    sequence b's new tokens end at its own length (ctx.lengths) when position is -1,
+    start at `position` otherwise."""
+    cache = p.kv_cache()
+    logical = []
+    for which, old in zip("kv", cache.unpack(x)):
+        new = x[which].reshape(p.batch, p.new_tokens, p.kv_heads, p.head_dim)
+        old = old.copy()
+        for b in range(p.batch):
+            start = ctx.lengths[b] - p.new_tokens if p.position < 0 else p.position
+            keep = min(p.new_tokens, p.context - start)
+            old[b, :, start:start + keep] = new[b, :keep].transpose(1, 0, 2)
+        logical.append(old)
+    out = cache.pack(x, *logical)
+    return out | ({"block_table": x["block_table"]} if "block_table" in x else {})
+
+
+@register("kv_cache_write", KvCacheWriteParams, reference=reference_kv_cache_write, ins=("k", "v"), outs=(),
+          kv="write")
+def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Write one layer's new K and V tokens into the KV cache (per_layer, contiguous or paged)."""
+    e, d, nh, n = DTYPE_BYTES[p.dtype], p.head_dim, p.kv_heads, p.new_tokens
+    if (d * e) % UB_BLOCK:
+        raise ProgramError(f"op kv_cache_write: head_dim={d} makes a head {d * e} bytes, not a multiple of "
+                           f"{UB_BLOCK} (UB operand alignment)")
+    # New K and V as the QKV projection (and RoPE) leave them: [batch, new_tokens, kv_heads, head_dim].
+    k_new = gm.tensor("k", p.batch * n * nh * d * e)
+    v_new = gm.tensor("v", p.batch * n * nh * d * e)
+    cache = KvCache(p.kv_cache(kv_row_align_bytes(hw)), gm)
+    row = cache.row if p.layout == "contiguous" else d * e  # bytes a token of one head takes in the cache
+    tc, hg = _kv_tiling(p, hw, align_up(2 * d * e, hw.dma.burst_bytes))
+    buf = Buffers(hw, "kv_cache_write")
+    in_k = [buf.alloc(f"k{i}", Mem.UB, tc * hg * d * e) for i in (0, 1)]
+    in_v = [buf.alloc(f"v{i}", Mem.UB, tc * hg * d * e) for i in (0, 1)]
+    if p.layout == "contiguous":
+        out = [buf.alloc(f"kv{i}", Mem.UB, hg * tc * row) for i in (0, 1)]
+    elif tc > 1 and hg > 1:
+        out_k = [buf.alloc(f"k_t{i}", Mem.UB, hg * tc * d * e) for i in (0, 1)]
+        out_v = [buf.alloc(f"v_t{i}", Mem.UB, hg * tc * d * e) for i in (0, 1)]
+    paged = p.layout == "paged"
+
+    # Token runs per sequence: chunks of tc, never straddling a paged block.
+    start = p.start
+    runs = []
+    t = 0
+    while t < n:
+        end = min(n, t + tc)
+        if paged:
+            end = min(end, (start + t) // p.block_tokens * p.block_tokens + p.block_tokens - start)
+        runs.append((t, end - t))
+        t = end
+    groups = cdiv(nh, hg)
+    units = [(b, t0, tn, g * hg, min(hg, nh - g * hg)) for b in range(p.batch) for t0, tn in runs
+             for g in range(groups)]
+
+    def tile(b: int, t0: int, tn: int, h0: int, hn: int):
+        pos = start + t0
+        src_off = ((b * n + t0) * nh + h0) * d * e
+
+        def make(k: int):
+            loads = [gm_copy(Mem.GM, Mem.UB, t.addr + src_off, ub[k], hn * d * e, tn, nh * d * e, hn * d * e)
+                     for t, ub in ((k_new, in_k), (v_new, in_v))]
+            if p.layout == "contiguous":
+                # V interleaves K and V per token: [tokens, heads, d] x 2 -> [heads, tokens, row]
+                work = [VecOp("copy", tn * hn * d, p.dtype, out[k], (in_k[k],), flops_per_elem=0),
+                        VecOp("copy", tn * hn * d, p.dtype, out[k] + d * e, (in_v[k],), flops_per_elem=0)]
+                stores = [gm_copy(Mem.UB, Mem.GM, out[k], cache.token_addr("k", b, h0, pos), tn * row, hn,
+                                  tn * row, cache.head_stride())]
+                return loads, work, stores
+            if tn > 1 and hn > 1:  # token-major tile -> head-major runs
+                work = [VecOp("copy", tn * hn * d, p.dtype, o[k], (i[k],), flops_per_elem=0)
+                        for o, i in ((out_k, in_k), (out_v, in_v))]
+                src = (out_k[k], out_v[k])
+            else:  # [1, heads, d] or [tokens, 1, d]: already one run per head
+                work, src = [], (in_k[k], in_v[k])
+            stores = [gm_copy(Mem.UB, Mem.GM, ub, cache.token_addr(which, b, h0, pos), tn * d * e, hn,
+                              tn * d * e, cache.head_stride()) for which, ub in zip("kv", src)]
+            return loads, work, stores
+
+        return make
+
+    direct = p.layout != "contiguous" and not (tc > 1 and hg > 1)
+    if paged:  # each core reads the block-table entries of its sequences once
+        table_ub = buf.alloc("block_table", Mem.UB, 2048)
+    per_core, heads = [], []
+    for lo, hi in split_runs(len(units), hw.aiv_count):
+        mine = units[lo:hi]
+        groups: list[list] = []
+        key = None
+        for u in mine:  # a group: the tiles of one sequence and token run (they move by hg heads)
+            if (u[0], u[1]) != key:
+                groups.append([])
+                key = (u[0], u[1])
+            groups[-1].append(tile(*u))
+        per_core.append(groups)
+        if paged:
+            reads, at = [], table_ub
+            for b in sorted({u[0] for u in mine}):
+                blks = [(start + u[1]) // p.block_tokens for u in mine if u[0] == b]
+                lo_b, hi_b = min(blks), max(blks)
+                nbytes = (hi_b - lo_b + 1) * 4
+                reads.append(Copy(Mem.GM, Mem.UB, cache.table.addr + (b * cache.max_blocks + lo_b) * 4, at, nbytes))
+                at += align_up(nbytes, UB_BLOCK)
+            if at > table_ub + 2048:
+                raise ProgramError(f"op kv_cache_write: block-table slice needs {at - table_ub} bytes of UB, "
+                                   "2048 reserved")
+            # the scalar unit turns the entries into store addresses before MTE3 may write
+            heads.append(reads + [SetFlag(Pipe.MTE2, Pipe.S, 0), WaitFlag(Pipe.MTE2, Pipe.S, 0),
+                                  SetFlag(Pipe.S, Pipe.MTE3, 0), WaitFlag(Pipe.S, Pipe.MTE3, 0)])
+    kernel = pipeline_kernel("kv_cache_write", "kv_cache_write", buf, per_core, [k_new, v_new, *cache.tensors],
+                              direct, head=(lambda c: heads[c]) if paged else (lambda c: []))
+    new = (p.batch, n, nh, d)
+    slots = (p.batch, nh, n, d)
+    ins = [TensorInfo("k", new, p.dtype), TensorInfo("v", new, p.dtype)]
+    if paged:  # the table entries this write reads
+        ins.append(TensorInfo("block_table", (p.batch, len({(start + t0) // p.block_tokens for t0, _ in runs})),
+                              "int32"))
+    # The outputs are the cache slots written (not the whole cache: the roofline counts
+    # every listed byte as moved).
+    outs = [TensorInfo("k_cache_slots", slots, p.dtype), TensorInfo("v_cache_slots", slots, p.dtype)]
+    return Lowered(
+        op_type="kv_cache_write", params=p, tiling=None, kernels=[kernel], flops=0.0,
+        min_gm_bytes=float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs)),
+        unit="vector", inputs=ins, outputs=outs,
+    )

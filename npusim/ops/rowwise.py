@@ -1,0 +1,336 @@
+"""Row-wise vector (AIV) operators: RMSNorm, Add+RMSNorm, LayerNorm, softmax and RoPE.
+
+One `streaming_kernel` each; rows are kept whole in UB and computed in fp32
+(see npusim.ops.vector for the conventions every vector op follows)."""
+
+from __future__ import annotations
+
+
+import numpy as np
+from attrs import frozen
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES, Loop, addr
+from npusim.ops.build import align_up
+from npusim.ops.reference import softmax_rows
+from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
+from npusim.ops.vector import (
+    UB_BLOCK, dtype_validator, vector_lowered, cast, numel, per_row, quantum, scalar_read, shape_validator, vop,
+)
+
+
+def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    h = gamma.size
+    x = x.reshape(-1, h)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma.reshape(h)
+
+
+def reference_rms_norm(p, x, specs, ctx) -> dict:
+    return {"y": _rms(x["x"], x["gamma"], p.eps)}
+
+
+def reference_add_rms_norm(p, x, specs, ctx) -> dict:
+    s = x["x"] + x["residual"]
+    # the device normalises the stored sum (what the unfused add would have written)
+    return {"x_sum": s, "y": _rms(ctx.store(s, specs["x_sum"].dtype), x["gamma"], p.eps)}
+
+
+def reference_layer_norm(p, x, specs, ctx) -> dict:
+    h = x["gamma"].size
+    v = x["x"].reshape(-1, h)
+    v = v - v.mean(axis=-1, keepdims=True)
+    y = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + p.eps)
+    return {"y": y * x["gamma"].reshape(h) + x["beta"].reshape(h)}
+
+
+def reference_softmax(p, x, specs, ctx) -> dict:
+    return {"y": softmax_rows(x["x"].reshape(-1, p.shape[-1]))}
+
+
+def reference_rope(p, x, specs, ctx) -> dict:
+    tokens, heads, d = p.shape
+    v = x["x"].reshape(tokens, heads, d)
+    cos = x["cos"].reshape(tokens, 1, d)
+    sin = x["sin"].reshape(tokens, 1, d)
+    rot = np.concatenate([-v[..., d // 2:], v[..., :d // 2]], axis=-1)  # rotate_half
+    return {"y": v * cos + rot * sin}
+
+
+@frozen
+class NormParams:
+    shape: tuple = param((8, 4096), "input shape [.., hidden]; normalised over the last dim",
+                         validator=shape_validator())
+    dtype: str = param("fp16", "dtype of x, the weights and y", validator=dtype_validator())
+    eps: float = param(1e-6, "added to the variance")
+
+
+@frozen
+class SoftmaxParams:
+    shape: tuple = param((8, 4096), "input shape [.., cols]; softmax over the last dim", validator=shape_validator())
+    dtype: str = param("fp16", "dtype of x and y", validator=dtype_validator())
+
+
+@frozen
+class RopeParams:
+    shape: tuple = param((8, 32, 128), "q or k: [tokens, heads, head_dim]", validator=shape_validator(ndim=3))
+    dtype: str = param("fp16", "dtype of x, cos, sin and y", validator=dtype_validator())
+
+
+@frozen
+class _Rows:
+    """A [rows, h] operand as it sits in UB: each row padded to 32 bytes (hp elements)."""
+
+    rows: int
+    h: int
+    e: int
+    pitch: int  # UB bytes of a row in the input dtype
+    hp: int  # elements of a padded row
+    lead: tuple
+
+    @property
+    def f32_pitch(self) -> int:
+        return self.hp * 4
+
+    def stream(self, tensor) -> Stream:
+        return Stream(tensor, self.h * self.e, 0, 0, self.pitch if self.pitch != self.h * self.e else 0)
+
+
+def row_kernel(op: str, r: _Rows, *args, **kw):
+    """streaming_kernel for whole rows; a row too long for UB names the parameter."""
+    try:
+        return streaming_kernel(op, op, *args, **kw)
+    except ProgramError as err:
+        raise ProgramError(f"{err}: shape[-1]={r.h} is too long to keep a row whole in UB") from None
+
+
+def _rows(shape: tuple, dtype: str) -> _Rows:
+    *lead, h = shape
+    e = DTYPE_BYTES[dtype]
+    pitch = align_up(h * e, UB_BLOCK)
+    return _Rows(numel(lead) if lead else 1, h, e, pitch, pitch // e, tuple(lead))
+
+
+def _weight(gm: GmArena, name: str, r: _Rows, dtype: str) -> tuple[Const, object]:
+    """A [h] weight every core loads once. A 16-bit weight lands in the upper half of
+    an fp32 row and `setup` widens it in place (increasing addresses never overtake
+    the unread half), so UB holds only the fp32 copy."""
+    t = gm.tensor(name, r.h * r.e)
+    if dtype == "fp32":
+        return Const(t, r.h * r.e, r.pitch), t
+    return Const(t, r.h * r.e, r.f32_pitch, r.f32_pitch - r.pitch), t
+
+
+def _weight_setup(r: _Rows, dtype: str, n_weights: int):
+    """Cast each weight to fp32 once per core; returns (setup, fp32 address of weight i)."""
+    if dtype == "fp32":
+        return None, lambda consts, i: consts[i]
+
+    def setup(consts):
+        return [cast(r.hp, dtype, "fp32", c, c + r.f32_pitch - r.pitch) for c in consts[:n_weights]]
+
+    return setup, lambda consts, i: consts[i]
+
+
+def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32) -> list:
+    """rstd = rsqrt(mean(w^2) + eps); dst = w * rstd * gamma (w, dst fp32 [nr, hp])."""
+    n = nr * r.hp
+    ops = [vop("mul", n, "fp32", sq, w, w),
+           vop("reduce_sum", n, "fp32", st, sq, out_n=nr),
+           vop("muls", nr, "fp32", st, st), vop("adds", nr, "fp32", st, st), vop("rsqrt", nr, "fp32", st, st)]
+    ops += scalar_read()
+    ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w)),
+                                                 vop("mul", r.hp, "fp32", at(dst), at(dst), gamma32)])
+    return ops
+
+
+@register("rms_norm", NormParams, reference=reference_rms_norm, ins=("x", "gamma"), outs=("y",))
+def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim."""
+    r = _rows(p.shape, p.dtype)
+    x = gm.tensor("x", r.rows * r.h * r.e)
+    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    y = gm.tensor("y", r.rows * r.h * r.e)
+    up = p.dtype != "fp32"
+    setup, w32 = _weight_setup(r, p.dtype, 1)
+    parts = ([r.f32_pitch] if up else []) + [r.f32_pitch, 4]
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        n = nr * r.hp
+        w = tmp[0] if up else ub_in[0]
+        ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
+        ops += _rms_ops(nr, r, w, w if up else ub_out[0], tmp[-2], tmp[-1], w32(consts, 0))
+        return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
+
+    k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+                         consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+    # per element: square, sum, * rstd, * gamma; per row: / h, + eps, rsqrt
+    return vector_lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
+                    [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype)],
+                    [TensorInfo("y", p.shape, p.dtype)])
+
+
+@register("add_rms_norm", NormParams, reference=reference_add_rms_norm, ins=("x", "residual", "gamma"),
+          outs=("x_sum", "y"))
+def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Residual add + RMSNorm: s = x + residual; y = rms_norm(s) * gamma; outputs s and y."""
+    r = _rows(p.shape, p.dtype)
+    x = gm.tensor("x", r.rows * r.h * r.e)
+    res = gm.tensor("residual", r.rows * r.h * r.e)
+    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    s_out = gm.tensor("x_sum", r.rows * r.h * r.e)
+    y = gm.tensor("y", r.rows * r.h * r.e)
+    setup, w32 = _weight_setup(r, p.dtype, 1)
+    dt = p.dtype
+    # fp16: s = x + r in fp16 (exactly what the unfused Add gives), then normalise its
+    # fp32 cast; bf16: cast both, add in fp32, cast s back; fp32: normalise s itself.
+    parts = ([r.f32_pitch] if dt != "fp32" else []) + [r.f32_pitch, 4]
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        n = nr * r.hp
+        s_ub, y_ub = ub_out
+        sq, st = tmp[-2], tmp[-1]
+        if dt == "fp16":
+            w = tmp[0]
+            ops = [vop("add", n, dt, s_ub, ub_in[0], ub_in[1]), cast(n, dt, "fp32", w, s_ub)]
+        elif dt == "bf16":
+            w = tmp[0]
+            ops = [cast(n, dt, "fp32", w, ub_in[0]), cast(n, dt, "fp32", sq, ub_in[1]),
+                   vop("add", n, "fp32", w, w, sq), cast(n, "fp32", dt, s_ub, w)]
+        else:
+            w = s_ub
+            ops = [vop("add", n, dt, s_ub, ub_in[0], ub_in[1])]
+        ops += _rms_ops(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0))
+        return ops + ([cast(n, "fp32", dt, y_ub, w)] if dt != "fp32" else [])
+
+    k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
+                         [r.stream(s_out), r.stream(y)], compute, consts=[g_const], tmp_row_bytes=parts,
+                         setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+    return vector_lowered("add_rms_norm", p, [k], 5 * r.rows * r.h + 3 * r.rows,
+                    [TensorInfo("x", p.shape, dt), TensorInfo("residual", p.shape, dt),
+                     TensorInfo("gamma", (r.h,), dt)],
+                    [TensorInfo("x_sum", p.shape, dt), TensorInfo("y", p.shape, dt)])
+
+
+@register("layer_norm", NormParams, reference=reference_layer_norm, ins=("x", "gamma", "beta"), outs=("y",))
+def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, over the last dim."""
+    r = _rows(p.shape, p.dtype)
+    x = gm.tensor("x", r.rows * r.h * r.e)
+    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    b_const, _ = _weight(gm, "beta", r, p.dtype)
+    y = gm.tensor("y", r.rows * r.h * r.e)
+    up = p.dtype != "fp32"
+    setup, w32 = _weight_setup(r, p.dtype, 2)
+    parts = ([r.f32_pitch] if up else []) + [r.f32_pitch, 4, 4]
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        n = nr * r.hp
+        w = tmp[0] if up else ub_in[0]
+        sq, mean, rstd = tmp[-3], tmp[-2], tmp[-1]
+        dst = w if up else ub_out[0]
+        g, b = w32(consts, 0), w32(consts, 1)
+        ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
+        ops += [vop("reduce_sum", n, "fp32", mean, w, out_n=nr), vop("muls", nr, "fp32", mean, mean)]
+        ops += scalar_read()
+        ops += per_row(nr, r.f32_pitch, lambda at: [vop("adds", r.hp, "fp32", at(w), at(w))])
+        ops += [vop("mul", n, "fp32", sq, w, w), vop("reduce_sum", n, "fp32", rstd, sq, out_n=nr),
+                vop("muls", nr, "fp32", rstd, rstd), vop("adds", nr, "fp32", rstd, rstd),
+                vop("rsqrt", nr, "fp32", rstd, rstd)]
+        ops += scalar_read()
+        ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(w), at(w)),
+                                                     vop("mul", r.hp, "fp32", at(w), at(w), g),
+                                                     vop("add", r.hp, "fp32", at(dst), at(w), b)])
+        return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
+
+    k = row_kernel("layer_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+                         consts=[g_const, b_const], tmp_row_bytes=parts, setup=setup,
+                         quantum=quantum(hw, r.rows, r.h * r.e))
+    # per element: sum, - mean, square, sum, * rstd, * gamma, + beta; per row: / h (twice), + eps, rsqrt
+    return vector_lowered("layer_norm", p, [k], 7 * r.rows * r.h + 4 * r.rows,
+                    [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype),
+                     TensorInfo("beta", (r.h,), p.dtype)],
+                    [TensorInfo("y", p.shape, p.dtype)])
+
+
+@register("softmax", SoftmaxParams, reference=reference_softmax, ins=("x",), outs=("y",))
+def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Softmax over the last dim: y = exp(x - max) / sum(exp(x - max))."""
+    r = _rows(p.shape, p.dtype)
+    x = gm.tensor("x", r.rows * r.h * r.e)
+    y = gm.tensor("y", r.rows * r.h * r.e)
+    up = p.dtype != "fp32"
+    parts = ([r.f32_pitch] if up else []) + [4, 4]
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        n = nr * r.hp
+        w = tmp[0] if up else ub_in[0]
+        mx, sm = tmp[-2], tmp[-1]
+        dst = w if up else ub_out[0]
+        ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
+        ops += [vop("reduce_max", n, "fp32", mx, w, out_n=nr)]
+        ops += scalar_read()
+        ops += per_row(nr, r.f32_pitch, lambda at: [vop("adds", r.hp, "fp32", at(w), at(w))])
+        ops += [vop("exp", n, "fp32", w, w), vop("reduce_sum", n, "fp32", sm, w, out_n=nr),
+                vop("div", nr, "fp32", sm, sm, sm)]  # 1 / sum, then one multiply per element
+        ops += scalar_read()
+        ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w))])
+        return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
+
+    k = row_kernel("softmax", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+                         tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e))
+    # per element: max, - max, exp, sum, * (1/sum); per row: 1/sum
+    return vector_lowered("softmax", p, [k], 5 * r.rows * r.h + r.rows,
+                    [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
+
+
+@register("rope", RopeParams, reference=reference_rope, ins=("x", "cos", "sin"), outs=("y",))
+def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Rotary embedding (rotate-half form): y = x * cos + rotate_half(x) * sin."""
+    # rotate_half(x) = [-x2, x1] per head. cos and sin are [tokens, head_dim] (already
+    # gathered at each token's position), shared by every head. To rotate q and k in
+    # one kernel, pass heads = q_heads + k_heads (they sit side by side in the QKV
+    # projection's output). Per tile of nr tokens: the halves are swapped by two
+    # strided instructions over the whole tile; x*cos and rot*sin are one instruction
+    # per head (token stride heads*head_dim, cos/sin rows reused by every head).
+    tokens, heads, d = p.shape
+    e = DTYPE_BYTES[p.dtype]
+    ce = 4 if p.dtype == "bf16" else e
+    if d % 2 or (d // 2 * ce) % UB_BLOCK:
+        raise ProgramError(f"op rope: shape[-1]={d} (head_dim) must make a half head a multiple of "
+                           f"{UB_BLOCK} bytes in {'fp32' if ce == 4 else p.dtype} (UB operand alignment)")
+    row = heads * d
+    x = gm.tensor("x", tokens * row * e)
+    cos = gm.tensor("cos", tokens * d * e)
+    sin = gm.tensor("sin", tokens * d * e)
+    y = gm.tensor("y", tokens * row * e)
+    bf = p.dtype == "bf16"
+    parts = [row * ce] + ([row * 4, d * 4, d * 4, row * 4] if bf else [])
+    half = d // 2
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        n, nd = nr * row, nr * d
+        t = tmp[0]
+        ops = []
+        if bf:
+            xs, cs, ss, acc = tmp[1], tmp[2], tmp[3], tmp[4]
+            ops += [cast(n, "bf16", "fp32", xs, ub_in[0]), cast(nd, "bf16", "fp32", cs, ub_in[1]),
+                    cast(nd, "bf16", "fp32", ss, ub_in[2])]
+        else:
+            xs, cs, ss, acc = ub_in[0], ub_in[1], ub_in[2], ub_out[0]
+        cdt = "fp32" if bf else p.dtype
+        ops += [vop("muls", n // 2, cdt, t, xs + half * ce), vop("copy", n // 2, cdt, t + half * ce, xs, flops=0)]
+        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(acc, h=d * ce), addr(xs, h=d * ce), cs)])]
+        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(t, h=d * ce), addr(t, h=d * ce), ss)])]
+        ops += [vop("add", n, cdt, acc, acc, t)]
+        return ops + ([cast(n, "fp32", "bf16", ub_out[0], acc)] if bf else [])
+
+    k = streaming_kernel("rope", "rope", hw, tokens, [Stream(x, row * e), Stream(cos, d * e), Stream(sin, d * e)],
+                         [Stream(y, row * e)], compute, tmp_row_bytes=parts, quantum=quantum(hw, tokens, row * e))
+    n = tokens * row
+    # per element: * cos, * sin, + ; half of them negated
+    return vector_lowered("rope", p, [k], 3 * n + n // 2,
+                    [TensorInfo("x", p.shape, p.dtype), TensorInfo("cos", (tokens, d), p.dtype),
+                     TensorInfo("sin", (tokens, d), p.dtype)],
+                    [TensorInfo("y", p.shape, p.dtype)])
