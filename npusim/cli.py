@@ -160,7 +160,11 @@ def _pass_options(args) -> dict:
             buckets = tuple(int(x) for x in args.buckets.split(","))
         except ValueError:
             raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
-    return dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin)
+    from npusim.passes import check_options
+
+    options = dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin)
+    check_options([args.passes] if isinstance(args.passes, str) else args.passes, options)
+    return options
 
 
 def _step_args(args) -> dict:

@@ -186,6 +186,9 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     if cores > hw.chip.aic_count:
         raise ProgramError(f"op {op}: tiling block_dim={cores} exceeds the {hw.chip.aic_count} AIC cores")
     kc = t.base_k * t.step_k
+    if t.split_k > cdiv(p.k, t.base_k):  # a piece is at least one base_k slice
+        raise ProgramError(f"op {op}: tiling split_k={t.split_k} exceeds the {cdiv(p.k, t.base_k)} base_k={t.base_k} "
+                           f"slices of k={p.k}")
     k_piece = align_up(cdiv(p.k, t.split_k), t.base_k)
     split_k = cdiv(p.k, k_piece)
 

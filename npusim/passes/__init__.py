@@ -66,6 +66,17 @@ def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(p for p in PASSES if p in names)
 
 
+def check_options(pipelines: Sequence[str | Sequence[str]], options: dict) -> None:
+    """Every pass option given (not None) is taken by a pass of one of `pipelines`:
+    an option for a pass that does not run would be silently ignored."""
+    running = {name for spec in pipelines for name in pass_names(spec)}
+    for option, value in options.items():
+        takers = [name for name, (_, takes) in PASSES.items() if option in takes]
+        if value is not None and option != "hw" and not running & set(takers):
+            raise ConfigError(f"--{option.replace('_', '-')} is an option of the {' or '.join(takers)} pass, which "
+                              f"--passes does not include (add it: e.g. --passes optimized,{takers[0]})")
+
+
 def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) -> Graph:
     """The graph after the named passes (see pass_names), each given its options."""
     if not isinstance(graph, Graph):
@@ -81,6 +92,6 @@ def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) ->
 
 __all__ = [
     "DEFAULT_BUCKETS", "KV_LAYOUTS", "PASSES", "PIPELINES", "RULES", "SYNC_POLICIES", "MemoryPlan", "Schedule", "apply",
-    "assign_streams", "change_kv_layout", "fuse", "pad_to_bucket", "graph_launch", "load_rules", "pass_names",
+    "assign_streams", "change_kv_layout", "check_options", "fuse", "pad_to_bucket", "graph_launch", "load_rules", "pass_names",
     "plan_memory", "propagate_layouts", "schedule_of", "sync_by_events",
 ]

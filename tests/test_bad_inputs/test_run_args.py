@@ -1,0 +1,27 @@
+"""Bad-input catalogue, run arguments: a pass option without its pass, a tiling the
+op would have to clamp."""
+
+import pytest
+
+from cli_check import fails_cleanly
+
+TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "validate"])
+@pytest.mark.parametrize("argv, expect", [
+    (["--buckets", "512"], r"--buckets is an option of the buckets pass"),
+    (["--margin", "16"], r"--margin is an option of the buckets pass"),
+    (["--passes", "baseline", "--fusion-rules", "rules.yaml"], r"--fusion-rules is an option of the fusion pass"),
+    (["--passes", "fusion,memplan", "--kv-layout", "paged"], r"--kv-layout is an option of the kv_layout pass"),
+])
+def test_pass_option_without_its_pass(cmd, argv, expect, capsys):
+    fails_cleanly([cmd, *TINY, *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["matmul", "m=64", "n=64", "k=1024", "tiling.split_k=1000"], r"split_k=1000 exceeds the 16 base_k=64 slices"),
+    (["matmul", "m=64", "n=64", "k=64", "tiling.split_k=2"], r"split_k=2 exceeds the 1 base_k=64 slices"),
+])
+def test_tiling_the_op_would_clamp(argv, expect, capsys):
+    fails_cleanly(["op", *argv], capsys, expect)
