@@ -114,7 +114,7 @@ def _shapes(run: GraphRun) -> str:
     what = "context" if g.phase == "decode" else "prompt"
     return (f"{what} {g.context} for lengths {min(g.lengths)}..{max(g.lengths)}: {100 * padding(g):.1f}% padding; "
             f"the first run of a new shape compiles {distinct_kernels(g)} kernels: "
-            f"{first_run_compile_us(g, run.hw) / 1e3:,.0f} ms on the host")
+            f"{first_run_compile_us(g, run.hw) / 1e3:,.0f} ms on the host, once (not in this step's latency)")
 
 
 def _workspaces(run: GraphRun, top: int = 3) -> list[str]:
