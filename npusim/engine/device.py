@@ -49,19 +49,19 @@ import simpy
 from attrs import frozen
 
 from npusim.engine.compile import (
-    BARRIER,
-    CROSS_SET,
-    CROSS_WAIT,
-    FIXED,
-    GM,
-    SET,
-    SYNC_ALL,
-    WAIT,
+    BarrierAll,
+    CrossSet,
+    CrossWait,
+    Fixed,
+    FlagSet,
+    FlagWait,
+    GmCopy,
+    LoopEntry,
+    SyncAllEntry,
     compile_program,
     count_instructions,
     walk,
 )
-from npusim.engine.compile import LOOP
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.memory import MemorySystem
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
@@ -365,26 +365,27 @@ class Device:
         local_bytes = acc.local_bytes
 
         for entry in walk(stream, vars):
-            kind = entry[0]
-            if kind == FIXED:
-                cost = entry[2]
+            kind = entry.__class__
+            if kind is Fixed:
+                cost = entry.cost
                 if intervals is not None:
                     for name in names:
-                        intervals.append((name, pipe_name, entry[3], t, t + cost, kid))
+                        intervals.append((name, pipe_name, entry.name, t, t + cost, kid))
                 t += cost
                 busy += cost
-                flops += entry[4]
-                if entry[5] is not None:
-                    local_bytes[entry[5]] += entry[6] * w
-            elif kind == GM:
-                _, instr, startup, name, write, cap, gm_addr, nbytes, segments, stride, local, step = entry
-                a = at(gm_addr, vars)
+                flops += entry.flops
+                if entry.mem is not None:
+                    local_bytes[entry.mem] += entry.nbytes * w
+            elif kind is GmCopy:
+                startup, cap, write = entry.startup, entry.cap, entry.write
+                nbytes, segments, step = entry.nbytes, entry.segments, entry.step
+                a = at(entry.gm_addr, vars)
                 issue = t
                 t += startup
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 done = env.event()
-                st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
+                st = mem.transfer([a + o * step for o in offsets], nbytes, segments, entry.stride, write, cap,
                                   done.succeed)
                 yield done
                 t = env.now
@@ -393,12 +394,12 @@ class Device:
                 data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
                 if intervals is not None:
                     for nm in names:
-                        intervals.append((nm, pipe_name, name, issue, t, kid))
+                        intervals.append((nm, pipe_name, entry.name, issue, t, kid))
                 if write:
                     acc.gm_write_bytes += st.moved
                 else:
                     acc.gm_read_bytes += st.moved
-                    local_bytes[local] += nbytes * segments * w
+                    local_bytes[entry.local] += nbytes * segments * w
                 acc.hbm_read_bytes += st.hbm_read
                 acc.hbm_write_bytes += st.hbm_write
                 acc.l2_hit_bytes += st.hit_bytes
@@ -406,39 +407,39 @@ class Device:
                 acc.wasted_burst_bytes += st.wasted
                 acc.misaligned_segments += st.misaligned
                 acc.dma_segments += segments * w
-            elif kind == SET:
-                self._post(cr, entry[4], t + flag_latency)
-            elif kind == WAIT:
-                visible = yield from self._wait(cr, entry[4], pipe_name, entry[3])
+            elif kind is FlagSet:
+                self._post(cr, entry.key, t + flag_latency)
+            elif kind is FlagWait:
+                visible = yield from self._wait(cr, entry.key, pipe_name, entry.name)
                 if visible > t:
                     if intervals is not None:
                         for name in names:
-                            intervals.append((name, pipe_name, entry[3], t, visible, kid))
+                            intervals.append((name, pipe_name, entry.name, t, visible, kid))
                     waited += visible - t
                     t = visible
-            elif kind == BARRIER:
-                t, stalled = yield from self._barrier(cr, t, entry[2], pipe_name)
+            elif kind is BarrierAll:
+                t, stalled = yield from self._barrier(cr, t, entry.cost, pipe_name)
                 waited += stalled
-                busy += entry[2]
-            elif kind == SYNC_ALL:
-                t, stalled = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
+                busy += entry.cost
+            elif kind is SyncAllEntry:
+                t, stalled = yield from self._sync_all(kr, cr, t, entry.cost, pipe_name)
                 waited += stalled
-                busy += entry[2]
-            elif kind == CROSS_SET:
+                busy += entry.cost
+            elif kind is CrossSet:
                 # Several pipes may set one cross flag: post in simulated-time order.
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 blk = cr.block
                 targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
                 for other in targets:
-                    self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry[4]),
+                    self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
                                t + cross_latency)
-            elif kind == CROSS_WAIT:
+            elif kind is CrossWait:
                 blk = cr.block
                 sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
                 visible = t
                 for s in sources:
-                    v = yield from self._wait(cr, ("cross", s, entry[4]), pipe_name, entry[3])
+                    v = yield from self._wait(cr, ("cross", s, entry.flag), pipe_name, entry.name)
                     visible = max(visible, v)
                 waited += visible - t
                 t = visible
@@ -489,10 +490,10 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
     """(block step, first byte, end byte) of every GM transfer in a stream, over all
     values of the other variables in scope (`counts` gives each one's range)."""
     for e in stream:
-        if e[0] == LOOP:
-            yield from _gm_accesses(e[5], {**counts, e[3]: e[4]})
-        elif e[0] == GM:
-            gm_addr, nbytes, segments, stride = e[6], e[7], e[8], e[9]
+        if e.__class__ is LoopEntry:
+            yield from _gm_accesses(e.body, {**counts, e.var: e.count})
+        elif e.__class__ is GmCopy:
+            gm_addr, nbytes, segments, stride = e.gm_addr, e.nbytes, e.segments, e.stride
             base, terms = (gm_addr.base, dict(gm_addr.terms)) if isinstance(gm_addr, Affine) else (gm_addr, {})
             moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
             lo = base + sum(m for m in moves if m < 0)
