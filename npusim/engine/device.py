@@ -382,12 +382,22 @@ class Device:
                 a = at(entry.gm_addr, vars)
                 issue = t
                 t += startup
-                if t > env.now:
-                    yield env.timeout(t - env.now)
                 done = env.event()
-                st = mem.transfer([a + o * step for o in offsets], nbytes, segments, entry.stride, write, cap,
-                                  done.succeed)
-                yield done
+                addrs = [a + o * step for o in offsets]
+                if t > env.now:
+                    # The copy starts once its start-up has passed: a callback of that timeout
+                    # starts it, at the very point of the event order where this pipe would
+                    # have resumed to start it, without resuming the pipe.
+                    started = []
+                    env.timeout(t - env.now).callbacks.append(
+                        lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride, write=write,
+                        cap=cap, started=started, on_done=done.succeed: started.append(
+                            mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
+                    yield done
+                    st = started[0]
+                else:
+                    st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
+                    yield done
                 t = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
@@ -410,7 +420,11 @@ class Device:
             elif kind is FlagSet:
                 self._post(cr, entry.key, t + flag_latency)
             elif kind is FlagWait:
-                visible = yield from self._wait(cr, entry.key, pipe_name, entry.name)
+                pending = cr.flags[entry.key]
+                if pending:  # already set: no need to block (the common case)
+                    visible = pending.popleft()
+                else:
+                    visible = yield from self._wait(cr, entry.key, pipe_name, entry.name)
                 if visible > t:
                     if intervals is not None:
                         for name in names:

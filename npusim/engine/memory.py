@@ -92,9 +92,9 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
-        fill = None if write else self.env.event()  # fires when the missed lines have arrived
         lines, member, ascending = self._lines_of(addrs, nbytes, segments, stride)
-        hit_lines, wb, waits = self.l2.access(lines, write, fill, ascending)
+        # A read that misses gets a fill event: it fires when the missed lines have arrived.
+        hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending)
         total_lines = len(lines)
         st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
