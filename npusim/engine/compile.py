@@ -235,34 +235,6 @@ def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tup
     return tuple((p, tuple(s)) for p, s in _split(program.body, core, hw).items() if s)
 
 
-def walk(stream: tuple, vars: dict[str, int]):
-    """Yield the entries of a stream in execution order, setting loop variables in `vars`.
-    Iterative (a stack of open loops), so an entry deep in nested loops costs one
-    yield, not one per level."""
-    stack: list[tuple] = []  # (iterator to resume after the loop, the loop entry, its iteration)
-    it = iter(stream)
-    while True:
-        for entry in it:
-            if entry.__class__ is LoopEntry:
-                if entry.count > 0:
-                    vars[entry.var] = 0
-                    stack.append((it, entry, 0))
-                    it = iter(entry.body)
-                    break
-            else:
-                yield entry
-        else:
-            if not stack:
-                return
-            parent, loop, i = stack.pop()
-            if i + 1 < loop.count:
-                vars[loop.var] = i + 1
-                stack.append((parent, loop, i + 1))
-                it = iter(loop.body)
-            else:
-                it = parent
-
-
 def count_instructions(body: tuple) -> int:
     """Instructions a program body executes, loops multiplied out (without walking them).
     Counted on the program, not its pipe streams, where a PipeBarrier(ALL) or SyncAll

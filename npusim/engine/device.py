@@ -60,7 +60,6 @@ from npusim.engine.compile import (
     SyncAllEntry,
     compile_program,
     count_instructions,
-    walk,
 )
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.memory import MemorySystem
@@ -346,7 +345,7 @@ class Device:
 
     @staticmethod
     def _post(cr: _CoreRun, key, visible_at: float) -> None:
-        waiting = cr.waiters[key]
+        waiting = cr.waiters.get(key)
         if waiting:
             waiting.popleft().succeed(visible_at)
         else:
@@ -363,100 +362,127 @@ class Device:
         t = env.now
         busy = waited = data_wait = flops = 0.0
         local_bytes = acc.local_bytes
+        flags, waiters = cr.flags, cr.waiters
 
-        for entry in walk(stream, vars):
-            kind = entry.__class__
-            if kind is Fixed:
-                cost = entry.cost
-                if intervals is not None:
-                    for name in names:
-                        intervals.append((name, pipe_name, entry.name, t, t + cost, kid))
-                t += cost
-                busy += cost
-                flops += entry.flops
-                if entry.mem is not None:
-                    local_bytes[entry.mem] += entry.nbytes * w
-            elif kind is GmCopy:
-                startup, cap, write = entry.startup, entry.cap, entry.write
-                nbytes, segments, step = entry.nbytes, entry.segments, entry.step
-                a = at(entry.gm_addr, vars)
-                issue = t
-                t += startup
-                done = env.event()
-                addrs = [a + o * step for o in offsets]
-                if t > env.now:
-                    # The copy starts once its start-up has passed: a callback of that timeout
-                    # starts it, at the very point of the event order where this pipe would
-                    # have resumed to start it, without resuming the pipe.
-                    started = []
-                    env.timeout(t - env.now).callbacks.append(
-                        lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride, write=write,
-                        cap=cap, started=started, on_done=done.succeed: started.append(
-                            mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
-                    yield done
-                    st = started[0]
-                else:
-                    st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
-                    yield done
-                t = env.now
-                busy += t - issue
-                # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-                data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
-                if intervals is not None:
-                    for nm in names:
-                        intervals.append((nm, pipe_name, entry.name, issue, t, kid))
-                if write:
-                    acc.gm_write_bytes += st.moved
-                else:
-                    acc.gm_read_bytes += st.moved
-                    local_bytes[entry.local] += nbytes * segments * w
-                acc.hbm_read_bytes += st.hbm_read
-                acc.hbm_write_bytes += st.hbm_write
-                acc.l2_hit_bytes += st.hit_bytes
-                acc.l2_miss_bytes += st.miss_bytes
-                acc.wasted_burst_bytes += st.wasted
-                acc.misaligned_segments += st.misaligned
-                acc.dma_segments += segments * w
-            elif kind is FlagSet:
-                self._post(cr, entry.key, t + flag_latency)
-            elif kind is FlagWait:
-                pending = cr.flags[entry.key]
-                if pending:  # already set: no need to block (the common case)
-                    visible = pending.popleft()
-                else:
-                    visible = yield from self._wait(cr, entry.key, pipe_name, entry.name)
-                if visible > t:
+        # The stream in execution order, loops walked in place (a stack of open loops:
+        # the iterator to resume after the loop, the loop entry, its iteration), so an
+        # entry deep in nested loops costs one step of a for loop.
+        stack: list[tuple] = []
+        it = iter(stream)
+        while True:
+            for entry in it:
+                kind = entry.__class__
+                if kind is Fixed:
+                    cost = entry.cost
                     if intervals is not None:
                         for name in names:
-                            intervals.append((name, pipe_name, entry.name, t, visible, kid))
+                            intervals.append((name, pipe_name, entry.name, t, t + cost, kid))
+                    t += cost
+                    busy += cost
+                    flops += entry.flops
+                    if entry.mem is not None:
+                        local_bytes[entry.mem] += entry.nbytes * w
+                elif kind is GmCopy:
+                    startup, cap, write = entry.startup, entry.cap, entry.write
+                    nbytes, segments, step = entry.nbytes, entry.segments, entry.step
+                    a = at(entry.gm_addr, vars)
+                    issue = t
+                    t += startup
+                    done = env.event()
+                    addrs = [a + o * step for o in offsets]
+                    if t > env.now:
+                        # The copy starts once its start-up has passed: a callback of that timeout
+                        # starts it, at the very point of the event order where this pipe would
+                        # have resumed to start it, without resuming the pipe.
+                        started = []
+                        env.timeout(t - env.now).callbacks.append(
+                            lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride, write=write,
+                            cap=cap, started=started, on_done=done.succeed: started.append(
+                                mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
+                        yield done
+                        st = started[0]
+                    else:
+                        st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
+                        yield done
+                    t = env.now
+                    busy += t - issue
+                    # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
+                    data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
+                    if intervals is not None:
+                        for nm in names:
+                            intervals.append((nm, pipe_name, entry.name, issue, t, kid))
+                    if write:
+                        acc.gm_write_bytes += st.moved
+                    else:
+                        acc.gm_read_bytes += st.moved
+                        local_bytes[entry.local] += nbytes * segments * w
+                    acc.hbm_read_bytes += st.hbm_read
+                    acc.hbm_write_bytes += st.hbm_write
+                    acc.l2_hit_bytes += st.hit_bytes
+                    acc.l2_miss_bytes += st.miss_bytes
+                    acc.wasted_burst_bytes += st.wasted
+                    acc.misaligned_segments += st.misaligned
+                    acc.dma_segments += segments * w
+                elif kind is FlagSet:  # _post, inlined: the most frequent entry after Fixed
+                    waiting = waiters.get(entry.key)
+                    if waiting:
+                        waiting.popleft().succeed(t + flag_latency)
+                    else:
+                        flags[entry.key].append(t + flag_latency)
+                elif kind is FlagWait:
+                    pending = flags[entry.key]
+                    if pending:  # already set: no need to block (the common case)
+                        visible = pending.popleft()
+                    else:
+                        visible = yield from self._wait(cr, entry.key, pipe_name, entry.name)
+                    if visible > t:
+                        if intervals is not None:
+                            for name in names:
+                                intervals.append((name, pipe_name, entry.name, t, visible, kid))
+                        waited += visible - t
+                        t = visible
+                elif kind is BarrierAll:
+                    t, stalled = yield from self._barrier(cr, t, entry.cost, pipe_name)
+                    waited += stalled
+                    busy += entry.cost
+                elif kind is SyncAllEntry:
+                    t, stalled = yield from self._sync_all(kr, cr, t, entry.cost, pipe_name)
+                    waited += stalled
+                    busy += entry.cost
+                elif kind is CrossSet:
+                    # Several pipes may set one cross flag: post in simulated-time order.
+                    if t > env.now:
+                        yield env.timeout(t - env.now)
+                    blk = cr.block
+                    targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
+                    for other in targets:
+                        self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
+                                   t + cross_latency)
+                elif kind is CrossWait:
+                    blk = cr.block
+                    sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
+                    visible = t
+                    for s in sources:
+                        v = yield from self._wait(cr, ("cross", s, entry.flag), pipe_name, entry.name)
+                        visible = max(visible, v)
                     waited += visible - t
                     t = visible
-            elif kind is BarrierAll:
-                t, stalled = yield from self._barrier(cr, t, entry.cost, pipe_name)
-                waited += stalled
-                busy += entry.cost
-            elif kind is SyncAllEntry:
-                t, stalled = yield from self._sync_all(kr, cr, t, entry.cost, pipe_name)
-                waited += stalled
-                busy += entry.cost
-            elif kind is CrossSet:
-                # Several pipes may set one cross flag: post in simulated-time order.
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                blk = cr.block
-                targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
-                for other in targets:
-                    self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                               t + cross_latency)
-            elif kind is CrossWait:
-                blk = cr.block
-                sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
-                visible = t
-                for s in sources:
-                    v = yield from self._wait(cr, ("cross", s, entry.flag), pipe_name, entry.name)
-                    visible = max(visible, v)
-                waited += visible - t
-                t = visible
+                elif kind is LoopEntry:
+                    if entry.count > 0:
+                        vars[entry.var] = 0
+                        stack.append((it, entry, 0))
+                        it = iter(entry.body)
+                        break
+            else:
+                if not stack:
+                    break
+                parent, loop, i = stack.pop()
+                if i + 1 < loop.count:
+                    vars[loop.var] = i + 1
+                    stack.append((parent, loop, i + 1))
+                    it = iter(loop.body)
+                else:
+                    it = parent
 
         acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += busy * w
         acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += waited * w
