@@ -62,6 +62,19 @@ class Fixed:
 
 
 @frozen
+class FixedRun:
+    """Consecutive Fixed entries of one stream, run as one: their summed `cost` and
+    `flops`, the bytes they write into each local buffer (`local`: (mem, bytes) pairs),
+    and the entries themselves for an instruction trace. Merged only where every
+    summand is a whole number, so the sums are exact in any order (see _merge_fixed)."""
+
+    cost: int
+    flops: float
+    local: tuple
+    entries: tuple
+
+
+@frozen
 class GmCopy:
     """A copy to or from GM, timed by the memory system: `startup` cycles, then
     `segments` pieces of `nbytes`, `stride` apart, from `gm_addr` (int or Affine;
@@ -227,7 +240,38 @@ def _split(body: tuple, core: CoreType, hw: HwConfig) -> dict[Pipe, list]:
         else:
             for pipe, entry in lower(item, core, hw):
                 streams[pipe].append(entry)
-    return streams
+    return {p: _merge_fixed(s) for p, s in streams.items()}
+
+
+def _merge_fixed(stream: list) -> list:
+    """Runs of two or more consecutive Fixed entries become one FixedRun: a pipe
+    advances its own clock through them without touching anything shared, so one
+    step does what they do one by one. Entries whose flops or bytes are not whole
+    numbers are left alone (float sums of whole numbers are exact in any order)."""
+    out: list = []
+    run: list = []
+
+    def close() -> None:
+        if len(run) > 1:
+            local: dict = {}
+            for e in run:
+                if e.mem is not None:
+                    local[e.mem] = local.get(e.mem, 0) + e.nbytes
+            out.append(FixedRun(sum(e.cost for e in run), float(sum(e.flops for e in run)), tuple(local.items()),
+                                tuple(run)))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for e in stream:
+        if e.__class__ is Fixed and float(e.flops).is_integer() and float(e.cost).is_integer() \
+                and float(e.nbytes).is_integer():
+            run.append(e)
+        else:
+            close()
+            out.append(e)
+    close()
+    return out
 
 
 def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple], ...]:

@@ -53,6 +53,7 @@ from npusim.engine.compile import (
     CrossSet,
     CrossWait,
     Fixed,
+    FixedRun,
     FlagSet,
     FlagWait,
     GmCopy,
@@ -382,6 +383,19 @@ class Device:
                     flops += entry.flops
                     if entry.mem is not None:
                         local_bytes[entry.mem] += entry.nbytes * w
+                elif kind is FixedRun:  # as its Fixed entries one after the other (exact: whole numbers)
+                    cost = entry.cost
+                    if intervals is not None:
+                        at_t = t
+                        for e in entry.entries:
+                            for name in names:
+                                intervals.append((name, pipe_name, e.name, at_t, at_t + e.cost, kid))
+                            at_t += e.cost
+                    t += cost
+                    busy += cost
+                    flops += entry.flops
+                    for mem_name, nbytes in entry.local:
+                        local_bytes[mem_name] += nbytes * w
                 elif kind is GmCopy:
                     startup, cap, write = entry.startup, entry.cap, entry.write
                     nbytes, segments, step = entry.nbytes, entry.segments, entry.step

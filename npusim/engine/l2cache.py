@@ -167,7 +167,7 @@ class L2Cache:
         self.last_use[victims] = mu
         self.dirty[victims] = write
         self.fill[victims] = self._miss_fill_id()
-        self._hint[ml & self._hint_mask] = victims
+        self._hint[hint_at if ml is lines else ml & self._hint_mask] = victims  # every line missed, in order
         if not wb_miss.any():
             return hits, None
         if miss_at is None:
@@ -195,8 +195,15 @@ class L2Cache:
         their sets are a rotated run, all different."""
         sets = self.sets
         if ascending:
-            block = int(lines[0]) // sets
-            if int(lines[-1]) // sets == block:
+            first, last = int(lines[0]), int(lines[-1])
+            block = first // sets
+            if last // sets == block:
+                if last - first == len(lines) - 1:  # a contiguous run: its sets count up from the first, wrapping
+                    start = (first + block * _ROTATE % sets) % sets
+                    ids = self._steps[:len(lines)] + start
+                    if start + len(lines) > sets:
+                        ids[sets - start:] -= sets
+                    return ids, True
                 return (lines + block * _ROTATE % sets) % sets, True
         return self.set_of(lines), False
 
