@@ -234,7 +234,11 @@ class L2Cache:
         arrived = self.filled[fills]
         if arrived.all():
             return
-        for f in np.unique(fills[~arrived]).tolist():
+        pending = fills[~arrived]
+        first = pending[0]
+        # usually one fill brings them all: skip the sort of np.unique then
+        ids = [int(first)] if (pending == first).all() else np.unique(pending).tolist()
+        for f in ids:
             if self.fills[f] not in waits:
                 waits.append(self.fills[f])
 
