@@ -465,8 +465,9 @@ def test_lines_of_a_group_are_its_members_lines_shifted():
              ([GM_B + 2 * line, GM_B], 1024, 1, 1024)]  # members in descending order
     for addrs, nbytes, segments, stride in cases:
         for _ in range(2):  # computed, then from the cache
-            lines, member, ascending = mem._lines_of(addrs, nbytes, segments, stride)
-            expect_lines, expect_member = _lines(addrs, nbytes, segments, stride, line)
+            lines, member, ascending, shared = mem._lines_of(addrs, nbytes, segments, stride)
+            expect_lines, expect_member, expect_shared = _lines(addrs, nbytes, segments, stride, line)
+            assert shared == expect_shared == 0  # members whole lines apart share none
             assert lines.tolist() == expect_lines.tolist()
             assert member.tolist() == expect_member.tolist()
             assert ascending == bool((np.diff(expect_lines) > 0).all())

@@ -143,7 +143,8 @@ class _KernelRun:
 
 
 class Device:
-    def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True):
+    def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True,
+                 share_lines: bool = False):
         self.env = env
         self.hw = hw
         self.tracer = tracer
@@ -156,6 +157,7 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
+        self.share_lines = share_lines
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
 
@@ -260,7 +262,8 @@ class Device:
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream in self._streams(kernel, kind, block)
                             for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
-                hit = self._groupable[id(program)] = (program, _disjoint_blocks(accesses, kernel, self.hw, block))
+                hit = self._groupable[id(program)] = (
+                    program, _disjoint_blocks(accesses, kernel, self.hw, block, self.share_lines))
             ok = ok and hit[1]
         return ok
 
@@ -555,10 +558,15 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
             yield terms.get("block", 0), lo, hi
 
 
-def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int) -> bool:
+def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int,
+                     share_lines: bool = False) -> bool:
     """Per GM tensor of the kernel (all of GM if it declares none): one common block
     step, a nonzero multiple of the L2 line, at least as long as the accesses spread.
-    Accesses are placed at `block`, the first block running the program."""
+    Accesses are placed at `block`, the first block running the program.
+    share_lines (an approximation, off by default): blocks need only touch disjoint
+    bytes, not lines; members of a group that share a line count it as one miss
+    and hits for the others (memory._lines), as blocks side by side would, but the
+    group's L2 state (LRU order) and the fills they wait for are the representative's."""
     tensors: dict = {}
     for step, lo, hi in accesses:
         lo, hi = lo + step * block, hi + step * block
@@ -569,7 +577,7 @@ def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: H
         if len(steps) != 1:
             return False
         step = steps.pop()
-        line = hw.l2.line_bytes  # blocks must not share a line, not just a byte
+        line = 1 if share_lines else hw.l2.line_bytes  # blocks must not share a line, not just a byte
         spread = -(-max(hi for _, _, hi in group) // line) * line - min(lo for _, lo, _ in group) // line * line
         if step == 0 or step % line or spread > abs(step):
             return False
