@@ -1,6 +1,6 @@
 """The device: AI cores running blocks, their pipes, flags and barriers.
 
-Each pipe of a core is a SimPy process that runs its stream in order. A pipe keeps
+Each pipe of a core is a SimPy process that runs its stream in order (pipe.py). A pipe keeps
 its own clock `t` (never behind env.now) and only synchronises with simulated time
 when it touches something shared: a GM transfer (bandwidth and L2 depend on what
 else is in flight at that moment) or an empty flag it must wait for. Fixed-cost
