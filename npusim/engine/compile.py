@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from attrs import frozen
+from attrs import define
 
 from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
@@ -44,11 +44,13 @@ from npusim.isa.program import (
     WaitFlag,
 )
 
-# Stream entries: frozen slotted records, read by attribute (as fast as a slot
-# read, faster than indexing a tuple); built once per compiled program.
+# Stream entries: slotted attrs records, read by attribute (as fast as a slot read,
+# faster than indexing a tuple). Not frozen: a frozen record's __init__ costs about
+# three times as much, and entries are built for every program compiled; nothing
+# changes them once built.
 
 
-@frozen
+@define
 class Fixed:
     """An instruction of fixed cost (cycles) on its pipe; `mem` and `nbytes`: the local
     buffer it writes into and how much (None, 0 if none)."""
@@ -61,7 +63,7 @@ class Fixed:
     nbytes: int = 0
 
 
-@frozen
+@define
 class FixedRun:
     """Consecutive Fixed entries of one stream, run as one: their summed `cost` and
     `flops`, the bytes they write into each local buffer (`local`: (mem, bytes) pairs),
@@ -74,7 +76,7 @@ class FixedRun:
     entries: tuple
 
 
-@frozen
+@define
 class GmCopy:
     """A copy to or from GM, timed by the memory system: `startup` cycles, then
     `segments` pieces of `nbytes`, `stride` apart, from `gm_addr` (int or Affine;
@@ -93,7 +95,7 @@ class GmCopy:
     step: int
 
 
-@frozen
+@define
 class FlagSet:
     """SetFlag: `key` = (src pipe, dst pipe, id)."""
 
@@ -102,7 +104,7 @@ class FlagSet:
     key: tuple
 
 
-@frozen
+@define
 class FlagWait:
     """WaitFlag: `key` = (src pipe, dst pipe, id)."""
 
@@ -111,7 +113,7 @@ class FlagWait:
     key: tuple
 
 
-@frozen
+@define
 class BarrierAll:
     """PipeBarrier(ALL): every pipe of the core meets, then pays `cost`."""
 
@@ -120,7 +122,7 @@ class BarrierAll:
     name: str
 
 
-@frozen
+@define
 class SyncAllEntry:
     """SyncAll: every pipe of every core of the kernel meets, then pays `cost`."""
 
@@ -129,7 +131,7 @@ class SyncAllEntry:
     name: str
 
 
-@frozen
+@define
 class CrossSet:
     """CrossSetFlag `flag` (AIC <-> AIV of one block)."""
 
@@ -138,7 +140,7 @@ class CrossSet:
     flag: int
 
 
-@frozen
+@define
 class CrossWait:
     """CrossWaitFlag `flag`."""
 
@@ -147,7 +149,7 @@ class CrossWait:
     flag: int
 
 
-@frozen
+@define
 class LoopEntry:
     """A loop of this pipe's share of a Loop: `body` runs `count` times with `var` = 0, 1, ..."""
 
