@@ -14,17 +14,35 @@ The public API, stage by stage (see README.md):
     npusim.passes.validate  validate_passes(workload, passes) -> Validation
 """
 
-from npusim import report
-from npusim.engine import run, simulate
-from npusim.errors import ConfigError, DeadlockError, NpusimError, ProgramError
-from npusim.graph import build_decoder, execute
-from npusim.hw import load_hw
-from npusim.isa import verify
-from npusim.passes import apply
-from npusim.passes.validate import validate_passes
-from npusim.runtime import OutOfMemoryError, run_graph
-from npusim.runtime.decoder import compare, run_decoder
-from npusim.workload import load_workload
+import importlib
+
+# The public names and the module each comes from. They are imported on first use
+# (PEP 562), so that `import npusim.cli` or `npusim hw show` does not pay for the
+# engine, numpy and simpy.
+_LAZY = {
+    "report": "npusim.report",
+    "run": "npusim.engine", "simulate": "npusim.engine",
+    "ConfigError": "npusim.errors", "DeadlockError": "npusim.errors", "NpusimError": "npusim.errors",
+    "ProgramError": "npusim.errors",
+    "build_decoder": "npusim.graph", "execute": "npusim.graph",
+    "load_hw": "npusim.hw",
+    "verify": "npusim.isa",
+    "apply": "npusim.passes",
+    "validate_passes": "npusim.passes.validate",
+    "OutOfMemoryError": "npusim.runtime", "run_graph": "npusim.runtime",
+    "compare": "npusim.runtime.decoder", "run_decoder": "npusim.runtime.decoder",
+    "load_workload": "npusim.workload",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'npusim' has no attribute {name!r}")
+    value = importlib.import_module(module) if name == "report" else getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -197,7 +197,7 @@ def test_lru_is_not_fooled_by_an_adjacent_tensor():
 
 def touch(c: L2Cache, first: int, end: int, write: bool, fill=None):
     """Access lines [first, end): (hit lines, lines written back, fills to wait for)."""
-    hits, wb, waits = c.access(np.arange(first, end, dtype=np.int64), write, fill)
+    hits, wb, waits, _ = c.access(np.arange(first, end, dtype=np.int64), write, None if fill is None else lambda: fill)
     return hits, 0 if wb is None else int(wb.sum()), waits
 
 
@@ -433,7 +433,7 @@ def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
     far = len(c._hint)  # lines this far apart share a hint: the hint must be checked, not trusted
     rng = np.random.default_rng(capacity * 100 + ways)
     for lines, write, ascending in random_accesses(rng, capacity, far, 150):
-        hits, wb, _ = c.access(lines, write, None, ascending)
+        hits, wb, _, _ = c.access(lines, write, None, ascending)
         plain_hits, plain_wb = plain.access(lines.tolist(), write)
         assert hits == plain_hits
         assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
@@ -448,7 +448,7 @@ def test_l2cache_a_hit_found_through_another_lines_hint_is_still_a_hit():
     c = L2Cache(1024, 16)
     far = len(c._hint)
     for first in (0, far, 0, far):
-        hits, _, _ = c.access(np.arange(first, first + 64, dtype=np.int64), False)
+        hits, _, _, _ = c.access(np.arange(first, first + 64, dtype=np.int64), False)
     assert hits == 64
     assert c.access(np.arange(0, 64, dtype=np.int64), False)[0] == 64
 
@@ -465,8 +465,9 @@ def test_lines_of_a_group_are_its_members_lines_shifted():
              ([GM_B + 2 * line, GM_B], 1024, 1, 1024)]  # members in descending order
     for addrs, nbytes, segments, stride in cases:
         for _ in range(2):  # computed, then from the cache
-            lines, member, ascending = mem._lines_of(addrs, nbytes, segments, stride)
-            expect_lines, expect_member = _lines(addrs, nbytes, segments, stride, line)
+            lines, member, ascending, shared = mem._lines_of(addrs, nbytes, segments, stride)
+            expect_lines, expect_member, expect_shared = _lines(addrs, nbytes, segments, stride, line)
+            assert shared == expect_shared == 0  # members whole lines apart share none
             assert lines.tolist() == expect_lines.tolist()
             assert member.tolist() == expect_member.tolist()
             assert ascending == bool((np.diff(expect_lines) > 0).all())

@@ -183,3 +183,27 @@ def test_fractional_cost_factor_has_no_float_overshoot():
     r = simulate(aiv_kernel(hw, [VecOp("add", n, dst=0)]), hw)
     _, _, _, start, end, _ = only(r, "AIV0", "V")
     assert end - start == hw.aiv.vector_startup_cycles + exact
+
+
+def test_a_run_of_fixed_cost_instructions_counts_as_its_instructions():
+    """Consecutive fixed-cost instructions run as one step of their pipe
+    (compile.FixedRun): the pipe ends, is busy and counts flops and local bytes as
+    the instructions do one by one, at either trace level, and an instruction
+    trace still shows each one."""
+    from npusim.engine.compile import FixedRun, compile_program
+    from npusim.isa import CoreType, Loop
+
+    ops = [VecOp("add", 4096, dst=0), VecOp("exp", 1000, dst=0), VecOp("mul", 3000, dst=0, flops_per_elem=2)]
+    kernel = aiv_kernel(HW, [Loop("i", 3, tuple(ops))])
+    ((_, stream),) = compile_program(kernel.aiv[0], CoreType.AIV, HW)
+    (entry,) = stream[0].body
+    assert isinstance(entry, FixedRun) and len(entry.entries) == len(ops)
+    detailed, plain = simulate(kernel, HW), simulate(kernel, HW, trace="kernel")
+    ivs = intervals(detailed, "AIV0", "V")
+    assert [iv[2] for iv in ivs] == ["add", "exp", "mul"] * 3
+    assert all(b[3] == a[4] for a, b in zip(ivs, ivs[1:]))  # back to back, each its own cost
+    for r in (detailed, plain):
+        s = r.kernels[0].stats
+        assert s.busy_cycles["AIV.V"] == sum(iv[4] - iv[3] for iv in ivs)
+        assert s.flops == 3 * (4096 + 1000 + 2 * 3000)
+        assert s.instructions == 9

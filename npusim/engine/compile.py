@@ -2,9 +2,9 @@
 
 Instructions on one pipe run in program order; different pipes run in parallel.
 So a core's program becomes a stream per pipe (loops kept as loops), each entry
-a tuple the pipe process reads without looking anything up:
-
-    (kind, instr, cost, name, ...kind-specific fields)
+a record of its kind (Fixed, GmCopy, FlagSet, ...) holding what the pipe process
+needs, so that it reads fields without looking anything up. The pipe process
+tells the kinds apart by class (`entry.__class__ is Fixed`).
 
 Fixed costs come from the config (never from constants here):
 - Mmad: ceil(m/m0) * ceil(n/n0) * ceil(k/k0) cycles (the dtype's fractal) + start-up
@@ -18,6 +18,8 @@ GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time
 from __future__ import annotations
 
 import math
+
+from attrs import define
 
 from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
@@ -42,19 +44,126 @@ from npusim.isa.program import (
     WaitFlag,
 )
 
-# Stream entry kinds.
-FIXED, GM, SET, WAIT, BARRIER, SYNC_ALL, CROSS_SET, CROSS_WAIT, LOOP = range(9)
+# Stream entries: slotted attrs records, read by attribute (as fast as a slot read,
+# faster than indexing a tuple). Not frozen: a frozen record's __init__ costs about
+# three times as much, and entries are built for every program compiled; nothing
+# changes them once built.
+
+
+@define
+class Fixed:
+    """An instruction of fixed cost (cycles) on its pipe; `mem` and `nbytes`: the local
+    buffer it writes into and how much (None, 0 if none)."""
+
+    instr: object
+    cost: int
+    name: str
+    flops: float = 0.0
+    mem: str | None = None
+    nbytes: int = 0
+
+
+@define
+class FixedRun:
+    """Consecutive Fixed entries of one stream, run as one: their summed `cost` and
+    `flops`, the bytes they write into each local buffer (`local`: (mem, bytes) pairs),
+    and the entries themselves for an instruction trace. Merged only where every
+    summand is a whole number, so the sums are exact in any order (see _merge_fixed)."""
+
+    cost: int
+    flops: float
+    local: tuple
+    entries: tuple
+
+
+@define
+class GmCopy:
+    """A copy to or from GM, timed by the memory system: `startup` cycles, then
+    `segments` pieces of `nbytes`, `stride` apart, from `gm_addr` (int or Affine;
+    moving by `step` per block) at up to `cap` bytes/cycle; `local` the other buffer."""
+
+    instr: object
+    startup: int
+    name: str
+    write: bool
+    cap: float
+    gm_addr: object
+    nbytes: int
+    segments: int
+    stride: int
+    local: str
+    step: int
+
+
+@define
+class FlagSet:
+    """SetFlag: `key` = (src pipe, dst pipe, id)."""
+
+    instr: object
+    name: str
+    key: tuple
+
+
+@define
+class FlagWait:
+    """WaitFlag: `key` = (src pipe, dst pipe, id)."""
+
+    instr: object
+    name: str
+    key: tuple
+
+
+@define
+class BarrierAll:
+    """PipeBarrier(ALL): every pipe of the core meets, then pays `cost`."""
+
+    instr: object
+    cost: int
+    name: str
+
+
+@define
+class SyncAllEntry:
+    """SyncAll: every pipe of every core of the kernel meets, then pays `cost`."""
+
+    instr: object
+    cost: int
+    name: str
+
+
+@define
+class CrossSet:
+    """CrossSetFlag `flag` (AIC <-> AIV of one block)."""
+
+    instr: object
+    name: str
+    flag: int
+
+
+@define
+class CrossWait:
+    """CrossWaitFlag `flag`."""
+
+    instr: object
+    name: str
+    flag: int
+
+
+@define
+class LoopEntry:
+    """A loop of this pipe's share of a Loop: `body` runs `count` times with `var` = 0, 1, ..."""
+
+    instr: object
+    var: str
+    count: int
+    body: tuple
 
 
 def _div_up(a: int, b: float) -> int:
     return math.ceil(a / b)
 
 
-def _fixed(instr, cost: int, name: str, flops: float = 0.0, mem: str | None = None, nbytes: int = 0):
-    return (FIXED, instr, cost, name, flops, mem, nbytes)
-
-
-def _copy(c: Copy, core: CoreType, hw: HwConfig) -> tuple:
+def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
     pipe = c.pipe
     name = f"{c.src.value}->{c.dst.value}"
     if Mem.GM in (c.src, c.dst):
@@ -70,14 +179,14 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> tuple:
             startup += hw.aic.fixpipe_startup_cycles
         gm_addr = c.dst_addr if write else c.src_addr
         local = c.src if write else c.dst
-        return (GM, c, startup, name, write, cap, gm_addr, nbytes, segments, stride, local.value,
-                block_step(gm_addr))
+        return GmCopy(c, startup, name, write, cap, gm_addr, nbytes, segments, stride, local.value,
+                      block_step(gm_addr))
     if pipe is Pipe.MTE1:
         rate = hw.aic.mte1_l0a_bytes_per_cycle if c.dst is Mem.L0A else hw.aic.mte1_l0b_bytes_per_cycle
         cost = hw.aic.mte1_startup_cycles + _div_up(c.total_bytes, rate)
     else:  # FixPipe L0C -> L1 or L1 -> FB
         cost = hw.aic.fixpipe_startup_cycles + _div_up(c.total_bytes, hw.aic.fixpipe_bytes_per_cycle)
-    return _fixed(c, cost, name, mem=c.dst.value, nbytes=c.total_bytes)
+    return Fixed(c, cost, name, mem=c.dst.value, nbytes=c.total_bytes)
 
 
 def block_step(a) -> int:
@@ -85,7 +194,7 @@ def block_step(a) -> int:
     return dict(a.terms).get("block", 0) if isinstance(a, Affine) else 0
 
 
-def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, tuple]]:
+def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, object]]:
     """The (pipe, stream entry) pairs one instruction contributes."""
     cls = instr.__class__
     if cls is Copy:
@@ -94,32 +203,32 @@ def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, tuple]]:
         f = hw.aic.mmad_fractals[instr.dtype]
         cost = hw.aic.mmad_startup_cycles + (
             _div_up(instr.m, f.m0) * _div_up(instr.n, f.n0) * _div_up(instr.k, f.k0))
-        return [(Pipe.M, _fixed(instr, cost, "Mmad", flops=instr.flops))]
+        return [(Pipe.M, Fixed(instr, cost, "Mmad", flops=instr.flops))]
     if cls is VecOp:
         elem = max(DTYPE_BYTES[instr.dtype], DTYPE_BYTES[instr.out_dtype or instr.dtype])
         repeats = _div_up(instr.n * elem, hw.aiv.vector_repeat_bytes)
         cost = hw.aiv.vector_startup_cycles + whole_cycles(repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
-        return [(Pipe.V, _fixed(instr, cost, instr.op, flops=instr.n * instr.flops_per_elem))]
+        return [(Pipe.V, Fixed(instr, cost, instr.op, flops=instr.n * instr.flops_per_elem))]
     if cls is Scalar:
-        return [(Pipe.S, _fixed(instr, instr.cycles, "Scalar"))]
+        return [(Pipe.S, Fixed(instr, instr.cycles, "Scalar"))]
     if cls is SetFlag:
-        return [(instr.src, (SET, instr, 0, f"SetFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
-                             (instr.src.value, instr.dst.value, instr.id)))]
+        return [(instr.src, FlagSet(instr, f"SetFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
+                                    (instr.src.value, instr.dst.value, instr.id)))]
     if cls is WaitFlag:
-        return [(instr.dst, (WAIT, instr, 0, f"WaitFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
-                             (instr.src.value, instr.dst.value, instr.id)))]
+        return [(instr.dst, FlagWait(instr, f"WaitFlag {instr.src.value}->{instr.dst.value} #{instr.id}",
+                                     (instr.src.value, instr.dst.value, instr.id)))]
     if cls is PipeBarrier:
         if instr.pipe is not None:
-            return [(instr.pipe, _fixed(instr, hw.sync.pipe_barrier_cycles, "PipeBarrier"))]
-        entry = (BARRIER, instr, hw.sync.pipe_barrier_cycles, "PipeBarrier(ALL)")
+            return [(instr.pipe, Fixed(instr, hw.sync.pipe_barrier_cycles, "PipeBarrier"))]
+        entry = BarrierAll(instr, hw.sync.pipe_barrier_cycles, "PipeBarrier(ALL)")
         return [(p, entry) for p in CORE_PIPES[core]]
     if cls is SyncAll:
-        entry = (SYNC_ALL, instr, hw.sync.sync_all_cycles, "SyncAll")
+        entry = SyncAllEntry(instr, hw.sync.sync_all_cycles, "SyncAll")
         return [(p, entry) for p in CORE_PIPES[core]]
     if cls is CrossSetFlag:
-        return [(instr.pipe, (CROSS_SET, instr, 0, f"CrossSetFlag #{instr.id}", instr.id))]
+        return [(instr.pipe, CrossSet(instr, f"CrossSetFlag #{instr.id}", instr.id))]
     if cls is CrossWaitFlag:
-        return [(instr.pipe, (CROSS_WAIT, instr, 0, f"CrossWaitFlag #{instr.id}", instr.id))]
+        return [(instr.pipe, CrossWait(instr, f"CrossWaitFlag #{instr.id}", instr.id))]
     raise TypeError(f"not an instruction: {instr!r}")
 
 
@@ -129,44 +238,47 @@ def _split(body: tuple, core: CoreType, hw: HwConfig) -> dict[Pipe, list]:
         if item.__class__ is Loop:
             for pipe, sub in _split(item.body, core, hw).items():
                 if sub:
-                    streams[pipe].append((LOOP, item, 0, item.var, item.count, tuple(sub)))
+                    streams[pipe].append(LoopEntry(item, item.var, item.count, tuple(sub)))
         else:
             for pipe, entry in lower(item, core, hw):
                 streams[pipe].append(entry)
-    return streams
+    return {p: _merge_fixed(s) for p, s in streams.items()}
+
+
+def _merge_fixed(stream: list) -> list:
+    """Runs of two or more consecutive Fixed entries become one FixedRun: a pipe
+    advances its own clock through them without touching anything shared, so one
+    step does what they do one by one. Entries whose flops or bytes are not whole
+    numbers are left alone (float sums of whole numbers are exact in any order)."""
+    out: list = []
+    run: list = []
+
+    def close() -> None:
+        if len(run) > 1:
+            local: dict = {}
+            for e in run:
+                if e.mem is not None:
+                    local[e.mem] = local.get(e.mem, 0) + e.nbytes
+            out.append(FixedRun(sum(e.cost for e in run), float(sum(e.flops for e in run)), tuple(local.items()),
+                                tuple(run)))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for e in stream:
+        if e.__class__ is Fixed and float(e.flops).is_integer() and float(e.cost).is_integer() \
+                and float(e.nbytes).is_integer():
+            run.append(e)
+        else:
+            close()
+            out.append(e)
+    close()
+    return out
 
 
 def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple], ...]:
     """(pipe, stream) for every pipe of `core` that has work, in CORE_PIPES order."""
     return tuple((p, tuple(s)) for p, s in _split(program.body, core, hw).items() if s)
-
-
-def walk(stream: tuple, vars: dict[str, int]):
-    """Yield the entries of a stream in execution order, setting loop variables in `vars`.
-    Iterative (a stack of open loops), so an entry deep in nested loops costs one
-    yield, not one per level."""
-    stack: list[tuple] = []  # (iterator to resume after the loop, the loop entry, its iteration)
-    it = iter(stream)
-    while True:
-        for entry in it:
-            if entry[0] == LOOP:
-                if entry[4] > 0:
-                    vars[entry[3]] = 0
-                    stack.append((it, entry, 0))
-                    it = iter(entry[5])
-                    break
-            else:
-                yield entry
-        else:
-            if not stack:
-                return
-            parent, loop, i = stack.pop()
-            if i + 1 < loop[4]:
-                vars[loop[3]] = i + 1
-                stack.append((parent, loop, i + 1))
-                it = iter(loop[5])
-            else:
-                it = parent
 
 
 def count_instructions(body: tuple) -> int:

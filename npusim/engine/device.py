@@ -1,6 +1,6 @@
 """The device: AI cores running blocks, their pipes, flags and barriers.
 
-Each pipe of a core is a SimPy process that runs its stream in order. A pipe keeps
+Each pipe of a core is a SimPy process that runs its stream in order (pipe.py). A pipe keeps
 its own clock `t` (never behind env.now) and only synchronises with simulated time
 when it touches something shared: a GM transfer (bandwidth and L2 depend on what
 else is in flight at that moment) or an empty flag it must wait for. Fixed-cost
@@ -48,25 +48,12 @@ from collections import defaultdict, deque
 import simpy
 from attrs import frozen
 
-from npusim.engine.compile import (
-    BARRIER,
-    CROSS_SET,
-    CROSS_WAIT,
-    FIXED,
-    GM,
-    SET,
-    SYNC_ALL,
-    WAIT,
-    compile_program,
-    count_instructions,
-    walk,
-)
-from npusim.engine.compile import LOOP
-from npusim.engine.cycles import whole_cycles
+from npusim.engine.compile import GmCopy, LoopEntry, compile_program, count_instructions
 from npusim.engine.memory import MemorySystem
+from npusim.engine.pipe import run_pipe
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
-from npusim.isa.program import Affine, CoreType, Kernel, at
+from npusim.isa.program import Affine, CoreType, Kernel
 
 
 @frozen
@@ -156,7 +143,8 @@ class _KernelRun:
 
 
 class Device:
-    def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True):
+    def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True,
+                 share_lines: bool = False):
         self.env = env
         self.hw = hw
         self.tracer = tracer
@@ -169,6 +157,7 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
+        self.share_lines = share_lines
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
 
@@ -273,7 +262,8 @@ class Device:
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream in self._streams(kernel, kind, block)
                             for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
-                hit = self._groupable[id(program)] = (program, _disjoint_blocks(accesses, kernel, self.hw, block))
+                hit = self._groupable[id(program)] = (
+                    program, _disjoint_blocks(accesses, kernel, self.hw, block, self.share_lines))
             ok = ok and hit[1]
         return ok
 
@@ -320,7 +310,7 @@ class Device:
             blk.aivs.append(_CoreRun([f"AIV{aivs[s]}" for _, aivs in cores], CoreType.AIV, {"block": b0, "sub": s},
                                      self._streams(k, CoreType.AIV, b0), blk, offsets))
         runs += blk.aivs
-        procs = [env.process(self._pipe(kr, cr, pipe, stream)) for cr in runs for pipe, stream in cr.streams]
+        procs = [env.process(run_pipe(self, kr, cr, pipe, stream)) for cr in runs for pipe, stream in cr.streams]
         if procs:
             yield env.all_of(procs)
         end = max([p.value for p in procs], default=env.now)
@@ -342,170 +332,15 @@ class Device:
             self._finish(kr, kr.acc.freeze(env.now - kr.start))
         self._dispatch()
 
-    # ---------------------------------------------------------------- pipes
-
-    def _wait(self, cr: _CoreRun, key, pipe_name: str, what: str):
-        """Take the oldest pending set of `key` on core `cr`, blocking until there is one.
-        Returns the cycle at which that set became visible."""
-        q = cr.flags[key]
-        if q:
-            return q.popleft()
-        ev = self.env.event()
-        cr.waiters[key].append(ev)
-        self.blocked[(cr.name, pipe_name)] = what
-        visible = yield ev  # the setter hands its set to the oldest waiter directly
-        del self.blocked[(cr.name, pipe_name)]
-        return visible
-
-    @staticmethod
-    def _post(cr: _CoreRun, key, visible_at: float) -> None:
-        waiting = cr.waiters[key]
-        if waiting:
-            waiting.popleft().succeed(visible_at)
-        else:
-            cr.flags[key].append(visible_at)
-
-    def _pipe(self, kr: _KernelRun, cr: _CoreRun, pipe, stream: tuple):
-        env, hw, mem, acc = self.env, self.hw, self.memory, kr.acc
-        vars = dict(cr.vars)  # each pipe walks its own loops
-        intervals = self.tracer.intervals if self.tracer.instr else None
-        pipe_name, kid = pipe.value, kr.id
-        names, offsets, w = cr.names, cr.offsets, cr.weight
-        flag_latency = hw.sync.flag_latency_cycles
-        cross_latency = hw.sync.cross_core_flag_latency_cycles
-        t = env.now
-        busy = waited = data_wait = flops = 0.0
-        local_bytes = acc.local_bytes
-
-        for entry in walk(stream, vars):
-            kind = entry[0]
-            if kind == FIXED:
-                cost = entry[2]
-                if intervals is not None:
-                    for name in names:
-                        intervals.append((name, pipe_name, entry[3], t, t + cost, kid))
-                t += cost
-                busy += cost
-                flops += entry[4]
-                if entry[5] is not None:
-                    local_bytes[entry[5]] += entry[6] * w
-            elif kind == GM:
-                _, instr, startup, name, write, cap, gm_addr, nbytes, segments, stride, local, step = entry
-                a = at(gm_addr, vars)
-                issue = t
-                t += startup
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                done = env.event()
-                st = mem.transfer([a + o * step for o in offsets], nbytes, segments, stride, write, cap,
-                                  done.succeed)
-                yield done
-                t = env.now
-                busy += t - issue
-                # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-                data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
-                if intervals is not None:
-                    for nm in names:
-                        intervals.append((nm, pipe_name, name, issue, t, kid))
-                if write:
-                    acc.gm_write_bytes += st.moved
-                else:
-                    acc.gm_read_bytes += st.moved
-                    local_bytes[local] += nbytes * segments * w
-                acc.hbm_read_bytes += st.hbm_read
-                acc.hbm_write_bytes += st.hbm_write
-                acc.l2_hit_bytes += st.hit_bytes
-                acc.l2_miss_bytes += st.miss_bytes
-                acc.wasted_burst_bytes += st.wasted
-                acc.misaligned_segments += st.misaligned
-                acc.dma_segments += segments * w
-            elif kind == SET:
-                self._post(cr, entry[4], t + flag_latency)
-            elif kind == WAIT:
-                visible = yield from self._wait(cr, entry[4], pipe_name, entry[3])
-                if visible > t:
-                    if intervals is not None:
-                        for name in names:
-                            intervals.append((name, pipe_name, entry[3], t, visible, kid))
-                    waited += visible - t
-                    t = visible
-            elif kind == BARRIER:
-                t, stalled = yield from self._barrier(cr, t, entry[2], pipe_name)
-                waited += stalled
-                busy += entry[2]
-            elif kind == SYNC_ALL:
-                t, stalled = yield from self._sync_all(kr, cr, t, entry[2], pipe_name)
-                waited += stalled
-                busy += entry[2]
-            elif kind == CROSS_SET:
-                # Several pipes may set one cross flag: post in simulated-time order.
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                blk = cr.block
-                targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
-                for other in targets:
-                    self._post(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry[4]),
-                               t + cross_latency)
-            elif kind == CROSS_WAIT:
-                blk = cr.block
-                sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
-                visible = t
-                for s in sources:
-                    v = yield from self._wait(cr, ("cross", s, entry[4]), pipe_name, entry[3])
-                    visible = max(visible, v)
-                waited += visible - t
-                t = visible
-
-        acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += busy * w
-        acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += waited * w
-        if data_wait:
-            acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += data_wait * w
-        acc.flops += flops * w
-        return t
-
-    def _barrier(self, cr: _CoreRun, t: float, cost: int, pipe_name: str):
-        """PipeBarrier(ALL): every pipe of the core meets here; returns (new t, cycles waited)."""
-        if cr.bar_ev is None:
-            cr.bar_ev = self.env.event()
-        cr.bar_n += 1
-        cr.bar_t = max(cr.bar_t, t)
-        ev = cr.bar_ev
-        if cr.bar_n == len(cr.streams):
-            release = cr.bar_t + cost
-            cr.bar_n, cr.bar_t, cr.bar_ev = 0, 0.0, None
-            ev.succeed(release)
-        else:
-            self.blocked[(cr.name, pipe_name)] = "PipeBarrier(ALL)"
-            yield ev
-            del self.blocked[(cr.name, pipe_name)]
-        release = ev.value
-        return release, release - cost - t
-
-    def _sync_all(self, kr: _KernelRun, cr: _CoreRun, t: float, cost: int, pipe_name: str):
-        """SyncAll: every pipe of every core of the kernel meets here."""
-        kr.sync_n += cr.weight
-        kr.sync_t = max(kr.sync_t, t)
-        ev = kr.sync_ev
-        if kr.sync_n == kr.sync_parties:
-            release = kr.sync_t + cost
-            kr.sync_n, kr.sync_t, kr.sync_ev = 0, 0.0, self.env.event()
-            ev.succeed(release)
-        else:
-            self.blocked[(cr.name, pipe_name)] = f"SyncAll of kernel '{kr.kernel.name}'"
-            yield ev
-            del self.blocked[(cr.name, pipe_name)]
-        release = ev.value
-        return release, release - cost - t
-
 
 def _gm_accesses(stream: tuple, counts: dict[str, int]):
     """(block step, first byte, end byte) of every GM transfer in a stream, over all
     values of the other variables in scope (`counts` gives each one's range)."""
     for e in stream:
-        if e[0] == LOOP:
-            yield from _gm_accesses(e[5], {**counts, e[3]: e[4]})
-        elif e[0] == GM:
-            gm_addr, nbytes, segments, stride = e[6], e[7], e[8], e[9]
+        if e.__class__ is LoopEntry:
+            yield from _gm_accesses(e.body, {**counts, e.var: e.count})
+        elif e.__class__ is GmCopy:
+            gm_addr, nbytes, segments, stride = e.gm_addr, e.nbytes, e.segments, e.stride
             base, terms = (gm_addr.base, dict(gm_addr.terms)) if isinstance(gm_addr, Affine) else (gm_addr, {})
             moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
             lo = base + sum(m for m in moves if m < 0)
@@ -513,10 +348,15 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
             yield terms.get("block", 0), lo, hi
 
 
-def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int) -> bool:
+def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int,
+                     share_lines: bool = False) -> bool:
     """Per GM tensor of the kernel (all of GM if it declares none): one common block
     step, a nonzero multiple of the L2 line, at least as long as the accesses spread.
-    Accesses are placed at `block`, the first block running the program."""
+    Accesses are placed at `block`, the first block running the program.
+    share_lines (an approximation, off by default): blocks need only touch disjoint
+    bytes, not lines; members of a group that share a line count it as one miss
+    and hits for the others (memory._lines), as blocks side by side would, but the
+    group's L2 state (LRU order) and the fills they wait for are the representative's."""
     tensors: dict = {}
     for step, lo, hi in accesses:
         lo, hi = lo + step * block, hi + step * block
@@ -527,7 +367,7 @@ def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: H
         if len(steps) != 1:
             return False
         step = steps.pop()
-        line = hw.l2.line_bytes  # blocks must not share a line, not just a byte
+        line = 1 if share_lines else hw.l2.line_bytes  # blocks must not share a line, not just a byte
         spread = -(-max(hi for _, _, hi in group) // line) * line - min(lo for _, lo, _ in group) // line * line
         if step == 0 or step % line or spread > abs(step):
             return False

@@ -92,7 +92,9 @@ class Link:
     def _share(self) -> None:
         """Water-filling over cap classes, smallest cap first."""
         remaining = self.capacity
-        n = sum(c.count for c in self._order)
+        n = 0
+        for cls in self._order:  # a loop, not sum() of a generator: this runs on every flow start and end
+            n += cls.count
         used = 0.0
         for cls in self._order:
             if not cls.count:

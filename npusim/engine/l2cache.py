@@ -71,6 +71,8 @@ class L2Cache:
         self.filled = np.ones(1024, bool)  # per fill index: has its event fired?
         self.in_flight = 0  # fills whose event has not fired yet
         self.clock = 0
+        self._new_fill = self._fill_event = None  # the fill of the access in progress (see access)
+        self._fill_id = _ARRIVED
         self._steps = np.arange(self.sets, dtype=np.int64)  # 0, 1, ...: a piece's lines in order
         self._marks = np.zeros(self.sets, np.int64)  # scratch: which line of a piece last marked each set
         hints = 1 << int(_HINTS_PER_SLOT * size - 1).bit_length()
@@ -85,27 +87,34 @@ class L2Cache:
     def set_of(self, lines: np.ndarray) -> np.ndarray:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
 
-    def access(self, lines: np.ndarray, write: bool, fill=None, ascending: bool = True):
+    def access(self, lines: np.ndarray, write: bool, new_fill=None, ascending: bool = True):
         """Touch `lines` (int64 line numbers, each once; `ascending` if in ascending
-        order, which lets a short run find its sets without sorting). Returns (lines
-        that hit, write-back mask or None if there is none: this line's miss evicted
-        a dirty line, fills to wait for)."""
-        fill_id = _ARRIVED
-        if fill is not None:
-            fill_id = self._register(fill)
+        order, which lets a short run find its sets without sorting). `new_fill()`
+        makes the event of the fill bringing the missed lines of a read; it is called
+        only if some line misses. Returns (lines that hit, write-back mask or None if
+        there is none: this line's miss evicted a dirty line, fills to wait for, the
+        fill event made or None)."""
+        self._new_fill, self._fill_event, self._fill_id = new_fill, None, _ARRIVED
         waits: list = []
         if len(lines) <= self.sets:
-            hits, wb = self._piece(lines, write, fill_id, waits, ascending)
-            return hits, wb, waits
+            hits, wb = self._piece(lines, write, waits, ascending)
+            return hits, wb, waits, self._fill_event
         hits, wb = 0, None
         for lo in range(0, len(lines), self.sets):
-            piece_hits, piece_wb = self._piece(lines[lo:lo + self.sets], write, fill_id, waits, ascending)
+            piece_hits, piece_wb = self._piece(lines[lo:lo + self.sets], write, waits, ascending)
             hits += piece_hits
             if piece_wb is not None:
                 if wb is None:
                     wb = np.zeros(len(lines), bool)
                 wb[lo:lo + self.sets] = piece_wb
-        return hits, wb, waits
+        return hits, wb, waits, self._fill_event
+
+    def _miss_fill_id(self) -> int:
+        """The fill index the missed lines of the current access get (made on first use)."""
+        if self._new_fill is not None and self._fill_event is None:
+            self._fill_event = self._new_fill()
+            self._fill_id = self._register(self._fill_event)
+        return self._fill_id
 
     def _register(self, fill) -> int:
         """Give a fill event an index; it is marked arrived when the event fires."""
@@ -118,7 +127,7 @@ class L2Cache:
         fill.callbacks.append(lambda _ev, i=fill_id: self._arrived(i))
         return fill_id
 
-    def _piece(self, lines: np.ndarray, write: bool, fill_id: int, waits: list, ascending: bool):
+    def _piece(self, lines: np.ndarray, write: bool, waits: list, ascending: bool):
         """One piece of an access (see access): (lines that hit, write-back mask or None)."""
         n = len(lines)
         uses = self._steps[:n] + (self.clock + 1)  # line i is used at uses[i]
@@ -157,8 +166,8 @@ class L2Cache:
         self.tags[victims] = ml
         self.last_use[victims] = mu
         self.dirty[victims] = write
-        self.fill[victims] = fill_id
-        self._hint[ml & self._hint_mask] = victims
+        self.fill[victims] = self._miss_fill_id()
+        self._hint[hint_at if ml is lines else ml & self._hint_mask] = victims  # every line missed, in order
         if not wb_miss.any():
             return hits, None
         if miss_at is None:
@@ -186,8 +195,15 @@ class L2Cache:
         their sets are a rotated run, all different."""
         sets = self.sets
         if ascending:
-            block = int(lines[0]) // sets
-            if int(lines[-1]) // sets == block:
+            first, last = int(lines[0]), int(lines[-1])
+            block = first // sets
+            if last // sets == block:
+                if last - first == len(lines) - 1:  # a contiguous run: its sets count up from the first, wrapping
+                    start = (first + block * _ROTATE % sets) % sets
+                    ids = self._steps[:len(lines)] + start
+                    if start + len(lines) > sets:
+                        ids[sets - start:] -= sets
+                    return ids, True
                 return (lines + block * _ROTATE % sets) % sets, True
         return self.set_of(lines), False
 
@@ -218,7 +234,11 @@ class L2Cache:
         arrived = self.filled[fills]
         if arrived.all():
             return
-        for f in np.unique(fills[~arrived]).tolist():
+        pending = fills[~arrived]
+        first = pending[0]
+        # usually one fill brings them all: skip the sort of np.unique then
+        ids = [int(first)] if (pending == first).all() else np.unique(pending).tolist()
+        for f in ids:
             if self.fills[f] not in waits:
                 waits.append(self.fills[f])
 

@@ -92,11 +92,14 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
-        fill = None if write else self.env.event()  # fires when the missed lines have arrived
-        lines, member, ascending = self._lines_of(addrs, nbytes, segments, stride)
-        hit_lines, wb, waits = self.l2.access(lines, write, fill, ascending)
+        lines, member, ascending, shared = self._lines_of(addrs, nbytes, segments, stride)
+        # A read that misses gets a fill event: it fires when the missed lines have arrived.
+        hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending)
         total_lines = len(lines)
-        st.hit_bytes = st.moved * hit_lines / total_lines
+        if shared:  # members sharing a line (Device(share_lines=True)): all but the first find it in the L2
+            st.hit_bytes = st.moved * (hit_lines + shared) / (total_lines + shared)
+        else:
+            st.hit_bytes = st.moved * hit_lines / total_lines
         st.miss_bytes = st.moved - st.hit_bytes
         # A read miss fills whole lines from HBM.
         st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
@@ -162,9 +165,9 @@ class MemorySystem:
             key = (within, nbytes, segments, stride, *[a - addrs[0] for a in addrs])
         pattern = self._patterns.get(key)
         if pattern is None:
-            offsets, member = _lines([a - addrs[0] + within for a in addrs], nbytes, segments, stride, line)
-            pattern = self._patterns[key] = (offsets, member, bool((offsets[1:] > offsets[:-1]).all()))
-        return pattern[0] + first, pattern[1], pattern[2]
+            offsets, member, shared = _lines([a - addrs[0] + within for a in addrs], nbytes, segments, stride, line)
+            pattern = self._patterns[key] = (offsets, member, bool((offsets[1:] > offsets[:-1]).all()), shared)
+        return pattern[0] + first, pattern[1], pattern[2], pattern[3]
 
 
 def _nothing() -> None:
@@ -172,24 +175,30 @@ def _nothing() -> None:
 
 
 def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int):
-    """The L2 lines a transfer touches (ascending, each once) and, per line, which
-    member (index into `addrs`) touched it."""
+    """The L2 lines a transfer touches (ascending, each once), per line which member
+    (index into `addrs`) touched it first, and how many (line, member) pairs there are
+    beyond the first member of each line (members sharing lines: 0 unless blocks are
+    grouped with Device(share_lines=True))."""
     if segments == 1 and len(addrs) == 1:
         first = addrs[0] // line
         lines = np.arange(first, -(-(addrs[0] + nbytes) // line), dtype=np.int64)
-        return lines, np.zeros(len(lines), np.int64)
+        return lines, np.zeros(len(lines), np.int64), 0
     starts = (np.asarray(addrs, np.int64)[:, None] + np.arange(segments, dtype=np.int64) * stride).ravel()
     first = starts // line
     count = -(-(starts + nbytes) // line) - first
     if stride % line == 0 and (count == count[0]).all() and (stride >= count[0] * line or segments == 1):
         # every segment covers the same number of lines and none shares a line
         lines = (first[:, None] + np.arange(count[0], dtype=np.int64)).ravel()
-        return lines, np.repeat(np.arange(len(addrs)), segments * int(count[0]))
+        return lines, np.repeat(np.arange(len(addrs)), segments * int(count[0])), 0
     total = int(count.sum())
     offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     lines = np.repeat(first, count) + offsets
     members = np.repeat(np.repeat(np.arange(len(addrs)), segments), count)
+    shared = 0
     if len(lines) > 1 and not (lines[1:] > lines[:-1]).all():
+        if len(addrs) > 1:
+            shared = len(np.unique(lines * len(addrs) + members))
         lines, idx = np.unique(lines, return_index=True)  # segments closer than a line share lines
         members = members[idx]
-    return lines, members
+        shared = max(0, shared - len(lines))
+    return lines, members, shared

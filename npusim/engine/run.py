@@ -60,15 +60,16 @@ class RunResult:
 
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
-        on_device: Callable[[Device], None] | None = None) -> RunResult:
+        on_device: Callable[[Device], None] | None = None, share_lines: bool = False) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
-    caller look at (or instrument) the Device before the run starts."""
+    caller look at (or instrument) the Device before the run starts. share_lines=True groups
+    blocks that share L2 lines too (an approximation: see device._disjoint_blocks)."""
     calls = list(calls)
     _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup)
+    device = Device(env, hw, tracer, dedup, share_lines)
     if on_device is not None:
         on_device(device)
     host = Host(env, device)
