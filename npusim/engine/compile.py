@@ -24,24 +24,8 @@ from attrs import define
 from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    Affine,
-    CORE_PIPES,
-    DTYPE_BYTES,
-    Copy,
-    CoreType,
-    CrossSetFlag,
-    CrossWaitFlag,
-    Loop,
-    Mem,
-    Mmad,
-    Pipe,
-    PipeBarrier,
-    Program,
-    Scalar,
-    SetFlag,
-    SyncAll,
-    VecOp,
-    WaitFlag,
+    Affine, CORE_PIPES, DTYPE_BYTES, Copy, CoreType, CrossSetFlag, CrossWaitFlag, Loop, Mem, Mmad, Pipe,
+    PipeBarrier, Program, Scalar, SetFlag, SyncAll, VecOp, WaitFlag,
 )
 
 # Stream entries: slotted attrs records, read by attribute (as fast as a slot read,

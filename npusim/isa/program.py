@@ -18,7 +18,14 @@ from typing import Union
 from attrs import field, frozen
 
 
-class Pipe(enum.Enum):
+class _Named(enum.Enum):
+    """An enum that prints as its value (MTE2, not <Pipe.MTE2: 'MTE2'>)."""
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+class Pipe(_Named):
     MTE2 = "MTE2"
     MTE1 = "MTE1"
     MTE3 = "MTE3"
@@ -27,11 +34,8 @@ class Pipe(enum.Enum):
     V = "V"
     S = "S"
 
-    def __repr__(self) -> str:
-        return self.value
 
-
-class Mem(enum.Enum):
+class Mem(_Named):
     GM = "GM"
     L1 = "L1"
     L0A = "L0A"
@@ -41,17 +45,11 @@ class Mem(enum.Enum):
     BT = "BT"
     FB = "FB"
 
-    def __repr__(self) -> str:
-        return self.value
 
-
-class CoreType(enum.Enum):
+class CoreType(_Named):
     AIC = "AIC"
     AIV = "AIV"
     MIX = "MIX"  # one AIC and aiv_per_aic AIVs per block
-
-    def __repr__(self) -> str:
-        return self.value
 
 
 # Which pipes and local buffers each physical core has.

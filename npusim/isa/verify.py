@@ -32,31 +32,9 @@ import attrs
 from npusim.errors import ProgramError
 from npusim.hw.config import HwConfig
 from npusim.isa.program import (
-    ALIGN_BYTES,
-    CORE_MEMS,
-    CORE_PIPES,
-    COPY_PIPE,
-    DTYPE_BYTES,
-    RESERVED_VARS,
-    Addr,
-    Affine,
-    Buffer,
-    Copy,
-    CoreType,
-    CrossSetFlag,
-    CrossWaitFlag,
-    Kernel,
-    Loop,
-    Mem,
-    Mmad,
-    Pipe,
-    PipeBarrier,
-    Program,
-    Scalar,
-    SetFlag,
-    SyncAll,
-    VecOp,
-    WaitFlag,
+    ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Addr, Affine, Buffer, Copy,
+    CoreType, CrossSetFlag, CrossWaitFlag, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag,
+    SyncAll, VecOp, WaitFlag,
 )
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
