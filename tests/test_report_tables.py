@@ -56,9 +56,11 @@ def test_csv_headers_and_totals(step, tmp_path):
 def test_stall_breakdowns_sum_to_100(step):
     for k in step.result.kernels:
         for st in stalls(k.stats):
-            parts = (st.busy, st.flag, st.data, st.idle)
+            parts = (st.work, st.data, st.flag, st.idle)
             assert sum(parts) == pytest.approx(100)
             assert all(p >= -1e-6 for p in parts), (k.name, st)
+            # busy (the utilisation the text and the ratio columns show) = work + data wait
+            assert st.busy == pytest.approx(100 * k.stats.utilisation(st.pipe), abs=1e-9), (k.name, st)
     assert any(st.flag > 0 for k in step.result.kernels for st in stalls(k.stats))
 
 
