@@ -104,3 +104,18 @@ def test_readme_example_prints_what_the_readme_shows(command, lines, capsys, tmp
     printed = [line.rstrip() for line in (captured.out + captured.err).splitlines()]
     for line in lines:
         assert line.rstrip() in printed, f"README shows {line!r} for `{command}`; it printed:\n" + "\n".join(printed)
+
+
+def _fast_commands() -> list[str]:
+    """The README's one-line `npusim` commands that run in seconds: one operator, or the tiny decoder."""
+    lines = [line for block in _blocks("bash") for line in block.splitlines() if line.startswith("npusim ")]
+    return [line for line in lines if line.startswith("npusim op") or "k3-tiny" in line]
+
+
+@pytest.mark.parametrize("command", _fast_commands())
+def test_readme_fast_commands_run(command, tmp_path, monkeypatch, capsys):
+    from npusim.cli import main
+
+    assert len(_fast_commands()) >= 5
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(command, comments=True)[1:]) == 0, capsys.readouterr().err
