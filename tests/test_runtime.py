@@ -220,13 +220,18 @@ def _tracks(result) -> dict[tuple[str, int], tuple[int, float]]:
     from npusim.report import chrome_trace
     events = chrome_trace(result)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    out: dict[tuple[str, int], tuple[int, float]] = {}
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for e in events:
         if e["ph"] == "X":
-            key = (names[e["pid"]], e["tid"])
-            count, end = out.get(key, (0, 0.0))
-            out[key] = (count + 1, max(end, e["ts"] + e["dur"]))
-    return out
+            spans.setdefault((names[e["pid"]], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for track, ss in spans.items():  # spans on one track nest: each is disjoint from or inside an open one
+        open_ends: list[float] = []
+        for start, end in sorted(ss, key=lambda x: (x[0], -x[1])):
+            while open_ends and open_ends[-1] <= start + 1e-6:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1] + 1e-6, track
+            open_ends.append(end)
+    return {track: (len(ss), max(end for _, end in ss)) for track, ss in spans.items()}
 
 
 @pytest.mark.parametrize("passes", ["baseline", "optimized", "fusion,sync,streams"])
