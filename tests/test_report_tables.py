@@ -135,3 +135,19 @@ def test_a_memoised_trace_names_each_span_by_its_own_kernel():
     assert len(names) == len(run.result.kernels)  # ids stay unique
     for core, kernel, block, start, end, kid in run.result.trace.block_spans:
         assert names[kid] == kernel
+
+
+def test_kernel_level_counters_keep_the_bytes_moved():
+    """Averaging link samples over windows (kernel-level traces) moves no bytes in time
+    by more than a window and keeps the total."""
+    from npusim.report.trace import _averaged
+
+    def moved(samples, upto):
+        return sum(r * (min(n, upto) - c) for (c, r), (n, _) in zip(samples, samples[1:]) if c < upto)
+
+    samples = [(0.0, 2.0), (3.5, 0.0), (10.0, 5.0), (10.5, 1.0), (31.0, 0.0)]
+    out = _averaged(samples, 4.0)
+    assert moved(out, 31.0) == pytest.approx(moved(samples, 31.0))
+    for t in (4.0, 8.0, 12.0, 24.0):
+        assert moved(out, t) == pytest.approx(moved(samples, t))  # equal at every window edge
+    assert all(a[0] < b[0] for a, b in zip(out, out[1:]))
