@@ -52,3 +52,39 @@ def test_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("params", [["m=4096", "n=4096", "k=4096", "format_a=NZ", "format_b=NZ"],
+                                    ["m=1", "n=4096", "k=4096", "format_b=NZ"]], ids=["big", "gemv"])
+def test_text_json_and_csv_give_the_same_figures(params, tmp_path, capsys):
+    """One op time (kernel start costs + kernel times), one busy (work + data wait),
+    one bound: the text, the JSON and op_summary.csv print the same digits."""
+    import csv
+    import re
+
+    j, prof = tmp_path / "op.json", tmp_path / "prof"
+    assert main(["op", "matmul", *params, "--json", str(j), "--profile", str(prof)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(j.read_text())
+    head = re.search(r": ([\d.]+) us = kernel starts? ([\d.]+) \+ kernels? ([\d.]+)", out)
+    assert head, out
+    op_us, start_us, kernel_us = head.groups()
+    assert op_us == f"{report['latency_us']:.2f}"
+    assert start_us == f"{report['kernel_start_us']:.2f}" == f"{sum(o['start_cost_us'] for o in report['ops']):.2f}"
+    assert kernel_us == f"{report['kernel_us']:.2f}" == f"{sum(o['duration_us'] for o in report['ops']):.2f}"
+    assert report["latency_us"] == pytest.approx(report["kernel_start_us"] + report["kernel_us"] + report["host_gap_us"])
+    assert report["run_us"] > report["latency_us"]  # the run adds the host's launch and synchronize
+    bound = re.search(r"bound: (\S+)", out).group(1)
+    assert bound == report["bound"] and bound != "memory"
+    rows = list(csv.DictReader((prof / "op_summary.csv").open()))
+    longest = max(report["ops"], key=lambda o: o["duration_us"])
+    row = next(r for r in rows if r["Op Name"] == longest["name"])
+    assert row["Bound"] == longest["bound"]
+    if bound != "latency":
+        assert bound == longest["bound"]
+    for pipe, busy in re.findall(r"(AI[CV]\.\w+) (\d+)%", out.split("pipes busy:")[1]):
+        assert busy == f"{100 * report['pipe_busy'][pipe]:.0f}"
+        stall = longest["stalls_percent"].get(pipe)
+        if stall is not None and len(report["ops"]) == 1:
+            assert busy == f"{stall['work'] + stall['data']:.0f}"
+            assert f"{float(row[f'{pipe} work(%)']) + float(row[f'{pipe} data(%)']):.0f}" == busy

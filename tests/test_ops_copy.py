@@ -17,4 +17,4 @@ def test_copy_verifies_and_never_beats_its_roofline(n):
 
 def test_large_copy_is_memory_bound():
     r = simulate_op(lower("copy", dict(n=32 << 20), HW), HW, trace="kernel")
-    assert r.bound == "memory"
+    assert r.bound == "HBM"

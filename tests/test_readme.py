@@ -1,7 +1,10 @@
 """The README's commands and example are real: the example is npusim/demo.py and it runs."""
 
 import re
+import shlex
 from pathlib import Path
+
+import pytest
 
 import npusim.demo
 
@@ -49,3 +52,70 @@ def test_readme_example_runs_and_reports(capsys):
 def test_every_other_readme_python_block_runs():
     for block in (b for b in _blocks("python") if b != _demo_block()):
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
+
+
+# README examples with their output shown that take over ~30 s to run, and why; every
+# other one is run below and must print what the README shows
+SLOW = {"npusim sweep": "12 K3 decode steps"}
+
+
+def _shown() -> list[tuple[str, list[str]]]:
+    """(command, the lines the README shows it printing) for each `$ npusim ...` block."""
+    blocks, current = [], None  # fenced blocks without a language, in order
+    for line in README.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = [] if line == "```" else False
+            else:
+                if current:
+                    blocks.append(current)
+                current = None
+        elif current:
+            current.append(line)
+        elif current == [] and line:
+            current.append(line)
+    out = []
+    for lines in blocks:
+        if not lines[0].startswith("$ npusim"):
+            continue
+        lines = list(lines)
+        command = lines.pop(0)[2:]
+        while command.endswith("\\"):
+            command = command[:-1] + lines.pop(0).strip()
+        out.append((command, lines))
+    return out
+
+
+def test_readme_lists_its_slow_examples():
+    commands = [c for c, _ in _shown()]
+    assert len(commands) >= 3
+    for prefix in SLOW:
+        assert any(c.startswith(prefix) for c in commands), f"SLOW lists {prefix!r}, no longer in the README"
+
+
+@pytest.mark.parametrize("command, lines", [s for s in _shown() if not s[0].startswith(tuple(SLOW))],
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_readme_example_prints_what_the_readme_shows(command, lines, capsys, tmp_path, monkeypatch):
+    from npusim.cli import main
+
+    monkeypatch.chdir(tmp_path)  # anything it writes stays out of the checkout
+    main(shlex.split(command)[1:])
+    captured = capsys.readouterr()
+    printed = [line.rstrip() for line in (captured.out + captured.err).splitlines()]
+    for line in lines:
+        assert line.rstrip() in printed, f"README shows {line!r} for `{command}`; it printed:\n" + "\n".join(printed)
+
+
+def _fast_commands() -> list[str]:
+    """The README's one-line `npusim` commands that run in seconds: one operator, or the tiny decoder."""
+    lines = [line for block in _blocks("bash") for line in block.splitlines() if line.startswith("npusim ")]
+    return [line for line in lines if line.startswith("npusim op") or "k3-tiny" in line]
+
+
+@pytest.mark.parametrize("command", _fast_commands())
+def test_readme_fast_commands_run(command, tmp_path, monkeypatch, capsys):
+    from npusim.cli import main
+
+    assert len(_fast_commands()) >= 5
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(command, comments=True)[1:]) == 0, capsys.readouterr().err

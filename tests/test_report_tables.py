@@ -56,9 +56,11 @@ def test_csv_headers_and_totals(step, tmp_path):
 def test_stall_breakdowns_sum_to_100(step):
     for k in step.result.kernels:
         for st in stalls(k.stats):
-            parts = (st.busy, st.flag, st.data, st.idle)
+            parts = (st.work, st.data, st.flag, st.idle)
             assert sum(parts) == pytest.approx(100)
             assert all(p >= -1e-6 for p in parts), (k.name, st)
+            # busy (the utilisation the text and the ratio columns show) = work + data wait
+            assert st.busy == pytest.approx(100 * k.stats.utilisation(st.pipe), abs=1e-9), (k.name, st)
     assert any(st.flag > 0 for k in step.result.kernels for st in stalls(k.stats))
 
 
@@ -133,3 +135,19 @@ def test_a_memoised_trace_names_each_span_by_its_own_kernel():
     assert len(names) == len(run.result.kernels)  # ids stay unique
     for core, kernel, block, start, end, kid in run.result.trace.block_spans:
         assert names[kid] == kernel
+
+
+def test_kernel_level_counters_keep_the_bytes_moved():
+    """Averaging link samples over windows (kernel-level traces) moves no bytes in time
+    by more than a window and keeps the total."""
+    from npusim.report.trace import _averaged
+
+    def moved(samples, upto):
+        return sum(r * (min(n, upto) - c) for (c, r), (n, _) in zip(samples, samples[1:]) if c < upto)
+
+    samples = [(0.0, 2.0), (3.5, 0.0), (10.0, 5.0), (10.5, 1.0), (31.0, 0.0)]
+    out = _averaged(samples, 4.0)
+    assert moved(out, 31.0) == pytest.approx(moved(samples, 31.0))
+    for t in (4.0, 8.0, 12.0, 24.0):
+        assert moved(out, t) == pytest.approx(moved(samples, t))  # equal at every window edge
+    assert all(a[0] < b[0] for a, b in zip(out, out[1:]))

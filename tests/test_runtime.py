@@ -213,3 +213,50 @@ def test_bad_input_is_one_line(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def _tracks(result) -> dict[tuple[str, int], tuple[int, float]]:
+    """Trace track (process name, thread) -> (spans on it, when its last span ends, µs)."""
+    from npusim.report import chrome_trace
+    events = chrome_trace(result)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            spans.setdefault((names[e["pid"]], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for track, ss in spans.items():  # spans on one track nest: each is disjoint from or inside an open one
+        open_ends: list[float] = []
+        for start, end in sorted(ss, key=lambda x: (x[0], -x[1])):
+            while open_ends and open_ends[-1] <= start + 1e-6:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1] + 1e-6, track
+            open_ends.append(end)
+    return {track: (len(ss), max(end for _, end in ss)) for track, ss in spans.items()}
+
+
+@pytest.mark.parametrize("passes", ["baseline", "optimized", "fusion,sync,streams"])
+def test_memoised_trace_is_the_whole_timeline(passes):
+    """Replicated layers and replayed kernels have their spans on every track (host,
+    streams, kernels, cores), at their times: the trace ends at the step's latency
+    and matches the full simulation's track by track."""
+    g = apply(build_decoder(SIX_LAYERS, "decode", 2, 64), passes)
+    memo, full = run_graph(g, HW, memo=True, trace="block"), run_graph(g, HW, memo=False, trace="block")
+    assert memo.memo
+    m, f = _tracks(memo.result), _tracks(full.result)
+    assert set(m) == set(f)
+    latency = memo.result.us
+    assert max(end for _, end in m.values()) == pytest.approx(latency, rel=1e-9)
+    assert m[("host", 0)][1] == pytest.approx(latency, rel=1e-9)
+    for track in f:
+        assert m[track][0] == f[track][0], track
+        assert m[track][1] == pytest.approx(f[track][1], rel=0.01, abs=0.01 * full.result.us), track
+
+
+def test_memoised_instruction_trace_fills_the_copies():
+    """At instruction level each replicated kernel has its pattern's instructions."""
+    g = apply(build_decoder(FOUR_LAYERS, "decode", 1, 64), "optimized")
+    memo, full = run_graph(g, HW, memo=True, trace="instr"), run_graph(g, HW, memo=False, trace="instr")
+    m, f = memo.result.trace.intervals, full.result.trace.intervals
+    assert {i[5] for i in m} == {r.id for r in memo.result.kernels}
+    assert len(m) == pytest.approx(len(f), rel=0.01)
+    assert max(i[4] for i in m) == pytest.approx(max(i[4] for i in f), rel=0.01)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from npusim.engine import Launch, RunResult, Synchronize, run
+from npusim.engine.device import KernelRecord
 from npusim.engine.stats import KernelStats
 from npusim.hw import HwConfig
 from npusim.hw.derived import cube_peak_flops_per_s, vector_peak_ops_per_s
@@ -14,17 +15,43 @@ from npusim.ops.registry import Lowered
 # An op whose busiest pipe is busy less than this fraction of the time is called
 # latency-bound: start-ups, synchronisation and pipeline fill dominate it.
 LATENCY_BOUND_FRACTION = 0.5
-COMPUTE_PIPES = ("M", "V")
+COMPUTE_UNITS = {"M": "cube", "V": "vector"}  # pipe -> the compute unit it is
 
 
-def bound_of(stats: KernelStats) -> str:
-    """compute (the cube or vector unit is the busiest pipe), memory (a data-moving
-    pipe is), or latency (no pipe is busy LATENCY_BOUND_FRACTION of the time)."""
+def link_utilisation(stats: KernelStats, hw: HwConfig, cycles: float) -> dict[str, float]:
+    """Fraction of each memory link's bandwidth used over `cycles`: HBM (read + write
+    bytes over its sustained bandwidth, peak x efficiency) and L2 (GM bytes, which all
+    pass through the L2, over its bandwidth)."""
+    seconds = hw.us(cycles) * 1e-6
+    if seconds <= 0:
+        return {"HBM": 0.0, "L2": 0.0}
+    hbm = (stats.hbm_read_bytes + stats.hbm_write_bytes) / (hw.hbm.peak_bw_bytes_per_s * hw.hbm.bw_efficiency)
+    return {"HBM": hbm / seconds, "L2": stats.gm_bytes / hw.l2.bw_bytes_per_s / seconds}
+
+
+def bound_of(stats: KernelStats, hw: HwConfig, cycles: float) -> str:
+    """What bounds a kernel (or an op) that ran for `cycles`, by its busiest pipe
+    (busy = working + waiting for data, over its cores' residency):
+    - "latency": no pipe is busy LATENCY_BOUND_FRACTION of the time (start-ups,
+      synchronisation and pipeline fill dominate);
+    - "cube" / "vector": the busiest pipe is that compute unit;
+    - "HBM" / "L2": the busiest pipe moves data and spends more of its time waiting
+      for data than working; the link named is the one using the larger fraction of
+      its bandwidth over `cycles`;
+    - the pipe itself ("AIC.MTE2", ...): it moves data and its own work (DMA
+      start-ups and port rate) dominates, the links are not what holds it back."""
     util = {p: stats.utilisation(p) for p in stats.busy_cycles}
     if not util or max(util.values()) < LATENCY_BOUND_FRACTION:
         return "latency"
     busiest = max(sorted(util), key=util.get)
-    return "compute" if busiest.split(".")[1] in COMPUTE_PIPES else "memory"
+    pipe = busiest.split(".")[1]
+    if pipe in COMPUTE_UNITS:
+        return COMPUTE_UNITS[pipe]
+    data = stats.data_wait_cycles.get(busiest, 0.0)
+    if data >= stats.busy_cycles[busiest] - data:
+        links = link_utilisation(stats, hw, cycles)
+        return max(sorted(links), key=links.get)
+    return busiest
 
 
 def peak_flops_per_s(lowered: Lowered, hw: HwConfig) -> float:
@@ -68,7 +95,7 @@ class OpReport:
 
     lowered: Lowered
     run: RunResult
-    cycles: float  # first kernel reaching its stream's head (incl. its start cost) to last kernel end
+    cycles: float  # the op time: first kernel reaching its stream's head (incl. its start cost) to last kernel end
     stats: KernelStats
     roofline: Roofline
 
@@ -97,8 +124,36 @@ class OpReport:
         return (self.stats.hbm_read_bytes + self.stats.hbm_write_bytes) / self.seconds
 
     @property
+    def longest(self) -> KernelRecord:
+        """The kernel that takes most of the op's time (the first of equals)."""
+        return max(self.run.kernels, key=lambda k: (k.cycles, -k.id))
+
+    @property
     def bound(self) -> str:
-        return bound_of(self.stats)
+        """What bounds the op: "latency" if kernel start costs and waits for the
+        host's launches take LATENCY_BOUND_FRACTION of its time, else what bounds its
+        longest kernel (see bound_of). Pipe utilisations are fractions of their
+        cores' residency, so a short kernel on other cores (a zero fill before a
+        split-K matmul) must not decide it."""
+        if self.start_cycles + self.host_gap_cycles >= LATENCY_BOUND_FRACTION * self.cycles:
+            return "latency"
+        k = self.longest
+        return bound_of(k.stats, self.hw, k.cycles)
+
+    @property
+    def start_cycles(self) -> float:
+        """Kernel start costs: for each kernel, from reaching its stream's head to starting."""
+        return sum(k.start - k.queued for k in self.run.kernels)
+
+    @property
+    def kernel_cycles(self) -> float:
+        """The kernels' own run times, summed (ops[].duration_us in the JSON)."""
+        return sum(k.cycles for k in self.run.kernels)
+
+    @property
+    def host_gap_cycles(self) -> float:
+        """The rest of the op time: a kernel's stream idle until the host launched it."""
+        return self.cycles - self.start_cycles - self.kernel_cycles
 
     def utilisation(self) -> dict[str, float]:
         """Busy fraction of every pipe that did work, over the cycles its cores held blocks."""

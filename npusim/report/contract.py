@@ -11,7 +11,7 @@ from typing import Any
 from npusim.engine import RunResult
 from npusim.engine.device import KernelRecord
 from npusim.hw import HwConfig
-from npusim.ops.roofline import OpReport, bound_of
+from npusim.ops.roofline import OpReport, bound_of, link_utilisation
 from npusim.report.tables import STALLS, stalls
 
 
@@ -28,8 +28,9 @@ def _kernel_entry(k: KernelRecord, hw: HwConfig) -> dict:
         "gm_bytes": k.stats.gm_bytes,
         "hbm_read_bytes": k.stats.hbm_read_bytes,
         "hbm_write_bytes": k.stats.hbm_write_bytes,
-        "bound": bound_of(k.stats),
-        "pipe_utilisation": {p: k.stats.utilisation(p) for p in k.stats.busy_cycles},
+        "bound": bound_of(k.stats, hw, k.cycles),
+        "start_cost_us": hw.us(k.start - k.queued),
+        "pipe_busy": {p: k.stats.utilisation(p) for p in k.stats.busy_cycles},
         "stalls_percent": {st.pipe: {w: getattr(st, w) for w in STALLS} for st in stalls(k.stats)},
     }
 
@@ -63,22 +64,31 @@ def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra
 
 
 def op_json(report: OpReport) -> dict:
-    """The run contract for one operator, plus its roofline and tiling."""
+    """The run contract for one operator, plus its roofline and tiling. latency_us is
+    the op time the text prints (kernel start costs + kernel times + any wait for
+    the host's launch, see OpReport); run_us the whole run, host launch and final
+    synchronize included."""
     low = report.lowered
     memory = sum(t.nbytes for t in (*low.inputs, *low.outputs)) + low.workspace_bytes
-    r = report.roofline
+    r, hw = report.roofline, report.hw
     return run_json(report.run, memory, extra={
         "op_type": low.op_type,
         "params": vars_of(low.params),
         "tiling": vars_of(low.tiling) if low.tiling is not None else None,
-        "op_us": report.us,
+        "latency_us": report.us,
         "op_cycles": report.cycles,
+        "kernel_start_us": hw.us(report.start_cycles),
+        "kernel_us": hw.us(report.kernel_cycles),
+        "host_gap_us": hw.us(report.host_gap_cycles),
+        "run_us": report.run.us,
         "flops": low.flops,
         "tflops": report.tflops,
         "min_gm_bytes": low.min_gm_bytes,
         "gm_bw_bytes_per_s": report.gm_bw_bytes_per_s,
         "hbm_bw_bytes_per_s": report.hbm_bw_bytes_per_s,
         "bound": report.bound,
+        "pipe_busy": report.utilisation(),
+        "links_used": link_utilisation(report.stats, hw, report.cycles),
         "roofline_us": {"compute": r.compute_s * 1e6, "hbm": r.hbm_s * 1e6, "l2": r.l2_s * 1e6},
     })
 

@@ -3,11 +3,13 @@ op_statistic.csv (totals per op type), plus each kernel's stall breakdown.
 
 Column names follow msprof's where it has one; npusim's own columns come after.
 Ratios are busy cycles of a pipe over the cycles its cores held the kernel's
-blocks (msprof's aic_*_ratio / aiv_*_ratio). The stall breakdown splits each
-pipe's share of that residency into busy (working), flag (blocked on a
-SetFlag/WaitFlag, barrier or cross-core flag), data (a data mover waiting for
-shared bandwidth or HBM beyond its transfers' unloaded time) and idle (nothing
-to do), which sum to 100%.
+blocks (msprof's aic_*_ratio / aiv_*_ratio): a pipe is *busy* while it works or
+waits for its data. The stall breakdown splits each pipe's share of that
+residency into work (its own cost: start-ups, bytes at its port rate,
+compute), data (a data mover waiting for shared bandwidth or HBM beyond its
+transfers' unloaded time; work + data = busy), flag (blocked on a
+SetFlag/WaitFlag, barrier or cross-core flag) and idle (nothing to do), which
+sum to 100%.
 """
 
 from __future__ import annotations
@@ -38,19 +40,24 @@ _RATIOS = {"aic_cube_ratio": "AIC.M", "aic_mte1_ratio": "AIC.MTE1", "aic_mte2_ra
            "aic_fixpipe_ratio": "AIC.FIX", "aic_scalar_ratio": "AIC.S", "aiv_vec_ratio": "AIV.V",
            "aiv_mte2_ratio": "AIV.MTE2", "aiv_mte3_ratio": "AIV.MTE3"}
 _TASK_TYPES = {"AIC": "AI_CORE", "AIV": "AI_VECTOR_CORE", "MIX": "MIX_AIC"}
-STALLS = ("busy", "flag", "data", "idle")
+STALLS = ("work", "data", "flag", "idle")
 TABLE_FILES = ("op_summary.csv", "op_statistic.csv")  # what write_tables writes into its folder
 
 
 @frozen
 class Stall:
-    """One pipe's share of its kernel's core residency, in % (sums to 100)."""
+    """One pipe's share of its kernel's core residency, in % (sums to 100;
+    work + data is the pipe's busy share, its utilisation)."""
 
     pipe: str  # "AIC.MTE2", ...
-    busy: float
-    flag: float
+    work: float
     data: float
+    flag: float
     idle: float
+
+    @property
+    def busy(self) -> float:
+        return self.work + self.data
 
 
 def stalls(stats: KernelStats) -> list[Stall]:
@@ -60,9 +67,9 @@ def stalls(stats: KernelStats) -> list[Stall]:
         if not total:
             continue
         data = stats.data_wait_cycles.get(pipe, 0.0)
-        busy = stats.busy_cycles.get(pipe, 0.0) - data
+        work = stats.busy_cycles.get(pipe, 0.0) - data
         flag = stats.wait_cycles.get(pipe, 0.0)
-        shares = [100 * busy / total, 100 * flag / total, 100 * data / total]
+        shares = [100 * work / total, 100 * data / total, 100 * flag / total]
         out.append(Stall(pipe, *shares, 100 - sum(shares)))
     return out
 
@@ -99,7 +106,7 @@ def summary_rows(result: RunResult, graph=None) -> list[dict]:
         }
         row |= {col: s.utilisation(pipe) for col, pipe in _RATIOS.items()}
         row |= {"FLOPs": s.flops, "GM Bytes": s.gm_bytes, "HBM Bytes": s.hbm_read_bytes + s.hbm_write_bytes,
-                "L2 Hit Rate": s.l2_hit_rate, "Wasted Burst Bytes": s.wasted_burst_bytes, "Bound": bound_of(s),
+                "L2 Hit Rate": s.l2_hit_rate, "Wasted Burst Bytes": s.wasted_burst_bytes, "Bound": bound_of(s, hw, k.cycles),
                 "Stream": k.stream}
         row |= {f"{st.pipe} {what}(%)": getattr(st, what) for st in stalls(s) for what in STALLS}
         rows.append(row)

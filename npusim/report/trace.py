@@ -2,7 +2,8 @@
 
 Processes: one per core (threads = pipes), one for the host, one per stream, one
 for kernel spans (a thread per stream); `C` counter tracks for the bandwidth in
-use on each link (and device memory in use, for a decoder step); flow arrows
+use on each link (at kernel level averaged over KERNEL_LEVEL_COUNTER_US windows;
+device memory in use, for a decoder step); flow arrows
 from each host launch to its kernel's start and, at instruction level, from the
 pipe that set a flag to the WaitFlag it released. Times are µs.
 """
@@ -16,6 +17,10 @@ from npusim.engine import RunResult
 from npusim.outputs import write_text
 
 _PIPES = ("MTE2", "MTE1", "M", "FIX", "MTE3", "V", "S")
+# A kernel-level trace shows each link's bandwidth averaged over windows of this
+# many µs (a K3 decode step changes its flows ~700,000 times: every sample would
+# make a trace of ~75 MB); block and instruction levels keep every change.
+KERNEL_LEVEL_COUNTER_US = 1.0
 
 
 def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = None) -> dict:
@@ -56,8 +61,9 @@ def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = N
             for i, pipe in enumerate(_PIPES):
                 events.append({"name": "thread_name", "ph": "M", "pid": p, "tid": i + 1, "args": {"name": pipe}})
     cp = pid("bandwidth")
+    width = hw.cycles(KERNEL_LEVEL_COUNTER_US * 1e-6) if result.trace.level == "kernel" else 0.0
     for link, samples in result.trace.counters.items():
-        for cycle, rate in samples:
+        for cycle, rate in (_averaged(samples, width) if width else samples):
             events.append({"name": f"{link} GB/s", "ph": "C", "ts": us(cycle), "pid": cp, "tid": 0,
                            "args": {"GB/s": rate * hw.chip.freq_hz / 1e9}})
     if memory:
@@ -67,6 +73,37 @@ def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = N
     events += _launch_flows(result, host, kp)
     events += _flag_flows(result, pids)
     return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def _averaged(samples, width: float) -> list[tuple[float, float]]:
+    """Step samples (cycle, rate from then on) as the mean rate over each window of
+    `width` cycles (bytes moved in the window / width; the last window ends at the
+    last sample), a sample where it changes."""
+    out: list[tuple[float, float]] = []
+    window, moved = None, 0.0
+
+    def close(w: float, amount: float, span: float = width) -> None:
+        rate = amount / span if span > 0 else 0.0
+        if not out or out[-1][1] != rate:
+            out.append((w * width, rate))
+
+    for (c, r), (nxt, _) in zip(samples, samples[1:]):
+        while c < nxt:
+            w = c // width
+            if window is not None and w != window:
+                close(window, moved)
+                if w > window + 1:  # windows in between moved nothing
+                    close(window + 1, 0.0)
+                moved = 0.0
+            window = w
+            upto = min(nxt, (w + 1) * width)
+            moved += r * (upto - c)
+            c = upto
+    if window is not None:  # the last window ends with the samples
+        close(window, moved, samples[-1][0] - window * width)
+    if samples:
+        out.append((samples[-1][0], samples[-1][1]))
+    return out
 
 
 def _flow(fid: int, cat: str, src: tuple, dst: tuple) -> list[dict]:

@@ -12,7 +12,8 @@ and layer, see engine.device.Owner) and everything after them shifted; the
 middle layers must run the same op types in the same order, or every layer is
 simulated. tests/test_runtime.py checks the result against the full simulation
 (memo=False) on a 4-layer decoder.
-The trace of a memoised run holds the simulated layers only. memo=True also lets
+The trace of a memoised run is filled in to the whole timeline (memo_trace.py):
+replicated layers and replayed kernels have the spans of what they repeat. memo=True also lets
 the engine replay a kernel whose twin (the same op and parameters at other
 addresses) already ran alone on the device (engine.device.Reuse), instead of
 simulating it again; memo=False simulates everything.
@@ -31,6 +32,7 @@ from npusim.graph.ir import Graph, Node
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.runtime.compile import CompiledNode, HostProgram, LoweringCache, compile_nodes, host_program, kernel_name
+from npusim.runtime.memo_trace import fill_replays, replicate_trace
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place
 
 MEMO_MIN_LAYERS = 4  # below this there is no middle layer to replicate beyond the one simulated
@@ -112,6 +114,8 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
     result = run(program.calls, hw, trace)
+    if memo:
+        result = fill_replays(result, program)
     pattern: dict[str, str] = {}
     if memoised:
         copies = _copies(graph, layers[1], len(layers) - 3)
@@ -157,9 +161,13 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
     busy = sum(cost for cost, _ in costs)
     cycles = part.cycles + n * delta
     records = []
+    moved: set[int] = set()  # simulated kernels launched after the layer
     for r in part.kernels:
         shift = n * delta if (r.owner.node, r.owner.index) in after else 0.0
+        if shift:
+            moved.add(r.id)
         records.append(attrs.evolve(r, queued=r.queued + shift, start=r.start + shift, end=r.end + shift))
+    replicas: dict[int, list[KernelRecord]] = {r.id: [] for r in block}
     lowered = {c.node.name: c for c in compiled}
     next_id = max(r.id for r in part.kernels) + 1  # simulated records keep their ids: the trace refers to them
     for j, targets in copies.items():
@@ -169,6 +177,7 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
             records.append(attrs.evolve(r, id=next_id + (j - 1) * len(block) + i, name=name,
                                         owner=Owner(target.name, target.layer, r.owner.index),
                                         queued=r.queued + j * delta, start=r.start + j * delta, end=r.end + j * delta))
+            replicas[r.id].append(records[-1])
     records.sort(key=lambda r: (r.queued, r.start, r.id))
     return RunResult(
         hw=part.hw,
@@ -176,7 +185,7 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
         kernels=tuple(records),
         host_launch_cycles=part.host_launch_cycles + n * launch,
         host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + n * busy),
-        trace=part.trace,
+        trace=replicate_trace(part, program, set(copies[1]), replicas, moved, delta, (end_before, end)),
     )
 
 
