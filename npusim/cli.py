@@ -26,30 +26,15 @@ def _cmd_demo(args) -> int:
     return 0
 
 
-def _op_help(op_type: str) -> str:
-    import attrs
-
-    from npusim.ops.registry import spec
-
-    sp = spec(op_type)
-    lines = [f"npusim op {op_type} key=value ...  ({sp.help})", "", "parameters:"]
-    for f in attrs.fields(sp.params):
-        lines.append(f"  {f.name:14s} default {f.default!r:10s} {f.metadata.get('help', '')}")
-    if sp.tiling is not None:
-        lines += ["", "tiling (tiling.KEY=VALUE, default: chosen by the lowering):"]
-        for f in attrs.fields(sp.tiling):
-            lines.append(f"  {f.name:14s} {f.metadata.get('help', '')}")
-    return "\n".join(lines)
-
-
 def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
     from npusim.report.contract import provenance
+    from npusim.report.op_text import op_help, op_summary
 
     if args.help:
-        say(args.parser.format_help().rstrip() + ("\n\n" + _op_help(args.type) if args.type else ""))
+        say(args.parser.format_help().rstrip() + ("\n\n" + op_help(args.type) if args.type else ""))
         return 0
     if args.list or not args.type:
         say("op types: " + ", ".join(sorted(OPS)))
@@ -68,7 +53,7 @@ def _cmd_op(args) -> int:
     hw = load_hw(args.hw, overrides)
     low = lower(args.type, params, hw, tiling or None)
     report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
-    say(_op_summary(report, overrides))
+    say(op_summary(report, overrides))
     meta = provenance(args.argv, hw, overrides)
     if args.json:
         from npusim.report import op_json
@@ -93,38 +78,6 @@ def _wrote(out_dir: str, paths) -> None:
     """One line naming the plots written."""
     names = ", ".join(dict.fromkeys(p.stem for p in paths))
     say(f"plots in {out_dir}: {names} (.png, .svg)")
-
-
-def _op_summary(r, overrides=None) -> str:
-    """The op's figures, each under the name the JSON and CSV give it (README, "Reading the figures")."""
-    from npusim.ops.roofline import link_utilisation
-    from npusim.report.contract import set_note
-    from npusim.report.tables import stalls
-
-    low, hw = r.lowered, r.hw
-    n = len(low.kernels)
-    parts = f"kernel start{'s' * (n > 1)} {hw.us(r.start_cycles):.2f} + kernel{'s' * (n > 1)} {hw.us(r.kernel_cycles):.2f}"
-    if round(hw.us(r.host_gap_cycles), 2):
-        parts += f" + waiting for launch {hw.us(r.host_gap_cycles):.2f}"
-    links = link_utilisation(r.stats, hw, r.cycles)
-    busy = []
-    for st in stalls(r.stats):
-        if st.pipe in r.stats.busy_cycles:
-            split = f" (work {st.work:.0f} + data {st.data:.0f})" if round(st.data) else ""
-            busy.append(f"{st.pipe} {st.busy:.0f}%{split}")
-    lines = [
-        f"{low.op_type} on {hw.name}{set_note(overrides)}: {r.us:.2f} us = {parts} ({r.cycles:.0f} cycles), "
-        f"{n} kernel(s)",
-        f"  {r.tflops:.2f} TFLOPS, GM {r.gm_bw_bytes_per_s / 1e12:.3f} TB/s, HBM {r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s "
-        f"({100 * links['HBM']:.0f}% of sustained), L2 {100 * links['L2']:.0f}% of its bandwidth, "
-        f"L2 hit rate {100 * r.stats.l2_hit_rate:.1f}%",
-        f"  bound: {r.bound}{f' (kernel {r.longest.name}, the longest)' if n > 1 and r.bound != 'latency' else ''} (roofline {r.roofline.time_s * 1e6:.2f} us: compute {r.roofline.compute_s * 1e6:.2f}, "
-        f"HBM {r.roofline.hbm_s * 1e6:.2f}, L2 {r.roofline.l2_s * 1e6:.2f})",
-        "  pipes busy: " + ", ".join(busy) + " (busy = working + waiting for data, % of core residency)",
-    ]
-    if low.tiling is not None:
-        lines.append(f"  tiling: {low.tiling}")
-    return "\n".join(lines)
 
 
 def _lengths(text: str):
