@@ -119,3 +119,17 @@ def test_readme_fast_commands_run(command, tmp_path, monkeypatch, capsys):
     assert len(_fast_commands()) >= 5
     monkeypatch.chdir(tmp_path)
     assert main(shlex.split(command, comments=True)[1:]) == 0, capsys.readouterr().err
+
+
+def test_readme_main_job_prints_what_the_readme_shows(capsys, tmp_path, monkeypatch):
+    """The first command's npusim part (the K3 decode step, a few seconds) prints the
+    block the README shows under "The K3 decoder, step by step", line for line."""
+    from npusim.cli import main
+
+    command = _blocks("bash")[0].strip().splitlines()[0].split("&& .venv/bin/")[-1]
+    shown = README.split("```\nk3 decode on ascend910b2", 1)[1].split("```", 1)[0]
+    shown = ("k3 decode on ascend910b2" + shown).strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(command)[1:]) == 0
+    printed = capsys.readouterr().out.rstrip().splitlines()
+    assert [line.rstrip() for line in printed] == [line.rstrip() for line in shown]
