@@ -90,7 +90,7 @@ def metrics(run: ServingRun) -> dict:
         "kv_capacity_tokens": run.kv_capacity_tokens,
         "kv_occupancy": {"mean": float(kv.mean()), "max": float(kv.max())},
         "timeline": timeline(run),
-        "step_cost": {"engine_points": len(c.points), "engine_runs": c.engine_runs,
+        "step_cost": {"engine_points": len(c.points),
                       "decode_knots": {"batch": list(c.decode.b), "context": list(c.decode.l)},
                       "prefill_knots": list(c.prefill.l)},
     }
@@ -154,7 +154,7 @@ def summary(m: dict) -> str:
                  f"{100 * m['kv_occupancy']['mean']:.1f}%, max {100 * m['kv_occupancy']['max']:.1f}% of "
                  f"{m['kv_capacity_tokens']} tokens")
     sc = m["step_cost"]
-    lines.append(f"  step costs from {sc['engine_points']} engine points ({sc['engine_runs']} simulated now)")
+    lines.append(f"  step costs interpolated from {sc['engine_points']} engine-simulated steps")
     return "\n".join(lines)
 
 

@@ -84,6 +84,8 @@ class ServiceConfig:
     buckets: list[int] | None = _f("shape buckets when the buckets pass is on (default 512,1024,2048,4096)", None)
     margin: int | None = _f("buckets pass: headroom a sequence keeps in its bucket", None, _opt(_nonneg))
     kv_layout: str | None = _f("KV layout of the kv_layout pass: contiguous or paged", None)
+    precompile: bool = _f("every shape is compiled (captured) before serving starts, as vLLM captures its graphs: "
+                          "no first-run compile during the run", False)
     host: HostConfig = _f("the serving process's CPU", HostConfig())
     slo: Slo = _f("service-level objectives", Slo())
 
@@ -112,6 +114,12 @@ def _converter() -> cattrs.Converter:
             raise TypeError(f"expected a string, got {v!r}")
         return v
 
+    def to_bool(v, _):
+        if not isinstance(v, bool):
+            raise TypeError(f"expected true or false, got {v!r}")
+        return v
+
+    conv.register_structure_hook(bool, to_bool)
     conv.register_structure_hook(int, number(int))
     conv.register_structure_hook(float, number(float))
     conv.register_structure_hook(str, to_str)

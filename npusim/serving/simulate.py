@@ -12,7 +12,8 @@ The host, as modelled (every cost is a field of the service's HostConfig):
   of each generated token: on the pool it delays only that token's delivery; on
   the inference thread it is done one token after another after the step;
 - every step costs `step_overhead_us` of framework time before its launches, and
-  a shape's first run compiles its kernels (StepCost.compile_us) before it runs;
+  a shape's first run compiles its kernels (StepCost.compile_us) before it runs,
+  unless the service compiles every shape before serving (`precompile`);
 - the sync policy comes from the passes: without the sync pass the inference
   thread blocks in synchronize for the whole step, so its host work
   (tokenization, post-processing) adds to every step; with event callbacks it
@@ -108,7 +109,7 @@ def simulate(requests: Sequence[Request], service: ServiceConfig, cost: StepCost
             device = cost.work_us(work)
             new = cost.shapes(work) - shapes_seen
             shapes_seen |= new
-            compile_us = sum(cost.compile_us(phase) for phase, _, _ in sorted(new))
+            compile_us = 0.0 if service.precompile else sum(cost.compile_us(phase) for phase, _, _ in sorted(new))
             # events: the host tokenizes and post-processes while the device runs the step
             overlap = owed + len(incoming) * host.tokenize_us
             start = now + host.step_overhead_us + compile_us

@@ -63,7 +63,8 @@ from npusim.serving.state import Work
 from npusim.workload import Workload, load_workload
 
 MIN_SPAN_TOKENS = 8  # a length cell narrower than this is not split further
-DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
+DEFAULT_TOL = 0.005
+POINT_SCHEME = 1  # bump when what a point simulates changes (_lengths): cached points go stale  # relative error an edge midpoint may show before its cell is split
 
 
 def _code_hash() -> str:
@@ -224,7 +225,7 @@ class StepCost:
             self._key_base = {"hw": attrs.asdict(self.pricing_hw), "workload": attrs.asdict(self.workload),
                               "passes": list(self.passes), "options": {k: list(v) if isinstance(v, tuple) else v
                                                                       for k, v in sorted(self.options.items())},
-                              "code": _code_hash()}
+                              "code": _code_hash(), "scheme": POINT_SCHEME}
         blob = json.dumps({**self._key_base, "point": list(k)}, sort_keys=True, default=str)
         return self.cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
 
