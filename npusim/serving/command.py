@@ -74,6 +74,49 @@ def compare_table(a: dict, b: dict) -> str:
     return "\n".join(lines)
 
 
+def sustainable(m: dict, slo) -> bool:
+    """The run meets the SLOs as capacity searches use them (Vidur's): TTFT P90,
+    TPOT P99 and end-to-end P90 within their limits, and no request lost."""
+    checks = ((m["ttft"]["p90_ms"], slo.ttft_ms), (m["tpot"]["p99_ms"], slo.tpot_ms), (m["e2e"]["p90_ms"], slo.e2e_ms))
+    lost = m["timed_out"] + m["failed_oom"]
+    return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
+
+
+def max_rate(svc: ServiceConfig, args, hw, probes: int = 8) -> tuple[float, list[tuple[float, bool]]]:
+    """The highest Poisson rate (requests/s) the service sustains, by bisection:
+    from --rate, doubled or halved until the limit is bracketed, then `probes` halvings
+    of the bracket. Every probe runs the same seed and request count."""
+    if not any((svc.slo.ttft_ms, svc.slo.tpot_ms, svc.slo.e2e_ms)):
+        raise ConfigError("--max-rate: the service sets no SLO: give --slo ttft_ms=...,tpot_ms=...")
+    cache = None if args.no_cache else (args.cache or default_cache_dir())
+    cost = StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+                    tol=args.tol, cache_dir=cache)
+    seen: list[tuple[float, bool]] = []
+
+    def ok(rate: float) -> bool:
+        reqs = synthetic(args.requests or 1000, args.seed, "poisson", rate, prompt=args.prompt_lengths,
+                         output=args.output_lengths)
+        good = sustainable(metrics(simulate(reqs, svc, cost)), svc.slo)
+        seen.append((rate, good))
+        return good
+
+    rate = check_rate(args.rate if args.rate is not None else 1.0)
+    lo, hi = (rate, None) if ok(rate) else (None, rate)
+    for _ in range(20):  # bracket: at most 2^20 x away from the first guess
+        if lo is not None and hi is not None:
+            break
+        if hi is None:
+            lo, hi = (lo * 2, None) if ok(lo * 2) else (lo, lo * 2)
+        else:
+            lo, hi = (hi / 2, hi) if ok(hi / 2) else (None, hi / 2)
+    if lo is None:
+        return 0.0, seen
+    for _ in range(probes):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, seen
+
+
 def main(args) -> int:
     if args.requests is not None and args.requests < 1:
         raise ConfigError(f"--requests: expected a positive number of requests, got {args.requests}")
@@ -82,6 +125,13 @@ def main(args) -> int:
     hw = load_hw(args.hw, parse_set_args(args.set))
     names = args.compare or [args.service]
     services = [load_service_args(n, args) for n in names]
+    if args.max_rate:
+        for svc in services:
+            rate, seen = max_rate(svc, args, hw)
+            tried = ", ".join(f"{r:.3g}{'' if good else ' x'}" for r, good in seen)
+            print(f"{svc.name}: highest sustainable rate {rate:.3g} req/s within {_slo_line(svc.slo)} "
+                  f"({args.requests or 1000} Poisson requests per probe; tried {tried}; x = missed)")
+        return 0
     requests = load_requests(args)
     results = []
     for svc in services:
@@ -98,6 +148,12 @@ def main(args) -> int:
     if args.json:
         write_json(results[0] if len(results) == 1 else {m["service"]: m for m in results}, args.json)
     return 0
+
+
+def _slo_line(slo) -> str:
+    parts = [f"TTFT P90 <= {slo.ttft_ms:g} ms" if slo.ttft_ms else "", f"TPOT P99 <= {slo.tpot_ms:g} ms"
+             if slo.tpot_ms else "", f"end-to-end P90 <= {slo.e2e_ms:g} ms" if slo.e2e_ms else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def _suffixed(path: str, name: str) -> str:
@@ -128,6 +184,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic load")
     p.add_argument("--slo", metavar="KEY=MS,...", help="SLOs (ttft_ms, tpot_ms, e2e_ms, timeout_ms) over the "
                    "service's")
+    p.add_argument("--max-rate", action="store_true", help="find the highest Poisson rate meeting the SLOs by "
+                   "bisection (starting from --rate)")
     p.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per request")
     p.add_argument("--cache", metavar="DIR", help="where engine step prices persist (default $NPUSIM_CACHE or "

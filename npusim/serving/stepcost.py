@@ -170,7 +170,7 @@ class StepCost:
         self.buckets = tuple(self.options.get("buckets", DEFAULT_BUCKETS))
         self.margin = int(self.options.get("margin", 0))
         ctx = self.workload.max_context_tokens
-        batches = [1] + [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b < max_batch] + [max_batch]
+        batches = [1, max_batch]  # the batch axis is refined where a midpoint check misses
         if self.bucketed:
             lengths = sorted({self.length_key(n) for n in range(1, ctx + 1)})  # every bucket a step can have
         else:  # powers of 4 to start with: a short step never needs a long corner simulated
@@ -246,7 +246,7 @@ class StepCost:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump({"latency_us": pt.latency_us, "memory": attrs.asdict(pt.memory)}, f)
+            json.dump({"point": list(k), "latency_us": pt.latency_us, "memory": attrs.asdict(pt.memory)}, f)
         os.replace(tmp, path)
 
     # ---- prices

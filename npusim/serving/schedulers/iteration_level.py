@@ -57,15 +57,16 @@ class IterationLevel(Scheduler):
     def decoders(self) -> list[Seq]:
         """The decoding sequences, each holding the blocks its next token needs
         (preempting the latest admitted ones until they do)."""
+        room = self.blocks.block_tokens
         for s in list(self.running):
-            if s not in self.running or not s.decoding:
+            if not s.decoding or s.context <= s.blocks * room:  # preempted meanwhile, or room in its last block
                 continue
             while not self.blocks.can_hold(s, s.context):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is s:
                     break
-            if s in self.running:
+            if s.decoding:
                 self.blocks.grow(s, s.context)
         return [s for s in self.running if s.decoding]
 
