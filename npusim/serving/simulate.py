@@ -83,6 +83,17 @@ def simulate(requests: Sequence[Request], service: ServiceConfig, cost: StepCost
     steps: list[StepRecord] = []
     incoming: list[Seq] = []  # arrived, waiting for the inference thread to tokenize them
     now, i, owed = 0.0, 0, 0.0  # owed: inference-thread post-processing not done yet (µs)
+
+    def tokenize_now() -> None:
+        """The inference thread tokenizes what has arrived (after the host work it owes)."""
+        nonlocal now, owed, incoming
+        now += owed + len(incoming) * host.tokenize_us
+        owed = 0.0
+        for s in incoming:
+            s.ready_us = now
+            sched.add(s, now)
+        incoming = []
+
     while True:
         if blocking and owed:  # blocked in synchronize during the step: the host work comes after it
             now, owed = now + owed, 0.0
@@ -94,12 +105,7 @@ def simulate(requests: Sequence[Request], service: ServiceConfig, cost: StepCost
                 sched.add(s, now)
             incoming = []
         elif incoming and (blocking or not sched.busy()):  # nothing to overlap with: tokenize now
-            now += owed + len(incoming) * host.tokenize_us
-            owed = 0.0
-            for s in incoming:
-                s.ready_us = now
-                sched.add(s, now)
-            incoming = []
+            tokenize_now()
             continue  # more may have arrived meanwhile
         sched.flush = i == len(queue) and not incoming
         for s in sched.expire(now, timeout):
@@ -128,12 +134,7 @@ def simulate(requests: Sequence[Request], service: ServiceConfig, cost: StepCost
             now = end
             continue
         if incoming:  # the scheduler waits (a scan, a timeout): time to tokenize
-            now += owed + len(incoming) * host.tokenize_us
-            owed = 0.0
-            for s in incoming:
-                s.ready_us = now
-                sched.add(s, now)
-            incoming = []
+            tokenize_now()
             continue
         # idle: wait for the next request (or the scheduler's next look)
         upcoming = (queue[i].ready_us if on_pool else queue[i].arrival_us) if i < len(queue) else None

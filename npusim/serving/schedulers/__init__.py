@@ -3,8 +3,8 @@
 The serving loop hands a scheduler each request once it is tokenized (`add`),
 asks it what the device runs next (`next`: a Work, a time to ask again, or None
 to wait for the next request) and tells it when a step has ended (`done`, after
-the loop has advanced the step's sequences). Requests a scheduler gives up on
-(a batch that does not fit) go to `failed`; the loop collects them.
+the loop has advanced the step's sequences). A request a scheduler gives up on
+(a batch that does not fit) gets its status at once (Seq.finish).
 
     static      wait for max_batch requests, run them to completion (request-level)
     dynamic     the seed articles' batcher: scan, group by length, launch at max_batch or timeout
@@ -26,7 +26,6 @@ class Scheduler:
         self.cfg = cfg
         self.kv_capacity_tokens = kv_capacity_tokens
         self.waiting: list[Seq] = []
-        self.failed: list[Seq] = []
         self.flush = False  # set by the loop once no more requests will come
         self.preemptions = 0
 

@@ -26,7 +26,6 @@ class IterationLevel(Scheduler):
     def add(self, seq: Seq, now: float) -> None:
         if self.blocks.blocks_for(seq.max_tokens) > self.blocks.total:
             seq.finish("oom", now)
-            self.failed.append(seq)
         else:
             self.waiting.append(seq)
 

@@ -38,7 +38,6 @@ class RequestLevel(Scheduler):
         for s in group:
             s.finish("oom", now)
             self.waiting.remove(s)
-        self.failed.extend(group)
 
     def next(self, now: float) -> Work | float | None:
         if self.batch:
