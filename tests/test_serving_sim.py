@@ -169,3 +169,31 @@ def test_serve_cli_writes_identical_json(tmp_path, capsys):
     assert outs[0] == outs[1]
     assert "TTFT" in capsys.readouterr().out
     assert (tmp_path / "0.csv").read_text().count("\n") == 61
+
+
+def test_trace_lanes_never_overlap():
+    from npusim.serving.trace import chrome_trace
+
+    run = simulate(load(100, rate=500.0), service(), cost())
+    events = chrome_trace(run)["traceEvents"]
+    lanes: dict = {}
+    for e in events:
+        if e["ph"] == "X" and e["pid"] == 2:
+            lanes.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    assert sum(map(len, lanes.values())) == 100
+    for spans in lanes.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert sum(e["ph"] == "X" and e["pid"] == 1 for e in events) == len(run.steps)
+
+
+def test_max_rate_brackets_the_slo(capsys):
+    argv = ["serve", "--workload", "k3-tiny", "--no-cache", "--service", "vllm-continuous", "--service-set",
+            "scheduler.max_batch=4", "--requests", "80", "--prompt-lengths", "uniform:16,200", "--max-rate",
+            "--rate", "100", "--slo", "ttft_ms=50,tpot_ms=10"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "highest sustainable rate" in out and " x" in out  # some probe missed the SLO
+    no_slo = argv[:-2] + ["--service-set", "slo.ttft_ms=null", "--service-set", "slo.tpot_ms=null"]
+    assert main(no_slo) == 2
+    assert "--max-rate: the service sets no SLO" in capsys.readouterr().err

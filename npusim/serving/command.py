@@ -142,6 +142,10 @@ def main(args) -> int:
         if args.csv:
             path = args.csv if len(services) == 1 else _suffixed(args.csv, svc.name)
             write_atomic(path, requests_csv(run))
+        if args.trace:
+            from npusim.serving.trace import write_trace
+
+            write_trace(run, args.trace if len(services) == 1 else _suffixed(args.trace, svc.name))
     if len(results) == 2:
         print()
         print(compare_table(*results))
@@ -188,6 +192,8 @@ def add_arguments(p) -> None:
                    "bisection (starting from --rate)")
     p.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per request")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace: steps, request lifetimes, batch and KV "
+                   "counters")
     p.add_argument("--cache", metavar="DIR", help="where engine step prices persist (default $NPUSIM_CACHE or "
                    "~/.cache/npusim/steps)")
     p.add_argument("--no-cache", action="store_true", help="price steps in memory only")
