@@ -26,7 +26,7 @@ def load_requests(args):
     """The load the arguments describe: a replayed trace file, or a synthetic one."""
     if args.trace_file:
         return load_trace(args.trace_file, args.requests)
-    process = args.arrival
+    process = args.arrival or ("ramp" if args.ramp else "poisson")
     if process == "trace":
         raise ConfigError("--arrival trace: give --trace-file PATH")
     ramp = parse_ramp(args.ramp) if args.ramp else None
@@ -173,8 +173,8 @@ def add_arguments(p) -> None:
     p.add_argument("--workload", default="k3", help="workload name (workloads/) or path")
     p.add_argument("--hw", default="ascend910b2", help="hardware config name or path")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
-    p.add_argument("--arrival", default="poisson", choices=("poisson", "gamma", "constant", "ramp", "trace"),
-                   help="arrival process")
+    p.add_argument("--arrival", choices=("poisson", "gamma", "constant", "ramp", "trace"),
+                   help="arrival process (default: trace with --trace-file, ramp with --ramp, else poisson)")
     p.add_argument("--rate", type=float, help="requests per second (poisson, gamma, constant)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation of the gaps")
     p.add_argument("--ramp", metavar="START,STEP,EVERY_S,MAX", help="ramp: Locust-like stepped rate, e.g. "

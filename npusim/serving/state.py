@@ -67,24 +67,23 @@ class Seq:
 class Work:
     """One iteration: prefill chunks (sequence, tokens this step puts in its cache)
     and decodes (sequences getting one token), with the shapes the step is priced
-    and compiled at: the length of each prefill sequence (a request-level batch
-    pads its prompts to the longest), and the decode batch and longest context (a
-    request-level batch keeps its formed size after some of its sequences finish)."""
+    and compiled at. The decoder graph pads a batch to its longest sequence, so a
+    prefill part is (its sequences, its longest chunk) and a decode part (its
+    batch, its longest context); a request-level batch keeps its formed size after
+    some of its sequences have finished (`pad_batch`)."""
 
     prefill: tuple[tuple[Seq, int], ...] = ()
     decode: tuple[Seq, ...] = ()
-    prefill_lengths: tuple[int, ...] = ()
+    prefill_batch: int = 0
+    prefill_tokens: int = 0
     decode_batch: int = 0
     decode_context: int = 0
 
     @classmethod
-    def of(cls, prefill=(), decode=(), pad_prefill: bool = False, pad_batch: int | None = None,
-           pad_context: int | None = None) -> Work:
+    def of(cls, prefill=(), decode=(), pad_batch: int | None = None, pad_context: int | None = None) -> Work:
         prefill, decode = tuple(prefill), tuple(decode)
-        lengths = tuple(n for _, n in prefill)
-        if pad_prefill and lengths:
-            lengths = (max(lengths),) * len(lengths)
-        return cls(prefill, decode, lengths, (pad_batch or len(decode)) if decode else 0,
+        return cls(prefill, decode, len(prefill), max((n for _, n in prefill), default=0),
+                   (pad_batch or len(decode)) if decode else 0,
                    max([s.context for s in decode] + [pad_context or 0]) if decode else 0)
 
     @property

@@ -6,12 +6,10 @@ take hours, so the model prices steps at chosen points and interpolates:
 - a decode step by (batch, context): the context of its longest sequence, since
   the decoder graph of a ragged batch has the shapes of its longest sequence
   (graph.build: the lowering reads and writes at the longest length);
-- a prefill by its prompt tokens, one sequence: a prefill of several prompts costs
-  the sum of theirs (each at its own length when packed, at the longest when a
-  request-level batch pads them). Prefill is compute-bound, so a batch gains
-  little over its sequences run one by one; bench_stepcost.py prints the error of
-  this sum against the engine's batched prefill. (Simulating a batched prefill
-  at every batch would also cost minutes of engine time per point on K3.)
+- a prefill by (batch, prompt tokens), the prompts padded to the longest. (Pricing
+  a batch as the sum of its prompts' single prefills was tried and rejected: on
+  k3-tiny, launch-bound, it is 4-5x too slow. The price: an engine point of a
+  large batched prefill takes minutes to simulate on K3.)
 
 Each phase is a `Surface`: a rectilinear grid over (batch, length) whose corner
 values come from `run_decoder` (same hardware, passes and pass options as
@@ -63,8 +61,8 @@ from npusim.serving.state import Work
 from npusim.workload import Workload, load_workload
 
 MIN_SPAN_TOKENS = 8  # a length cell narrower than this is not split further
-DEFAULT_TOL = 0.005
-POINT_SCHEME = 1  # bump when what a point simulates changes (_lengths): cached points go stale  # relative error an edge midpoint may show before its cell is split
+DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
+POINT_SCHEME = 2  # bump when what a point simulates changes (_lengths): cached points go stale
 
 
 def _code_hash() -> str:
@@ -178,7 +176,7 @@ class StepCost:
         tol_ = tol if refine else float("inf")
         self.decode = Surface(lambda b, n: self.point("decode", b, n).latency_us, batches, lengths, tol_,
                               self.bucketed)
-        self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, [1], lengths, tol_,
+        self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, batches, lengths, tol_,
                                self.bucketed)
         self._kernels: dict[str, int] = {}
         self._key_base: dict | None = None
@@ -255,21 +253,23 @@ class StepCost:
         """A decode step of `batch` sequences whose longest context is `context` (new token included)."""
         return self.decode(batch, self.length_key(context))
 
-    def prefill_us(self, tokens: int) -> float:
-        """The prefill of one prompt of `tokens` tokens."""
-        return self.prefill(1, self.length_key(tokens))
+    def prefill_us(self, batch: int, tokens: int) -> float:
+        """A prefill of `batch` prompts padded to `tokens`."""
+        return self.prefill(batch, self.length_key(tokens))
 
     def work_us(self, work: Work) -> float:
-        """One iteration: its prefills (one per sequence, module doc), its decode step,
-        or both (a mixed iteration: the sum, the module doc's assumption)."""
-        us = sum(self.prefill_us(n) for n in work.prefill_lengths)
+        """One iteration: its prefill, its decode step, or both (a mixed iteration:
+        the sum, the module doc's assumption)."""
+        us = self.prefill_us(work.prefill_batch, work.prefill_tokens) if work.prefill_batch else 0.0
         if work.decode_batch:
             us += self.decode_us(work.decode_batch, work.decode_context)
         return us
 
     def shapes(self, work: Work) -> set[tuple[str, int, int]]:
         """The shapes an iteration runs: a new shape's first run compiles its kernels."""
-        out = {("prefill", 1, self.length_key(n)) for n in work.prefill_lengths}
+        out = set()
+        if work.prefill_batch:
+            out.add(("prefill", work.prefill_batch, self.length_key(work.prefill_tokens)))
         if work.decode_batch:
             out.add(("decode", work.decode_batch, self.length_key(work.decode_context)))
         return out

@@ -1,6 +1,6 @@
 """Continuous batching as vLLM (v0) runs it: a step with new sequences is a prefill
-of just those (packed, each at its own length); otherwise every running sequence
-decodes one token."""
+of just those (one batch, padded to the longest: the decoder graph has no packed
+prefill); otherwise every running sequence decodes one token."""
 
 from __future__ import annotations
 

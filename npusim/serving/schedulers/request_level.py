@@ -51,7 +51,7 @@ class RequestLevel(Scheduler):
             self.waiting.remove(s)
             s.admit()
         self.batch, self.steps = group, 0
-        return Work.of(prefill=[(s, s.goal) for s in group], pad_prefill=True)
+        return Work.of(prefill=[(s, s.goal) for s in group])
 
     def done(self, work: Work, end: float) -> None:
         if all(s.status is not None for s in self.batch):
