@@ -197,3 +197,12 @@ def test_max_rate_brackets_the_slo(capsys):
     no_slo = argv[:-2] + ["--service-set", "slo.ttft_ms=null", "--service-set", "slo.tpot_ms=null"]
     assert main(no_slo) == 2
     assert "--max-rate: the service sets no SLO" in capsys.readouterr().err
+
+
+def test_plots_written(tmp_path):
+    from npusim.serving.plots import batch_and_kv, latency_cdf
+
+    run = simulate(load(60), service(), cost())
+    paths = latency_cdf(run, tmp_path) + batch_and_kv(run, tmp_path)
+    assert sorted(p.name for p in paths) == ["batch_kv.png", "batch_kv.svg", "latency_cdf.png", "latency_cdf.svg"]
+    assert all(p.stat().st_size > 0 for p in paths)

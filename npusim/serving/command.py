@@ -142,6 +142,12 @@ def main(args) -> int:
         if args.csv:
             path = args.csv if len(services) == 1 else _suffixed(args.csv, svc.name)
             write_atomic(path, requests_csv(run))
+        if args.plot:
+            from npusim.serving.plots import batch_and_kv, latency_cdf
+
+            out = args.plot if len(services) == 1 else str(Path(args.plot) / svc.name)
+            paths = latency_cdf(run, out) + batch_and_kv(run, out)
+            print(f"plots in {out}: " + ", ".join(dict.fromkeys(p.stem for p in paths)) + " (.png, .svg)")
         if args.trace:
             from npusim.serving.trace import write_trace
 
@@ -194,6 +200,7 @@ def add_arguments(p) -> None:
     p.add_argument("--csv", metavar="PATH", help="write one row per request")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace: steps, request lifetimes, batch and KV "
                    "counters")
+    p.add_argument("--plot", metavar="DIR", help="write plots: latency CDF, batch and KV cache over time")
     p.add_argument("--cache", metavar="DIR", help="where engine step prices persist (default $NPUSIM_CACHE or "
                    "~/.cache/npusim/steps)")
     p.add_argument("--no-cache", action="store_true", help="price steps in memory only")
