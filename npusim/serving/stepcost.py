@@ -168,7 +168,11 @@ class StepCost:
         self.buckets = tuple(self.options.get("buckets", DEFAULT_BUCKETS))
         self.margin = int(self.options.get("margin", 0))
         ctx = self.workload.max_context_tokens
-        batches = [1, max_batch]  # the batch axis is refined where a midpoint check misses
+        # the batch axis is refined where a midpoint check misses. Decode starts from its
+        # ends; prefill from powers of two, since a large batched prefill takes minutes of
+        # engine time on K3 and a few prompts at once must not need one simulated
+        batches = [1, max_batch]
+        powers = sorted({min(2**i, max_batch) for i in range(max_batch.bit_length() + 1)})
         if self.bucketed:
             lengths = sorted({self.length_key(n) for n in range(1, ctx + 1)})  # every bucket a step can have
         else:  # powers of 4 to start with: a short step never needs a long corner simulated
@@ -176,7 +180,7 @@ class StepCost:
         tol_ = tol if refine else float("inf")
         self.decode = Surface(lambda b, n: self.point("decode", b, n).latency_us, batches, lengths, tol_,
                               self.bucketed)
-        self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, batches, lengths, tol_,
+        self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, powers, lengths, tol_,
                                self.bucketed)
         self._kernels: dict[str, int] = {}
         self._key_base: dict | None = None
