@@ -437,7 +437,19 @@ def build_parser() -> argparse.ArgumentParser:
             action.help = "context length per sequence (decode) or prompt length (prefill); one int, or a comma list"
     validate.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     validate.set_defaults(func=_cmd_validate)
+
+    serve = sub.add_parser("serve", help="a service under load: arrivals, batching, host; TTFT, TPOT, P99")
+    from npusim.serving.command import add_arguments as _serve_arguments
+
+    _serve_arguments(serve)
+    serve.set_defaults(func=_cmd_serve)
     return p
+
+
+def _cmd_serve(args) -> int:
+    from npusim.serving.command import main as serve
+
+    return serve(args)
 
 
 def main(argv: list[str] | None = None) -> int:

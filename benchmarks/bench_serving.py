@@ -1,0 +1,45 @@
+"""Speed of the serving simulation: N Poisson requests through a service, wall
+time of building the step-cost model (engine points; cached on disk after the
+first run) and of the simulation itself, and the peak RSS.
+
+    .venv/bin/python benchmarks/bench_serving.py --workload k3 --rate 4 --requests 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+from npusim.serving import StepCost, metrics, simulate, synthetic
+from npusim.serving.command import default_cache_dir
+from npusim.serving.service import load_service
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="k3-tiny")
+    p.add_argument("--service", default="vllm-continuous")
+    p.add_argument("--rate", type=float, default=500.0)
+    p.add_argument("--requests", type=int, default=10000)
+    p.add_argument("--prompt-lengths", default="uniform:16,400")
+    p.add_argument("--output-lengths", default="fixed:64")
+    a = p.parse_args()
+    svc = load_service(a.service)
+    reqs = synthetic(a.requests, 0, "poisson", a.rate, prompt=a.prompt_lengths, output=a.output_lengths)
+    cost = StepCost(a.workload, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+                    cache_dir=default_cache_dir())
+    t0 = time.monotonic()
+    simulate(reqs[:200], svc, cost)  # the engine points the load needs (most of them)
+    t1 = time.monotonic()
+    run = simulate(reqs, svc, cost)
+    t2 = time.monotonic()
+    m = metrics(run)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{a.requests} requests of {a.workload} ({svc.name}) at {a.rate} req/s: step-cost warm-up {t1 - t0:.1f} s "
+          f"({cost.engine_runs} engine runs), simulation {t2 - t1:.1f} s for {len(run.steps)} steps; decode batch "
+          f"mean {m['decode_batch']['mean']:.1f}; peak RSS {rss:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

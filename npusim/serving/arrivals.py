@@ -1,0 +1,262 @@
+"""Requests and when they arrive: arrival processes, length distributions, trace replay.
+
+A load is a tuple of `Request`s sorted by arrival time. Synthetic loads draw
+every random number from one numpy Generator seeded by the caller, in a fixed
+order (arrival gaps first, then prompt lengths, then output lengths), so a seed
+gives the same requests bit for bit. Replayed traces come from a CSV or JSONL
+file with the columns `arrival_s, prompt_tokens, output_tokens`.
+
+Processes (`arrival_times`):
+- poisson: exponential gaps at `rate` requests/s;
+- gamma: gamma gaps with mean 1/rate and coefficient of variation `cv`
+  (cv = 1 is Poisson, > 1 is burstier);
+- constant: one request every 1/rate s;
+- ramp: Locust's stepped load - `start` requests/s, `step` more every `every` s,
+  up to `max` (Poisson within each stage).
+
+Lengths (`lengths`): "fixed:N", "uniform:A,B", "lognormal:MEDIAN,SIGMA", "mix"
+(the seed articles' load) and "file:PATH" (sampled with replacement from the
+integers in a file, one per line).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from attrs import frozen
+
+from npusim.errors import ConfigError
+
+# The seed articles' length mix: 10% under 128 tokens, 60% 128-1024, 30% over 1024.
+# Within a band lengths are uniform; the bottom of the first band (16) and the top of
+# the last (4096) are not given by the seeds: assumed.
+SEED_MIX = ((0.10, 16, 127), (0.60, 128, 1024), (0.30, 1025, 4096))
+
+
+@frozen
+class Request:
+    """One request: when it arrives (s), its prompt and how many tokens it generates."""
+
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+# ---- arrival processes
+
+@frozen
+class Ramp:
+    """Locust-style stepped load: `start` req/s, + `step` every `every_s`, capped at `max`."""
+
+    start: float
+    step: float
+    every_s: float
+    max: float
+
+    def rate_at(self, t: float) -> float:
+        return min(self.start + self.step * math.floor(t / self.every_s), self.max)
+
+
+def parse_ramp(text: str) -> Ramp:
+    """'START,STEP,EVERY_S,MAX' (e.g. 10,10,30,150) -> Ramp."""
+    try:
+        start, step, every, top = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--ramp: expected START,STEP,EVERY_S,MAX (e.g. 10,10,30,150), got '{text}'") from None
+    if start <= 0 or step < 0 or every <= 0 or top < start:
+        raise ConfigError(f"--ramp: expected START > 0, STEP >= 0, EVERY_S > 0 and MAX >= START, got '{text}'")
+    return Ramp(start, step, every, top)
+
+
+def check_rate(rate: float, what: str = "--rate") -> float:
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"{what}: expected a positive number of requests per second, got {rate!r}")
+    return float(rate)
+
+
+def arrival_times(process: str, n: int, rng: np.random.Generator, rate: float | None = None, cv: float = 1.0,
+                  ramp: Ramp | None = None) -> np.ndarray:
+    """`n` arrival times in seconds from 0, sorted."""
+    if n < 1:
+        raise ConfigError(f"--requests: expected a positive number of requests, got {n}")
+    if process == "ramp":
+        if ramp is None:
+            raise ConfigError("--arrival ramp: give --ramp START,STEP,EVERY_S,MAX")
+        out, t = np.empty(n), 0.0
+        for i in range(n):  # piecewise Poisson: a gap drawn at the current stage's rate
+            t += rng.exponential(1.0 / ramp.rate_at(t))
+            out[i] = t
+        return out
+    rate = check_rate(rate)
+    if process == "poisson":
+        gaps = rng.exponential(1.0 / rate, n)
+    elif process == "gamma":
+        if not (math.isfinite(cv) and cv > 0):
+            raise ConfigError(f"--cv: expected a positive coefficient of variation, got {cv}")
+        shape = 1.0 / cv**2  # gamma with mean 1/rate: shape k = 1/cv^2, scale = 1/(rate k)
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+    elif process == "constant":
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        raise ConfigError(f"--arrival: unknown process '{process}' (poisson, gamma, constant, ramp, trace)")
+    return np.cumsum(gaps)
+
+
+# ---- length distributions
+
+def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-lengths") -> np.ndarray:
+    """`n` token counts (>= 1) drawn from the distribution `spec` names."""
+    kind, _, arg = spec.partition(":")
+
+    def numbers(count: int, form: str) -> list[float]:
+        try:
+            vals = [float(x) for x in arg.split(",")]
+        except ValueError:
+            vals = []
+        if len(vals) != count:
+            raise ConfigError(f"{what}: expected {kind}:{form}, got '{spec}'")
+        return vals
+
+    if kind == "fixed":
+        (v,) = numbers(1, "N")
+        if v < 1:
+            raise ConfigError(f"{what}: expected a length >= 1, got '{spec}'")
+        out = np.full(n, v)
+    elif kind == "uniform":
+        lo, hi = numbers(2, "MIN,MAX")
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"{what}: expected 1 <= MIN <= MAX, got '{spec}'")
+        out = rng.integers(int(lo), int(hi), n, endpoint=True)
+    elif kind == "lognormal":
+        median, sigma = numbers(2, "MEDIAN,SIGMA")
+        if median < 1 or sigma < 0:
+            raise ConfigError(f"{what}: expected MEDIAN >= 1 and SIGMA >= 0, got '{spec}'")
+        out = np.maximum(1, np.round(rng.lognormal(math.log(median), sigma, n)))
+    elif kind == "mix" and not arg:
+        probs = np.array([p for p, _, _ in SEED_MIX])
+        band = rng.choice(len(SEED_MIX), n, p=probs / probs.sum())
+        lo = np.array([b[1] for b in SEED_MIX])[band]
+        hi = np.array([b[2] for b in SEED_MIX])[band]
+        out = lo + np.floor(rng.random(n) * (hi - lo + 1))
+    elif kind == "file":
+        values = _empirical(Path(arg), what)
+        out = rng.choice(values, n)
+    else:
+        raise ConfigError(f"{what}: expected fixed:N, uniform:MIN,MAX, lognormal:MEDIAN,SIGMA, mix or file:PATH, "
+                          f"got '{spec}'")
+    return out.astype(np.int64)
+
+
+def _empirical(path: Path, what: str) -> np.ndarray:
+    try:
+        lines = path.read_text().split()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what}: {path}: cannot read: {e}") from None
+    values = []
+    for i, x in enumerate(lines, 1):
+        if not x.isdigit() or int(x) < 1:
+            raise ConfigError(f"{path}: value {i}: expected a positive integer token count, got '{x}'")
+        values.append(int(x))
+    if not values:
+        raise ConfigError(f"{path}: no lengths in the file")
+    return np.array(values)
+
+
+def synthetic(n: int, seed: int, process: str = "poisson", rate: float | None = None, cv: float = 1.0,
+              ramp: Ramp | None = None, prompt: str = "mix", output: str = "fixed:64") -> tuple[Request, ...]:
+    """`n` requests of a synthetic load, reproducible from `seed`."""
+    rng = np.random.default_rng(seed)
+    times = arrival_times(process, n, rng, rate, cv, ramp)
+    p = lengths(prompt, n, rng, "--prompt-lengths")
+    o = lengths(output, n, rng, "--output-lengths")
+    return tuple(Request(i, float(times[i]), int(p[i]), int(o[i])) for i in range(n))
+
+
+# ---- trace replay
+
+COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> tuple[Request, ...]:
+    """Requests from a CSV (header row naming the columns) or JSONL file (one
+    object per line) with arrival_s, prompt_tokens, output_tokens; arrivals must be
+    sorted. `limit`: the first that many requests."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    rows = _jsonl_rows(path, text) if path.suffix in (".jsonl", ".json") else _csv_rows(path, text)
+    out: list[Request] = []
+    for i, (where, row) in enumerate(rows):
+        if limit is not None and i >= limit:
+            break
+        missing = [c for c in COLUMNS if c not in row or row[c] in (None, "")]
+        if missing:
+            raise ConfigError(f"{path}: {where}: missing column '{missing[0]}' (expected {', '.join(COLUMNS)})")
+        t = _number(path, where, "arrival_s", row["arrival_s"], float)
+        p = _number(path, where, "prompt_tokens", row["prompt_tokens"], int)
+        o = _number(path, where, "output_tokens", row["output_tokens"], int)
+        if t < 0 or p < 1 or o < 1:
+            col, v = ("arrival_s", t) if t < 0 else ("prompt_tokens", p) if p < 1 else ("output_tokens", o)
+            raise ConfigError(f"{path}: {where}: column '{col}': expected a positive value, got {v}")
+        if out and t < out[-1].arrival_s:
+            raise ConfigError(f"{path}: {where}: column 'arrival_s': arrivals must be sorted, {t} comes after "
+                              f"{out[-1].arrival_s}")
+        out.append(Request(i, t, p, o))
+    if not out:
+        raise ConfigError(f"{path}: no requests in the file")
+    return tuple(out)
+
+
+def _csv_rows(path: Path, text: str):
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames is None:
+        raise ConfigError(f"{path}: empty file (expected a header row: {', '.join(COLUMNS)})")
+    for c in COLUMNS:
+        if c not in [f.strip() for f in reader.fieldnames]:
+            raise ConfigError(f"{path}: row 1: missing column '{c}' (expected {', '.join(COLUMNS)})")
+    for n, row in enumerate(reader, 2):
+        yield f"row {n}", {(k or "").strip(): (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
+
+
+def _jsonl_rows(path: Path, text: str):
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: line {n}: not valid JSON: {e.msg}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}: line {n}: expected an object with {', '.join(COLUMNS)}")
+        yield f"line {n}", row
+
+
+def _number(path: Path, where: str, column: str, value, kind):
+    try:
+        v = kind(float(value)) if kind is int else kind(value)
+        if kind is int and float(value) != v:
+            raise ValueError
+        if not math.isfinite(v):
+            raise ValueError
+        return v
+    except (TypeError, ValueError):
+        expected = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{path}: {where}: column '{column}': expected {expected}, got {value!r}") from None
+
+
+def offered_rate(requests: Sequence[Request]) -> float:
+    """Requests per second the load offers over its arrival span."""
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    return (len(requests) - 1) / span if span > 0 else float("inf")
+
+
+__all__ = ["COLUMNS", "Ramp", "Request", "SEED_MIX", "arrival_times", "check_rate", "lengths", "load_trace",
+           "offered_rate", "parse_ramp", "synthetic"]

@@ -1,0 +1,201 @@
+"""What a serving run measured: latency percentiles, throughput, goodput, failures,
+batch size and KV occupancy over time - as a dict (the --json file), a text
+summary and a per-request CSV.
+
+Definitions (per completed request, times from its arrival):
+- TTFT: arrival -> first token delivered; queueing delay: arrival -> start of its
+  first step; end-to-end: arrival -> last token delivered;
+- TPOT: (last token - first token) / (output tokens - 1), requests of 2+ tokens;
+- inter-token latency: every gap between two successive tokens of a request;
+- goodput: completed requests within every SLO the service sets, per second.
+Rates divide by the span from the first arrival to the last event.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from npusim.serving.simulate import ServingRun
+from npusim.serving.state import STATUSES
+
+PERCENTILES = (50, 90, 99)
+TIMELINE_POINTS = 100  # the JSON's batch / KV timeline: this many equal time bins
+
+
+def _stats(values_us) -> dict:
+    v = np.asarray(values_us, dtype=float) / 1e3
+    if not v.size:
+        return {"mean_ms": None} | {f"p{p}_ms": None for p in PERCENTILES}
+    return {"mean_ms": float(v.mean())} | {f"p{p}_ms": float(np.percentile(v, p)) for p in PERCENTILES}
+
+
+def _within(s, slo) -> bool:
+    ttft = s.token_us[0] - s.arrival_us
+    e2e = s.done_us - s.arrival_us
+    tpot = (s.token_us[-1] - s.token_us[0]) / (len(s.token_us) - 1) if len(s.token_us) > 1 else 0.0
+    return all(limit is None or value <= limit * 1e3
+               for value, limit in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms), (e2e, slo.e2e_ms)))
+
+
+def metrics(run: ServingRun) -> dict:
+    """Every figure of the run, as plain JSON values (rounded to 1 ns: the JSON
+    must be identical for identical runs)."""
+    ok = [s for s in run.seqs if s.status == "ok"]
+    first = min(s.arrival_us for s in run.seqs)
+    last = max([s.done_us for s in run.seqs if s.done_us is not None] + [st.end_us for st in run.steps] + [first])
+    span_s = max(last - first, 1e-9) / 1e6
+    itl = [b - a for s in ok for a, b in zip(s.token_us, s.token_us[1:])]
+    tpot = [(s.token_us[-1] - s.token_us[0]) / (len(s.token_us) - 1) for s in ok if len(s.token_us) > 1]
+    counts = {st: sum(s.status == st for s in run.seqs) for st in STATUSES}
+    out_tokens = sum(s.generated for s in ok)
+    good = sum(_within(s, run.service.slo) for s in ok)
+    batch = np.array([st.decode_batch for st in run.steps] or [0])
+    kv = np.array([st.kv_tokens for st in run.steps] or [0]) / max(run.kv_capacity_tokens, 1)
+    c = run.cost
+    data = {
+        "service": run.service.name,
+        "scheduler": run.service.scheduler.kind,
+        "workload": c.workload.name,
+        "hw": c.hw.name,
+        "passes": list(c.passes),
+        "sync": "blocking" if run.blocking_sync else "events",
+        "requests": len(run.seqs),
+        "completed": counts["ok"],
+        "rejected": counts["rejected"],
+        "timed_out": counts["timeout"],
+        "failed_oom": counts["oom"],
+        "preemptions": run.preemptions,
+        "duration_s": span_s,
+        "requests_per_s": counts["ok"] / span_s,
+        "output_tokens_per_s": out_tokens / span_s,
+        "goodput_requests_per_s": good / span_s,
+        "slo": attrs.asdict(run.service.slo),
+        "slo_attainment": good / len(run.seqs),
+        "ttft": _stats([s.token_us[0] - s.arrival_us for s in ok]),
+        "tpot": _stats(tpot),
+        "itl": _stats(itl),
+        "e2e": _stats([s.done_us - s.arrival_us for s in ok]),
+        "queueing": _stats([s.started_us - s.arrival_us for s in ok]),
+        "steps": len(run.steps),
+        "compile_s": sum(st.compile_us for st in run.steps) / 1e6,
+        "decode_batch": {"mean": float(batch.mean()), "max": int(batch.max())},
+        "kv_capacity_tokens": run.kv_capacity_tokens,
+        "kv_occupancy": {"mean": float(kv.mean()), "max": float(kv.max())},
+        "timeline": timeline(run),
+        "step_cost": {"engine_points": len(c.points),
+                      "decode_knots": {"batch": list(c.decode.b), "context": list(c.decode.l)},
+                      "prefill_knots": list(c.prefill.l)},
+    }
+    return _rounded(data)
+
+
+def timeline(run: ServingRun, points: int = TIMELINE_POINTS) -> dict:
+    """Mean decode batch and KV occupancy in equal time bins, weighted by step time."""
+    if not run.steps:
+        return {"t_s": [], "decode_batch": [], "kv_occupancy": []}
+    t0, t1 = run.steps[0].start_us, run.steps[-1].end_us
+    width = max(t1 - t0, 1e-9) / points
+    w = np.zeros(points)
+    b = np.zeros(points)
+    k = np.zeros(points)
+    for st in run.steps:
+        i = min(int((st.start_us - t0) / width), points - 1)
+        d = st.end_us - st.start_us
+        w[i] += d
+        b[i] += d * st.decode_batch
+        k[i] += d * st.kv_tokens / max(run.kv_capacity_tokens, 1)
+    safe = np.where(w > 0, w, 1)
+    return {"t_s": [(t0 + (j + 0.5) * width) / 1e6 for j in range(points)],
+            "decode_batch": list(b / safe), "kv_occupancy": list(k / safe)}
+
+
+def _rounded(x):
+    if isinstance(x, float):
+        return round(x, 9)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    if isinstance(x, np.floating):
+        return round(float(x), 9)
+    return x
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def summary(m: dict) -> str:
+    lines = [
+        f"{m['service']} ({m['scheduler']} batching, sync {m['sync']}, passes {','.join(m['passes']) or 'none'}) "
+        f"on {m['workload']} / {m['hw']}",
+        f"  requests {m['requests']}: completed {m['completed']}, rejected {m['rejected']} (too long), "
+        f"timed out {m['timed_out']}, failed (out of memory) {m['failed_oom']}; preemptions {m['preemptions']}",
+        f"  throughput {m['requests_per_s']:.2f} req/s, {m['output_tokens_per_s']:.1f} output tokens/s over "
+        f"{m['duration_s']:.1f} s; goodput {m['goodput_requests_per_s']:.2f} req/s "
+        f"({100 * m['slo_attainment']:.1f}% within SLO)",
+        f"  {'ms':14s}{'mean':>10s}{'P50':>10s}{'P90':>10s}{'P99':>10s}",
+    ]
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "inter-token"), ("e2e", "end-to-end"),
+                       ("queueing", "queueing")):
+        s = m[key]
+        lines.append(f"  {label:14s}" + "".join(f"{_ms(s[k]):>10s}" for k in ("mean_ms", "p50_ms", "p90_ms",
+                                                                             "p99_ms")))
+    lines.append(f"  steps {m['steps']} (compiling {m['compile_s']:.2f} s); decode batch mean "
+                 f"{m['decode_batch']['mean']:.1f}, max {m['decode_batch']['max']}; KV occupancy mean "
+                 f"{100 * m['kv_occupancy']['mean']:.1f}%, max {100 * m['kv_occupancy']['max']:.1f}% of "
+                 f"{m['kv_capacity_tokens']} tokens")
+    sc = m["step_cost"]
+    lines.append(f"  step costs interpolated from {sc['engine_points']} engine-simulated steps")
+    return "\n".join(lines)
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write via a temporary file in the same directory and os.replace."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(m: dict, path) -> None:
+    write_atomic(path, json.dumps(m, indent=1, sort_keys=False) + "\n")
+
+
+CSV_COLUMNS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "status", "generated", "preemptions",
+               "queueing_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def requests_csv(run: ServingRun) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for s in run.seqs:
+        r = s.req
+
+        def ms(v):
+            return "" if v is None else f"{v / 1e3:.3f}"
+
+        ttft = s.token_us[0] - s.arrival_us if s.token_us else None
+        tpot = ((s.token_us[-1] - s.token_us[0]) / (len(s.token_us) - 1)) if len(s.token_us) > 1 else None
+        e2e = s.done_us - s.arrival_us if s.status == "ok" else None
+        queue = s.started_us - s.arrival_us if s.started_us is not None else None
+        w.writerow((r.id, f"{r.arrival_s:.6f}", r.prompt_tokens, r.output_tokens, s.status, s.generated,
+                    s.preemptions, ms(queue), ms(ttft), ms(tpot), ms(e2e)))
+    return buf.getvalue()
+
+
+__all__ = ["CSV_COLUMNS", "metrics", "requests_csv", "summary", "timeline", "write_atomic", "write_json"]

@@ -1,0 +1,194 @@
+"""A service configuration: how a serving process runs the model.
+
+services/NAME.yaml (or a path) -> a frozen ServiceConfig: the scheduler and its
+knobs, the passes every step graph gets (as `npusim run --passes`), the host's
+costs and the SLOs. Loaded like the hardware configs (cattrs, forbid_extra_keys):
+a typo or a wrong type is one ConfigError line naming the file and key. Every
+field has a help text; host costs no source gives are marked "assumed" in the
+YAML files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import cattrs
+from attrs import field, frozen, validators
+from cattrs.errors import ForbiddenExtraKeysError
+
+from npusim.errors import ConfigError
+from npusim.hw.load import _leaf_errors, find_file, parse_yaml, read_yaml
+
+SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
+PREPROCESS_ON = ("pool", "inference_thread")
+
+
+def _f(help: str, default=None, validator=None):
+    return field(default=default, validator=validator, metadata={"help": help})
+
+
+_pos = validators.gt(0)
+_nonneg = validators.ge(0)
+
+
+def _opt(v):
+    return validators.optional(v)
+
+
+@frozen
+class SchedulerConfig:
+    kind: str = _f("static (wait for max_batch, run to completion), dynamic (scan, group, launch at max_batch or "
+                   "timeout), continuous (iteration level, paged KV) or chunked (continuous + a token budget)")
+    max_batch: int = _f("most sequences in one batch (static: the batch it waits for)", 32, _pos)
+    scan_period_ms: float = _f("dynamic: how often the queue is scanned", 5.0, _pos)
+    timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long", 10.0, _nonneg)
+    length_ratio: float = _f("dynamic: longest / shortest prompt allowed in one batch (0: no grouping)", 2.0,
+                             _nonneg)
+    token_budget: int = _f("chunked: tokens per step (decodes count 1, the rest goes to prefill chunks)", 512,
+                           _pos)
+    block_tokens: int = _f("continuous, chunked: tokens per KV block of the paged block manager", 16, _pos)
+    kv_memory_fraction: float = _f("fraction of the device memory left after weights, activations and workspace "
+                                   "that holds KV cache", 0.9, [_pos, validators.le(1)])
+
+
+@frozen
+class HostConfig:
+    preprocess_on: str = _f("where tokenization runs: pool (a thread pool beside the inference loop) or "
+                            "inference_thread (the loop does it between steps)", "pool",
+                            validators.in_(PREPROCESS_ON))
+    pool_threads: int = _f("threads of the pre-processing pool", 4, _pos)
+    tokenize_us: float = _f("host time to tokenize one request", 0.0, _nonneg)
+    postprocess_us_per_token: float = _f("host time per generated token: sampling, detokenize, stream send", 0.0,
+                                         _nonneg)
+    step_overhead_us: float = _f("framework time per step on the inference thread before its launches", 0.0,
+                                 _nonneg)
+
+
+@frozen
+class Slo:
+    ttft_ms: float | None = _f("time to first token limit (per request; goodput counts requests within all limits)",
+                               None, _opt(_pos))
+    tpot_ms: float | None = _f("time per output token limit (mean gap after the first token)", None, _opt(_pos))
+    e2e_ms: float | None = _f("end-to-end latency limit", None, _opt(_pos))
+    timeout_ms: float | None = _f("a request still queued (no token yet) this long after arriving is dropped",
+                                  None, _opt(_pos))
+
+
+@frozen
+class ServiceConfig:
+    name: str = _f("service name (the file's stem when not given)")
+    scheduler: SchedulerConfig = _f("batching policy and its knobs")
+    passes: str = _f("passes of every step graph, as npusim run --passes (e.g. optimized,buckets)", "optimized")
+    buckets: list[int] | None = _f("shape buckets when the buckets pass is on (default 512,1024,2048,4096)", None)
+    margin: int | None = _f("buckets pass: headroom a sequence keeps in its bucket", None, _opt(_nonneg))
+    kv_layout: str | None = _f("KV layout of the kv_layout pass: contiguous or paged", None)
+    precompile: bool = _f("every shape is compiled (captured) before serving starts, as vLLM captures its graphs: "
+                          "no first-run compile during the run", False)
+    host: HostConfig = _f("the serving process's CPU", HostConfig())
+    slo: Slo = _f("service-level objectives", Slo())
+
+    def __attrs_post_init__(self):
+        if self.scheduler.kind not in SCHEDULERS:
+            raise ConfigError(f"service {self.name}: key 'scheduler.kind': unknown scheduler "
+                              f"'{self.scheduler.kind}' (expected one of {', '.join(SCHEDULERS)})")
+
+    def pass_options(self) -> dict:
+        return {k: v for k, v in dict(buckets=tuple(self.buckets) if self.buckets else None, margin=self.margin,
+                                      kv_layout=self.kv_layout).items() if v is not None}
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def number(kind):
+        def hook(v, _):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+                raise TypeError(f"expected {'an integer' if kind is int else 'a number'}, got {v!r}")
+            return kind(v)
+        return hook
+
+    def to_str(v, _):
+        if not isinstance(v, str):
+            raise TypeError(f"expected a string, got {v!r}")
+        return v
+
+    def to_bool(v, _):
+        if not isinstance(v, bool):
+            raise TypeError(f"expected true or false, got {v!r}")
+        return v
+
+    conv.register_structure_hook(bool, to_bool)
+    conv.register_structure_hook(int, number(int))
+    conv.register_structure_hook(float, number(float))
+    conv.register_structure_hook(str, to_str)
+    return conv
+
+
+_conv = _converter()
+
+
+def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
+    try:
+        return _conv.structure(dict(raw), ServiceConfig)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except Exception as e:  # cattrs' error group: report the first leaf, an unknown key first
+        errors = sorted(_leaf_errors(e), key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
+        if not errors:
+            raise ConfigError(f"{where}: {e}") from None
+        path, exc, _ = errors[0]
+        key = ".".join(path)
+        if isinstance(exc, ForbiddenExtraKeysError):
+            extra = sorted(map(str, exc.extra_fields))[0]
+            raise ConfigError(f"{where}: unknown key '{key + '.' if key else ''}{extra}'") from None
+        if isinstance(exc, KeyError):
+            raise ConfigError(f"{where}: missing key '{key}'") from None
+        if isinstance(exc, ConfigError):
+            raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: key '{key}': {exc}") from None
+
+
+def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> ServiceConfig:
+    """services/NAME.yaml or a path; `overrides` {"scheduler.max_batch": 16, ...} (strings read as YAML)."""
+    path = find_file(name_or_path, "services")
+    raw = read_yaml(path)
+    raw.setdefault("name", path.stem)
+    where = str(path)
+    for dotted, value in (overrides or {}).items():
+        if isinstance(value, str):
+            value = parse_yaml(value, f"--set {dotted}")
+        d = raw
+        *parents, last = dotted.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+            if not isinstance(d, dict):
+                raise ConfigError(f"--set {dotted}: '{p}' is not a section")
+        d[last] = value
+        where = f"{path} (--set)"
+    return structure_service(raw, where)
+
+
+def parse_slo(text: str, base: Slo = Slo()) -> Slo:
+    """'ttft_ms=2000,tpot_ms=200' -> Slo (fields not named keep `base`'s)."""
+    import attrs
+
+    values = attrs.asdict(base)
+    for item in (x for x in text.split(",") if x.strip()):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in values:
+            raise ConfigError(f"--slo: expected KEY=MS with KEY one of {', '.join(values)}, got '{item}'")
+        try:
+            v = float(value)
+        except ValueError:
+            raise ConfigError(f"--slo {key}: expected a number of milliseconds, got '{value}'") from None
+        if not v > 0:
+            raise ConfigError(f"--slo {key}: expected a positive number of milliseconds, got '{value}'")
+        values[key] = v
+    return Slo(**values)
+
+
+__all__ = ["HostConfig", "PREPROCESS_ON", "SCHEDULERS", "SchedulerConfig", "ServiceConfig", "Slo", "load_service",
+           "parse_slo", "structure_service"]

@@ -1,0 +1,94 @@
+"""What the serving loop and the schedulers share: a request's progress (`Seq`)
+and one iteration's work (`Work`).
+
+`Seq` is the one mutable record of the serving package: the simulation loop
+advances it step by step. A sequence's KV cache holds `prefilled` tokens; the
+prefill of its `goal` tokens (the prompt, plus the tokens generated
+before a preemption, which are recomputed) ends with its next token; each
+decode step adds one token.
+"""
+
+from __future__ import annotations
+
+from attrs import define, field, frozen
+
+from npusim.serving.arrivals import Request
+
+STATUSES = ("ok", "rejected", "timeout", "oom")  # oom: its batch did not fit in the device memory
+
+
+@define(slots=True, eq=False)
+class Seq:
+    req: Request
+    ready_us: float = 0.0  # tokenized: from now on the scheduler sees it
+    prefilled: int = 0  # tokens its current prefill has put in the KV cache
+    goal: int = 0  # tokens its current prefill must process (set when it is admitted)
+    decoding: bool = False  # its prefill is done: each step adds one token
+    generated: int = 0  # output tokens so far
+    started_us: float | None = None  # start of its first step
+    token_us: list[float] = field(factory=list)  # when each output token reached the client
+    done_us: float | None = None
+    status: str | None = None  # None while in flight, else one of STATUSES
+    preemptions: int = 0
+    blocks: int = 0  # KV blocks held (paged schedulers)
+
+    @property
+    def arrival_us(self) -> float:
+        return self.req.arrival_s * 1e6
+
+    @property
+    def prompt(self) -> int:
+        return self.req.prompt_tokens
+
+    @property
+    def output(self) -> int:
+        return self.req.output_tokens
+
+    def admit(self) -> None:
+        """(Re)start its prefill: the prompt, and after a preemption the tokens it had
+        generated (recomputed; the prefill ends with its next token)."""
+        self.prefilled, self.goal, self.decoding = 0, self.prompt + self.generated, False
+
+    @property
+    def context(self) -> int:
+        """Context of its next decode step, the new token included."""
+        return self.prompt + self.generated
+
+    @property
+    def max_tokens(self) -> int:
+        """KV tokens it holds at its last step."""
+        return self.prompt + self.output - 1
+
+    def finish(self, status: str, at_us: float) -> None:
+        self.status, self.done_us = status, at_us
+
+
+@frozen
+class Work:
+    """One iteration: prefill chunks (sequence, tokens this step puts in its cache)
+    and decodes (sequences getting one token), with the shapes the step is priced
+    and compiled at. The decoder graph pads a batch to its longest sequence, so a
+    prefill part is (its sequences, its longest chunk) and a decode part (its
+    batch, its longest context); a request-level batch keeps its formed size after
+    some of its sequences have finished (`pad_batch`)."""
+
+    prefill: tuple[tuple[Seq, int], ...] = ()
+    decode: tuple[Seq, ...] = ()
+    prefill_batch: int = 0
+    prefill_tokens: int = 0
+    decode_batch: int = 0
+    decode_context: int = 0
+
+    @classmethod
+    def of(cls, prefill=(), decode=(), pad_batch: int | None = None, pad_context: int | None = None) -> Work:
+        prefill, decode = tuple(prefill), tuple(decode)
+        return cls(prefill, decode, len(prefill), max((n for _, n in prefill), default=0),
+                   (pad_batch or len(decode)) if decode else 0,
+                   max([s.context for s in decode] + [pad_context or 0]) if decode else 0)
+
+    @property
+    def seqs(self) -> list[Seq]:
+        return [s for s, _ in self.prefill] + list(self.decode)
+
+
+__all__ = ["STATUSES", "Seq", "Work"]
