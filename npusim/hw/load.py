@@ -39,7 +39,7 @@ DEFAULT_HW = "ascend910b2"
 
 
 def search_dirs(kind: str) -> list[Path]:
-    """Where named configs of `kind` (hwconfigs, workloads) are looked up, first match
+    """Where named configs of `kind` (hwconfigs, workloads, services) are looked up, first match
     wins: $NPUSIM_HWCONFIGS / $NPUSIM_WORKLOADS, ./KIND of the working folder, then the
     configs shipped inside the package (npusim/KIND, package data: found wherever
     npusim is installed; the repository's top-level KIND/ is a link to them)."""
