@@ -206,3 +206,13 @@ def test_plots_written(tmp_path):
     paths = latency_cdf(run, tmp_path) + batch_and_kv(run, tmp_path)
     assert sorted(p.name for p in paths) == ["batch_kv.png", "batch_kv.svg", "latency_cdf.png", "latency_cdf.svg"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_padded_batch_near_the_context_is_priced(kind):
+    """A request-level batch pads every sequence to its longest prompt plus the steps
+    run; with long prompts beside long outputs that exceeds the model's context
+    (512 on k3-tiny) although each request fits: the step is priced at the context."""
+    reqs = load(n=60, prompt="uniform:16,400", output="uniform:16,128")
+    m = metrics(simulate(reqs, service(kind), cost()))
+    assert m["completed"] + m["rejected"] == 60 and m["completed"] > 0

@@ -189,7 +189,10 @@ class StepCost:
 
     def length_key(self, length: int) -> int:
         """The length a step's graph has: its bucket (capped at the max context) with
-        the buckets pass, else the length itself."""
+        the buckets pass, else the length itself.
+        # assumption: a padded batch never grows past the model's max context (its
+        # sequences each fit, and the padded cache is allocated at most that long)"""
+        length = min(length, self.workload.max_context_tokens)
         if not self.bucketed:
             return length
         return max(min(bucket_of(length, self.buckets, self.margin), self.workload.max_context_tokens), length)
