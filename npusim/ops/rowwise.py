@@ -16,6 +16,7 @@ from npusim.ops.build import align_up
 from npusim.ops.reference import softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
+from npusim.ops.wide_rows import wide_layer_norm, wide_rms_norm, wide_softmax
 from npusim.ops.vector import (
     UB_BLOCK, dtype_validator, vector_lowered, cast, numel, per_row, quantum, scalar_read, shape_validator, vop,
 )
@@ -97,11 +98,14 @@ class _Rows:
         return Stream(tensor, self.h * self.e, 0, 0, self.pitch if self.pitch != self.h * self.e else 0)
 
 
-def row_kernel(op: str, r: _Rows, *args, **kw):
-    """streaming_kernel for whole rows; a row too long for UB names the parameter."""
+def row_kernel(op: str, r: _Rows, *args, wide=None, **kw):
+    """streaming_kernel for whole rows; a row too long for UB is streamed in column
+    chunks by `wide()` (npusim.ops.wide_rows), or is an error naming the parameter."""
     try:
         return streaming_kernel(op, op, *args, **kw)
     except ProgramError as err:
+        if wide is not None:
+            return wide()
         raise ProgramError(f"{err}: shape[-1]={r.h} is too long to keep a row whole in UB") from None
 
 
@@ -150,7 +154,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
     """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim."""
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"
     setup, w32 = _weight_setup(r, p.dtype, 1)
@@ -164,7 +168,8 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
-                         consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+                   consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e),
+                   wide=lambda: wide_rms_norm("rms_norm", hw, r.rows, r.h, p.dtype, r.e, x, gamma, y))
     # per element: square, sum, * rstd, * gamma; per row: / h, + eps, rsqrt
     return vector_lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
                     [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype)],
@@ -178,7 +183,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
     res = gm.tensor("residual", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
     s_out = gm.tensor("x_sum", r.rows * r.h * r.e)
     y = gm.tensor("y", r.rows * r.h * r.e)
     setup, w32 = _weight_setup(r, p.dtype, 1)
@@ -206,7 +211,9 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
 
     k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
                          [r.stream(s_out), r.stream(y)], compute, consts=[g_const], tmp_row_bytes=parts,
-                         setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+                         setup=setup, quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_rms_norm("add_rms_norm", hw, r.rows, r.h, dt, r.e, x, gamma, y,
+                                                    residual=res, x_sum=s_out))
     return vector_lowered("add_rms_norm", p, [k], 5 * r.rows * r.h + 3 * r.rows,
                     [TensorInfo("x", p.shape, dt), TensorInfo("residual", p.shape, dt),
                      TensorInfo("gamma", (r.h,), dt)],
@@ -218,8 +225,8 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
     """LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, over the last dim."""
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
-    b_const, _ = _weight(gm, "beta", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
+    b_const, beta = _weight(gm, "beta", r, p.dtype)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"
     setup, w32 = _weight_setup(r, p.dtype, 2)
@@ -246,7 +253,8 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
 
     k = row_kernel("layer_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                          consts=[g_const, b_const], tmp_row_bytes=parts, setup=setup,
-                         quantum=quantum(hw, r.rows, r.h * r.e))
+                         quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_layer_norm(hw, r.rows, r.h, p.dtype, r.e, x, gamma, beta, y))
     # per element: sum, - mean, square, sum, * rstd, * gamma, + beta; per row: / h (twice), + eps, rsqrt
     return vector_lowered("layer_norm", p, [k], 7 * r.rows * r.h + 4 * r.rows,
                     [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype),
@@ -279,7 +287,8 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("softmax", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
-                         tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e))
+                         tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_softmax(hw, r.rows, r.h, p.dtype, r.e, x, y))
     # per element: max, - max, exp, sum, * (1/sum); per row: 1/sum
     return vector_lowered("softmax", p, [k], 5 * r.rows * r.h + r.rows,
                     [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
