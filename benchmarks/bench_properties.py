@@ -57,6 +57,9 @@ def main(argv=None) -> int:
     print(f"{'all':20s} {sum(total.values()):4d} runs: {total['simulated']:4d} simulated, {total['verified']:4d} "
           f"verified only, {total['refused']:4d} refused, {total['FAILED']} ops FAILED  "
           f"({time.perf_counter() - t_all:6.1f} s)")
+    print("refusals (one-line errors, numbers as N), most frequent first:")
+    for msg, count in sorted(t.REFUSALS.items(), key=lambda kv: -kv[1]):
+        print(f"  {count:4d}  {msg}")
     return 1 if total["FAILED"] else 0
 
 
