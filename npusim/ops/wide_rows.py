@@ -167,10 +167,12 @@ def wide_rms_norm(op: str, hw: HwConfig, rows: int, h: int, dtype: str, e: int, 
     else:
         def first(n, ub_in, ub_out, tmp, stats):
             if dtype == "fp16":  # s = x + r in fp16 (what the unfused add writes), normalise its fp32 cast
-                ops, w = [vop("add", n, dtype, ub_out[0], ub_in[0], ub_in[1]), cast(n, dtype, "fp32", tmp[0], ub_out[0])], tmp[0]
+                ops = [vop("add", n, dtype, ub_out[0], ub_in[0], ub_in[1]), cast(n, dtype, "fp32", tmp[0], ub_out[0])]
+                w = tmp[0]
             elif dtype == "bf16":
-                ops, w = [cast(n, dtype, "fp32", tmp[0], ub_in[0]), cast(n, dtype, "fp32", tmp[1], ub_in[1]),
-                          vop("add", n, "fp32", tmp[0], tmp[0], tmp[1]), cast(n, "fp32", dtype, ub_out[0], tmp[0])], tmp[0]
+                ops = [cast(n, dtype, "fp32", tmp[0], ub_in[0]), cast(n, dtype, "fp32", tmp[1], ub_in[1]),
+                       vop("add", n, "fp32", tmp[0], tmp[0], tmp[1]), cast(n, "fp32", dtype, ub_out[0], tmp[0])]
+                w = tmp[0]
             else:
                 ops, w = [vop("add", n, dtype, ub_out[0], ub_in[0], ub_in[1])], ub_out[0]
             return ops + _sum_squares(n, w, tmp, stats)
