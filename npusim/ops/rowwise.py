@@ -106,7 +106,8 @@ def row_kernel(op: str, r: _Rows, *args, wide=None, **kw):
     except ProgramError as err:
         if wide is not None:
             return wide()
-        raise ProgramError(f"{err}: shape[-1]={r.h} is too long to keep a row whole in UB") from None
+        what = f"shape[-1]={r.h}" if op != "rope" else f"heads * head_dim = {r.h}"
+        raise ProgramError(f"{err}: {what} is too long to keep a row whole in UB") from None
 
 
 def _rows(shape: tuple, dtype: str) -> _Rows:
@@ -335,8 +336,10 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
         ops += [vop("add", n, cdt, acc, acc, t)]
         return ops + ([cast(n, "fp32", "bf16", ub_out[0], acc)] if bf else [])
 
-    k = streaming_kernel("rope", "rope", hw, tokens, [Stream(x, row * e), Stream(cos, d * e), Stream(sin, d * e)],
-                         [Stream(y, row * e)], compute, tmp_row_bytes=parts, quantum=quantum(hw, tokens, row * e))
+    # not tiled along heads (yet): a token's heads * head_dim must fit UB, else the error names them
+    k = row_kernel("rope", _Rows(tokens, row, e, row * e, row, ()), hw, tokens,
+                   [Stream(x, row * e), Stream(cos, d * e), Stream(sin, d * e)], [Stream(y, row * e)], compute,
+                   tmp_row_bytes=parts, quantum=quantum(hw, tokens, row * e))
     n = tokens * row
     # per element: * cos, * sin, + ; half of them negated
     return vector_lowered("rope", p, [k], 3 * n + n // 2,
