@@ -30,7 +30,7 @@ from npusim.isa.verify import verify
 from npusim.ops import OPS, lower, simulate_op
 
 HW = load_hw("ascend910b2")
-EXAMPLES = int(os.environ.get("NPUSIM_HYPOTHESIS_EXAMPLES", "3"))
+EXAMPLES = int(os.environ.get("NPUSIM_HYPOTHESIS_EXAMPLES", "10"))
 SIM_BYTES = float(os.environ.get("NPUSIM_HYPOTHESIS_SIM_BYTES", str(8 * 2**20)))
 SIM_FLOPS = SIM_BYTES * 2**10  # a matmul this size simulates in about the time a stream of SIM_BYTES does
 
