@@ -1,7 +1,9 @@
 """Row-wise vector (AIV) operators: RMSNorm, Add+RMSNorm, LayerNorm, softmax and RoPE.
 
 One `streaming_kernel` each; rows are kept whole in UB and computed in fp32
-(see npusim.ops.vector for the conventions every vector op follows)."""
+(see npusim.ops.vector for the conventions every vector op follows). A norm or
+softmax row too long for UB runs in column chunks (npusim.ops.wide_rows); RoPE's
+row (a token's heads) is not split yet."""
 
 from __future__ import annotations
 

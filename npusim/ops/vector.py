@@ -15,10 +15,13 @@ author writes, and they are what the op costs:
   the tile (out_n = one value per row), and applying a per-row statistic is one
   instruction per row with the statistic as a scalar operand, read back by the
   scalar unit (a V -> S -> V round trip per tile, like GetValue + Muls).
-- rows are kept whole in UB (the hidden size of a norm, the width of a softmax):
-  a row that cannot fit twice over plus its scratch is an error naming UB and
-  the bytes. Rows whose bytes are not a multiple of 32 are padded to 32 bytes in
-  UB (DataCopyPad: a tile then moves one DMA segment per row).
+- rows are kept whole in UB (the hidden size of a norm, the width of a softmax)
+  when one fits (double-buffered, else single-buffered). A row that does not fit
+  even once is cut into column chunks: gated activations stream (row, chunk)
+  units (npusim.ops.column_tiles); norms and softmax make one pass over the
+  chunks per statistic, then one applying it (npusim.ops.wide_rows). Rows whose
+  bytes are not a multiple of 32 are padded to 32 bytes in UB (DataCopyPad: a
+  tile then moves one DMA segment per row).
 - analytic FLOPs count the arithmetic vector ops per element a minimal
   implementation needs (casts and copies are not counted); the roofline prices
   them all at the vector add rate, so ops heavy in exp/div sit further above it.
