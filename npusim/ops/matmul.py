@@ -208,7 +208,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     a_l1 = (buf.alloc("a_panel", Mem.L1, la.l1_bytes(t.base_m, align_up(p.k, t.base_k))),) if t.a_resident else tuple(
         buf.alloc(f"a_chunk{i}", Mem.L1, la.l1_bytes(t.base_m, kc)) for i in range(l1_sets))
     b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, lb.l1_bytes(kc, t.base_n)) for i in range(l1_sets))
-    extra = t.base_n * 4 * (int(p.bias) + int(w8))
+    extra = align_up(t.base_n * 4, 32) * (int(p.bias) + int(w8))  # bias, scales: each 32-byte aligned in L1
     plan = _Plan(
         p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale, la=la, lb=lb,
         parts=tuple(parts), lc=tuple(_Layout(C, p.m, w, eo, "ND") for C, (_, w) in zip(Cs, parts)),

@@ -214,16 +214,17 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
         per part it overlaps."""
         out: list = [WaitFlag(Pipe.FIX, Pipe.M, _L0C)]
         if plan.extra_l1 is not None:  # this tile's bias and/or dequant scales
-            src = plan.bias if plan.bias is not None else plan.scale
-            nbytes = bn * 4 * (int(plan.bias is not None) + int(plan.scale is not None))
-            out += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA),
-                    Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1, nbytes),
-                    SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
+            # bias and scales are two GM tensors: one copy each, side by side in L1 (32-byte aligned)
+            srcs = [x for x in (plan.bias, plan.scale) if x is not None]
+            slot = align_up(bn * 4, 32)
+            out += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA)]
+            out += [Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1 + i * slot, bn * 4)
+                    for i, src in enumerate(srcs)]
+            out += [SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
             if plan.bt is not None:
                 out.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
             if plan.fb is not None:
-                out.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (bn * 4 if plan.bt is not None else 0), plan.fb,
-                                bn * 4))
+                out.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (slot if plan.bt is not None else 0), plan.fb, bn * 4))
             out.append(SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA))
         out += pingpong("j", chunks, chunk(c0, plan.kc, 0, True))
         if tail:

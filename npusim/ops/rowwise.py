@@ -1,7 +1,9 @@
 """Row-wise vector (AIV) operators: RMSNorm, Add+RMSNorm, LayerNorm, softmax and RoPE.
 
 One `streaming_kernel` each; rows are kept whole in UB and computed in fp32
-(see npusim.ops.vector for the conventions every vector op follows)."""
+(see npusim.ops.vector for the conventions every vector op follows). A norm or
+softmax row too long for UB runs in column chunks (npusim.ops.wide_rows); RoPE's
+row (a token's heads) is not split yet."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from npusim.ops.build import align_up
 from npusim.ops.reference import softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
+from npusim.ops.wide_rows import wide_layer_norm, wide_rms_norm, wide_softmax
 from npusim.ops.vector import (
     UB_BLOCK, dtype_validator, vector_lowered, cast, numel, per_row, quantum, scalar_read, shape_validator, vop,
 )
@@ -97,12 +100,16 @@ class _Rows:
         return Stream(tensor, self.h * self.e, 0, 0, self.pitch if self.pitch != self.h * self.e else 0)
 
 
-def row_kernel(op: str, r: _Rows, *args, **kw):
-    """streaming_kernel for whole rows; a row too long for UB names the parameter."""
+def row_kernel(op: str, r: _Rows, *args, wide=None, **kw):
+    """streaming_kernel for whole rows; a row too long for UB is streamed in column
+    chunks by `wide()` (npusim.ops.wide_rows), or is an error naming the parameter."""
     try:
         return streaming_kernel(op, op, *args, **kw)
     except ProgramError as err:
-        raise ProgramError(f"{err}: shape[-1]={r.h} is too long to keep a row whole in UB") from None
+        if wide is not None:
+            return wide()
+        what = f"shape[-1]={r.h}" if op != "rope" else f"heads * head_dim = {r.h}"
+        raise ProgramError(f"{err}: {what} is too long to keep a row whole in UB") from None
 
 
 def _rows(shape: tuple, dtype: str) -> _Rows:
@@ -150,7 +157,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
     """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim."""
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"
     setup, w32 = _weight_setup(r, p.dtype, 1)
@@ -164,7 +171,8 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
-                         consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+                   consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e),
+                   wide=lambda: wide_rms_norm("rms_norm", hw, r.rows, r.h, p.dtype, r.e, x, gamma, y))
     # per element: square, sum, * rstd, * gamma; per row: / h, + eps, rsqrt
     return vector_lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
                     [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype)],
@@ -178,7 +186,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
     res = gm.tensor("residual", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
     s_out = gm.tensor("x_sum", r.rows * r.h * r.e)
     y = gm.tensor("y", r.rows * r.h * r.e)
     setup, w32 = _weight_setup(r, p.dtype, 1)
@@ -206,7 +214,9 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
 
     k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
                          [r.stream(s_out), r.stream(y)], compute, consts=[g_const], tmp_row_bytes=parts,
-                         setup=setup, quantum=quantum(hw, r.rows, r.h * r.e))
+                         setup=setup, quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_rms_norm("add_rms_norm", hw, r.rows, r.h, dt, r.e, x, gamma, y,
+                                                    residual=res, x_sum=s_out))
     return vector_lowered("add_rms_norm", p, [k], 5 * r.rows * r.h + 3 * r.rows,
                     [TensorInfo("x", p.shape, dt), TensorInfo("residual", p.shape, dt),
                      TensorInfo("gamma", (r.h,), dt)],
@@ -218,8 +228,8 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
     """LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, over the last dim."""
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
-    g_const, _ = _weight(gm, "gamma", r, p.dtype)
-    b_const, _ = _weight(gm, "beta", r, p.dtype)
+    g_const, gamma = _weight(gm, "gamma", r, p.dtype)
+    b_const, beta = _weight(gm, "beta", r, p.dtype)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"
     setup, w32 = _weight_setup(r, p.dtype, 2)
@@ -246,7 +256,8 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
 
     k = row_kernel("layer_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                          consts=[g_const, b_const], tmp_row_bytes=parts, setup=setup,
-                         quantum=quantum(hw, r.rows, r.h * r.e))
+                         quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_layer_norm(hw, r.rows, r.h, p.dtype, r.e, x, gamma, beta, y))
     # per element: sum, - mean, square, sum, * rstd, * gamma, + beta; per row: / h (twice), + eps, rsqrt
     return vector_lowered("layer_norm", p, [k], 7 * r.rows * r.h + 4 * r.rows,
                     [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype),
@@ -279,7 +290,8 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("softmax", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
-                         tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e))
+                         tmp_row_bytes=parts, quantum=quantum(hw, r.rows, r.h * r.e),
+                         wide=lambda: wide_softmax(hw, r.rows, r.h, p.dtype, r.e, x, y))
     # per element: max, - max, exp, sum, * (1/sum); per row: 1/sum
     return vector_lowered("softmax", p, [k], 5 * r.rows * r.h + r.rows,
                     [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
@@ -326,8 +338,10 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
         ops += [vop("add", n, cdt, acc, acc, t)]
         return ops + ([cast(n, "fp32", "bf16", ub_out[0], acc)] if bf else [])
 
-    k = streaming_kernel("rope", "rope", hw, tokens, [Stream(x, row * e), Stream(cos, d * e), Stream(sin, d * e)],
-                         [Stream(y, row * e)], compute, tmp_row_bytes=parts, quantum=quantum(hw, tokens, row * e))
+    # not tiled along heads (yet): a token's heads * head_dim must fit UB, else the error names them
+    k = row_kernel("rope", _Rows(tokens, row, e, row * e, row, ()), hw, tokens,
+                   [Stream(x, row * e), Stream(cos, d * e), Stream(sin, d * e)], [Stream(y, row * e)], compute,
+                   tmp_row_bytes=parts, quantum=quantum(hw, tokens, row * e))
     n = tokens * row
     # per element: * cos, * sin, + ; half of them negated
     return vector_lowered("rope", p, [k], 3 * n + n // 2,

@@ -15,10 +15,13 @@ author writes, and they are what the op costs:
   the tile (out_n = one value per row), and applying a per-row statistic is one
   instruction per row with the statistic as a scalar operand, read back by the
   scalar unit (a V -> S -> V round trip per tile, like GetValue + Muls).
-- rows are kept whole in UB (the hidden size of a norm, the width of a softmax):
-  a row that cannot fit twice over plus its scratch is an error naming UB and
-  the bytes. Rows whose bytes are not a multiple of 32 are padded to 32 bytes in
-  UB (DataCopyPad: a tile then moves one DMA segment per row).
+- rows are kept whole in UB (the hidden size of a norm, the width of a softmax)
+  when one fits (double-buffered, else single-buffered). A row that does not fit
+  even once is cut into column chunks: gated activations stream (row, chunk)
+  units (npusim.ops.column_tiles); norms and softmax make one pass over the
+  chunks per statistic, then one applying it (npusim.ops.wide_rows). Rows whose
+  bytes are not a multiple of 32 are padded to 32 bytes in UB (DataCopyPad: a
+  tile then moves one DMA segment per row).
 - analytic FLOPs count the arithmetic vector ops per element a minimal
   implementation needs (casts and copies are not counted); the roofline prices
   them all at the vector add rate, so ops heavy in exp/div sit further above it.
@@ -280,19 +283,39 @@ def lower_gated(op: str, p: SwigluParams, hw: HwConfig, gm: GmArena, act_ops: Ca
     q = quantum(hw, rows, two_h * e)
     if p.dtype == "bf16":  # two fp32 scratch rows, not three: act(gate) in place, then up
         hp = pitch // e
+        tmp_elem = [4, 4]
 
-        def compute(nr, ub_in, ub_out, tmp, consts):
-            n, (a, b) = nr * hp, tmp
+        def work(n, ub_in, ub_out, tmp):
+            a, b = tmp
             return ([cast(n, "bf16", "fp32", a, ub_in[0])] + act_ops(n, a, a, b, "fp32")
                     + [cast(n, "bf16", "fp32", b, ub_in[1]), vop("mul", n, "fp32", a, a, b),
                        cast(n, "fp32", "bf16", ub_out[0], a)])
 
-        k = streaming_kernel(op, op, hw, rows, [gate, up], [out], compute, tmp_row_bytes=[hp * 4, hp * 4], quantum=q)
+        def compute(nr, ub_in, ub_out, tmp, consts):
+            return work(nr * hp, ub_in, ub_out, tmp)
+
+        def row_kernel():
+            return streaming_kernel(op, op, hw, rows, [gate, up], [out], compute, tmp_row_bytes=[hp * 4, hp * 4],
+                                    quantum=q)
     else:
+        tmp_elem = [e]
+
         def body(n, s, d, t, dt):
             return act_ops(n, s[0], t[0], t[0], dt) + [vop("mul", n, dt, d, t[0], s[1])]
 
-        k = _eltwise_kernel(op, hw, p.dtype, rows, [gate, up], out, pitch // e, body, 1, q)
+        def work(n, ub_in, ub_out, tmp):
+            return body(n, ub_in, ub_out[0], tmp, p.dtype)
+
+        def row_kernel():
+            return _eltwise_kernel(op, hw, p.dtype, rows, [gate, up], out, pitch // e, body, 1, q)
+    try:
+        k = row_kernel()
+    except ProgramError:
+        # A row too long for UB: the op is elementwise along the row, so tile its columns.
+        from npusim.ops.column_tiles import column_kernel  # here: column_tiles imports this module's helpers
+
+        k = column_kernel(op, hw, rows, h, e, [Stream(x, h * e, 0, two_h * e), Stream(x, h * e, h * e, two_h * e)],
+                          [Stream(y, h * e)], work, tmp_elem)
     return vector_lowered(op, p, [k], (act_flops + 1) * rows * h, [TensorInfo("x", p.shape, p.dtype)],
                     [TensorInfo("y", (*lead, h), p.dtype)])
 

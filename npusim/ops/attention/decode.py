@@ -16,6 +16,7 @@ from npusim.ops.build import Buffers, align_up, cdiv, line_quantum, pingpong
 from npusim.ops.kv_cache import kv_row_bytes
 from npusim.ops.reference import attention, group_heads
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 from npusim.ops.attention.common import (
     _below_layers, _BLOCK_HELP, _divides_heads, _DTYPES, GM, _kv_cache, _kv_inputs, _KV_LAYOUT_HELP, _LAYER_HELP,
@@ -159,6 +160,10 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     chunk = align_up(cdiv(p.context, t.splits or auto.splits), kc)
     splits = cdiv(p.context, chunk)
     Q = gm.tensor("q", p.batch * p.heads * d * e)
+    if (p.head_dim * DTYPE_BYTES[p.dtype]) % UB_BLOCK:  # every layout: the kernels' UB rows are whole heads
+        raise ProgramError(f"op decode_attention: head_dim={p.head_dim} makes a head "
+                           f"{p.head_dim * DTYPE_BYTES[p.dtype]} bytes, not a multiple of {UB_BLOCK} (UB operand "
+                           "alignment)")
     cache = _kv_cache(p, hw, gm, "decode_attention")
     O = gm.tensor("o", p.batch * p.heads * d * e)
     paged, together = p.kv_layout == "paged", p.kv_layout == "contiguous"
