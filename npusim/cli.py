@@ -179,8 +179,11 @@ def _cmd_run(args) -> int:
 
     _check_outputs(args)
     step = _step_args(args)
-    run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
-                      trace=args.trace_level, **step)
+    from npusim.progress import progress_bar
+
+    with progress_bar("run", "kernels", args.progress) as bar:
+        run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
+                          trace=args.trace_level, progress=bar, **step)
     say(summary(run, overrides=step["overrides"]))
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -409,8 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(compare, plot="before_after, waterfall",
             trace="write a Chrome trace (kernel level) per pipeline: PATH with the pipeline's name before its "
                   "suffix (trace.json -> trace.baseline.json, trace.optimized.json)")
-    compare.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
     for p_ in (run, compare):
+        p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.set_defaults(batch=8)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
     run.set_defaults(func=_cmd_run)

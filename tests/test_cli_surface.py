@@ -201,3 +201,11 @@ def test_compare_shows_progress_only_when_asked(capsys):
     assert main(["compare", *TINY, "--passes", "baseline", "fusion", "--progress"]) == 0
     err = capsys.readouterr().err
     assert "compare: 2/2 runs" in err and "Traceback" not in err
+
+
+def test_run_shows_kernel_progress_only_when_asked(capsys):
+    assert main(["run", *TINY]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["run", *TINY, "--no-memo", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "run: 30/30 kernels" in err and "Traceback" not in err

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
+from collections.abc import Callable
 
 import simpy
 from attrs import frozen
@@ -160,6 +161,7 @@ class Device:
         self.share_lines = share_lines
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
+        self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
 
     # ---------------------------------------------------------------- kernels
 
@@ -206,6 +208,8 @@ class Device:
         if kr.reuse is not None and kr.alone:
             self.replays.setdefault(kr.reuse.key, (rec.cycles, stats))
         kr.done.succeed(rec)
+        if self.on_finish is not None:
+            self.on_finish(len(self.records))
 
     def _streams(self, kernel: Kernel, kind: CoreType, block: int) -> tuple:
         program = kernel.program(kind, block)

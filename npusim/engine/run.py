@@ -60,11 +60,13 @@ class RunResult:
 
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
-        on_device: Callable[[Device], None] | None = None, share_lines: bool = False) -> RunResult:
+        on_device: Callable[[Device], None] | None = None, share_lines: bool = False,
+        progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
     caller look at (or instrument) the Device before the run starts. share_lines=True groups
-    blocks that share L2 lines too (an approximation: see device._disjoint_blocks)."""
+    blocks that share L2 lines too (an approximation: see device._disjoint_blocks).
+    progress(kernels finished, kernels launched in all) is called as each kernel ends."""
     calls = list(calls)
     _check_calls(calls, hw)
     env = simpy.Environment()
@@ -72,6 +74,9 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     device = Device(env, hw, tracer, dedup, share_lines)
     if on_device is not None:
         on_device(device)
+    if progress is not None:
+        launches = sum(isinstance(c, Launch) for c in calls)
+        device.on_finish = lambda done: progress(done, launches)
     host = Host(env, device)
     env.process(host.run(calls))
     env.run()

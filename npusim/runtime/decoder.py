@@ -78,7 +78,8 @@ def step(workload: Workload | str, phase: str = "decode", batch: int = 1, contex
 def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode",
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
-                cache: LoweringCache | None = None, **options) -> GraphRun:
+                cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
+                **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
@@ -98,7 +99,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
     graph = s.graph(hw=hw)
     try:
-        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache)
+        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache, progress=progress)
     except OutOfMemoryError as e:  # say what would fit
         raise OutOfMemoryError(_oom_message(s, graph.batch, graph.context, hw, e.breakdown.line()),
                                e.breakdown) from None

@@ -21,7 +21,7 @@ simulating it again; memo=False simulates everything.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 from attrs import frozen
@@ -100,9 +100,10 @@ def _alike(graph: Graph, layers: Sequence[int]) -> bool:
 
 
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
-              cache: LoweringCache | None = None) -> GraphRun:
+              cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None) -> GraphRun:
     """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
-    lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh."""
+    lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh.
+    `progress(kernels simulated, kernels to simulate)` as the engine goes."""
     placement = place(graph, hw.hbm.hbm_bytes)
     check_memory(graph, hw, placement.breakdown)
     layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
@@ -113,7 +114,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
-    result = run(program.calls, hw, trace)
+    result = run(program.calls, hw, trace, progress=progress)
     if memo:
         result = fill_replays(result, program)
     pattern: dict[str, str] = {}
