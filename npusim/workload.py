@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 from attrs import field, frozen
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
 from npusim.hw.load import _leaf_errors, find_file
-from npusim.hw.parse import did_you_mean, parse_json, parse_yaml, read_text, read_yaml, short
+from npusim.hw.parse import did_you_mean, parse_json, parse_yaml, read_text, read_yaml, short, strict_converter
 from npusim.isa.program import DTYPE_BYTES
 
 DEFAULT_WORKLOAD = "k3"
@@ -240,39 +239,7 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
 # ================================================================ loading
 
 
-def _strict_converter() -> cattrs.Converter:
-    """Like the hwconfig loader's: no silent conversions (a string is not a number,
-    1 is not True), unknown keys are errors."""
-    conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def to_int(v, _):
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                return int(v)
-            raise TypeError
-        return v
-
-    def to_float(v, _):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError
-        return float(v)
-
-    def to_bool(v, _):
-        if not isinstance(v, bool):
-            raise TypeError
-        return v
-
-    def to_str(v, _):
-        if not isinstance(v, str):
-            raise TypeError
-        return v
-
-    for t, hook in ((int, to_int), (float, to_float), (bool, to_bool), (str, to_str)):
-        conv.register_structure_hook(t, hook)
-    return conv
-
-
-_converter = _strict_converter()
+_converter = strict_converter()
 _EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 _FIELD_TYPES = {f.name: f.type for f in attrs.fields(attrs.resolve_types(Workload))}
 

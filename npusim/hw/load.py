@@ -9,7 +9,6 @@ and what was expected.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from importlib import resources
 import re
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 from cattrs.errors import (
     AttributeValidationNote,
     ClassValidationError,
@@ -30,7 +28,7 @@ from cattrs.errors import (
 from npusim.errors import ConfigError
 from npusim.hw.checks import inconsistency
 from npusim.hw.config import HwConfig
-from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short
+from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short, strict_converter
 
 __all__ = ["DEFAULT_HW", "find_file", "known_names", "load_hw", "parse_set_args", "parse_yaml", "read_yaml",
            "search_dirs"]
@@ -69,36 +67,7 @@ def known_names(kind: str) -> list[str]:
     return sorted({f.stem for d in search_dirs(kind) if d.is_dir() for f in d.glob("*.yaml")})
 
 
-def _strict_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def to_int(v, _):
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                return int(v)
-            raise TypeError(f"expected an integer, got {short(v)}")
-        return v
-
-    def to_float(v, _):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"expected a number, got {short(v)}")
-        try:
-            return float(v)
-        except OverflowError:  # an integer too large for a float: the range check words it
-            return math.inf
-
-    def to_str(v, _):
-        if not isinstance(v, str):
-            raise TypeError(f"expected a string, got {short(v)}")
-        return v
-
-    conv.register_structure_hook(int, to_int)
-    conv.register_structure_hook(float, to_float)
-    conv.register_structure_hook(str, to_str)
-    return conv
-
-
-_converter = _strict_converter()
+_converter = strict_converter()
 
 # `base:` chains deeper than this are refused (the shipped variants are one level deep).
 MAX_BASE_DEPTH = 8

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import reprlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import cattrs
 import yaml
 
 from npusim.errors import ConfigError
@@ -178,3 +180,39 @@ def read_yaml(path: Path) -> dict:
         got = "an empty file" if data is None else f"a {type(data).__name__}: {short(data)}"
         raise ConfigError(f"{path}: expected a mapping at the top level, got {got}")
     return data
+
+
+def strict_converter() -> cattrs.Converter:
+    """The cattrs converter every config loader (hardware, workload, service) uses:
+    unknown keys are errors and nothing is converted silently (a string is not a
+    number, 1 is not True, 2.5 is not an integer); each refusal says what was expected."""
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def to_int(v, _):
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                return int(v)
+            raise TypeError(f"expected an integer, got {short(v)}")
+        return v
+
+    def to_float(v, _):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"expected a number, got {short(v)}")
+        try:
+            return float(v)
+        except OverflowError:  # an integer too large for a float: the range checks word it
+            return math.inf
+
+    def to_bool(v, _):
+        if not isinstance(v, bool):
+            raise TypeError(f"expected true or false, got {short(v)}")
+        return v
+
+    def to_str(v, _):
+        if not isinstance(v, str):
+            raise TypeError(f"expected a string, got {short(v)}")
+        return v
+
+    for kind, hook in ((int, to_int), (float, to_float), (bool, to_bool), (str, to_str)):
+        conv.register_structure_hook(kind, hook)
+    return conv

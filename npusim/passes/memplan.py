@@ -25,7 +25,7 @@ import attrs
 from attrs import frozen
 
 from npusim.graph.ir import Graph
-from npusim.graph.lifetimes import PLANNED_KINDS, align, lifetimes
+from npusim.graph.lifetimes import align, lifetimes
 from npusim.hw import HwConfig
 from npusim.ops import IN_PLACE_OPS  # ops whose descriptor says their output may take an input's buffer
 from npusim.ops.registry import default_hw

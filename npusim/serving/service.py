@@ -14,12 +14,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import cattrs
 from attrs import field, frozen, validators
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
 from npusim.hw.load import _leaf_errors, find_file, parse_yaml, read_yaml
+from npusim.hw.parse import strict_converter
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
 PREPROCESS_ON = ("pool", "inference_thread")
@@ -99,34 +99,7 @@ class ServiceConfig:
                                       kv_layout=self.kv_layout).items() if v is not None}
 
 
-def _converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def number(kind):
-        def hook(v, _):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-                raise TypeError(f"expected {'an integer' if kind is int else 'a number'}, got {v!r}")
-            return kind(v)
-        return hook
-
-    def to_str(v, _):
-        if not isinstance(v, str):
-            raise TypeError(f"expected a string, got {v!r}")
-        return v
-
-    def to_bool(v, _):
-        if not isinstance(v, bool):
-            raise TypeError(f"expected true or false, got {v!r}")
-        return v
-
-    conv.register_structure_hook(bool, to_bool)
-    conv.register_structure_hook(int, number(int))
-    conv.register_structure_hook(float, number(float))
-    conv.register_structure_hook(str, to_str)
-    return conv
-
-
-_conv = _converter()
+_conv = strict_converter()
 
 
 def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
