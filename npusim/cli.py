@@ -130,7 +130,8 @@ def _pass_options(args) -> dict:
             raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
     from npusim.passes import check_options
 
-    options = dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin)
+    options = dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin,
+                   quant=args.quant, quant_layers=args.quant_layers, smooth_alpha=args.smooth_alpha)
     check_options([args.passes] if isinstance(args.passes, str) else args.passes, options)
     return options
 
@@ -358,7 +359,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
                    "(one per sequence, ragged)")
     passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline (e.g. "
-              "fusion,memplan); the passes: fusion, layout, kv_layout, sync, launch, streams, memplan, buckets")
+              "fusion,memplan); the passes: fusion, layout, quantize, kv_layout, sync, launch, streams, memplan, buckets")
     if passes_nargs:
         p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"], metavar="PIPELINE",
                        help="pipelines to compare, as separate words (--passes baseline optimized); each is "
@@ -372,6 +373,12 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
                    "512,1024,2048,4096; add it with --passes optimized,buckets)")
     p.add_argument("--margin", type=int, metavar="TOKENS", help="buckets pass: headroom a sequence keeps in its "
                    "bucket (default 0)")
+    p.add_argument("--quant", choices=("w8a16", "w8a8"), help="quantize pass: INT8 weights, or weights and "
+                   "activations (default w8a16; add it with --passes optimized,quantize)")
+    p.add_argument("--quant-layers", metavar="no-head|all|NAMES", help="quantize pass: the Linear layers quantised "
+                   "(default no-head: all but the LM head; or a comma list, e.g. o_proj,down_proj)")
+    p.add_argument("--smooth-alpha", type=float, metavar="A", help="quantize pass, w8a8: SmoothQuant migration "
+                   "strength in (0, 1] (default: none)")
     return p
 
 

@@ -95,6 +95,14 @@ class Workload:
     qkv_bias: bool = _help("the Q, K and V projections add a bias (Qwen2 does)", default=False)
     norm: str = _help("normalisation: rms_norm (the only one modelled)", default="rms_norm")
     mlp: str = _help("FFN kind: swiglu (the only one modelled)", default="swiglu")
+    # assumption (numpy checks only, no effect on timing): real LLMs carry a few
+    # hidden channels with activations tens of times larger than the rest; random
+    # weights do not, so they can be planted: every norm's gamma is multiplied by
+    # outlier_scale in these channels (what makes INT8 activations lose accuracy).
+    outlier_channels: tuple[int, ...] = _help("hidden channels whose norm gains are multiplied by "
+                                              "outlier_scale in numpy runs (planted activation outliers)",
+                                              default=(), converter=tuple)
+    outlier_scale: float = _help("factor of the outlier channels' norm gains (1 = none)", default=1.0)
 
     def __attrs_post_init__(self):
         bad = _inconsistency(self, lambda k: k)
@@ -230,6 +238,12 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
         return "head_dim", f"RoPE rotates pairs of elements: expected an even value, got {w.head_dim}"
     if w.kv_heads > w.heads or w.heads % w.kv_heads:
         return "kv_heads", f"{w.kv_heads} does not divide {nm('heads')} {w.heads}"
+    bad = [c for c in w.outlier_channels if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < w.hidden_size]
+    if bad:
+        return "outlier_channels", f"expected channels in 0 .. {nm('hidden_size')} - 1 = {w.hidden_size - 1}, " \
+                                   f"got {short(bad[0])}"
+    if not (math.isfinite(w.outlier_scale) and w.outlier_scale > 0):
+        return "outlier_scale", f"expected a finite value > 0, got {w.outlier_scale!r}"
     for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS)):
         if getattr(w, key) not in allowed:
             return key, f"expected one of {', '.join(allowed)}, got {short(getattr(w, key))}"

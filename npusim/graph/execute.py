@@ -19,7 +19,9 @@ with `cosine`.
 Weights are random but deterministic: each from its own generator seeded by
 (seed, CRC32 of its name), scaled by the role its first consumer gives it (a
 norm's gamma near 1, a Linear weight N(0, 1/fan_in), ...), so a graph's values do
-not depend on node order. A weight a pass derived (`Graph.derived`: a fused QKV
+not depend on node order. A workload with outlier channels (Workload.outlier_channels)
+gets them planted in its decoder layers' norm gains. Quantised weights (int8, scales,
+SmoothQuant factors) are made from those FP values by npusim.graph.quant_values. A weight a pass derived (`Graph.derived`: a fused QKV
 weight) is the concatenation of its originals' values, each generated from its own
 name as in the graph before the pass, so fused and unfused graphs compute the same.
 
@@ -46,6 +48,7 @@ a graph whose layout a pass changed computes what the per-layer graph computes;
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +59,7 @@ from attrs import frozen
 
 from npusim.graph.build import host_inputs
 from npusim.graph.ir import Graph, GraphError, Node, TensorSpec
+from npusim.graph.quant_values import CALIBRATION_SEED_OFFSET, is_quantized, quantized_weights
 from npusim.kvcache import CACHE_TENSORS, KvLayout
 from npusim.ops import CACHE_OPS
 from npusim.ops.reference import RefContext
@@ -125,7 +129,23 @@ def random_weights(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             out[spec.name] = np.concatenate([_weight(seed, n, s, role, p) for n, s in zip(names, shapes)], axis=0)
         else:
             out[spec.name] = _weight(seed, spec.name, spec.shape, role, p)
+        if role == "gamma" and re.fullmatch(r"L\d+\..+", spec.name):  # a layer's norm (the builder's names)
+            out[spec.name] = _plant_outliers(graph.workload, out[spec.name])
     return out
+
+
+def _plant_outliers(w, gamma: np.ndarray) -> np.ndarray:
+    """A decoder layer's norm gamma with the workload's outlier channels
+    (Workload.outlier_channels) multiplied by outlier_scale, so that the normed
+    activations the layer's projections read carry outliers there.
+    # assumption: only the layers' norms (attention and FFN); the final norm, which
+    # feeds the LM head, keeps its gains (logits that 3 channels dominate would
+    # measure those channels, not the model)."""
+    channels = list(getattr(w, "outlier_channels", ()))
+    if channels and gamma.shape[-1] == w.hidden_size:
+        gamma = gamma.copy()
+        gamma[..., channels] *= w.outlier_scale
+    return gamma
 
 
 def _weight(seed: int, name: str, shape: tuple[int, ...], role: str, p) -> np.ndarray:
@@ -271,6 +291,11 @@ def execute(graph: Graph, mode: str = "device", seed: int = 0, weights: Mapping[
     if mode not in MODES:
         raise ValueError(f"execute: mode must be one of {', '.join(MODES)}, got {mode!r}")
     weights = {**random_weights(graph, seed), **(weights or {})}
+    if is_quantized(graph):  # int8 weights, scales, smoothing from the FP values (calibrated on other inputs)
+        calib = seed + CALIBRATION_SEED_OFFSET
+        weights = quantized_weights(graph, weights, mode, lambda w, i: execute(
+            graph, "reference", seed, w, host_inputs(graph, seed=calib + i), random_kv(graph, calib + i),
+            keep=True).values)
     inputs = {**host_inputs(graph, seed=seed), **(inputs or {})}
     kv = {**random_kv(graph, seed), **(kv or {})}
     values: dict[str, np.ndarray] = {}
@@ -278,7 +303,9 @@ def execute(graph: Graph, mode: str = "device", seed: int = 0, weights: Mapping[
         for name, x in source.items():
             if name in graph.tensors:
                 spec = graph.tensors[name]
-                values[name] = round_to(np.asarray(x).reshape(spec.shape), spec.dtype)
+                # a reference run keeps quantised weights unrounded (npusim.graph.quant_values)
+                dtype = spec.dtype if mode == "device" or spec.dtype != "int8" else "fp32"
+                values[name] = round_to(np.asarray(x).reshape(spec.shape), dtype)
     def store(x: np.ndarray, dtype: str) -> np.ndarray:
         return round_to(x, dtype if mode == "device" or dtype == "int32" else "fp32")
 

@@ -13,7 +13,11 @@ Layouts: ND (row-major) operands arrive by strided DMA, one segment per row of a
 tile (the DMA converts to the cube's fractal layout on the way); NZ operands are
 already in 16 x 16 fractals, so a tile is one segment per 16-wide column block.
 W8A16 (weight_dtype=int8): B moves as int8, MTE1 widens it to fp16 into L0B, and
-FixPipe applies per-channel scales it loads into FB.
+FixPipe applies per-channel scales it loads into FB. W8A8 (dtype=int8: A and B
+int8, quantised by npusim.ops.quant): the cube multiplies at its int8 fractal
+(hw aic.mmad_fractals.int8: its shape is its rate, MACs per cycle), L0C holds
+int32, FixPipe applies the weight's per-channel scales and writes fp32 (the
+per-token scales of A are applied after, by token_dequant).
 
 n_parts splits C by columns into separate GM tensors c0, c1, ... (a fused QKV
 projection writes q, k and v without a split kernel): a tile's FixPipe write goes
@@ -55,7 +59,8 @@ class MatmulParams:
     m: int = param(1024, "rows of A and C", validator=_pos)
     n: int = param(1024, "columns of B and C", validator=_pos)
     k: int = param(1024, "reduction length", validator=_pos)
-    dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype)", validator=validators.in_(("fp16", "bf16")))
+    dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype); int8 = W8A8 (B int8, per-channel "
+                       "scales, C fp32)", validator=validators.in_(("fp16", "bf16", "int8")))
     out_dtype: str = param("fp16", "dtype of C", validator=validators.in_(("fp16", "bf16", "fp32")))
     bias: bool = param(False, "add an fp32 bias row to C")
     trans_b: bool = param(False, "B stored as [n, k] (a Linear weight) instead of [k, n]")
@@ -66,6 +71,11 @@ class MatmulParams:
     n_parts: tuple[int, ...] = param((), "column widths of C's parts, written as GM tensors c0, c1, ... "
                                      "(e.g. q,k,v of a fused QKV); empty = one tensor c",
                                      converter=tuple, validator=_n_parts_validator)
+
+    def __attrs_post_init__(self):
+        if self.dtype == "int8" and (self.weight_dtype not in ("", "int8") or self.out_dtype != "fp32" or self.bias):
+            raise ValueError("dtype=int8 (W8A8) takes an int8 weight (weight_dtype empty or int8), out_dtype=fp32 "
+                             "and no bias (token_dequant adds it after the per-token scales)")
 
 
 @frozen
@@ -101,7 +111,7 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     tiles = batch * m_tiles * cdiv(p.n, min(256, align_up(p.n, f.n0)))
     parts = _part_starts(p)
     write = hw.dma.startup_cycles + base_m * hw.dma.segment_cycles  # one FixPipe write of a tile
-    for base_n, split_k in itertools.product(range(256, 15, -16), (1, 2, 3, 4, 6, 8)):
+    for base_n, split_k in itertools.product(range(256, f.n0 - 1, -f.n0), (1, 2, 3, 4, 6, 8)):
         if base_n > align_up(p.n, f.n0) and base_n != 256 or split_k > max(1, p.k // (base_k * 4)):
             continue
         if split_k > 1 and tiles >= cores:  # split K only when the tiles cannot fill the cores
@@ -132,10 +142,16 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
 
 def reference_matmul(p: MatmulParams, x, specs, ctx) -> dict:
     """C = A B (+ bias) in fp32; with n_parts, C's columns in order as outputs c0, c1, ...
-    each [m, n_parts[i]] (a fused QKV projection writing q, k and v)."""
+    each [m, n_parts[i]] (a fused QKV projection writing q, k and v). An int8 B
+    (W8A16, W8A8) is multiplied as its integers, then each column by its scale (FixPipe)."""
     a = x["a"].reshape(p.m, p.k)
     b = x["b"].reshape(p.n, p.k).T if p.trans_b else x["b"].reshape(p.k, p.n)
-    c = a @ b  # float32 inputs, float32 accumulation
+    if p.dtype == "int8":  # int8 x int8 accumulates exactly in int32: float64 holds it exactly
+        c = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    else:
+        c = a @ b  # float32 inputs, float32 accumulation
+    if _b_dtype(p) == "int8":
+        c = c * x["scale"].reshape(p.n)
     if p.bias:
         c = c + x["bias"].reshape(p.n)
     if not p.n_parts:
@@ -157,7 +173,7 @@ def reference_batch_matmul(p: BatchMatmulParams, x, specs, ctx) -> dict:
     return {"c": batches_to(c, specs["c"])}
 
 
-_OPERANDS = dict(ins=("a", "b", "bias"), outs=("c", "c*"))
+_OPERANDS = dict(ins=("a", "b", "bias", "scale"), outs=("c", "c*"))
 
 
 @register("matmul", MatmulParams, MatmulTiling, choose_tiling, reference=reference_matmul, **_OPERANDS)

@@ -5,7 +5,8 @@
 relies on the ones before it: the KV layout needs fused attention to read the
 new layout, streams see the final nodes, the memory plan sees the final tensors
 and which nodes run concurrently). Options go to the pass that takes them: `fusion_rules` (a rules file or
-a dict of switches), `kv_layout` (contiguous or paged), `hw` (the config the graph
+a dict of switches), `kv_layout` (contiguous or paged), `quant`, `quant_layers`, `smooth_alpha` (the
+quantize pass: W8A16 or W8A8, which Linear layers, SmoothQuant's strength), `hw` (the config the graph
 will run on: the KV row and pool alignment are its DMA burst; the default config's
 when not given).
 """
@@ -23,6 +24,7 @@ from npusim.passes.fusion import RULES, fuse, load_rules
 from npusim.passes.kv_layout import KV_LAYOUTS, change_kv_layout
 from npusim.passes.layout import propagate_layouts
 from npusim.passes.memplan import MemoryPlan, plan_memory
+from npusim.passes.quantize import quantize
 from npusim.passes.schedule import SYNC_POLICIES, Schedule, assign_streams, graph_launch, schedule_of, sync_by_events
 
 # name -> (pass, options it takes), in pipeline order
@@ -30,6 +32,8 @@ PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
     "buckets": (pad_to_bucket, ("buckets", "margin")),  # first: it rebuilds the graph at the bucket's length
     "fusion": (fuse, ("fusion_rules",)),
     "layout": (propagate_layouts, ()),
+    # after fusion and layout: it quantises the fused projections and reads ND activations
+    "quantize": (quantize, ("quant", "quant_layers", "smooth_alpha")),
     "kv_layout": (change_kv_layout, ("kv_layout", "hw")),
     "sync": (sync_by_events, ()),
     "launch": (graph_launch, ()),
@@ -38,8 +42,9 @@ PASSES: dict[str, tuple[Callable[..., Graph], tuple[str, ...]]] = {
     "memplan": (plan_memory, ("hw",)),  # last: it sees the final tensors and what runs concurrently
 }
 # optimized: every pass that cannot make one step slower. Buckets trade a step's padding
-# for fewer first-run compiles across steps, so they are asked for: "optimized,buckets".
-PIPELINES = {"baseline": (), "optimized": tuple(p for p in PASSES if p != "buckets")}
+# for fewer first-run compiles across steps, so they are asked for: "optimized,buckets";
+# quantize trades accuracy for speed and memory, so it is asked for too: "optimized,quantize".
+PIPELINES = {"baseline": (), "optimized": tuple(p for p in PASSES if p not in ("buckets", "quantize"))}
 
 
 def pass_names(spec: str | Sequence[str]) -> tuple[str, ...]:
@@ -93,5 +98,5 @@ def apply(graph: Graph, passes: str | Sequence[str] = "optimized", **options) ->
 __all__ = [
     "DEFAULT_BUCKETS", "KV_LAYOUTS", "PASSES", "PIPELINES", "RULES", "SYNC_POLICIES", "MemoryPlan", "Schedule", "apply",
     "assign_streams", "change_kv_layout", "check_options", "fuse", "pad_to_bucket", "graph_launch", "load_rules", "pass_names",
-    "plan_memory", "propagate_layouts", "schedule_of", "sync_by_events",
+    "plan_memory", "propagate_layouts", "quantize", "schedule_of", "sync_by_events",
 ]

@@ -1,0 +1,164 @@
+"""INT8 activations for W8A8 matmuls, on the vector cores (AIV).
+
+A W8A8 Linear is three kernels:
+
+1. quantize_per_token: x [rows, h] (fp16/bf16) -> y int8 [rows, h] and a per-token
+   scale fp32 [rows]: scale = max_j |x_j * smooth_j| / 127, y = rint(x * smooth / scale).
+   `smooth` (optional, fp32 [h]) is SmoothQuant's migration: the activation is divided
+   by per-channel factors s (smooth = 1 / s) whose inverse the weight was multiplied
+   by offline, so outlier channels shrink before the row's scale is taken.
+2. the matmul, int8 x int8 on the cube (its int8 fractal and rate), int32 in L0C,
+   FixPipe applying the weight's per-channel scales, out fp32 (npusim.ops.matmul).
+3. token_dequant: c fp32 [rows, n] -> y = c * scale[row] (+ bias) in the model dtype.
+
+Scales are dynamic (computed from each token at run time), so nothing but the
+weights needs calibrating; a row of zeros gets the scale MIN_AMAX / 127.
+# assumption: the device casts fp32 -> fp16 -> int8 (two roundings); the numpy
+# reference rounds once (rint of the fp32 quotient).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from attrs import frozen
+
+from npusim.errors import ProgramError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES, Loop, addr
+from npusim.ops.build import align_up
+from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.vector import (
+    UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
+)
+from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
+
+INT8_MAX = 127
+# The smallest row maximum a scale is taken from (a guard against dividing by zero
+# on an all-zero row; far below any activation a decoder carries).
+MIN_AMAX = 1e-8
+
+
+def token_scales(v: np.ndarray) -> np.ndarray:
+    """Per-row scale of a [rows, h] fp32 array: max |x| / 127 (MIN_AMAX guards zero rows)."""
+    return np.maximum(np.max(np.abs(v), axis=1), MIN_AMAX) / INT8_MAX
+
+
+def reference_quantize(p, x, specs, ctx) -> dict:
+    """y = x * smooth / scale (rounded to int8 by the store of a device run), scale per row."""
+    v = x["x"].reshape(p.rows, p.hidden).astype(np.float32)
+    if p.smooth:
+        v = v * x["smooth"].reshape(p.hidden)
+    scale = token_scales(v).astype(np.float32)
+    return {"y": v / scale[:, None], "scale": scale}
+
+
+def reference_token_dequant(p, x, specs, ctx) -> dict:
+    c = x["c"].reshape(p.rows, p.cols) * x["scale"].reshape(p.rows, 1)
+    if p.bias:
+        c = c + x["bias"].reshape(p.cols)
+    return {"y": c}
+
+
+@frozen
+class QuantizeParams:
+    rows: int = param(8, "tokens (rows of x)", validator=lambda i, a, v: _positive(a, v))
+    hidden: int = param(4096, "elements per token (a multiple of 32: int8 rows are whole 32-byte UB blocks)",
+                        validator=lambda i, a, v: _positive(a, v))
+    dtype: str = param("fp16", "dtype of x", validator=dtype_validator(("fp16", "bf16")))
+    smooth: bool = param(False, "multiply x by per-channel SmoothQuant factors (fp32 [hidden]) before taking "
+                         "the scale")
+    smooth_alpha: float = param(0.5, "SmoothQuant migration strength the factors were made with offline "
+                                "(npusim.graph.quant_values); the kernel only applies them")
+
+
+@frozen
+class TokenDequantParams:
+    rows: int = param(8, "tokens (rows of c)", validator=lambda i, a, v: _positive(a, v))
+    cols: int = param(4096, "output channels (columns of c)", validator=lambda i, a, v: _positive(a, v))
+    dtype: str = param("fp16", "dtype of y", validator=dtype_validator(("fp16", "bf16")))
+    bias: bool = param(False, "add an fp32 bias row after scaling (a W8A8 projection's bias)")
+
+
+def _positive(attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"'{attribute.name}' must be a positive integer, got {value!r}")
+
+
+@register("quantize_per_token", QuantizeParams, reference=reference_quantize, ins=("x", "smooth"),
+          outs=("y", "scale"))
+def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Per-token dynamic INT8 quantisation: y = rint(x * smooth / scale), scale = max|x * smooth| / 127."""
+    if p.hidden % UB_BLOCK:
+        raise ProgramError(f"op quantize_per_token: hidden={p.hidden} is not a multiple of {UB_BLOCK} (int8 rows "
+                           f"are whole {UB_BLOCK}-byte UB blocks)")
+    h, e = p.hidden, DTYPE_BYTES[p.dtype]
+    x = gm.tensor("x", p.rows * h * e)
+    y = gm.tensor("y", p.rows * h)
+    scale = gm.tensor("scale", p.rows * 4)
+    consts = [Const(gm.tensor("smooth", h * 4), h * 4)] if p.smooth else []
+
+    def compute(nr, ub_in, ub_out, tmp, c):
+        n = nr * h
+        w, a, st = tmp
+        ops = [cast(n, p.dtype, "fp32", w, ub_in[0])]
+        if p.smooth:  # the factors are one [h] row: one instruction per token
+            ops += per_row(nr, h * 4, lambda at: [vop("mul", h, "fp32", at(w), at(w), c[0])])
+        ops += [vop("abs", n, "fp32", a, w),
+                vop("reduce_max", n, "fp32", st, a, out_n=nr),
+                vop("maxs", nr, "fp32", st, st),  # the MIN_AMAX guard
+                vop("muls", nr, "fp32", ub_out[1], st),  # scale = amax / 127
+                vop("div", nr, "fp32", st, st)]  # 127 / amax, read back by the scalar unit
+        ops += scalar_read()
+        ops += per_row(nr, h * 4, lambda at: [vop("muls", h, "fp32", at(w), at(w))])
+        # fp32 -> fp16 -> int8 (rint): the 910B vector unit's cast path to int8
+        return ops + [cast(n, "fp32", "fp16", a, w), cast(n, "fp16", "int8", ub_out[0], a)]
+
+    k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows, [Stream(x, h * e)],
+                         [Stream(y, h), Stream(scale, 4)], compute, consts=consts,
+                         tmp_row_bytes=[h * 4, h * 4, 4], quantum=quantum(hw, p.rows, h * e))
+    ins = [TensorInfo("x", (p.rows, h), p.dtype)] + ([TensorInfo("smooth", (h,), "fp32")] if p.smooth else [])
+    # per element: abs, max, * 1/scale (and * smooth); per row: the scale and its inverse
+    flops = (3 + int(p.smooth)) * p.rows * h + 3 * p.rows
+    return vector_lowered("quantize_per_token", p, [k], flops, ins,
+                          [TensorInfo("y", (p.rows, h), "int8"), TensorInfo("scale", (p.rows,), "fp32")])
+
+
+@register("token_dequant", TokenDequantParams, reference=reference_token_dequant, ins=("c", "scale", "bias"),
+          outs=("y",))
+def lower_token_dequant(p: TokenDequantParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Per-token dequantisation of a W8A8 matmul's output: y = c * scale[row] (+ bias)."""
+    n, e = p.cols, DTYPE_BYTES[p.dtype]
+    pitch32, pitch = align_up(n * 4, UB_BLOCK), align_up(n * e, UB_BLOCK)
+    c = gm.tensor("c", p.rows * n * 4)
+    scale = gm.tensor("scale", p.rows * 4)
+    y = gm.tensor("y", p.rows * n * e)
+    consts = [Const(gm.tensor("bias", n * 4), n * 4, pitch32)] if p.bias else []
+    whole = pitch32 // 4 == pitch // e  # padded rows line up: one cast per tile, else one per row
+
+    def compute(nr, ub_in, ub_out, tmp, k):
+        ops = scalar_read()  # the tile's token scales, read by the scalar unit
+        ops += per_row(nr, pitch32, lambda at: [vop("muls", pitch32 // 4, "fp32", at(tmp), at(ub_in[0]))]
+                       + ([vop("add", pitch32 // 4, "fp32", at(tmp), at(tmp), k[0])] if p.bias else []))
+        if whole:
+            return ops + [cast(nr * pitch // e, "fp32", p.dtype, ub_out[0], tmp)]
+        return ops + [_row_casts(nr, pitch32, pitch, p.dtype, ub_out[0], tmp)]
+
+    try:
+        kern = streaming_kernel("token_dequant", "token_dequant", hw, p.rows,
+                                [Stream(c, n * 4, ub_row_bytes=pitch32 if pitch32 != n * 4 else 0), Stream(scale, 4)],
+                                [Stream(y, n * e, ub_row_bytes=pitch if pitch != n * e else 0)], compute,
+                                consts=consts, tmp_row_bytes=pitch32, quantum=quantum(hw, p.rows, n * 4))
+    except ProgramError as err:
+        raise ProgramError(f"{err}: cols={n} is too long to keep a row whole in UB") from None
+    ins = [TensorInfo("c", (p.rows, n), "fp32"), TensorInfo("scale", (p.rows,), "fp32")]
+    ins += [TensorInfo("bias", (n,), "fp32")] if p.bias else []
+    return vector_lowered("token_dequant", p, [kern], (1 + int(p.bias)) * p.rows * n, ins,
+                          [TensorInfo("y", (p.rows, n), p.dtype)])
+
+
+def _row_casts(nr: int, src_pitch: int, dst_pitch: int, dtype: str, dst, src) -> Loop:
+    """One fp32 -> dtype cast per row when the padded rows of source and result do not line up."""
+    return Loop("r", nr, [cast(src_pitch // 4, "fp32", dtype, addr(dst, r=dst_pitch), addr(src, r=src_pitch))])
+
+
+__all__ = ["INT8_MAX", "MIN_AMAX", "QuantizeParams", "TokenDequantParams", "token_scales"]
