@@ -207,6 +207,24 @@ def random_kv(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+def packed_kv(graph: Graph, logical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph's KV tensors holding `logical` (per-layer caches by the per-layer
+    graph's names, as logical_kv gives them, [batch, kv_heads, n, head_dim] with n up
+    to the graph's context; zeros after): how a later decode step, built at a longer
+    context, starts from the caches an earlier step left."""
+    out = {spec.name: np.zeros(spec.shape, dtype=np.float32) for spec in graph.of_kind("kv")}
+    for c in _caches(graph):
+        if c.layout.layout == "paged":
+            out[c.tensors["block_table"]] = c.layout.block_table()
+        phys = {local: out[t] for local, t in c.tensors.items()}
+        k, v = (np.zeros(c.layout.shape, np.float32) for _ in range(2))
+        for dst, name in zip((k, v), c.names()):
+            x = np.asarray(logical[name])
+            dst[:, :, :x.shape[2]] = x
+        out |= {c.tensors[local]: x for local, x in _pack(c.layout, phys, k, v).items()}
+    return out
+
+
 def _start_cache(graph: Graph, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """One layer's K or V before the step (logical [batch, kv_heads, context, head_dim]).
     Drawn position by position up to the longest sequence only, so a graph whose

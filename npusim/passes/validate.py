@@ -27,13 +27,14 @@ import os
 import resource
 
 from npusim.errors import NpusimError
-from npusim.graph.build import build_decoder
-from npusim.graph.execute import Execution, cosine, execute, logical_kv
+from npusim.graph.build import build_decoder, host_inputs
+from npusim.graph.execute import Execution, cosine, execute, logical_kv, packed_kv
 from npusim.graph.ir import Graph
 from npusim.passes import apply
 from npusim.workload import Workload, load_workload
 
 MIN_COSINE = 0.999
+DECODE_STEPS = 4  # decode steps of validate_passes' top-1 agreement (a few: each is two numpy runs)
 # Host memory of the numpy runs per graph element: a float32 value held for the
 # run, plus the float64 draw of the largest random weight (see _host_bytes).
 _VALUE_BYTES = 4
@@ -66,6 +67,9 @@ class Validation:
     passes: tuple[str, ...]
     checks: tuple[OutputCheck, ...]
     overflow: tuple[str, ...]  # tensors past the fp16 range in the transformed device run
+    # decode: (tokens whose top-1 equals the FP32 reference's, tokens) over `steps` decode steps
+    agreement: tuple[int, int] | None = None
+    steps: int = 0
 
     @property
     def passed(self) -> bool:
@@ -78,6 +82,11 @@ class Validation:
         for c in self.checks:
             lines.append(f"  {c.name:28s}{c.baseline:>12.6f}{c.transformed:>14.6f}  {c.result()}")
         lines.append("  fp16 overflow: " + (", ".join(self.overflow) if self.overflow else "none"))
+        if self.agreement:
+            same, total = self.agreement
+            lines.append(f"  top-1 tokens equal to the FP32 reference's over {self.steps} decode steps (each step "
+                         f"fed the reference's tokens): {same}/{total} ({100 * same / total:.1f}%; reported, not "
+                         "checked)")
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
 
@@ -86,8 +95,9 @@ def _outputs(graph: Graph, ex: Execution) -> dict[str, np.ndarray]:
     return {**ex.outputs, **logical_kv(graph, ex.kv)}
 
 
-def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0) -> Validation:
-    """Check `transform(baseline)` against an FP32 run of `baseline`."""
+def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0, steps: int = 0) -> Validation:
+    """Check `transform(baseline)` against an FP32 run of `baseline`; with `steps` (decode
+    only), also the top-1 agreement over that many decode steps (decode_agreement)."""
     after = transform(baseline)
     ref = _outputs(baseline, execute(baseline, "reference", seed))
     base = _outputs(baseline, execute(baseline, "device", seed))
@@ -104,7 +114,31 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
         differing = tuple(int(i) for i in np.flatnonzero(np.ravel(new[name]) != np.ravel(r)))
         checks.append(OutputCheck(name, _equal_fraction(base[name], r), _equal_fraction(new[name], r), False,
                                   differing))
-    return Validation(after.applied, tuple(checks), run.overflow)
+    agreement = decode_agreement(baseline, transform, steps, seed) if steps and baseline.phase == "decode" else None
+    return Validation(after.applied, tuple(checks), run.overflow, agreement, steps)
+
+
+def decode_agreement(baseline: Graph, transform: Callable[[Graph], Graph], steps: int,
+                     seed: int = 0) -> tuple[int, int]:
+    """(equal, all) top-1 tokens of `steps` decode steps, the transformed graph's device
+    run against the baseline's FP32 run. Step i is built at every length + i; each run
+    keeps its own KV caches from step to step, and both are fed the reference's tokens
+    (teacher forcing), so one early difference does not decide every later step."""
+    w, lengths = baseline.workload, baseline.lengths
+    tokens, caches = None, {"reference": None, "device": None}
+    same = total = 0
+    for i in range(steps):
+        g = build_decoder(w, "decode", baseline.batch, [n + i for n in lengths])
+        runs = {}
+        for mode, graph in (("reference", g), ("device", transform(g))):
+            kv = packed_kv(graph, caches[mode]) if caches[mode] is not None else None
+            ex = execute(graph, mode, seed, inputs=host_inputs(graph, tokens, seed), kv=kv)
+            caches[mode] = logical_kv(graph, ex.kv)
+            runs[mode] = ex.outputs[graph.outputs[-1]]
+        same += int(np.sum(runs["device"] == runs["reference"]))
+        total += runs["reference"].size
+        tokens = runs["reference"].reshape(-1, 1)
+    return same, total
 
 
 def _equal_fraction(a: np.ndarray, b: np.ndarray) -> float:
@@ -138,14 +172,18 @@ def check_host_memory(graph: Graph, runs: int = 2) -> None:
 
 
 def validate_passes(workload: Workload | str = "k3-tiny", passes: str | Sequence[str] = "optimized",
-                    phase: str = "decode", batch: int = 2, context=None, seed: int = 0, **options) -> Validation:
+                    phase: str = "decode", batch: int = 2, context=None, seed: int = 0, steps: int = DECODE_STEPS,
+                    **options) -> Validation:
     """validate() of a pass pipeline on a workload's decoder (small shapes: numpy runs it).
-    `options` go to the passes (fusion_rules, kv_layout, buckets, margin; None = default)."""
+    `options` go to the passes (fusion_rules, kv_layout, buckets, margin, quant, ...; None =
+    default); `steps`: decode steps of the top-1 agreement (0: none; it needs room for
+    the longer lengths, so it is skipped at the workload's max context)."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     options = {k: v for k, v in options.items() if v is not None}
     g = build_decoder(w, phase, batch, context if context is not None else min(64, w.max_context_tokens))
     check_host_memory(g)
-    return validate(g, lambda x: apply(x, passes, **options), seed)
+    room = w.max_context_tokens - max(g.lengths)
+    return validate(g, lambda x: apply(x, passes, **options), seed, min(steps, room + 1))
 
 
 __all__ = ["MIN_COSINE", "OutputCheck", "Validation", "available_host_bytes", "check_host_memory", "validate",

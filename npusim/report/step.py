@@ -152,6 +152,7 @@ _ROWS = (
     ("HBM bytes (GB)", lambda r: (r.result.stats.hbm_read_bytes + r.result.stats.hbm_write_bytes) / GB),
     ("DMA segments", lambda r: r.result.stats.dma_segments),
     ("wasted burst bytes", lambda r: r.result.stats.wasted_burst_bytes),
+    ("weight bytes (GB)", lambda r: r.memory.weights_bytes / GB),
     ("peak memory (MiB)", lambda r: r.memory.total_bytes / MIB),
     ("host launch (us)", lambda r: r.hw.us(r.result.host_launch_cycles)),
     ("host wait (us)", lambda r: r.hw.us(r.result.host_wait_cycles)),
@@ -166,9 +167,15 @@ def comparison_table(c: Comparison, overrides=None) -> str:
     """The pipelines side by side, then each pass's gain (added in pipeline order)."""
     names = list(c.runs)
     first = next(iter(c.runs.values()))
-    lines = [_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>16s}" for n in names)]
+    w = max(16, *(len(n) + 2 for n in names))  # a column per pipeline, as wide as its name
+    lines = [_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>{w}s}" for n in names)]
     for label, get in _ROWS:
-        lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>16s}" for r in c.runs.values()))
+        lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>{w}s}" for r in c.runs.values()))
+    scores = [validation_score(r) for r in c.runs.values()]
+    lines.append(f"  {'logits cosine vs FP32':22s}" + "".join(f"{s:>{w}s}" for s in scores))
+    if "n/a" in scores:
+        lines.append("  (n/a: the numpy check of this shape would not fit in host memory; npusim validate a smaller "
+                     "workload or shape)")
     lines += ["", "  each pass added in order (latency, then the figure it targets):"]
     prev = c.runs.get("baseline", first)
     for name, r in c.steps.items():
@@ -177,6 +184,25 @@ def comparison_table(c: Comparison, overrides=None) -> str:
                      f"  {_target(name, prev, r)}")
         prev = r
     return "\n".join(lines)
+
+
+def validation_score(run: GraphRun) -> str:
+    """The run's graph checked by numpy (npusim.passes.validate) against an FP32 run of
+    the baseline graph of the same step: the logits' cosine and ok / FAIL, or "n/a"
+    when the numpy runs would not fit in host memory (a full-size model)."""
+    from npusim.errors import NpusimError
+    from npusim.graph.build import build_decoder
+    from npusim.passes.validate import check_host_memory, validate
+
+    g = run.graph
+    base = build_decoder(g.workload, g.phase, g.batch, g.lengths)
+    try:
+        check_host_memory(base, runs=3)
+    except NpusimError:
+        return "n/a"
+    v = validate(base, lambda _: g)
+    logits = next(c for c in v.checks if c.name in g.outputs and c.is_float)
+    return f"{logits.transformed:.5f} {'ok' if v.passed else 'FAIL'}"
 
 
 def _target(name: str, before: GraphRun, after: GraphRun) -> str:
@@ -190,6 +216,7 @@ def _target(name: str, before: GraphRun, after: GraphRun) -> str:
         "sync": ("host wait us", lambda r: r.hw.us(r.result.host_wait_cycles)),
         "launch": ("host launch us", lambda r: r.hw.us(r.result.host_launch_cycles)),
         "streams": ("latency us", lambda r: r.latency_us),
+        "quantize": ("weight GB", lambda r: r.memory.weights_bytes / GB),
     }.get(name)
     if pick is None:
         return ""
@@ -265,5 +292,5 @@ def memory_timeline(run: GraphRun) -> list[tuple[float, float]]:
     return [(run.hw.cycles(t * 1e-6), b) for t, b in zip(g[0], g[2])]
 
 
-__all__ = ["Floor", "activation_spans", "floor_weight_bytes", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
+__all__ = ["Floor", "validation_score", "activation_spans", "floor_weight_bytes", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
            "memory_timeline", "step_json", "summary"]

@@ -92,9 +92,10 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
     ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
-    least = MemoryBreakdown(s.workload.weight_bytes, s.workload.kv_bytes(s.batch, ctx), 0, 0, hw.hbm.hbm_bytes)
+    least = MemoryBreakdown(_least_weight_bytes(s), s.workload.kv_bytes(s.batch, ctx), 0, 0, hw.hbm.hbm_bytes)
     if not least.fits:
-        need = (f"weights {size(least.weights_bytes)} + KV cache {size(least.kv_bytes)} alone need "
+        weights = "weights" if least.weights_bytes == s.workload.weight_bytes else "INT8 weights at least"
+        need = (f"{weights} {size(least.weights_bytes)} + KV cache {size(least.kv_bytes)} alone need "
                 f"{size(least.total_bytes)} of {size(least.capacity_bytes)}")
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
     graph = s.graph(hw=hw)
@@ -103,6 +104,12 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     except OutOfMemoryError as e:  # say what would fit
         raise OutOfMemoryError(_oom_message(s, graph.batch, graph.context, hw, e.breakdown.line()),
                                e.breakdown) from None
+
+
+def _least_weight_bytes(s: Step) -> int:
+    """A lower bound of the step's weight bytes before its graph is built: the
+    checkpoint's, or one byte per parameter when the quantize pass runs (INT8)."""
+    return s.workload.param_count if "quantize" in pass_names(s.passes) else s.workload.weight_bytes
 
 
 def _most(free: int, per: int) -> int:
@@ -128,7 +135,7 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
         return place(s.graph(batch=batch, lengths=lengths, hw=hw), hw.hbm.hbm_bytes).breakdown.fits
 
     # weights and KV cache alone bound the search (fewer, smaller graphs to build)
-    free = hw.hbm.hbm_bytes - s.workload.weight_bytes
+    free = hw.hbm.hbm_bytes - _least_weight_bytes(s)
     best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, s.workload.kv_bytes(1, ctx))))
     best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, s.workload.kv_bytes(batch, 1))))
     return (f"{s.workload.name} {s.phase} batch {batch} x context {ctx} does not fit in {hw.name}'s "
