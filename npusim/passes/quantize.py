@@ -78,10 +78,10 @@ def _chosen(ed: Editor, layers: str) -> list[Node]:
         return linear
     if layers == "no-head":
         return [n for n in linear if not set(n.outputs.values()) & outputs]
-    if not isinstance(layers, str) or not layers.strip():
+    names = [s.strip() for s in layers.split(",") if s.strip()] if isinstance(layers, str) else []
+    if not names:
         raise ConfigError(f"--quant-layers: expected {', '.join(LAYER_CHOICES)} or a comma list of projection "
                           f"names, got {layers!r}")
-    names = [s.strip() for s in layers.split(",") if s.strip()]
     picked = []
     for want in names:
         hits = [n for n in linear if n.name == want or n.name.split(".", 1)[-1] == want]

@@ -1,0 +1,42 @@
+"""Bad-input catalogue, the quantize pass: its options without the pass, values out of
+range, a layer that is not there, a workload's planted outliers out of range."""
+
+import pytest
+
+from cli_check import fails_cleanly, one_line_error
+
+from npusim.errors import ConfigError
+from npusim.workload import load_workload
+
+TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "validate"])
+@pytest.mark.parametrize("argv, expect", [
+    (["--quant", "w8a8"], r"--quant is an option of the quantize pass"),
+    (["--passes", "optimized", "--quant-layers", "all"], r"--quant-layers is an option of the quantize pass"),
+    (["--smooth-alpha", "0.5"], r"--smooth-alpha is an option of the quantize pass"),
+])
+def test_quant_option_without_the_pass(cmd, argv, expect, capsys):
+    fails_cleanly([cmd, *TINY, *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--quant", "w8a16", "--smooth-alpha", "0.5"], r"--smooth-alpha: SmoothQuant migrates .* W8A8"),
+    (["--quant", "w8a8", "--smooth-alpha", "0"], r"--smooth-alpha: expected a number in \(0, 1\], got 0.0"),
+    (["--quant", "w8a8", "--smooth-alpha", "nan"], r"--smooth-alpha: expected a number in \(0, 1\]"),
+    (["--quant-layers", "q_proj,foo"], r"--quant-layers: no Linear layer named 'q_proj'.*qkv_proj"),
+    (["--quant-layers", ","], r"--quant-layers: expected no-head, all or a comma list"),
+])
+def test_quant_values(argv, expect, capsys):
+    fails_cleanly(["validate", *TINY, "--passes", "optimized,quantize", *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    ({"outlier_channels": [3, 256]}, r"key 'outlier_channels': expected channels in 0 .. hidden_size - 1 = 255, got 256"),
+    ({"outlier_channels": [-1]}, r"key 'outlier_channels': expected channels in 0 .. "),
+    ({"outlier_scale": 0}, r"key 'outlier_scale': expected a finite value > 0"),
+    ({"outlier_scale": float("inf")}, r"key 'outlier_scale': expected a finite value > 0"),
+])
+def test_bad_outliers(overrides, expect):
+    one_line_error(lambda: load_workload("k3-tiny", overrides), ConfigError, expect)
