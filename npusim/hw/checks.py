@@ -16,7 +16,7 @@ REQUIRED_FRACTALS = ("fp16",)
 # per instruction). tests/test_bad_inputs/test_configs.py lowers every op type with
 # only these costs in the config, so the list cannot fall behind the lowerings.
 REQUIRED_VECTOR_OPS = (
-    "add", "adds", "cast", "compare", "copy", "div", "dup", "exp", "gather", "max", "mrgsort", "mul", "muls",
+    "abs", "add", "adds", "cast", "compare", "copy", "div", "dup", "exp", "gather", "max", "maxs", "mrgsort", "mul", "muls",
     "reduce_max", "reduce_sum", "relu", "rsqrt", "select", "sort32", "sub", "tanh",
 )
 
