@@ -138,6 +138,30 @@ def test_every_matmul_variant_verifies(variant, m, n, k, fmt, parts):
         verify(kern, HW)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.sampled_from((1, 2, 7, 8, 33, 512)), cols=st.sampled_from((16, 1000, 4096, 16896, 37891, 64000)),
+       bias=st.booleans(), dtype=st.sampled_from(("fp16", "bf16")))
+def test_token_dequant_verifies_at_any_width(rows, cols, bias, dtype):
+    """Rows that fit UB stream whole; wider ones (an LM head, a wide FFN) in column chunks."""
+    for kern in lower("token_dequant", dict(rows=rows, cols=cols, bias=bias, dtype=dtype), HW).kernels:
+        verify(kern, HW)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.sampled_from((1, 2, 7, 8, 33, 512)), hidden=st.sampled_from((32, 256, 4096, 8448, 18944)),
+       smooth=st.booleans(), dtype=st.sampled_from(("fp16", "bf16")))
+def test_quantize_verifies_or_names_the_row(rows, hidden, smooth, dtype):
+    try:
+        kernels = lower("quantize_per_token", dict(rows=rows, hidden=hidden, smooth=smooth, dtype=dtype), HW).kernels
+    except ProgramError as e:  # only a row too long for UB is refused, by name
+        assert hidden * (9 + 4 * smooth) > HW.aiv.ub_bytes // 2 and f"hidden={hidden} is too long" in str(e)
+        return
+    for kern in kernels:
+        verify(kern, HW)
+
+
 def test_w8a16_bias_reads_inside_the_bias_on_its_last_n_tile():
     """The fault the issue named: a W8A16 matmul with bias whose last N tile is partial."""
     low = lower("matmul", dict(m=8, n=1000, k=256, trans_b=True, format_b="NZ", weight_dtype="int8", bias=True), HW)

@@ -25,7 +25,9 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Loop, addr
-from npusim.ops.build import align_up
+from npusim.isa.program import Mem
+from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import (
     UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
@@ -99,12 +101,15 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
 
     def compute(nr, ub_in, ub_out, tmp, c):
         n = nr * h
-        w, a, st = tmp
+        w, a, st = tmp  # w: x (* smooth) in fp32; a: an fp16 copy (its |max|, then the rounded values)
         ops = [cast(n, p.dtype, "fp32", w, ub_in[0])]
         if p.smooth:  # the factors are one [h] row: one instruction per token
             ops += per_row(nr, h * 4, lambda at: [vop("mul", h, "fp32", at(w), at(w), c[0])])
-        ops += [vop("abs", n, "fp32", a, w),
-                vop("reduce_max", n, "fp32", st, a, out_n=nr),
+        # the row maximum is found on an fp16 copy (half the scratch of an fp32 one;
+        # the reference takes it in fp32 - the cost is what this sequence models)
+        ops += [cast(n, "fp32", "fp16", a, w),
+                vop("abs", n, "fp16", a, a),
+                vop("reduce_max", n, "fp16", st, a, out_n=nr, out_dtype="fp32"),
                 vop("maxs", nr, "fp32", st, st),  # the MIN_AMAX guard
                 vop("muls", nr, "fp32", ub_out[1], st),  # scale = amax / 127
                 vop("div", nr, "fp32", st, st)]  # 127 / amax, read back by the scalar unit
@@ -113,9 +118,12 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
         # fp32 -> fp16 -> int8 (rint): the 910B vector unit's cast path to int8
         return ops + [cast(n, "fp32", "fp16", a, w), cast(n, "fp16", "int8", ub_out[0], a)]
 
-    k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows, [Stream(x, h * e)],
-                         [Stream(y, h), Stream(scale, 4)], compute, consts=consts,
-                         tmp_row_bytes=[h * 4, h * 4, 4], quantum=quantum(hw, p.rows, h * e))
+    try:
+        k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows, [Stream(x, h * e)],
+                             [Stream(y, h), Stream(scale, 4)], compute, consts=consts,
+                             tmp_row_bytes=[h * 4, h * 2, 4], quantum=quantum(hw, p.rows, h * e))
+    except ProgramError as err:  # assumption: rows are kept whole (a two-pass chunked row is not modelled)
+        raise ProgramError(f"{err}: hidden={h} is too long to keep a row whole in UB") from None
     ins = [TensorInfo("x", (p.rows, h), p.dtype)] + ([TensorInfo("smooth", (h,), "fp32")] if p.smooth else [])
     # per element: abs, max, * 1/scale (and * smooth); per row: the scale and its inverse
     flops = (3 + int(p.smooth)) * p.rows * h + 3 * p.rows
@@ -148,12 +156,53 @@ def lower_token_dequant(p: TokenDequantParams, hw: HwConfig, gm: GmArena, tiling
                                 [Stream(c, n * 4, ub_row_bytes=pitch32 if pitch32 != n * 4 else 0), Stream(scale, 4)],
                                 [Stream(y, n * e, ub_row_bytes=pitch if pitch != n * e else 0)], compute,
                                 consts=consts, tmp_row_bytes=pitch32, quantum=quantum(hw, p.rows, n * 4))
-    except ProgramError as err:
-        raise ProgramError(f"{err}: cols={n} is too long to keep a row whole in UB") from None
+    except ProgramError:  # a row too long for UB (an LM head, a wide FFN): (row, column chunk) units
+        kern = _dequant_chunks(p, hw, c, scale, consts[0].tensor if p.bias else None, y)
     ins = [TensorInfo("c", (p.rows, n), "fp32"), TensorInfo("scale", (p.rows,), "fp32")]
     ins += [TensorInfo("bias", (n,), "fp32")] if p.bias else []
     return vector_lowered("token_dequant", p, [kern], (1 + int(p.bias)) * p.rows * n, ins,
                           [TensorInfo("y", (p.rows, n), p.dtype)])
+
+
+def _dequant_chunks(p: TokenDequantParams, hw: HwConfig, c, scale, bias, y):
+    """token_dequant of rows too long for UB: units of (row, column chunk), split in
+    contiguous runs over the vector cores, double-buffered (as npusim.ops.column_tiles);
+    each unit loads its chunk of c (and of the bias) and its row's scale, which the
+    scalar unit reads."""
+    n, e = p.cols, DTYPE_BYTES[p.dtype]
+    step = UB_BLOCK // e  # elements: whole UB blocks in the output dtype (and in fp32)
+    per_elem = 2 * (4 + e + 4 * int(p.bias)) + 4  # ping and pong c, y (and bias) chunks, one fp32 scratch
+    fit = (hw.aiv.ub_bytes - UB_BLOCK * 12) // per_elem // step * step
+    chunks = max(cdiv(n, fit), min(cdiv(hw.aiv_count, p.rows), cdiv(n, step)))
+    w = min(fit, align_up(cdiv(n, chunks), step))
+    chunks = cdiv(n, w)
+    buf = Buffers(hw, "token_dequant")
+    sets = [([buf.alloc(f"c{q}", Mem.UB, w * 4), buf.alloc(f"scale{q}", Mem.UB, UB_BLOCK)]
+             + ([buf.alloc(f"bias{q}", Mem.UB, w * 4)] if p.bias else []),
+             buf.alloc(f"y{q}", Mem.UB, w * e)) for q in (0, 1)]
+    tmp = buf.alloc("tmp", Mem.UB, w * 4)
+
+    def unit(r: int, j: int):
+        width = min(w, n - j * w)
+        nv = align_up(width, step)  # vector instructions cover whole UB blocks
+
+        def make(q: int):
+            ins, out = sets[q]
+            loads = [gm_copy(Mem.GM, Mem.UB, c.addr + (r * n + j * w) * 4, ins[0], width * 4),
+                     gm_copy(Mem.GM, Mem.UB, scale.addr + r * 4, ins[1], 4)]
+            work = scalar_read() + [vop("muls", nv, "fp32", tmp, ins[0])]
+            if p.bias:
+                loads.append(gm_copy(Mem.GM, Mem.UB, bias.addr + j * w * 4, ins[2], width * 4))
+                work.append(vop("add", nv, "fp32", tmp, tmp, ins[2]))
+            work.append(cast(nv, "fp32", p.dtype, out, tmp))
+            return loads, work, [gm_copy(Mem.UB, Mem.GM, out, y.addr + (r * n + j * w) * e, width * e)]
+        return make
+
+    per_core = []
+    for lo, hi in split_runs(p.rows * chunks, hw.aiv_count):
+        per_core.append([[unit(r, k) for k in range(max(lo, r * chunks) - r * chunks, min(hi, (r + 1) * chunks) - r * chunks)]
+                         for r in range(lo // chunks, cdiv(hi, chunks))])
+    return pipeline_kernel("token_dequant", "token_dequant", buf, per_core, [t for t in (c, scale, bias, y) if t])
 
 
 def _row_casts(nr: int, src_pitch: int, dst_pitch: int, dtype: str, dst, src) -> Loop:
