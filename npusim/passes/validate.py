@@ -160,10 +160,12 @@ def available_host_bytes() -> int:
     return min(avail, limit) if limit != resource.RLIM_INFINITY else avail
 
 
-def check_host_memory(graph: Graph, runs: int = 2) -> None:
+def check_host_memory(graph: Graph, runs: int = 2, limit: int | None = None) -> None:
     """Refuse, in one line, a validation whose numpy runs would not fit in host memory
-    (`runs` of them alive at once: one run's outputs are kept while the next runs)."""
+    (`runs` of them alive at once: one run's outputs are kept while the next runs), or
+    in `limit` bytes when given."""
     need, have = runs * _host_bytes(graph), available_host_bytes()
+    have = have if limit is None else min(have, limit)
     if need > have:
         name = getattr(graph.workload, "name", "this workload")
         raise NpusimError(f"validate: {name} {graph.phase} batch {graph.batch} x {graph.context} needs about "
