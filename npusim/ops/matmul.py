@@ -59,8 +59,8 @@ class MatmulParams:
     m: int = param(1024, "rows of A and C", validator=_pos)
     n: int = param(1024, "columns of B and C", validator=_pos)
     k: int = param(1024, "reduction length", validator=_pos)
-    dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype); int8 = W8A8 (B int8, per-channel "
-                       "scales, C fp32)", validator=validators.in_(("fp16", "bf16", "int8")))
+    dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype); int8 = W8A8 (B int8 with "
+                       "per-channel scales; the quantize pass writes C in fp32)", validator=validators.in_(("fp16", "bf16", "int8")))
     out_dtype: str = param("fp16", "dtype of C", validator=validators.in_(("fp16", "bf16", "fp32")))
     bias: bool = param(False, "add an fp32 bias row to C")
     trans_b: bool = param(False, "B stored as [n, k] (a Linear weight) instead of [k, n]")
@@ -73,9 +73,9 @@ class MatmulParams:
                                      converter=tuple, validator=_n_parts_validator)
 
     def __attrs_post_init__(self):
-        if self.dtype == "int8" and (self.weight_dtype not in ("", "int8") or self.out_dtype != "fp32" or self.bias):
-            raise ValueError("dtype=int8 (W8A8) takes an int8 weight (weight_dtype empty or int8), out_dtype=fp32 "
-                             "and no bias (token_dequant adds it after the per-token scales)")
+        if self.dtype == "int8" and (self.weight_dtype not in ("", "int8") or self.bias):
+            raise ValueError("dtype=int8 (W8A8) takes an int8 weight (weight_dtype empty or int8) and no bias "
+                             "(token_dequant adds it after the per-token scales)")
 
 
 @frozen
