@@ -21,9 +21,10 @@ Weights are random but deterministic: each from its own generator seeded by
 norm's gamma near 1, a Linear weight N(0, 1/fan_in), ...), so a graph's values do
 not depend on node order. A workload with outlier channels (Workload.outlier_channels)
 gets them planted in its decoder layers' norm gains. Quantised weights (int8, scales,
-SmoothQuant factors) are made from those FP values by npusim.graph.quant_values. A weight a pass derived (`Graph.derived`: a fused QKV
-weight) is the concatenation of its originals' values, each generated from its own
-name as in the graph before the pass, so fused and unfused graphs compute the same.
+SmoothQuant factors) are made from those FP values by npusim.graph.quant_values.
+A weight a pass derived (`Graph.derived`: a fused QKV weight) is the concatenation
+of its originals' values, each generated from its own name as in the graph before
+the pass, so fused and unfused graphs compute the same.
 
 Op semantics are each op's numpy reference (OpSpec.reference, beside its lowering
 in npusim.ops; npusim.ops.reference says what one sees): each op reads its inputs as the contiguous
