@@ -222,3 +222,22 @@ def test_largest_batch_at_8192_grows_with_int8_weights():
     # and it does fit: the largest batch of each runs out of memory one sequence later
     with pytest.raises(OutOfMemoryError):
         run_decoder("k3", "ascend910b2", "decode", fp + 1, 8192, "optimized")
+
+
+# ---------------------------------------------------------------- every shipped workload quantised
+
+
+@pytest.mark.parametrize("phase, quant", [("decode", "w8a16"), ("decode", "w8a8"), ("prefill", "w8a8")])
+@pytest.mark.parametrize("workload", ("k3", "k3-tiny", "llama2-7b", "qwen2.5-7b"))
+def test_shipped_workloads_run_quantized(workload, quant, phase):
+    """One decoder layer at the model's widths (the ops' shapes), every Linear layer
+    quantised: each kernel lowers, verifies and runs; the weights shrink."""
+    import attrs
+
+    from npusim.workload import load_workload
+
+    one = attrs.evolve(load_workload(workload), layers=1)
+    fp = run_decoder(one, "ascend910b2", phase, 2, 16 if phase == "decode" else 8, "optimized")
+    q = run_decoder(one, "ascend910b2", phase, 2, 16 if phase == "decode" else 8, "optimized,quantize",
+                    quant=quant, quant_layers="all")
+    assert q.result.cycles > 0 and q.memory.weights_bytes < fp.memory.weights_bytes
