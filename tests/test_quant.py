@@ -241,3 +241,19 @@ def test_shipped_workloads_run_quantized(workload, quant, phase):
     q = run_decoder(one, "ascend910b2", phase, 2, 16 if phase == "decode" else 8, "optimized,quantize",
                     quant=quant, quant_layers="all")
     assert q.result.cycles > 0 and q.memory.weights_bytes < fp.memory.weights_bytes
+
+
+def test_compare_shows_weights_and_the_numpy_check_side_by_side():
+    from npusim.report.step import comparison_table
+    from npusim.runtime.decoder import compare
+
+    c = compare("k3-tiny-outliers", "ascend910b2", "decode", 2, 64, ["optimized", "optimized,quantize"], quant="w8a8")
+    table = comparison_table(c)
+    header = next(line for line in table.splitlines() if "optimized,quantize" in line)
+    assert header.split() == ["optimized", "optimized,quantize"]
+    rows = {line[:24].strip(): line[24:].split() for line in table.splitlines() if line.startswith("  ")}
+    fp, q = (float(v) for v in rows["weight bytes (GB)"])
+    assert q < fp
+    assert rows["logits cosine vs FP32"][1] == "ok" and rows["logits cosine vs FP32"][3] == "FAIL"
+    assert float(rows["logits cosine vs FP32"][2]) < 0.999 <= float(rows["logits cosine vs FP32"][0])
+    assert "HBM bytes (GB)" in rows and "latency (us)" in rows
