@@ -183,14 +183,19 @@ class Journal:
             self.file = None
 
 
+# the order settings are compared in: what a user typed first, then what it loaded
+ORDER = ("workload", "hw", "overrides", "step", "grid", "workload_content", "hw_content", "npusim")
+
+
 def _difference(stored: Mapping, now: Mapping, path: str = "") -> str:
     """The first setting that differs, as `key: X there, Y now` (values cut short)."""
-    for key in sorted(set(stored) | set(now)):
+    for key in sorted(set(stored) | set(now), key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
         a, b = stored.get(key), now.get(key)
         if a != b:
             if isinstance(a, Mapping) and isinstance(b, Mapping):
                 return _difference(a, b, f"{path}{key}.")
-            return f"{path}{key}: {json.dumps(a)[:60]} there, {json.dumps(b)[:60]} now"
+            there, now_ = ("unset" if key not in d else json.dumps(d[key])[:60] for d in (stored, now))
+            return f"{path}{key}: {there} there, {now_} now"
     return "none"
 
 
