@@ -3,11 +3,7 @@ own error kept in its row and not retried, Ctrl-C keeping the finished rows."""
 
 import csv
 import os
-import re
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +12,8 @@ ray = pytest.importorskip("ray", reason='the ray extra is not installed (pip ins
 
 from npusim.backends.ray import OBJECT_STORE_BYTES, RayBackend  # noqa: E402
 from npusim.cli import main  # noqa: E402
+from sweep_process import sweep_until  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 TOO_SMALL = 1 << 20  # hbm.hbm_bytes that k3-tiny's weights and cache do not fit in
 TWELVE = ["sweep", "--workload", "k3-tiny", "--batch", "2", "--context", "64",
           "--set", "chip.aic_count=16,20,24", "--set", "hbm.peak_bw_bytes_per_s=1.2e12,1.6e12,2.4e12,3.2e12"]
@@ -75,14 +71,7 @@ def test_a_lost_worker_is_retried_and_a_raising_task_is_not(local_ray, tmp_path)
 def test_ctrl_c_on_ray_keeps_the_finished_rows_in_grid_order(tmp_path):
     """A real SIGINT to `npusim sweep --backend ray` (which starts its own Ray instance)."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "npusim", *TWELVE, "--set", "batch=1,2", "--backend", "ray", "--jobs", "2",
-           "--out", str(out), "--progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    seen = b""
-    while not re.search(rb" ([2-9]|1\d|2[0-3])/24 points", seen):
-        byte = proc.stderr.read(1)
-        assert byte, f"sweep ended before it was interrupted: {seen.decode()}"
-        seen += byte
+    proc = sweep_until([*TWELVE, "--set", "batch=1,2", "--backend", "ray", "--jobs", "2", "--out", out], 2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
@@ -91,3 +80,13 @@ def test_ctrl_c_on_ray_keeps_the_finished_rows_in_grid_order(tmp_path):
     assert 2 <= len(rows) < 24 and all(r["status"] == "ok" for r in rows)
     order = [(int(r["chip.aic_count"]), float(r["hbm.peak_bw_bytes_per_s"]), int(r["batch"])) for r in rows]
     assert order == sorted(order)
+
+
+def test_npusim_variables_reach_the_workers(local_ray, monkeypatch):
+    """NPUSIM_* of this process (a shared cache folder, say) are set in the tasks' environment."""
+    monkeypatch.setenv("NPUSIM_CACHE_DIR", "/shared/npusim-cache")
+    monkeypatch.setenv("OTHER_VARIABLE", "not passed on")
+    done = {}
+    RayBackend().run(lambda name: os.environ.get(name), [("NPUSIM_CACHE_DIR",), ("OTHER_VARIABLE",)],
+                     done.__setitem__, pytest.fail)
+    assert done == {0: "/shared/npusim-cache", 1: None}

@@ -4,15 +4,13 @@ CSV as an uninterrupted one, a torn last line dropped, other settings refused.""
 import csv
 import io
 import json
-import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from npusim.cli import main
+from sweep_process import sweep_until
 from npusim.errors import ConfigError
 from npusim.sweep import METRICS, points, sweep
 
@@ -34,13 +32,7 @@ def test_a_killed_sweep_resumes_to_the_csv_of_an_uninterrupted_run(tmp_path, uni
     """SIGKILL (no handler runs: the CSV is as the rows were flushed, in the order
     they finished) once three points are done, then --resume."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "npusim", *ARGV, "--out", str(out), "--progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    seen = b""
-    while not re.search(rb" ([3-9]|1[01])/12 points", seen):
-        byte = proc.stderr.read(1)
-        assert byte, f"the sweep ended before it was killed: {seen.decode()}"
-        seen += byte
+    proc = sweep_until([*ARGV, "--out", out], 3)
     proc.kill()
     proc.wait(timeout=30)
     kept = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
@@ -48,7 +40,7 @@ def test_a_killed_sweep_resumes_to_the_csv_of_an_uninterrupted_run(tmp_path, uni
     assert all(r["status"] == "ok" for r in kept)
     capsys.readouterr()
     assert main([*ARGV, "--out", str(out), "--resume"]) == 0
-    assert f"12 points (12 ok, 0 failed)" in capsys.readouterr().out
+    assert "12 points (12 ok, 0 failed)" in capsys.readouterr().out
     assert (out / "sweep.csv").read_bytes() == uninterrupted
 
 
@@ -149,13 +141,7 @@ def test_cli_resume_of_a_finished_sweep_runs_nothing_and_refuses_overwrite_too(t
 def test_ctrl_c_then_resume(tmp_path, uninterrupted):
     """SIGINT: the finished rows are rewritten in grid order; --resume completes them."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "npusim", *ARGV, "--out", str(out), "--progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    seen = b""
-    while not re.search(rb" ([2-9]|1[01])/12 points", seen):
-        byte = proc.stderr.read(1)
-        assert byte, f"the sweep ended before it was interrupted: {seen.decode()}"
-        seen += byte
+    proc = sweep_until([*ARGV, "--out", out], 2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "--resume runs the rest" in err.decode()

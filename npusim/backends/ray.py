@@ -12,8 +12,8 @@ Ray instance started here for the run.
   MAX_RETRIES times by Ray; an exception raised by the task itself is not retried
   (npusim errors never reach here: a sweep point turns them into its row).
 - Environment variables named NPUSIM_* (the persistent cache's folder, say) are
-  passed to the workers through the job's runtime_env, so a cluster sharing a file
-  system shares what they name.
+  passed to the tasks through their runtime_env, so workers on a cluster that
+  shares a file system share what they name.
 - Every node of a remote cluster must have npusim (the same version) installed:
   tasks refer to npusim's functions by name, they do not ship its code.
 """
@@ -89,7 +89,7 @@ class RayBackend:
         ray = self.ray
         if ray.is_initialized():
             return False
-        common = dict(logging_level=logging.ERROR, log_to_driver=False, runtime_env=_runtime_env() or None)
+        common = dict(logging_level=logging.ERROR, log_to_driver=False)
         try:
             if self.address is None:
                 ray.init(num_cpus=self.jobs or os.cpu_count() or 1, include_dashboard=False,
@@ -106,7 +106,10 @@ class RayBackend:
         if not tasks:
             return
         started = self._connect()
-        remote = ray.remote(fn).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
+        options = dict(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
+        if env := _runtime_env():  # per task, so that it holds on a Ray initialised elsewhere too
+            options["runtime_env"] = env
+        remote = ray.remote(fn).options(**options)
         index, pending = {}, []
         try:
             for i, args in enumerate(tasks):
