@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import socket
+import warnings
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
@@ -91,14 +92,20 @@ class RayBackend:
             return False
         common = dict(logging_level=logging.ERROR, log_to_driver=False)
         try:
-            if self.address is None:
-                ray.init(num_cpus=self.jobs or os.cpu_count() or 1, include_dashboard=False,
-                         object_store_memory=OBJECT_STORE_BYTES, **common)
-            else:
-                ray.init(address=self.address, **common)
+            with warnings.catch_warnings():  # Ray warns, then raises: the error line says it all
+                warnings.simplefilter("ignore")
+                if self.address is None:
+                    ray.init(num_cpus=self.jobs or os.cpu_count() or 1, include_dashboard=False,
+                             object_store_memory=OBJECT_STORE_BYTES, **common)
+                else:
+                    ray.init(address=self.address, **common)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = "a local Ray instance" if self.address is None else f"--address {self.address}"
-            raise BackendError(f"{where}: {one_line(e)}") from None
+            hint = ""
+            if self.address and self.address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ:
+                hint = (" (a head with token authentication, Ray's default, answers only a client with "
+                        "RAY_AUTH_MODE=token and its token: see the README)")
+            raise BackendError(f"{where}: {one_line(e)}{hint}") from None
         return True
 
     def run(self, fn: Callable, tasks: Sequence[tuple], done, failed) -> None:
