@@ -95,8 +95,8 @@ def main() -> None:
         startup = 0.0
         if name == "ray":
             start = time.perf_counter()
-            ray.init(num_cpus=workers, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
-                     log_to_driver=False, logging_level="ERROR")
+            ray.init(address="local", num_cpus=workers, include_dashboard=False,
+                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, logging_level="ERROR")
             startup = time.perf_counter() - start
             worker_import = max(ray.get([ray.remote(import_seconds).remote() for _ in range(workers)]))
         backend = get_backend(name, workers)

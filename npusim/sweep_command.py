@@ -29,8 +29,9 @@ def add_arguments(p, progress_help: str) -> None:
                    "settings only) and run the rest")
     p.add_argument("--backend", default="local", metavar="NAME", help=f"where points run: {' or '.join(BACKENDS)} "
                    "(ray: pip install \"npusim[ray]\")")
-    p.add_argument("--address", metavar="ADDR", help="ray: the cluster, auto (one `ray start --head` started "
-                   "here) or ray://HOST:PORT; default: a Ray instance started for this sweep")
+    p.add_argument("--address", metavar="ADDR", help="ray: the cluster, auto (the head `ray start --head` "
+                   "started here), ray://HOST:PORT (Ray Client) or HOST:PORT (the head's GCS); default: a Ray "
+                   "instance started for this sweep")
     p.add_argument("--jobs", type=int, help="workers: local processes, or the CPUs of a Ray instance started "
                    "here (default: one per CPU)")
     p.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")

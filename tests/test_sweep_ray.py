@@ -22,8 +22,8 @@ TWELVE = ["sweep", "--workload", "k3-tiny", "--batch", "2", "--context", "64",
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance of 2 CPUs for this module (the backend uses it, and leaves it running)."""
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False,
-             logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
+             log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
 

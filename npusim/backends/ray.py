@@ -95,8 +95,9 @@ class RayBackend:
             with warnings.catch_warnings():  # Ray warns, then raises: the error line says it all
                 warnings.simplefilter("ignore")
                 if self.address is None:
-                    ray.init(num_cpus=self.jobs or os.cpu_count() or 1, include_dashboard=False,
-                             object_store_memory=OBJECT_STORE_BYTES, **common)
+                    # "local": a new instance, even where a stale address file names a cluster gone
+                    ray.init(address="local", num_cpus=self.jobs or os.cpu_count() or 1,
+                             include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES, **common)
                 else:
                     ray.init(address=self.address, **common)
         except (ConnectionError, RuntimeError, ValueError) as e:
