@@ -123,7 +123,10 @@ class Journal:
         if len(whole) < len(data):
             with open(self.csv, "r+b") as f:
                 f.truncate(len(whole))
-        lines = list(csv.reader(io.StringIO(whole.decode(), newline="")))
+        try:
+            lines = list(csv.reader(io.StringIO(whole.decode(), newline="")))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise ConfigError(f"{where}: not a sweep CSV ({e})") from None
         if not lines:
             return {}
         if lines[0] != self.header:
@@ -137,7 +140,12 @@ class Journal:
                 raise ConfigError(f"{where}: line {n} is not a point of this grid: {','.join(cells)[:80]}")
             if row["status"].startswith(LOST):
                 continue
-            found[i] = dict(self.points[i]) | {m: _number(row[m]) for m in METRICS} | {"status": row["status"]}
+            try:
+                figures = {m: _number(row[m]) for m in METRICS}
+            except ValueError:
+                raise ConfigError(f"{where}: line {n} has a figure that is not a number: "
+                                  f"{','.join(cells)[:80]}") from None
+            found[i] = dict(self.points[i]) | figures | {"status": row["status"]}
         return found
 
     # ---- while running
