@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -243,65 +242,12 @@ def _cmd_compare(args) -> int:
     return 0
 
 
-SWEEP_FILES = ("sweep.csv", "sweep.png", "sweep.svg")
-
-
-def _check_sweep_out(args) -> None:
-    """--out is a new or empty folder, or --overwrite was given; no output on an input."""
-    from npusim.outputs import OutputError
-
-    if os.path.exists(args.out):
-        if not os.path.isdir(args.out):
-            raise OutputError(f"--out {args.out}: not a folder")
-        entries = os.listdir(args.out)
-        if entries and not args.overwrite:
-            raise OutputError(f"--out {args.out}: not empty ({len(entries)} entries, e.g. {sorted(entries)[0]}); "
-                              "give a new or empty folder, or --overwrite to replace its sweep files")
-    _check_outputs(args, {f"--out ({n})": os.path.join(args.out, n) for n in SWEEP_FILES})
-
-
 def _cmd_sweep(args) -> int:
-    import time
+    from npusim.sweep_command import main as sweep
 
-    from npusim.errors import ConfigError
-    from npusim.progress import progress_bar
-    from npusim.sweep import SweepInterrupted, params_of, parse_grid, plot, sweep, table, write_csv
-
-    grid = parse_grid(args.set)
-    if not grid:
-        raise ConfigError("sweep: nothing to sweep: give --set KEY=V1,V2,... (a hardware field, or batch / context)")
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs: expected a positive integer, got {args.jobs}")
-    _check_sweep_out(args)
     step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
             **_pass_options(args)}
-    csv_path = os.path.join(args.out, "sweep.csv")
-    start = time.monotonic()
-    try:
-        with progress_bar("sweep", "points", args.progress) as bar:
-            rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
-                         memo=not args.no_memo, progress=bar, **step)
-    except SweepInterrupted as e:
-        what = "terminated" if e.status == 143 else "interrupted"
-        if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was
-            err(f"npusim: {what} before any of {e.total} points finished: nothing written")
-            return e.status
-        write_csv(e.rows, csv_path, params_of(grid))
-        for stale in SWEEP_FILES[1:]:  # plots of an earlier sweep would not match the rows
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(args.out, stale))
-        err(f"npusim: {what}: {len(e.rows)} of {e.total} points written to {csv_path}")
-        return e.status
-    seconds = time.monotonic() - start
-    write_csv(rows, csv_path, params_of(grid))
-    title = (f"{args.workload} {args.phase} batch {args.batch} x context {args.context or 'default'}, "
-             f"passes {args.passes}, on {args.hw}")
-    plots = plot(rows, args.out, params_of(grid), title)
-    say(table(rows, params_of(grid)))
-    failed = sum(r["status"] != "ok" for r in rows)
-    say(f"{len(rows)} points ({len(rows) - failed} ok, {failed} failed) in {seconds:.1f} s: {csv_path}, "
-         + ", ".join(str(p) for p in plots))
-    return 1 if failed else 0
+    return sweep(args, step, _pipeline(args.passes), _check_outputs)
 
 
 def _cmd_validate(args) -> int:
@@ -428,16 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
     sweep.set_defaults(batch=8, func=_cmd_sweep)
-    sweep.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
-    sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...", help="a swept hardware field "
-                       "(key.path) or step knob (batch, context) and its LIST of values; the grid is the product "
-                       "of all")
-    sweep.add_argument("--out", metavar="DIR", required=True, help="write DIR/sweep.csv and DIR/sweep.png, .svg "
-                       "(a new or empty folder, unless --overwrite)")
-    sweep.add_argument("--overwrite", action="store_true", help="replace the sweep files of a non-empty --out")
-    sweep.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
-    sweep.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    sweep.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
+    from npusim.sweep_command import add_arguments as _sweep_arguments
+
+    _sweep_arguments(sweep, PROGRESS)
 
     validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
                             default_workload="k3-tiny")

@@ -9,31 +9,31 @@ key varying slowest. A key is a hardware field (`hbm.peak_bw_bytes_per_s`, as
 `--set` takes it) or a step knob (`batch`, `context`). `grid` may also be a list
 of grids: their points one after another (a 12-point grid plus one odd point).
 
-Points run in worker processes (npusim.pool: one step each, independent); a point
+Points run on a backend (npusim.backends): this machine's worker processes
+(npusim.pool), or Ray tasks on a cluster; one step each, independent. A point
 that fails (an out-of-memory step, a tiling that no longer fits, a worker that
 died) gets its error in its row and the others still run. Rows come back in grid
 order whatever order the workers finish in, so the CSV is deterministic. Ctrl-C
 (or SIGTERM under the CLI) stops the workers at once and raises SweepInterrupted
-carrying the rows finished so far.
+carrying the rows finished so far. With `out`, the CSV grows as points finish
+and a sweep can be resumed (npusim.sweep_csv).
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from npusim.backends import Backend, get_backend
 from npusim.errors import ConfigError
-from npusim.outputs import Terminated, atomic_write
-from npusim.pool import one_line, run_tasks
+from npusim.outputs import Terminated
+from npusim.pool import one_line
 from npusim.progress import Progress
+from npusim.sweep_csv import METRICS, Journal, columns, content_digest, param_names, write_csv
 
 STEP_KNOBS = ("batch", "context")  # grid keys that are step parameters, not hardware fields
-METRICS = ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_rate", "peak_memory_bytes",
-           "kernel_count")
 STATUS_OK = "ok"
 GB, GIB = 1e9, 1 << 30
 
@@ -162,49 +162,79 @@ def run_point(spec: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
 def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase: str = "decode", batch: int = 1,
           context=None, passes: str | Sequence[str] = "optimized", jobs: int | None = None, *,
           overrides: Mapping[str, Any] | None = None, memo: bool = True, progress: Progress | None = None,
-          **options) -> list[dict]:
+          backend: str | Backend = "local", address: str | None = None, out: str | Path | None = None,
+          resume: bool = False, **options) -> list[dict]:
     """Simulate one step of `workload` at every point of `grid` (see the module doc)
     and return one row per point, in grid order: the point's parameters, METRICS
     and "status" ("ok" or the error). `batch`, `context`, `passes`, `overrides` (fixed
     hardware overrides) and `options` (pass options: fusion_rules, kv_layout) hold for
-    every point unless the grid sets them. `jobs`: worker processes (default
-    os.cpu_count(); 1 runs in this process). `progress(done, total, failed)` is
-    called after each point."""
+    every point unless the grid sets them. `backend`: where the points run
+    (npusim.backends: "local", the default, or "ray" at `address`); `jobs`: its
+    workers (default one per CPU; local with 1 runs in this process).
+    `progress(done, total, failed)` is called after each point. `out`: a folder in
+    which sweep.csv grows as points finish (npusim.sweep_csv); with `resume`, the
+    points an earlier run of the same settings left there are not run again."""
     check_grid(grid, hw)
-    if overrides:
-        from npusim.hw import load_hw
+    from npusim.hw import load_hw
 
-        load_hw(hw, overrides)
+    hw_config = load_hw(hw, overrides or {})
     if isinstance(workload, str):
         from npusim.workload import load_workload
 
-        load_workload(workload)  # a bad name: one error, before the pool starts
+        loaded = load_workload(workload)  # a bad name: one error, before the pool starts
+    else:
+        loaded = workload
+    if isinstance(backend, str):
+        backend = get_backend(backend, jobs, address)
     spec = {"workload": workload, "hw": hw, "overrides": dict(overrides or {}),
             "step": dict(phase=phase, batch=batch, context=context, passes=passes, memo=memo,
                          **{k: v for k, v in options.items() if v is not None})}
     every = points(grid)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(every) or 1))
-    done: dict[int, dict] = {}
+    journal = None
+    if out is not None:
+        settings = spec | {"grid": _grids(grid), "hw_content": content_digest(hw_config),
+                           "workload_content": content_digest(loaded), "npusim": _version()}
+        journal = Journal(out, every, params_of(grid), settings, resume)
+    done: dict[int, dict] = dict(journal.earlier) if journal else {}
+    todo = [i for i in range(len(every)) if i not in done]
     progress = progress or (lambda *_: None)
-    progress(0, len(every), 0)
+    progress(len(done), len(every), _failed(done))
 
     def finished(index: int, row: dict) -> None:
         done[index] = row
-        progress(len(done), len(every), sum(r["status"] != STATUS_OK for r in done.values()))
+        if journal:
+            journal.add(row)
+        progress(len(done), len(every), _failed(done))
 
     def lost(index: int, reason: str) -> None:
         finished(index, dict(every[index]) | dict.fromkeys(METRICS) | {"status": reason})
 
     try:
-        if jobs == 1:
-            for i, p in enumerate(every):
-                finished(i, run_point(spec, p))
-        else:
-            run_tasks(_run_point, [(spec, p) for p in every], jobs, finished, lost)
+        backend.run(_run_point, [(spec, every[i]) for i in todo], lambda k, row: finished(todo[k], row),
+                    lambda k, reason: lost(todo[k], reason))
     except (KeyboardInterrupt, Terminated) as e:
         status = 143 if isinstance(e, Terminated) else 130
-        raise SweepInterrupted([done[i] for i in sorted(done)], len(every), status) from None
-    return [done[i] for i in range(len(every))]
+        rows = [done[i] for i in sorted(done)]
+        if journal:
+            journal.finish(rows)
+        raise SweepInterrupted(rows, len(every), status) from None
+    finally:
+        if journal:
+            journal.close()
+    rows = [done[i] for i in range(len(every))]
+    if journal:
+        journal.finish(rows)
+    return rows
+
+
+def _failed(rows: Mapping[int, dict]) -> int:
+    return sum(r["status"] != STATUS_OK for r in rows.values())
+
+
+def _version() -> str:
+    from npusim import __version__
+
+    return __version__
 
 
 def _run_point(spec, params) -> dict:
@@ -213,29 +243,6 @@ def _run_point(spec, params) -> dict:
 
 
 # ---- outputs
-
-
-def _params(rows: Sequence[dict], params: Sequence[str] | None) -> list[str]:
-    """The given parameter names, or the rows' keys that are not figures."""
-    if params is not None:
-        return list(params)
-    return list(dict.fromkeys(k for r in rows for k in r if k not in (*METRICS, "status")))
-
-
-def columns(rows: Sequence[dict], params: Sequence[str] | None = None) -> list[str]:
-    """The CSV header: the parameters, METRICS, status."""
-    return [*_params(rows, params), *METRICS, "status"]
-
-
-def write_csv(rows: Sequence[dict], path: str | Path, params: Sequence[str] | None = None) -> Path:
-    """One line per row, in the rows' order; a value a point does not have is empty."""
-    path = Path(path)
-    with atomic_write(path, newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns(rows, params), restval="")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
-    return path
 
 
 def swept(rows: Sequence[dict], params: Sequence[str]) -> list[str]:
@@ -248,13 +255,13 @@ def plot(rows: Sequence[dict], out_dir: str | Path, params: Sequence[str] | None
     """Latency and tokens/s against each swept parameter (npusim.report.plots.sweep_curves)."""
     from npusim.report.plots import sweep_curves
 
-    params = _params(rows, params)
+    params = param_names(rows, params)
     return sweep_curves(rows, swept(rows, params) or params[:1], out_dir, name, title)
 
 
 def table(rows: Sequence[dict], params: Sequence[str] | None = None) -> str:
     """The rows as a console table: parameters, latency, tokens/s, HBM traffic, peak memory, status."""
-    params = _params(rows, params)
+    params = param_names(rows, params)
     head = [*params, "latency (us)", "tokens/s", "HBM (GB)", "peak (GiB)", "kernels", "status"]
     body = []
     for r in rows:

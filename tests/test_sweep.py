@@ -3,10 +3,7 @@ points reported in their row, Ctrl-C keeps what finished, the CSV and the plot."
 
 import csv
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import matplotlib.image
 import pytest
 
 from npusim.cli import main
+from sweep_process import sweep_until
 from npusim.errors import ConfigError
 from npusim.sweep import (
     METRICS,
@@ -198,15 +196,10 @@ def test_cli_sweep_errors_are_one_line(argv, message, tmp_path, capsys):
 def test_cli_ctrl_c_writes_the_rows_so_far_and_exits_130(tmp_path):
     """A real SIGINT to `npusim sweep` once some points are done."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "npusim", "sweep", "--workload", "k3-tiny", "--context", "64", "--jobs", "2",
+    cmd = ["sweep", "--workload", "k3-tiny", "--context", "64", "--jobs", "2",
            "--set", "batch=1,2,3,4", "--set", "chip.aic_count=16,20,24,32", "--set", "l2.l2_bytes=64e6,128e6",
-           "--out", str(out), "--progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
-    seen = b""
-    while not re.search(rb" ([2-9]|\d\d)/32 points", seen):  # the (forced) progress bar: two points done
-        byte = proc.stderr.read(1)
-        assert byte, f"sweep ended before it was interrupted: {seen.decode()}"
-        seen += byte
+           "--out", out]
+    proc = sweep_until(cmd, 2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()

@@ -456,7 +456,7 @@ def test_an_interrupted_overwrite_leaves_no_stale_plots(tmp_path):
     code, err, _ = driven("points3", "SIGINT", ["sweep", "--set", "batch=1,2,3,4", "--jobs", "2", "--out", out,
                                                 "--overwrite"], ROOT)
     assert code == 130, err
-    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv", "sweep.settings.json"]  # the rows, what --resume needs
     assert "earlier" not in (out / "sweep.csv").read_text()
 
 

@@ -1,0 +1,73 @@
+"""Bad-input catalogue, sweep backends and resume: an unknown backend, a Ray that is
+not installed or not reachable, --resume on a CSV from another grid."""
+
+import socket
+import sys
+
+import pytest
+
+from cli_check import fails_cleanly
+
+SWEEP = ["sweep", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--set", "batch=1,2"]
+
+
+def test_an_unknown_backend(tmp_path, capsys):
+    fails_cleanly([*SWEEP, "--backend", "dask", "--out", tmp_path / "o"], capsys,
+                  r"--backend dask: unknown backend \(expected one of: local, ray\)", [tmp_path / "o"])
+
+
+def test_an_address_without_the_ray_backend(tmp_path, capsys):
+    fails_cleanly([*SWEEP, "--address", "auto", "--out", tmp_path / "o"], capsys,
+                  r"--address auto: only the ray backend connects to a cluster \(add --backend ray\)")
+
+
+def test_ray_not_installed_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    fails_cleanly([*SWEEP, "--backend", "ray", "--out", tmp_path / "o"], capsys,
+                  r'--backend ray: Ray is not installed: pip install "npusim\[ray\]"', [tmp_path / "o"])
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("address, reason", [
+    ("ray://127.0.0.1:{port}", r"cannot reach 127\.0\.0\.1:\d+ \(Connection refused\)"),
+    ("127.0.0.1:{port}", r"cannot reach 127\.0\.0\.1:\d+ \(Connection refused\)"),
+    ("ray://192.0.2.1:10001", r"cannot reach 192\.0\.2\.1:10001 \([A-Za-z ]+\)"),
+    ("ray://head", r"expected auto, ray://HOST:PORT or HOST:PORT"),
+    ("http://head:10001", r"expected auto, ray://HOST:PORT or HOST:PORT"),
+])
+def test_an_unreachable_or_malformed_address_fails_fast(address, reason, tmp_path, capsys):
+    """192.0.2.1 is TEST-NET-1 (RFC 5737), never routed: the connection times out
+    (CONNECT_TIMEOUT_S), or is refused where a firewall answers, rather than Ray
+    retrying for minutes."""
+    pytest.importorskip("ray", reason='the ray extra is not installed (pip install "npusim[ray]")')
+    address = address.format(port=_closed_port())
+    fails_cleanly([*SWEEP, "--backend", "ray", "--address", address, "--out", tmp_path / "o"], capsys,
+                  rf"--address {address}: {reason}", [tmp_path / "o"], seconds=20)
+
+
+def test_auto_without_a_running_cluster(tmp_path, capsys, monkeypatch):
+    ray = pytest.importorskip("ray", reason='the ray extra is not installed (pip install "npusim[ray]")')
+    if ray.is_initialized():
+        pytest.skip("a Ray instance is running in this process")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray-here"))  # where `auto` looks for a local head
+    fails_cleanly([*SWEEP, "--backend", "ray", "--address", "auto", "--out", tmp_path / "o"], capsys,
+                  r"--address auto: ConnectionError: Could not find any running Ray instance", [tmp_path / "o"])
+
+
+def test_resume_with_a_csv_from_another_grid(tmp_path, capsys):
+    from npusim.cli import main
+
+    out = tmp_path / "o"
+    assert main([*SWEEP, "--out", str(out), "--jobs", "1"]) == 0
+    before = (out / "sweep.csv").read_bytes()
+    capsys.readouterr()
+    fails_cleanly([*SWEEP[:-1], "batch=1,2,3", "--resume", "--out", out], capsys,
+                  r"--resume: .*sweep\.csv was made with other settings \(grid: .*there, .* now\); give a new --out")
+    assert (out / "sweep.csv").read_bytes() == before
