@@ -9,6 +9,7 @@ import sys
 
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
+from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.kvcache import PASS_KV_LAYOUTS
 
 
@@ -27,6 +28,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_op(args) -> int:
+    from npusim.diskcache.compute import cached
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
@@ -51,8 +53,9 @@ def _cmd_op(args) -> int:
     _check_outputs(args)
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
-    low = lower(args.type, params, hw, tiling or None)
-    report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
+    trace = "instr" if args.trace or args.plot else "kernel"
+    report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
+                    lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
     say(op_summary(report, overrides))
     meta = provenance(args.argv, hw, overrides)
     if args.json:
@@ -183,7 +186,7 @@ def _cmd_run(args) -> int:
 
     with progress_bar("run", "kernels", args.progress) as bar:
         run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
-                          trace=args.trace_level, progress=bar, **step)
+                          trace=args.trace_level, progress=bar, store=store_of(args), **step)
     say(summary(run, overrides=step["overrides"]))
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -221,7 +224,8 @@ def _cmd_compare(args) -> int:
     _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = _step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
-        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar, **step)
+        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar,
+                    store=store_of(args), **step)
     say(comparison_table(c, overrides=step["overrides"]))
     first = next(iter(c.runs.values()))
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -279,7 +283,7 @@ def _cmd_sweep(args) -> int:
     try:
         with progress_bar("sweep", "points", args.progress) as bar:
             rows = sweep(args.workload, grid, args.hw, passes=_pipeline(args.passes), jobs=args.jobs,
-                         memo=not args.no_memo, progress=bar, **step)
+                         memo=not args.no_memo, progress=bar, store=store_of(args), **step)
     except SweepInterrupted as e:
         what = "terminated" if e.status == 143 else "interrupted"
         if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was
@@ -446,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
+    for p_ in (op, run, compare, sweep):
+        add_cache_flags(p_)
+    add_cache_command(sub)
     return p
 
 
