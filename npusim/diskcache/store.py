@@ -38,6 +38,7 @@ MAGIC = b"NPUSIM-CACHE"
 FORMAT = 1  # bump when the entry layout changes
 SUFFIX = ".entry"
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: hundreds of K3 steps (a decode step's entry is a few MB)
+_WARNED: set[Path] = set()  # folders this process has warned about
 # an entry's header line is short: a longer first line is not a header
 _MAX_HEADER = 4096
 
@@ -162,10 +163,13 @@ class DiskCache:
         return self.enabled
 
     def disable(self, reason: str) -> None:
-        """Turn the store off for this process, with one warning line."""
+        """Turn the store off, with one warning line per folder and process (a command
+        may open its store more than once)."""
         if self.enabled:
             self.enabled = False
-            err(f"npusim: warning: cache {self.path} not used ({reason}); running uncached")
+            if self.path not in _WARNED:
+                _WARNED.add(self.path)
+                err(f"npusim: warning: cache {self.path} not used ({reason}); running uncached")
 
     # ---- size
 

@@ -61,17 +61,19 @@ class RunResult:
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
         on_device: Callable[[Device], None] | None = None, share_lines: bool = False,
-        progress: Callable[[int, int], None] | None = None) -> RunResult:
+        progress: Callable[[int, int], None] | None = None, counters: bool = True) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
     caller look at (or instrument) the Device before the run starts. share_lines=True groups
     blocks that share L2 lines too (an approximation: see device._disjoint_blocks).
-    progress(kernels finished, kernels launched in all) is called as each kernel ends."""
+    progress(kernels finished, kernels launched in all) is called as each kernel ends.
+    counters=False records no bandwidth samples (Trace.counters is empty): they only feed
+    a Chrome trace, and a long step makes hundreds of thousands of them."""
     calls = list(calls)
     _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup, share_lines)
+    device = Device(env, hw, tracer, dedup, share_lines, counters)
     if on_device is not None:
         on_device(device)
     if progress is not None:
@@ -83,15 +85,15 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     stuck = dict(device.blocked)
     if not host.done or stuck or any(s.outstanding for s in host.streams.values()):
         raise DeadlockError(_deadlock_message(stuck, env.now))
-    counters = {link.name: tuple(link.samples) for link in
-                (device.memory.hbm, device.memory.l2_link, *host.pcie.values())}
+    samples = {link.name: tuple(link.samples) for link in
+               (device.memory.hbm, device.memory.l2_link, *host.pcie.values())} if counters else {}
     return RunResult(
         hw=hw,
         cycles=host.end,  # background write-backs may still be draining; nobody waits for them
         kernels=tuple(sorted(device.records, key=lambda r: r.id)),
         host_launch_cycles=host.launch_cycles,
         host_wait_cycles=host.wait_cycles,
-        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
+        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), samples),
     )
 
 
