@@ -93,7 +93,24 @@ _TOP = _tracking_class(HwConfig, "", frozenset(_SECTIONS))
 
 
 def tracked(hw: HwConfig) -> HwConfig:
-    """A copy of `hw` that records its field reads (see the module doc)."""
+    """A copy of `hw` that records its field reads (see the module doc); the same copy
+    for the same config object (so what is memoised per config object - a verified
+    kernel - is shared by the runs of one command)."""
+    hit = _TRACKED.get(id(hw))
+    if hit is not None and hit[0] is hw:
+        return hit[1]
+    copy = _tracked_copy(hw)
+    _TRACKED[id(hw)] = (hw, copy)  # holds hw: its id is not reused while the entry lives
+    if len(_TRACKED) > _TRACKED_MAX:
+        del _TRACKED[next(iter(_TRACKED))]
+    return copy
+
+
+_TRACKED: dict[int, tuple[HwConfig, HwConfig]] = {}
+_TRACKED_MAX = 16
+
+
+def _tracked_copy(hw: HwConfig) -> HwConfig:
     with paused():  # building it reads every field (the validators): not the computation's reads
         values = {}
         for a in attrs.fields(HwConfig):
