@@ -33,8 +33,8 @@ def recording() -> Iterator[set[str]]:
     _active.append(reads)
     try:
         yield reads
-    finally:
-        _active.remove(reads)
+    finally:  # by identity: an enclosing recording may hold an equal set
+        del _active[next(i for i in range(len(_active) - 1, -1, -1) if _active[i] is reads)]
 
 
 @contextlib.contextmanager
