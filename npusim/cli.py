@@ -407,7 +407,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
     op.add_argument("--list", action="store_true", help="list the op types")
     op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
-    op.set_defaults(func=replayed(_cmd_op), parser=op)
+    op.set_defaults(func=replayed(_cmd_op, _check_outputs), parser=op)
 
     run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
     _common(run, plot="roofline, hotspots, memory, timeline of the longest kernel",
@@ -423,7 +423,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.set_defaults(batch=8)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    run.set_defaults(func=replayed(_cmd_run))
+    run.set_defaults(func=replayed(_cmd_run, _check_outputs))
     compare.set_defaults(func=_cmd_compare)
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")

@@ -161,3 +161,16 @@ def test_a_field_the_step_does_not_read_is_served_from_the_cache(tmp_path):
     assert len(store.entries()) == 2 and same.latency_us == first.latency_us
     other = run_decoder(hw="ascend910b2", overrides={"runtime.graph_launch_us": "9"}, **args)
     assert len(store.entries()) == 3 and other.latency_us != first.latency_us  # a field it reads: simulated
+
+
+def test_a_warm_run_never_writes_its_json_over_an_input(tmp_path, capsys):
+    hw = tmp_path / "hw.yaml"
+    from npusim.hw.load import find_file
+
+    hw.write_text(find_file("ascend910b2", "hwconfigs").read_text())
+    argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--hw", str(hw)]
+    assert main([*argv, "--json", str(tmp_path / "out.json")]) == 0
+    before = hw.read_text()
+    assert main([*argv, "--json", str(hw)]) == 2
+    assert "the same file as the input of --hw" in capsys.readouterr().err
+    assert hw.read_text() == before

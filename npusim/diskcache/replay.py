@@ -67,8 +67,10 @@ def _key(args) -> str | None:
         return None
 
 
-def replayed(command: Callable) -> Callable:
-    """`command(args)`, served from the store when it ran before (see the module doc)."""
+def replayed(command: Callable, check_outputs: Callable) -> Callable:
+    """`command(args)`, served from the store when it ran before (see the module doc).
+    `check_outputs(args)`: the command's own check of its output paths, made before
+    a hit writes anything (a JSON report is never written over an input)."""
 
     def run(args) -> int:
         from npusim.diskcache.command import store_of
@@ -76,6 +78,7 @@ def replayed(command: Callable) -> Callable:
         store = store_of(args)
         if args.trace or args.profile or args.plot or not store.enabled:
             return command(args)
+        check_outputs(args)
         key = _key(args)
         hit = store.get(key) if key else None
         if hit is not None:
