@@ -159,6 +159,7 @@ def test_a_field_the_step_does_not_read_is_served_from_the_cache(tmp_path):
     # the cost of an eager launch is not read in graph mode (the optimized pipeline's launch mode)
     same = run_decoder(hw="ascend910b2", overrides={"runtime.eager_launch_us": "99"}, **args)
     assert len(store.entries()) == 2 and same.latency_us == first.latency_us
+    assert same.hw == load_hw("ascend910b2", {"runtime.eager_launch_us": "99"})  # the caller's config, not the first
     other = run_decoder(hw="ascend910b2", overrides={"runtime.graph_launch_us": "9"}, **args)
     assert len(store.entries()) == 3 and other.latency_us != first.latency_us  # a field it reads: simulated
 

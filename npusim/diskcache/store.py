@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +81,9 @@ class DiskCache:
 
     # ---- reading
 
-    def get(self, key: str) -> Any | None:
-        """The value stored under `key`, or None (a miss: absent, damaged, foreign, or the store is off)."""
+    def get(self, key: str, refs: Mapping[str, Any] | None = None) -> Any | None:
+        """The value stored under `key`, or None (a miss: absent, damaged, foreign, or
+        the store is off). `refs`: the objects put() stored by name (see put)."""
         if not self._usable():
             return None
         path = self.entry_path(key)
@@ -94,7 +97,7 @@ class DiskCache:
         value = None
         if payload is not None:
             try:
-                value = pickle.loads(payload)
+                value = loads(payload, refs)
             except Exception:  # noqa: BLE001 - an entry whose classes no longer load is recomputed
                 payload = None
         if payload is None:
@@ -128,13 +131,15 @@ class DiskCache:
 
     # ---- writing
 
-    def put(self, key: str, value: Any) -> bytes | None:
-        """Store `value` under `key` (atomically; the last writer wins). Returns the
-        payload written (a pickle of `value`), or None when the store is off or
-        the folder cannot be written (then it is off for the rest of the process)."""
+    def put(self, key: str, value: Any, refs: Mapping[str, Any] | None = None) -> bytes | None:
+        """Store `value` under `key` (atomically; the last writer wins). `refs`: objects
+        `value` refers to that are stored by name, not by value (the reader passes its
+        own objects under those names). Returns the payload written (a pickle of
+        `value`), or None when the store is off or the folder cannot be written (then
+        it is off for the rest of the process)."""
         if not self._usable():
             return None
-        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dumps(value, refs)
         head = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload),
                 "sha256": hashlib.sha256(payload).hexdigest()}
         try:
@@ -218,4 +223,22 @@ class DiskCache:
         return n, freed
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "DiskCache"]
+def dumps(value: Any, refs: Mapping[str, Any] | None = None) -> bytes:
+    """A pickle of `value` in which the objects of `refs` appear by name only."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    if refs:
+        names = {id(obj): name for name, obj in refs.items()}
+        pickler.persistent_id = lambda obj: names.get(id(obj))
+    pickler.dump(value)
+    return out.getvalue()
+
+
+def loads(payload: bytes, refs: Mapping[str, Any] | None = None) -> Any:
+    """The value of a pickle made by dumps, its named objects taken from `refs`."""
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    unpickler.persistent_load = lambda name: refs[name]  # a name refs lacks: KeyError, a damaged entry
+    return unpickler.load()
+
+
+__all__ = ["DEFAULT_MAX_BYTES", "DiskCache", "dumps", "loads"]
