@@ -175,3 +175,19 @@ def test_a_warm_run_never_writes_its_json_over_an_input(tmp_path, capsys):
     assert main([*argv, "--json", str(hw)]) == 2
     assert "the same file as the input of --hw" in capsys.readouterr().err
     assert hw.read_text() == before
+
+
+def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
+    from npusim.runtime.decoder import run_decoder
+
+    store = DiskCache(tmp_path / "cache")
+    rules = {"qkv_proj": False, "flash_attention": False, "scale_add": False, "swiglu": False, "add_rms_norm": True}
+    args = dict(workload="k3-tiny", batch=2, context=64, passes="fusion", store=store)
+    a = run_decoder(fusion_rules=rules, **args)
+    assert run_decoder(fusion_rules=dict(rules), **args).latency_us == a.latency_us
+    path = tmp_path / "rules.yaml"
+    path.write_text("".join(f"{k}: {str(v).lower()}\n" for k, v in rules.items()))
+    b = run_decoder(fusion_rules=str(path), **args)
+    path.write_text("".join(f"{k}: true\n" for k in rules))  # the same file name, other rules: simulated again
+    c = run_decoder(fusion_rules=str(path), **args)
+    assert b.latency_us == a.latency_us and c.latency_us != b.latency_us

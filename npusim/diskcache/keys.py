@@ -71,4 +71,13 @@ def file_digest(path: str | os.PathLike | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-__all__ = ["digest", "file_digest", "version"]
+def options_key(options: dict) -> dict:
+    """Pass options as a key holds them: a fusion rules file by its content's hash (a
+    rules mapping given in Python stays as it is)."""
+    rules = options.get("fusion_rules")
+    if isinstance(rules, (str, os.PathLike)):
+        return options | {"fusion_rules": file_digest(rules)}
+    return options
+
+
+__all__ = ["digest", "file_digest", "options_key", "version"]

@@ -16,7 +16,7 @@ from attrs import frozen
 
 from npusim.diskcache import DiskCache
 from npusim.diskcache.compute import cached
-from npusim.diskcache.keys import file_digest
+from npusim.diskcache.keys import options_key
 from npusim.errors import ConfigError
 from npusim.graph.build import _lengths, build_decoder
 from npusim.graph.ir import Graph
@@ -94,10 +94,8 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
-    options = dict(s.options)
-    if options.get("fusion_rules") is not None:  # the key follows the file's content, not its name
-        options["fusion_rules"] = file_digest(options["fusion_rules"])
-    inputs = (s.workload, s.phase, s.batch, s.lengths, pass_names(s.passes), options, memo, trace, counters)
+    inputs = (s.workload, s.phase, s.batch, s.lengths, pass_names(s.passes), options_key(dict(s.options)), memo,
+              trace, counters) if store is not None else None
     return cached(store, "step", inputs, hw, lambda hw: _run_step(s, hw, memo, trace, cache, progress, counters))
 
 

@@ -50,7 +50,7 @@ import attrs
 
 from npusim.diskcache import DiskCache
 from npusim.diskcache.compute import cached
-from npusim.diskcache.keys import file_digest
+from npusim.diskcache.keys import options_key
 from npusim.hw import HwConfig, load_hw
 from npusim.passes import pass_names
 from npusim.passes.buckets import DEFAULT_BUCKETS, bucket_of, distinct_kernels
@@ -211,10 +211,8 @@ class StepCost:
             self.engine_runs += 1
             return Point(run.latency_us, run.memory)
 
-        options = dict(self.options)
-        if options.get("fusion_rules") is not None:  # the key follows the file's content
-            options["fusion_rules"] = file_digest(options["fusion_rules"])
-        inputs = (self.workload, list(self.passes), options, list(k), self._lengths(phase, batch, key), POINT_SCHEME)
+        inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
+                  self._lengths(phase, batch, key), POINT_SCHEME) if self.store is not None else None
         pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
         return Point(pt.latency_us, attrs.evolve(pt.memory, capacity_bytes=self.hw.hbm.hbm_bytes))
 
