@@ -19,15 +19,10 @@ def store_of(args):
     return open_store(args.cache_dir, enabled=not args.no_cache)
 
 
-def _size(n: int) -> str:
-    from npusim.runtime.memory import size
-
-    return size(n)
-
-
 def _cmd_cache(args) -> int:
     from npusim.diskcache import open_store
     from npusim.diskcache.keys import version
+    from npusim.runtime.memory import size as _size
 
     store = open_store(args.cache_dir)
     if args.cache_command == "clear":
