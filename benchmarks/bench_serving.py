@@ -12,7 +12,7 @@ import resource
 import time
 
 from npusim.serving import StepCost, metrics, simulate, synthetic
-from npusim.serving.command import default_cache_dir
+from npusim.diskcache import open_store
 from npusim.serving.service import load_service
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     svc = load_service(a.service)
     reqs = synthetic(a.requests, 0, "poisson", a.rate, prompt=a.prompt_lengths, output=a.output_lengths)
     cost = StepCost(a.workload, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    cache_dir=default_cache_dir())
+                    store=open_store())
     t0 = time.monotonic()
     simulate(reqs[:200], svc, cost)  # the engine points the load needs (most of them)
     t1 = time.monotonic()

@@ -7,6 +7,12 @@ beside the figure the issue measured before the speed work, with the CPU seconds
 wall time. The decode step's peak resident memory is that of its process
 (os.wait4's resource usage of that child).
 
+The on-disk cache (npusim.diskcache) is on by default: a "cold" case runs each time
+with a new, empty cache folder (NPUSIM_CACHE_DIR), so it simulates and stores; a
+"warm" case runs once to fill a folder (not counted), then N times reading it;
+"--no-cache" neither reads nor writes one (what the cold case costs beyond it is
+storing the step).
+
 The last lines compare the opt-in approximation `share_lines` (engine.run(...,
 share_lines=True): blocks that share L2 lines are grouped too) with the exact path
 on the same decode step, in-process (the CLI does not offer it): CPU seconds of
@@ -28,15 +34,20 @@ import sys
 import tempfile
 import time
 
-# (name, command after `npusim`, the issue's wall figure before the speed work (s), its target (s))
+# (name, command after `npusim`, cache: "cold" | "warm" | None (--no-cache), the issue's
+# wall figure before the speed work (s), its target (s))
+DECODE = ["run", "--workload", "k3", "--batch", "8", "--context", "4096", "--passes", "optimized"]
+MATMUL = ["op", "matmul", "m=4096", "n=4096", "k=4096"]
 CASES = [
-    ("decode", ["run", "--workload", "k3", "--batch", "8", "--context", "4096", "--passes", "optimized"], 5.2, 1.0),
-    ("decode --no-memo", ["run", "--workload", "k3", "--batch", "8", "--context", "4096", "--passes", "optimized",
-                          "--no-memo"], 42.7, 10.0),
+    ("decode cold", DECODE, "cold", 5.2, 1.0),
+    ("decode warm", DECODE, "warm", None, 0.3),
+    ("decode no-cache", [*DECODE, "--no-cache"], None, 5.2, None),
+    ("decode --no-memo", [*DECODE, "--no-memo"], "cold", 42.7, 10.0),
     ("prefill 4096", ["run", "--workload", "k3", "--phase", "prefill", "--batch", "1", "--context", "4096",
-                      "--passes", "optimized"], 20.0, 5.0),
-    ("op matmul 4096^3", ["op", "matmul", "m=4096", "n=4096", "k=4096"], 1.24, 0.3),
-    ("import npusim.cli", None, 0.44, None),
+                      "--passes", "optimized"], "cold", 20.0, 5.0),
+    ("op matmul 4096^3", MATMUL, "cold", 1.24, 0.3),
+    ("op matmul warm", MATMUL, "warm", None, None),
+    ("import npusim.cli", None, None, 0.44, None),
 ]
 
 
@@ -47,11 +58,12 @@ def _command(args: list[str] | None) -> list[str]:
     return [exe, *args] if exe else [sys.executable, "-m", "npusim.cli", *args]
 
 
-def _one(cmd: list[str]) -> tuple[float, float, int]:
-    """(wall s, CPU s, peak RSS bytes) of one run of `cmd` in a child process."""
+def _one(cmd: list[str], cache_dir: str | None = None) -> tuple[float, float, int]:
+    """(wall s, CPU s, peak RSS bytes) of one run of `cmd` in a child process, its cache in `cache_dir`."""
+    env = os.environ | ({"NPUSIM_CACHE_DIR": cache_dir} if cache_dir else {})
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own resource usage
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -126,14 +138,19 @@ def main() -> None:
         return
     only = set(args.only.split(",")) if args.only else None
     print(f"{'case':20s} {'before':>8s} {'after':>8s} {'cpu':>8s} {'target':>8s}  peak RSS")
-    for name, cmd_args, before, target in CASES:
+    for name, cmd_args, cache, before, target in CASES:
         if only and name not in only:
             continue
-        runs = sorted((_one(_command(cmd_args)) for _ in range(args.repeat)), key=lambda r: r[0])
+        with tempfile.TemporaryDirectory() as tmp:
+            if cache == "warm":
+                _one(_command(cmd_args), tmp)  # fills the cache; not counted
+            runs = sorted((_one(_command(cmd_args), tempfile.mkdtemp(dir=tmp) if cache == "cold" else tmp)
+                           for _ in range(args.repeat)), key=lambda r: r[0])
         wall, cpu, _ = runs[len(runs) // 2]
         rss = max(r[2] for r in runs)
         tgt = f"{target:7.2f}s" if target is not None else "       -"
-        print(f"{name:20s} {before:7.2f}s {statistics.median(r[0] for r in runs):7.2f}s {cpu:7.2f}s {tgt}  "
+        old = f"{before:7.2f}s" if before is not None else "       -"
+        print(f"{name:20s} {old} {statistics.median(r[0] for r in runs):7.2f}s {cpu:7.2f}s {tgt}  "
               f"{rss / 2**20:.0f} MiB", flush=True)
     if not args.no_approx:
         _approx_report()

@@ -18,7 +18,7 @@ import attrs
 
 from npusim.serving import StepCost, metrics, simulate
 from npusim.serving.arrivals import parse_ramp, synthetic
-from npusim.serving.command import default_cache_dir
+from npusim.diskcache import open_store
 from npusim.serving.service import load_service
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     rows = {}
     for name, svc in runs.items():
         cost = StepCost(a.workload, a.hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                        cache_dir=default_cache_dir())
+                        store=open_store())
         rows[name] = metrics(simulate(reqs, svc, cost))
         m = rows[name]
         print(f"{name:26s} e2e P50/P90/P99 {m['e2e']['p50_ms'] or 0:9.0f} {m['e2e']['p90_ms'] or 0:9.0f} "

@@ -8,6 +8,8 @@ import sys
 
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
+from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
+from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 
 
@@ -26,6 +28,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_op(args) -> int:
+    from npusim.diskcache.compute import cached
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
@@ -50,8 +53,9 @@ def _cmd_op(args) -> int:
     _check_outputs(args)
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
-    low = lower(args.type, params, hw, tiling or None)
-    report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
+    trace = "instr" if args.trace or args.plot else "kernel"
+    report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
+                    lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
     say(op_summary(report, overrides))
     meta = provenance(args.argv, hw, overrides)
     if args.json:
@@ -183,7 +187,8 @@ def _cmd_run(args) -> int:
 
     with progress_bar("run", "kernels", args.progress) as bar:
         run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
-                          trace=args.trace_level, progress=bar, **step)
+                          trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
+                          **step)
     say(summary(run, overrides=step["overrides"]))
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -221,7 +226,8 @@ def _cmd_compare(args) -> int:
     _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = _step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
-        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar, **step)
+        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar,
+                    store=store_of(args), counters=bool(traces), **step)
     say(comparison_table(c, overrides=step["overrides"]))
     first = next(iter(c.runs.values()))
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
@@ -328,7 +334,8 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
+    """serve_options=False leaves out serve's options (their module imports the whole serving stack)."""
     p = argparse.ArgumentParser(prog="npusim", description="Cycle-approximate simulator of a 910B-like NPU.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -353,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
     op.add_argument("--list", action="store_true", help="list the op types")
     op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
-    op.set_defaults(func=_cmd_op, parser=op)
+    op.set_defaults(func=replayed(_cmd_op, _check_outputs), parser=op)
 
     run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
     _common(run, plot="roofline, hotspots, memory, timeline of the longest kernel",
@@ -369,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.set_defaults(batch=8)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=replayed(_cmd_run, _check_outputs))
     compare.set_defaults(func=_cmd_compare)
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
@@ -388,10 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_cmd_validate)
 
     serve = sub.add_parser("serve", help="a service under load: arrivals, batching, host; TTFT, TPOT, P99")
-    from npusim.serving.command import add_arguments as _serve_arguments
+    if serve_options:
+        from npusim.serving.command import add_arguments
 
-    _serve_arguments(serve)
+        add_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
+    for p_ in (op, run, compare, sweep):
+        add_cache_flags(p_)
+    add_cache_command(sub)
     return p
 
 
@@ -405,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from npusim.outputs import Terminated, drop_stdout, on_sigterm
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(serve_options=argv[:1] == ["serve"]).parse_args(argv)
     args.argv = ["npusim", *argv]
     with on_sigterm():
         try:

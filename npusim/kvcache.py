@@ -22,8 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
 from attrs import frozen
+
+# numpy is imported in the methods that use it: the command line imports this module
+# for its names, and a command that never builds a KV layout need not load numpy
 
 from npusim.isa.program import DTYPE_BYTES
 
@@ -159,23 +161,28 @@ class KvLayout:
 
     def block_table(self) -> np.ndarray:
         """Physical block of each sequence's logical blocks, [batch, max_blocks] int32."""
+        import numpy as np
         return np.array([[self.physical_block(b, j) for j in range(self.max_blocks)]
                          for b in range(self.batch)], dtype=np.int32)
 
     def _paged_index(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(pool block [batch, context], slot in the block [context]) of every logical token."""
+        import numpy as np
         pos = np.arange(self.context)
         table = np.asarray(table).reshape(self.batch, self.max_blocks).astype(np.int64)
         return table[:, pos // self.block_tokens], pos % self.block_tokens
 
     def _rows(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
         return np.asarray(x).reshape(self.batch, self.layers, self.kv_heads, self.context, -1)
 
     def _pool(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
         return np.asarray(x).reshape(-1, self.kv_heads, self.block_tokens, self.head_dim)
 
     def unpack(self, phys: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Logical K, V [batch, kv_heads, context, head_dim] from the layout's tensors (by GM name)."""
+        import numpy as np
         d = self.head_dim
         if self.layout == "per_layer":
             return tuple(np.asarray(phys[t]).reshape(self.shape) for t in ("k_cache", "v_cache"))
@@ -190,6 +197,7 @@ class KvLayout:
         """The layout's cache tensors (copies of `phys`, by GM name) holding logical
         K and V; bytes outside this layer's tokens (other layers, row padding, unused
         block slots) keep their values. The block table is read, not written."""
+        import numpy as np
         d = self.head_dim
         if self.layout == "per_layer":
             return {"k_cache": k.reshape(self.shape).copy(), "v_cache": v.reshape(self.shape).copy()}

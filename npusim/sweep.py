@@ -192,7 +192,9 @@ def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase:
     every = points(grid)
     journal = None
     if out is not None:
-        settings = spec | {"grid": _grids(grid), "hw_content": content_digest(hw_config),
+        # where results are cached and which counters are kept do not change a row
+        step = {k: v for k, v in spec["step"].items() if k not in ("store", "counters")}
+        settings = spec | {"step": step, "grid": _grids(grid), "hw_content": content_digest(hw_config),
                            "workload_content": content_digest(loaded), "npusim": _version()}
         journal = Journal(out, every, params_of(grid), settings, resume)
     done: dict[int, dict] = dict(journal.earlier) if journal else {}

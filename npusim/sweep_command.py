@@ -59,6 +59,7 @@ def check_out(args, check_outputs) -> None:
 def main(args, step: dict, passes: str, check_outputs) -> int:
     """Run the sweep `args` describe; `step`: phase, batch, context and pass options."""
     from npusim.backends import get_backend
+    from npusim.diskcache.command import store_of
     from npusim.progress import progress_bar
     from npusim.sweep import SweepInterrupted, params_of, parse_grid, plot, sweep, table
 
@@ -72,7 +73,8 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
     try:
         with progress_bar("sweep", "points", args.progress) as bar:
             rows = sweep(args.workload, grid, args.hw, passes=passes, memo=not args.no_memo, progress=bar,
-                         backend=backend, out=args.out, resume=args.resume, **step)
+                         backend=backend, out=args.out, resume=args.resume, store=store_of(args), counters=False,
+                         **step)
     except SweepInterrupted as e:
         what = "terminated" if e.status == 143 else "interrupted"
         if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was

@@ -161,7 +161,7 @@ def test_serve_trace_file_errors(tmp_path, capsys):
 
 def test_serve_cli_writes_identical_json(tmp_path, capsys):
     args = ["serve", "--workload", "k3-tiny", "--rate", "50", "--requests", "60", "--prompt-lengths",
-            "uniform:16,300", "--service-set", "scheduler.max_batch=4", "--cache", str(tmp_path / "cache")]
+            "uniform:16,300", "--service-set", "scheduler.max_batch=4", "--cache-dir", str(tmp_path / "cache")]
     outs = []
     for i in range(2):
         assert main([*args, "--json", str(tmp_path / f"{i}.json"), "--csv", str(tmp_path / f"{i}.csv")]) == 0

@@ -145,11 +145,11 @@ class _KernelRun:
 
 class Device:
     def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True,
-                 share_lines: bool = False):
+                 share_lines: bool = False, counters: bool = True):
         self.env = env
         self.hw = hw
         self.tracer = tracer
-        self.memory = MemorySystem(env, hw, record=True)
+        self.memory = MemorySystem(env, hw, record=counters)  # counters: the links' bandwidth samples
         self.free = {CoreType.AIC: list(range(hw.chip.aic_count)), CoreType.AIV: list(range(hw.aiv_count))}
         self.pending: list[_KernelRun] = []  # kernels with blocks still to dispatch, in arrival order
         self.blocked: dict[tuple[str, str], str] = {}  # (core, pipe) -> what it waits for

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import simpy
 from attrs import frozen
 
+from npusim.diskcache.reads import note, recording
 from npusim.engine.device import Device, KernelRecord
 from npusim.engine.host import (
     LAUNCH_MODES, MEMCPY_DIRECTIONS, Host, HostCall, HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent,
@@ -61,17 +63,19 @@ class RunResult:
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
         on_device: Callable[[Device], None] | None = None, share_lines: bool = False,
-        progress: Callable[[int, int], None] | None = None) -> RunResult:
+        progress: Callable[[int, int], None] | None = None, counters: bool = True) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
     caller look at (or instrument) the Device before the run starts. share_lines=True groups
     blocks that share L2 lines too (an approximation: see device._disjoint_blocks).
-    progress(kernels finished, kernels launched in all) is called as each kernel ends."""
+    progress(kernels finished, kernels launched in all) is called as each kernel ends.
+    counters=False records no bandwidth samples (Trace.counters is empty): they only feed
+    a Chrome trace, and a long step makes hundreds of thousands of them."""
     calls = list(calls)
     _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup, share_lines)
+    device = Device(env, hw, tracer, dedup, share_lines, counters)
     if on_device is not None:
         on_device(device)
     if progress is not None:
@@ -83,15 +87,15 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     stuck = dict(device.blocked)
     if not host.done or stuck or any(s.outstanding for s in host.streams.values()):
         raise DeadlockError(_deadlock_message(stuck, env.now))
-    counters = {link.name: tuple(link.samples) for link in
-                (device.memory.hbm, device.memory.l2_link, *host.pcie.values())}
+    samples = {link.name: tuple(link.samples) for link in
+               (device.memory.hbm, device.memory.l2_link, *host.pcie.values())} if counters else {}
     return RunResult(
         hw=hw,
         cycles=host.end,  # background write-backs may still be draining; nobody waits for them
         kernels=tuple(sorted(device.records, key=lambda r: r.id)),
         host_launch_cycles=host.launch_cycles,
         host_wait_cycles=host.wait_cycles,
-        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), counters),
+        trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), samples),
     )
 
 
@@ -104,7 +108,7 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             if c.mode not in LAUNCH_MODES:
                 raise ProgramError(f"{where}: mode must be one of {', '.join(LAUNCH_MODES)}, got {c.mode!r}")
             if id(c.kernel) not in checked:
-                verify(c.kernel, hw)
+                _verify_once(c.kernel, hw)
                 checked.add(id(c.kernel))
         elif isinstance(c, Memcpy):
             if c.direction not in MEMCPY_DIRECTIONS or c.nbytes < 1:
@@ -114,6 +118,31 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             raise ProgramError(f"{where}: us must be a finite number >= 0, got {c.us}")
         elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):
             raise ProgramError(f"{where}: not a host call")
+
+
+# Kernels verify() passed in this process, keyed by the identity of what it checks: the
+# config object and every part of the kernel but its name (names are only in its
+# messages). A lowering reused under another name (compare's pipelines, a serving
+# model's steps) is checked once. Entries hold the objects, so their ids stay theirs.
+_VERIFIED: OrderedDict[tuple, tuple] = OrderedDict()
+_VERIFIED_MAX = 4096
+
+
+def _verify_once(kernel: Kernel, hw: HwConfig) -> None:
+    """verify(kernel, hw) unless an equal kernel passed it on this config object. The
+    config fields it read are recorded again on a hit (a disk-cached step is keyed on them)."""
+    key = (id(hw), kernel.core_type, kernel.block_dim, id(kernel.aic), id(kernel.aiv), id(kernel.gm),
+           kernel.workspace_bytes, kernel.op_type)
+    hit = _VERIFIED.get(key)
+    if hit is not None:
+        _VERIFIED.move_to_end(key)
+        note(hit[2])
+        return
+    with recording() as reads:
+        verify(kernel, hw)
+    _VERIFIED[key] = (hw, kernel, frozenset(reads))
+    if len(_VERIFIED) > _VERIFIED_MAX:
+        _VERIFIED.popitem(last=False)
 
 
 def _deadlock_message(stuck: dict, now: float) -> str:

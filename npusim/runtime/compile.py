@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import attrs
 from attrs import frozen
 
+from npusim.diskcache.reads import note, paused, recording
 from npusim.engine.device import Owner, Reuse
 from npusim.engine.host import HostCall, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent
 from npusim.errors import NpusimError
@@ -89,7 +90,7 @@ class LoweringCache:
         if max_entries < 1:
             raise ValueError(f"LoweringCache: max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple, Lowered] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[Lowered, frozenset]] = OrderedDict()  # (lowering, hw reads)
         self._hw: tuple[HwConfig, str] | None = None  # the last config and its value key
 
     def __len__(self) -> int:
@@ -97,7 +98,8 @@ class LoweringCache:
 
     def _hw_key(self, hw: HwConfig) -> str:
         if self._hw is None or self._hw[0] is not hw:  # (a held reference: its id cannot be reused)
-            self._hw = (hw, json.dumps(attrs.asdict(hw), sort_keys=True, default=str))
+            with paused():  # the whole config is the key here, not what a lowering reads of it
+                self._hw = (hw, json.dumps(attrs.asdict(hw), sort_keys=True, default=str))
         return self._hw[1]
 
     def lower(self, node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int],
@@ -106,14 +108,17 @@ class LoweringCache:
         operands = tuple(sorted((local, addresses[t], graph.tensors[t].nbytes)
                                 for local, t in (node.inputs | node.outputs).items()))
         key = (*node.op_key(), operands, workspace_base, self._hw_key(hw))
-        low = self._entries.get(key)
-        if low is None:
-            low = self._entries[key] = lower_node(node, graph, hw, addresses, workspace_base)
+        hit = self._entries.get(key)
+        if hit is None:
+            with recording() as reads:  # what a disk-cached step reads of the config (npusim.diskcache)
+                low = lower_node(node, graph, hw, addresses, workspace_base)
+            self._entries[key] = (low, frozenset(reads))
             if len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-        return low
+            return low
+        self._entries.move_to_end(key)
+        note(hit[1])  # a step served this lowering read these fields as if it had lowered it
+        return hit[0]
 
 
 def kernel_name(node: str, kernel: str, many: bool) -> str:

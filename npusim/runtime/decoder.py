@@ -14,6 +14,9 @@ from typing import Any
 
 from attrs import frozen
 
+from npusim.diskcache import DiskCache
+from npusim.diskcache.compute import cached
+from npusim.diskcache.keys import options_key
 from npusim.errors import ConfigError
 from npusim.graph.build import _lengths, build_decoder
 from npusim.graph.ir import Graph
@@ -79,16 +82,26 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
                 cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
-                **options) -> GraphRun:
+                store: DiskCache | None = None, counters: bool = True, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
     margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
+    `store`: the on-disk cache the step is served from or stored into (npusim.diskcache).
+    counters=False: no bandwidth samples in the trace (they only feed a Chrome trace).
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
     _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
+    inputs = (s.workload, s.phase, s.batch, s.lengths, pass_names(s.passes), options_key(dict(s.options)), memo,
+              trace, counters) if store is not None else None
+    return cached(store, "step", inputs, hw, lambda hw: _run_step(s, hw, memo, trace, cache, progress, counters))
+
+
+def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCache | None,
+              progress: Callable[[int, int], None] | None, counters: bool = True) -> GraphRun:
+    """run_decoder once its arguments are checked and loaded."""
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
     ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
@@ -100,7 +113,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
     graph = s.graph(hw=hw)
     try:
-        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache, progress=progress)
+        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache, progress=progress, counters=counters)
     except OutOfMemoryError as e:  # say what would fit
         raise OutOfMemoryError(_oom_message(s, graph.batch, graph.context, hw, e.breakdown.line()),
                                e.breakdown) from None
@@ -156,10 +169,12 @@ class Comparison:
 def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode", batch: int = 1,
             context=None, pipelines: Sequence[str] = ("baseline", "optimized"), *,
             overrides: Mapping[str, Any] | None = None, memo: bool = True,
-            progress: Callable[[int, int], None] | None = None, **options) -> Comparison:
+            progress: Callable[[int, int], None] | None = None, store: DiskCache | None = None,
+            counters: bool = True, **options) -> Comparison:
     """Each pipeline, and the last one's passes added one at a time (a run already
     made for a pipeline is reused). `progress(runs done, runs in all)` is called as
-    each distinct run starts and at the end; the runs share one LoweringCache."""
+    each distinct run starts and at the end; the runs share one LoweringCache and `store`
+    (the on-disk cache, see run_decoder)."""
     if isinstance(pipelines, str) or not isinstance(pipelines, Sequence):
         raise TypeError(f"pipelines: expected a sequence of pipelines, e.g. ('baseline', 'optimized'), "
                         f"got {short(pipelines)}")
@@ -178,7 +193,8 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
         if key not in done:
             if progress:
                 progress(len(done), total)
-            done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, cache=cache, **options)
+            done[key] = run_decoder(workload, hw, phase, batch, context, key, memo=memo, cache=cache, store=store,
+                                     counters=counters, **options)
         return done[key]
 
     runs = {p: run(p) for p in pipelines}

@@ -134,7 +134,8 @@ def replicate_trace(part: RunResult, program: HostProgram, pattern: set[str],
     counters = {}
     for link, samples in trace.counters.items():
         out = [(c, v) for c, v in samples if c <= hi]
-        out += [(c + j * delta, v) for j in range(1, n + 1) for c, v in samples if lo < c <= hi]
+        window_samples = [(c, v) for c, v in samples if lo < c <= hi]
+        out += [(c + j * delta, v) for j in range(1, n + 1) for c, v in window_samples]
         out += [(c + n * delta, v) for c, v in samples if c > hi]
         counters[link] = tuple(sorted(out, key=lambda s: s[0]))
     return Trace(trace.level, tuple(intervals), tuple(block_spans), tuple(spans), counters)

@@ -46,16 +46,34 @@ class GraphRun:
     graph: Graph
     result: RunResult
     memory: MemoryBreakdown
-    compiled: tuple[CompiledNode, ...]  # the nodes lowered and simulated, in launch order
+    _compiled: tuple[CompiledNode, ...] | None = attrs.field(eq=False, repr=False)  # init arg `compiled`
     memo: bool
     pattern: dict[str, str]  # node of a replicated layer -> the simulated node it repeats
     workspace: dict[str, int]  # kernel name -> GM workspace its node's kernels use beyond their operands
+    _simulated: tuple[str, ...] = attrs.field(init=False, repr=False, eq=False)  # names of the compiled nodes
     _nodes: dict[str, Node] = attrs.field(init=False, repr=False, eq=False)
-    _lowered: dict[str, CompiledNode] = attrs.field(init=False, repr=False, eq=False)
+    _lowered: dict[str, CompiledNode] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_nodes", {n.name: n for n in self.graph.nodes})
-        object.__setattr__(self, "_lowered", {c.node.name: c for c in self.compiled})
+        object.__setattr__(self, "_lowered", None)
+        if self._compiled is not None:
+            object.__setattr__(self, "_simulated", tuple(c.node.name for c in self._compiled))
+
+    @property
+    def compiled(self) -> tuple[CompiledNode, ...]:
+        """The nodes lowered and simulated, in launch order. A run read back from the
+        disk cache lowers them again on first use: they are most of a pickled run's
+        bytes, and only what re-simulates a kernel (a timeline plot) needs them."""
+        if self._compiled is None:
+            placement = place(self.graph, self.hw.hbm.hbm_bytes)
+            nodes = [self._nodes[name] for name in self._simulated]
+            object.__setattr__(self, "_compiled", tuple(compile_nodes(self.graph, nodes, self.hw, placement)))
+        return self._compiled
+
+    def __reduce__(self):
+        return _unpickle_run, (self.graph, self.result, self.memory, self.memo, self.pattern, self.workspace,
+                               self._simulated)
 
     def node(self, rec: KernelRecord) -> Node | None:
         """The graph node a kernel was launched for (None: not launched for a node)."""
@@ -67,6 +85,8 @@ class GraphRun:
         if rec.owner is None:
             raise ValueError(f"kernel {rec.name!r} was not launched for a node of this run")
         name = self.pattern.get(rec.owner.node, rec.owner.node)
+        if self._lowered is None:
+            object.__setattr__(self, "_lowered", {c.node.name: c for c in self.compiled})
         return self._lowered[name].kernels[rec.owner.index]
 
     @property
@@ -88,6 +108,13 @@ class GraphRun:
         return self.tokens / (self.latency_us * 1e-6) if self.latency_us else 0.0
 
 
+def _unpickle_run(graph, result, memory, memo, pattern, workspace, simulated) -> GraphRun:
+    """A GraphRun as pickled: without its compiled nodes (see GraphRun.compiled)."""
+    run = GraphRun(graph, result, memory, None, memo, pattern, workspace)
+    object.__setattr__(run, "_simulated", simulated)
+    return run
+
+
 def check_memory(graph: Graph, hw: HwConfig, breakdown: MemoryBreakdown) -> None:
     if not breakdown.fits:
         raise OutOfMemoryError(f"{graph!r} does not fit in {hw.name}'s memory: {breakdown.line()}", breakdown)
@@ -100,10 +127,12 @@ def _alike(graph: Graph, layers: Sequence[int]) -> bool:
 
 
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
-              cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None) -> GraphRun:
+              cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
+              counters: bool = True) -> GraphRun:
     """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
     lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh.
-    `progress(kernels simulated, kernels to simulate)` as the engine goes."""
+    `progress(kernels simulated, kernels to simulate)` as the engine goes. counters=False:
+    no bandwidth samples in the trace (engine.run; only a Chrome trace shows them)."""
     placement = place(graph, hw.hbm.hbm_bytes)
     check_memory(graph, hw, placement.breakdown)
     layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
@@ -114,7 +143,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
-    result = run(program.calls, hw, trace, progress=progress)
+    result = run(program.calls, hw, trace, progress=progress, counters=counters)
     if memo:
         result = fill_replays(result, program)
     pattern: dict[str, str] = {}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from npusim.diskcache.command import add_cache_flags, store_of
 from npusim.errors import ConfigError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
@@ -13,13 +13,6 @@ from npusim.serving.report import metrics, requests_csv, summary, write_atomic, 
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
 from npusim.serving.simulate import ServingRun, simulate
 from npusim.serving.stepcost import DEFAULT_TOL, StepCost
-
-
-def default_cache_dir() -> Path:
-    """Where engine points persist: $NPUSIM_CACHE, else ~/.cache/npusim/steps."""
-    if os.environ.get("NPUSIM_CACHE"):
-        return Path(os.environ["NPUSIM_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npusim" / "steps"
 
 
 def load_requests(args):
@@ -50,9 +43,8 @@ def load_service_args(name: str, args) -> ServiceConfig:
 
 
 def run_service(svc: ServiceConfig, requests, args, hw) -> ServingRun:
-    cache = None if args.no_cache else (args.cache or default_cache_dir())
     cost = StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, cache_dir=cache)
+                    tol=args.tol, store=store_of(args))
     return simulate(requests, svc, cost)
 
 
@@ -88,9 +80,8 @@ def max_rate(svc: ServiceConfig, args, hw, probes: int = 8) -> tuple[float, list
     of the bracket. Every probe runs the same seed and request count."""
     if not any((svc.slo.ttft_ms, svc.slo.tpot_ms, svc.slo.e2e_ms)):
         raise ConfigError("--max-rate: the service sets no SLO: give --slo ttft_ms=...,tpot_ms=...")
-    cache = None if args.no_cache else (args.cache or default_cache_dir())
     cost = StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, cache_dir=cache)
+                    tol=args.tol, store=store_of(args))
     seen: list[tuple[float, bool]] = []
 
     def ok(rate: float) -> bool:
@@ -201,11 +192,9 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace: steps, request lifetimes, batch and KV "
                    "counters")
     p.add_argument("--plot", metavar="DIR", help="write plots: latency CDF, batch and KV cache over time")
-    p.add_argument("--cache", metavar="DIR", help="where engine step prices persist (default $NPUSIM_CACHE or "
-                   "~/.cache/npusim/steps)")
-    p.add_argument("--no-cache", action="store_true", help="price steps in memory only")
+    add_cache_flags(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
 
 
-__all__ = ["add_arguments", "compare_table", "default_cache_dir", "load_requests", "main"]
+__all__ = ["add_arguments", "compare_table", "load_requests", "main"]

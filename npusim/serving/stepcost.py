@@ -23,9 +23,10 @@ knots along the length axis are the buckets themselves and only the batch axis
 is interpolated. bench_stepcost.py measures the error on steps the model was
 not built from.
 
-Engine runs are kept in memory and, when a cache directory is given, on disk
-(one JSON file per point, keyed by the hardware, workload, passes, options,
-shape and a hash of npusim's own source, so a change to the engine invalidates it).
+Engine runs are kept in memory and, when a store is given, on disk in npusim's
+cache (npusim.diskcache: one entry per point, keyed by the workload, passes,
+options, shape, the hardware fields the point's run read and npusim's version,
+so a change to the engine invalidates it).
 
 Modelling assumptions, here and not in the engine:
 - steps are priced on a copy of the hardware whose HBM capacity is unbounded:
@@ -41,17 +42,15 @@ Modelling assumptions, here and not in the engine:
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
 
+from npusim.diskcache import DiskCache
+from npusim.diskcache.compute import cached
+from npusim.diskcache.keys import options_key
 from npusim.hw import HwConfig, load_hw
 from npusim.passes import pass_names
 from npusim.passes.buckets import DEFAULT_BUCKETS, bucket_of, distinct_kernels
@@ -63,17 +62,6 @@ from npusim.workload import Workload, load_workload
 MIN_SPAN_TOKENS = 8  # a length cell narrower than this is not split further
 DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
 POINT_SCHEME = 2  # bump when what a point simulates changes (_lengths): cached points go stale
-
-
-def _code_hash() -> str:
-    """Hash of npusim's source outside serving/: a cached step is stale once the engine changes."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.suffix in (".py", ".yaml") and "serving" not in p.relative_to(root).parts:
-            h.update(str(p.relative_to(root)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 @attrs.frozen
@@ -149,11 +137,11 @@ class StepCost:
     """Step prices for one (workload, hardware, passes, options), from the engine.
 
     `max_batch`: the largest batch a scheduler runs (the grid's batch axis);
-    `cache_dir`: where engine points persist between runs (None: memory only)."""
+    `store`: the on-disk cache engine points persist in between runs (None: memory only)."""
 
     def __init__(self, workload: Workload | str, hw: HwConfig | str = "ascend910b2", passes="optimized",
                  options: Mapping[str, Any] | None = None, max_batch: int = 32, tol: float = DEFAULT_TOL,
-                 cache_dir: str | os.PathLike | None = None, refine: bool = True):
+                 store: DiskCache | None = None, refine: bool = True):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
@@ -161,7 +149,7 @@ class StepCost:
         self.passes = pass_names(passes)
         self.options = {k: v for k, v in (options or {}).items() if v is not None}
         self.max_batch = max_batch
-        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.store = store
         self.points: dict[tuple[str, int, int], Point] = {}
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
@@ -183,7 +171,6 @@ class StepCost:
         self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, powers, lengths, tol_,
                                self.bucketed)
         self._kernels: dict[str, int] = {}
-        self._key_base: dict | None = None
 
     # ---- shapes
 
@@ -211,48 +198,23 @@ class StepCost:
     def point(self, phase: str, batch: int, key: int) -> Point:
         k = (phase, batch, key)
         if k not in self.points:
-            self.points[k] = self._load(k) or self._simulate(k)
+            self.points[k] = self._simulate(k)
         return self.points[k]
 
     def _simulate(self, k: tuple[str, int, int]) -> Point:
+        """The point from the engine, or from the store when a run with the same inputs made it."""
         phase, batch, key = k
-        run = run_decoder(self.workload, self.pricing_hw, phase, batch, self._lengths(phase, batch, key),
-                          self.passes, **self.options)
-        self.engine_runs += 1
-        pt = Point(run.latency_us, attrs.evolve(run.memory, capacity_bytes=self.hw.hbm.hbm_bytes))
-        self._store(k, pt)
-        return pt
 
-    def _path(self, k) -> Path | None:
-        if self.cache_dir is None:
-            return None
-        if self._key_base is None:
-            self._key_base = {"hw": attrs.asdict(self.pricing_hw), "workload": attrs.asdict(self.workload),
-                              "passes": list(self.passes), "options": {k: list(v) if isinstance(v, tuple) else v
-                                                                      for k, v in sorted(self.options.items())},
-                              "code": _code_hash(), "scheme": POINT_SCHEME}
-        blob = json.dumps({**self._key_base, "point": list(k)}, sort_keys=True, default=str)
-        return self.cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
+        def price(hw: HwConfig) -> Point:
+            run = run_decoder(self.workload, hw, phase, batch, self._lengths(phase, batch, key), self.passes,
+                              counters=False, **self.options)
+            self.engine_runs += 1
+            return Point(run.latency_us, run.memory)
 
-    def _load(self, k) -> Point | None:
-        path = self._path(k)
-        if path is None or not path.is_file():
-            return None
-        try:
-            d = json.loads(path.read_text())
-            return Point(float(d["latency_us"]), MemoryBreakdown(**d["memory"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # a damaged cache entry is simulated again
-
-    def _store(self, k, pt: Point) -> None:
-        path = self._path(k)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"point": list(k), "latency_us": pt.latency_us, "memory": attrs.asdict(pt.memory)}, f)
-        os.replace(tmp, path)
+        inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
+                  self._lengths(phase, batch, key), POINT_SCHEME) if self.store is not None else None
+        pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
+        return Point(pt.latency_us, attrs.evolve(pt.memory, capacity_bytes=self.hw.hbm.hbm_bytes))
 
     # ---- prices
 

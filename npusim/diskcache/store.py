@@ -1,0 +1,244 @@
+"""The on-disk store: content-addressed entries, written atomically, checked on read.
+
+An entry is one file `<dir>/<key>.entry`: a header line (magic, format, the key,
+the npusim version that wrote it, the payload's size and SHA-256) and the payload,
+a pickle. A read trusts an entry only when every header field matches what the
+reader expects and the payload hashes to the recorded digest; anything else (a
+truncated file, another npusim version's entry, bytes that are not an entry) is a
+miss, the file is removed and the caller computes the value again.
+
+Writes go through `outputs.atomic_write` (a temporary file in the same folder, then
+`os.replace`): two processes writing one key at once each replace the file whole,
+and a reader sees one complete entry or none. The store holds at most `max_bytes`;
+after a write, the least recently used entries (by modification time, which a read
+hit refreshes: access times are often not kept) go until it fits again.
+
+A cache folder that cannot be made or written (read-only, a file in the way) turns
+the store off for the process: one warning line on stderr, then every call is a
+miss and nothing is written. The folder holds pickles that are loaded back: like
+any cache of Python objects, it must be written by its user only (the default is
+the user's own cache folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from npusim.outputs import OutputError, atomic_write, err
+
+MAGIC = b"NPUSIM-CACHE"
+FORMAT = 1  # bump when the entry layout changes
+SUFFIX = ".entry"
+DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: hundreds of K3 steps (a decode step's entry is a few MB)
+_WARNED: set[Path] = set()  # folders this process has warned about
+# an entry's header line is short: a longer first line is not a header
+_MAX_HEADER = 4096
+
+
+def _parse_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise OutputError(f"NPUSIM_CACHE_MAX_BYTES: expected a positive integer (bytes), got '{text}'")
+    return value
+
+
+class DiskCache:
+    """Entries under `path` (created on first write), at most `max_bytes` in all.
+    `version`: the npusim version entries are written with and must carry to be read
+    (default: the running npusim's, see keys.version). `enabled=False`: a store that
+    holds nothing (--no-cache). Picklable: sweep workers get the same store."""
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int | None = None, version: str | None = None,
+                 enabled: bool = True):
+        from npusim.diskcache.keys import version as npusim_version
+
+        self.path = Path(path)
+        env = os.environ.get("NPUSIM_CACHE_MAX_BYTES")
+        self.max_bytes = max_bytes if max_bytes is not None else _parse_size(env) if env else DEFAULT_MAX_BYTES
+        self.version = version or npusim_version()
+        self.enabled = enabled
+        self.hits = self.misses = self.dropped = 0  # counts of this process (dropped: bad entries removed)
+        self._checked = False  # the folder was found writable (once per process)
+
+    def __repr__(self) -> str:
+        return f"DiskCache({str(self.path)!r}, max_bytes={self.max_bytes}, enabled={self.enabled})"
+
+    def entry_path(self, key: str) -> Path:
+        return self.path / f"{key}{SUFFIX}"
+
+    # ---- reading
+
+    def get(self, key: str, refs: Mapping[str, Any] | None = None) -> Any | None:
+        """The value stored under `key`, or None (a miss: absent, damaged, foreign, or
+        the store is off). `refs`: the objects put() stored by name (see put)."""
+        if not self._usable():
+            return None
+        path = self.entry_path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            self.misses += 1
+            return None
+        payload = self._payload(data, key)
+        value = None
+        if payload is not None:
+            try:
+                value = loads(payload, refs)
+            except Exception:  # noqa: BLE001 - an entry whose classes no longer load is recomputed
+                payload = None
+        if payload is None:
+            self.dropped += 1
+            self.misses += 1
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return None
+        self.hits += 1
+        with contextlib.suppress(OSError):  # a hit is a use: it moves to the back of the eviction order
+            now = time.time_ns()
+            os.utime(path, ns=(now, now))
+        return value
+
+    def _payload(self, data: bytes, key: str) -> bytes | None:
+        """The payload of an entry's bytes if its header matches and its digest holds, else None."""
+        end = data.find(b"\n", 0, _MAX_HEADER)
+        if end < 0 or not data.startswith(MAGIC + b" "):
+            return None
+        try:
+            head = json.loads(data[len(MAGIC) + 1:end])
+        except ValueError:
+            return None
+        payload = data[end + 1:]
+        expected = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload)}
+        if not isinstance(head, dict) or any(head.get(k) != v for k, v in expected.items()):
+            return None
+        if head.get("sha256") != hashlib.sha256(payload).hexdigest():
+            return None
+        return payload
+
+    # ---- writing
+
+    def put(self, key: str, value: Any, refs: Mapping[str, Any] | None = None) -> bytes | None:
+        """Store `value` under `key` (atomically; the last writer wins). `refs`: objects
+        `value` refers to that are stored by name, not by value (the reader passes its
+        own objects under those names). Returns the payload written (a pickle of
+        `value`), or None when the store is off or the folder cannot be written (then
+        it is off for the rest of the process)."""
+        if not self._usable():
+            return None
+        payload = dumps(value, refs)
+        head = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest()}
+        try:
+            with atomic_write(self.entry_path(key), "wb") as f:
+                f.write(MAGIC + b" " + json.dumps(head, sort_keys=True).encode() + b"\n")
+                f.write(payload)
+        except OutputError as e:
+            self.disable(str(e))
+            return None
+        self.evict()
+        return payload
+
+    def _usable(self) -> bool:
+        """The store is on and its folder can be written: made if missing, and a
+        temporary file created in it (once per process). A folder that cannot be
+        written is not read either: the run is uncached, as the warning says."""
+        if self.enabled and not self._checked:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                fd, probe = tempfile.mkstemp(dir=self.path, prefix=".probe.", suffix=".tmp")
+                os.close(fd)
+                os.unlink(probe)
+                self._checked = True
+            except OSError as e:
+                self.disable(e.strerror or type(e).__name__)
+        return self.enabled
+
+    def disable(self, reason: str) -> None:
+        """Turn the store off, with one warning line per folder and process (a command
+        may open its store more than once)."""
+        if self.enabled:
+            self.enabled = False
+            if self.path not in _WARNED:
+                _WARNED.add(self.path)
+                err(f"npusim: warning: cache {self.path} not used ({reason}); running uncached")
+
+    # ---- size
+
+    def entries(self) -> list[tuple[int, int, str]]:
+        """(last use in ns, bytes, file name) of every entry, oldest first."""
+        out = []
+        try:
+            with os.scandir(self.path) as it:
+                for e in it:
+                    if e.name.endswith(SUFFIX):
+                        with contextlib.suppress(OSError):  # removed meanwhile by another process
+                            st = e.stat()
+                            out.append((st.st_mtime_ns, st.st_size, e.name))
+        except OSError:
+            return []
+        return sorted(out)
+
+    def evict(self) -> list[str]:
+        """Remove least recently used entries until the store holds at most max_bytes; their names."""
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        gone = []
+        for _, size, name in entries:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):  # another process evicted it first
+                os.unlink(self.path / name)
+            total -= size
+            gone.append(name)
+        return gone
+
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry (and leftover temporary files); (files removed, bytes freed)."""
+        n = freed = 0
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return 0, 0
+        for name in names:
+            if name.endswith(SUFFIX) or (name.startswith(".") and name.endswith(".tmp")):
+                p = self.path / name
+                with contextlib.suppress(FileNotFoundError):
+                    size = p.stat().st_size
+                    p.unlink()
+                    n, freed = n + 1, freed + size
+        return n, freed
+
+
+def dumps(value: Any, refs: Mapping[str, Any] | None = None) -> bytes:
+    """A pickle of `value` in which the objects of `refs` appear by name only."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    if refs:
+        names = {id(obj): name for name, obj in refs.items()}
+        pickler.persistent_id = lambda obj: names.get(id(obj))
+    pickler.dump(value)
+    return out.getvalue()
+
+
+def loads(payload: bytes, refs: Mapping[str, Any] | None = None) -> Any:
+    """The value of a pickle made by dumps, its named objects taken from `refs`."""
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    unpickler.persistent_load = lambda name: refs[name]  # a name refs lacks: KeyError, a damaged entry
+    return unpickler.load()
+
+
+__all__ = ["DEFAULT_MAX_BYTES", "DiskCache", "dumps", "loads"]

@@ -1,0 +1,193 @@
+"""The on-disk cache (npusim.diskcache): entries that cannot be trusted are recomputed,
+writers never corrupt each other, the size cap evicts the least recently used, a
+folder that cannot be written runs uncached, and a warm run writes what a cold one did."""
+
+import errno
+import json
+import multiprocessing
+import os
+import tempfile
+
+import pytest
+
+from npusim.cli import main
+from npusim.diskcache import DiskCache, open_store
+from npusim.diskcache.compute import cached
+from npusim.hw import load_hw
+
+
+def _writer(path: str, key: str, value, barrier) -> None:
+    store = DiskCache(path)
+    barrier.wait()
+    for _ in range(20):
+        store.put(key, value)
+
+
+def test_two_processes_writing_the_same_entry(tmp_path):
+    value = {"latency": 1.5, "blob": list(range(200_000))}  # a payload large enough to take a while to write
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), "k" * 64, value, barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    store = DiskCache(tmp_path)
+    assert store.get("k" * 64) == value
+    assert store.dropped == 0
+    assert sorted(os.listdir(tmp_path)) == ["k" * 64 + ".entry"]  # no temporary file left behind
+
+
+def test_truncated_entry_is_recomputed(tmp_path):
+    store = DiskCache(tmp_path)
+    store.put("a" * 64, list(range(1000)))
+    path = store.entry_path("a" * 64)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert store.get("a" * 64) is None
+    assert store.dropped == 1 and not path.exists()  # never trusted, removed
+    calls = []
+    hw = load_hw()
+    for _ in range(2):
+        assert cached(store, "test", ("x",), hw, lambda hw: calls.append(1) or hw.l2.line_bytes) == 512
+    assert len(calls) == 1
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    store = DiskCache(tmp_path)
+    store.put("b" * 64, "a value of some length")
+    path = store.entry_path("b" * 64)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert store.get("b" * 64) is None and store.dropped == 1
+
+
+def test_entry_of_another_version_is_recomputed(tmp_path):
+    DiskCache(tmp_path, version="0.0.1+someothersource").put("c" * 64, "old answer")
+    store = DiskCache(tmp_path)
+    assert store.get("c" * 64) is None and store.dropped == 1
+    store.put("c" * 64, "new answer")
+    assert store.get("c" * 64) == "new answer"
+
+
+def test_entry_stored_under_another_key_is_not_served(tmp_path):
+    store = DiskCache(tmp_path)
+    store.put("d" * 64, "for d")
+    os.replace(store.entry_path("d" * 64), store.entry_path("e" * 64))
+    assert store.get("e" * 64) is None
+
+
+def _read_only(monkeypatch, folder):
+    """Make `folder` unwritable: its mode where that binds (not for root), and the
+    OS's answer to creating a file in it in any case (EROFS, as a read-only mount)."""
+    folder.chmod(0o555)
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kw):
+        if dir is not None and os.path.realpath(dir) == os.path.realpath(folder):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
+        return real(*args, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+def test_read_only_cache_runs_uncached_with_one_warning(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    DiskCache(folder).put("f" * 64, "stored before the folder became read-only")
+    _read_only(monkeypatch, folder)
+    try:
+        monkeypatch.setenv("NPUSIM_CACHE_DIR", str(folder))
+        argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        warnings = [line for line in captured.err.splitlines() if "warning" in line]
+        assert len(warnings) == 1 and str(folder) in warnings[0] and "uncached" in warnings[0]
+        assert "latency" in captured.out
+        assert DiskCache(folder).get("f" * 64) is None  # a folder that cannot be written is not read either
+    finally:
+        folder.chmod(0o755)
+    assert sorted(os.listdir(folder)) == ["f" * 64 + ".entry"]  # nothing written
+
+
+def test_lru_eviction_under_the_cap(tmp_path):
+    store = DiskCache(tmp_path, max_bytes=10**9)
+    for i in range(4):
+        store.put(f"{i:064d}", bytes(10_000))
+        os.utime(store.entry_path(f"{i:064d}"), ns=(i * 10**9, i * 10**9))  # written in this order
+    entry = store.entry_path(f"{0:064d}").stat().st_size
+    assert store.get(f"{0:064d}") is not None  # a use: 0 becomes the most recently used
+    store.max_bytes = 3 * entry
+    store.put(f"{4:064d}", bytes(10_000))  # over the cap: the least recently used go, 1 and 2
+    left = sorted(p.name[:64] for p in tmp_path.iterdir())
+    assert left == [f"{i:064d}" for i in (0, 3, 4)]
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= store.max_bytes
+
+
+def test_no_cache_writes_nothing(tmp_path):
+    store = open_store(tmp_path / "c", enabled=False)
+    assert cached(store, "test", (), load_hw(), lambda hw: 7) == 7
+    assert not (tmp_path / "c").exists()
+
+
+def test_warm_run_is_bit_identical_and_served_from_the_cache(tmp_path, capsys, monkeypatch):
+    from npusim.diskcache import replay
+
+    argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--cache-dir", str(tmp_path / "cache"),
+            "--json", str(tmp_path / "out.json")]
+    outs = []
+    for _ in range(3):
+        assert main(argv) == 0
+        outs.append(((tmp_path / "out.json").read_text(), capsys.readouterr().out))
+        if len(outs) == 2:  # the command's outputs gone: the step is read back from its own entry
+            monkeypatch.setattr(replay, "_key", lambda args: None)
+    assert outs[0] == outs[1] == outs[2]
+    store = DiskCache(tmp_path / "cache")
+    assert len(store.entries()) == 3  # the command's outputs, the step, the list of config fields it read
+    assert json.loads(outs[0][0])["latency_us"] > 0
+
+
+def test_a_field_the_step_does_not_read_is_served_from_the_cache(tmp_path):
+    from npusim.runtime.decoder import run_decoder
+
+    store = DiskCache(tmp_path)
+    args = dict(workload="k3-tiny", batch=2, context=64, passes="optimized", store=store)
+    first = run_decoder(hw="ascend910b2", **args)
+    assert len(store.entries()) == 2  # the step, and the list of config fields it read
+    # the cost of an eager launch is not read in graph mode (the optimized pipeline's launch mode)
+    same = run_decoder(hw="ascend910b2", overrides={"runtime.eager_launch_us": "99"}, **args)
+    assert len(store.entries()) == 2 and same.latency_us == first.latency_us
+    assert same.hw == load_hw("ascend910b2", {"runtime.eager_launch_us": "99"})  # the caller's config, not the first
+    other = run_decoder(hw="ascend910b2", overrides={"runtime.graph_launch_us": "9"}, **args)
+    assert len(store.entries()) == 3 and other.latency_us != first.latency_us  # a field it reads: simulated
+
+
+def test_a_warm_run_never_writes_its_json_over_an_input(tmp_path, capsys):
+    hw = tmp_path / "hw.yaml"
+    from npusim.hw.load import find_file
+
+    hw.write_text(find_file("ascend910b2", "hwconfigs").read_text())
+    argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--hw", str(hw)]
+    assert main([*argv, "--json", str(tmp_path / "out.json")]) == 0
+    before = hw.read_text()
+    assert main([*argv, "--json", str(hw)]) == 2
+    assert "the same file as the input of --hw" in capsys.readouterr().err
+    assert hw.read_text() == before
+
+
+def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
+    from npusim.runtime.decoder import run_decoder
+
+    store = DiskCache(tmp_path / "cache")
+    rules = {"qkv_proj": False, "flash_attention": False, "scale_add": False, "swiglu": False, "add_rms_norm": True}
+    args = dict(workload="k3-tiny", batch=2, context=64, passes="fusion", store=store)
+    a = run_decoder(fusion_rules=rules, **args)
+    assert run_decoder(fusion_rules=dict(rules), **args).latency_us == a.latency_us
+    path = tmp_path / "rules.yaml"
+    path.write_text("".join(f"{k}: {str(v).lower()}\n" for k, v in rules.items()))
+    b = run_decoder(fusion_rules=str(path), **args)
+    path.write_text("".join(f"{k}: true\n" for k in rules))  # the same file name, other rules: simulated again
+    c = run_decoder(fusion_rules=str(path), **args)
+    assert b.latency_us == a.latency_us and c.latency_us != b.latency_us
