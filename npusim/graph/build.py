@@ -265,7 +265,7 @@ MAX_BATCH = 1 << 16
 def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
     where = f"build_decoder({w.name}, {phase})"
     if phase not in ("decode", "prefill", "mixed"):
-        raise ConfigError(f"{where}: phase must be decode, prefill or mixed, got {reprlib.repr(phase)}")
+        raise ConfigError(f"{where}: phase must be decode or prefill (or mixed, with new_tokens), got {reprlib.repr(phase)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"{where}: batch must be a positive integer, got {batch!r}")
     if batch > MAX_BATCH:
