@@ -73,7 +73,7 @@ def test_chunked_prefill_runs_mixed_steps():
 
 def test_kv_capacity_from_device_memory():
     sc = cost()
-    m = sc.point("decode", sc.max_batch, sc.decode.l[0]).memory
+    m = sc.point("decode", sc.max_batch, sc.decode.knots[1][0]).memory
     free = sc.hw.hbm.hbm_bytes - m.weights_bytes - m.activation_bytes - m.workspace_bytes
     assert sc.kv_capacity_bytes(0.5) == int(free * 0.5)
     assert 0 < sc.kv_capacity_bytes(0.5) < sc.hw.hbm.hbm_bytes
