@@ -122,7 +122,7 @@ class Grid:
         midpoint; add the midpoint as a knot when linear interpolation misses it.
         True when a knot was added."""
         key = (axis, lo, hi, at[:axis] + at[axis + 1:])
-        if key in self.checked or hi - lo <= self.min_span[axis]:
+        if math.isinf(self.tol) or key in self.checked or hi - lo <= self.min_span[axis]:
             return False
         mid = (lo + hi) // 2
 
