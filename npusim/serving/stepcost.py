@@ -25,8 +25,10 @@ multilinear in these axes: weights once, GEMM rows, KV read by batch x context,
 chunk attention by chunks x chunk x context). Before a cell is trusted the
 midpoint of each of its edges through the query's lower corner is simulated
 too; where linear interpolation misses it by more than `tol`, the midpoint
-becomes a knot of the grid (the grid is refined where the error is large), down
-to cells one sequence and `MIN_SPAN_TOKENS` tokens wide. With the buckets pass
+becomes a knot of the grid and both halves of the edge are checked in turn
+(the grid is refined where the error is large: a batched prefill's cost steps
+up with each wave of tiles over the cores), down to cells one sequence and
+`MIN_SPAN_TOKENS` tokens wide. With the buckets pass
 on, lengths are rounded up to their bucket first: the graph has the bucket's
 shapes, so the knots along the context axis are the buckets themselves and that
 axis is never interpolated. bench_stepcost.py measures the error on steps the
@@ -135,6 +137,10 @@ class Grid:
         if abs(guess - f_mid) <= self.tol * f_mid:
             return False
         bisect.insort(self.knots[axis], mid)
+        # where one midpoint missed, the cost is not smooth (wave quantisation, a tiling step):
+        # both halves of the edge are checked at once, not only the one a query falls in
+        self._split(axis, lo, mid, at)
+        self._split(axis, mid, hi, at)
         return True
 
     def __call__(self, *x: int) -> float:
