@@ -3,6 +3,7 @@ time of building the step-cost model (engine points; cached on disk after the
 first run) and of the simulation itself, and the peak RSS.
 
     .venv/bin/python benchmarks/bench_serving.py --workload k3 --rate 4 --requests 10000
+    .venv/bin/python benchmarks/bench_serving.py --workload k3-tiny --rate 800 --service-set host.pool_threads=32
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import argparse
 import resource
 import time
 
+import numpy as np
+
+from npusim.hw.load import parse_set_args
 from npusim.serving import StepCost, metrics, simulate, synthetic
 from npusim.diskcache import open_store
 from npusim.serving.service import load_service
@@ -24,8 +28,10 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=10000)
     p.add_argument("--prompt-lengths", default="uniform:16,400")
     p.add_argument("--output-lengths", default="fixed:64")
+    p.add_argument("--service-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a service field, e.g. host.pool_threads=16")
     a = p.parse_args()
-    svc = load_service(a.service)
+    svc = load_service(a.service, parse_set_args(a.service_set))
     reqs = synthetic(a.requests, 0, "poisson", a.rate, prompt=a.prompt_lengths, output=a.output_lengths)
     cost = StepCost(a.workload, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     store=open_store())
@@ -38,7 +44,8 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{a.requests} requests of {a.workload} ({svc.name}) at {a.rate} req/s: step-cost warm-up {t1 - t0:.1f} s "
           f"({cost.engine_runs} engine runs), simulation {t2 - t1:.1f} s for {len(run.steps)} steps; decode batch "
-          f"mean {m['decode_batch']['mean']:.1f}; peak RSS {rss:.0f} MiB")
+          f"mean {m['decode_batch']['mean']:.1f} (steps with decodes: "
+          f"{np.mean([st.decode_batch for st in run.steps if st.decode_batch]):.1f}); peak RSS {rss:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,18 @@
 
 For each workload and pass pipeline: build a StepCost from random training
 steps (it refines its grid where its own checks miss), then price random steps
-it was not built from - decode steps (batch, ragged contexts) and batched
-prefills (batch, prompt length) - and simulate each of them directly with
-run_decoder (same hardware, passes and options). Prints the median and max
-relative error.
+it was not built from and simulate each of them directly (build_decoder, the
+passes and run_graph on the same hardware, as `npusim run`):
+
+- decode steps: a batch of random contexts (ragged);
+- prefills: a batch of random prompt lengths (with buckets: bucketed prefills);
+- mixed steps (chunked prefill): random decodes beside 1-3 prefill chunks of a
+  random size within a token budget, each chunk after a random prefix.
+
+The model is frozen once built (no refinement while it is tested), and a step
+whose exact grid point the model holds is not counted (it would be exact by
+construction). Prints the median and max relative error per kind and
+overall.
 
     .venv/bin/python benchmarks/bench_stepcost.py                      # k3-tiny
     .venv/bin/python benchmarks/bench_stepcost.py --workload k3 --test 30
@@ -18,46 +26,98 @@ import time
 
 import numpy as np
 
-from npusim.runtime.decoder import run_decoder
+from npusim.diskcache import open_store
+from npusim.graph.build import build_decoder
+from npusim.passes import apply
+from npusim.runtime.run import run_graph
 from npusim.serving.stepcost import StepCost
 
-
-def direct(sc: StepCost, phase: str, batch: int, length: int) -> float:
-    lengths = [length] + [length - 1] * (batch - 1) if phase == "decode" and batch > 1 else length
-    return run_decoder(sc.workload, sc.pricing_hw, phase, batch, lengths, sc.passes, **sc.options).latency_us
+KINDS = ("decode", "prefill", "mixed")
 
 
-def bench(workload: str, passes: str, max_batch: int, train: int, test: int, seed: int, max_len: int | None) -> None:
-    rng = np.random.default_rng(seed)
-    sc = StepCost(workload, "ascend910b2", passes, max_batch=max_batch)
-    top = min(max_len or sc.workload.max_context_tokens, sc.workload.max_context_tokens)
-    t0 = time.monotonic()
-    for _ in range(train):
-        sc.decode_us(int(rng.integers(1, max_batch + 1)), int(rng.integers(2, top + 1)))
-        sc.prefill_us(int(rng.integers(1, max_batch + 1)), int(rng.integers(2, top + 1)))
-    built = time.monotonic() - t0
-    print(f"{workload} passes {passes}: built from {sc.engine_runs} engine points in {built:.0f} s "
-          f"(decode knots batch {sc.decode.b}, context {sc.decode.l}; prefill knots {sc.prefill.l})")
-    errs = {"decode": [], "prefill": []}
-    t0 = time.monotonic()
-    while len(errs["decode"]) + len(errs["prefill"]) < test:
-        phase = "decode" if len(errs["decode"]) <= len(errs["prefill"]) else "prefill"
+def draw(rng: np.random.Generator, kind: str, max_batch: int, top: int, budget: int) -> dict:
+    """A random step: the direct graph's (phase, lengths, new_tokens)."""
+    if kind in ("decode", "prefill"):
         b = int(rng.integers(1, max_batch + 1))
         n = int(rng.integers(2, top + 1))
-        key = (phase, b, sc.length_key(n))
-        if key in sc.points or (not sc.bucketed and n in sc.decode.l):
-            continue  # a step the model was built from
-        est = sc.decode_us(b, n) if phase == "decode" else sc.prefill_us(b, n)
+        lengths = [n] + [int(x) for x in rng.integers(1, n + 1, b - 1)]  # ragged, the longest first
+        return dict(phase=kind, lengths=lengths, new_tokens=None)
+    chunks = int(rng.integers(1, 4))
+    decodes = int(rng.integers(0, max_batch - chunks + 1))
+    sizes = [int(x) for x in rng.integers(2, max(3, (budget - decodes) // chunks) + 1, chunks)]
+    ends = [int(rng.integers(c, top + 1)) for c in sizes]  # a random prefix before each chunk
+    contexts = [int(x) for x in rng.integers(1, top + 1, decodes)]
+    return dict(phase="mixed", lengths=contexts + ends, new_tokens=[1] * decodes + sizes)
+
+
+def model_key(sc: StepCost, step: dict) -> tuple:
+    """The model's grid point for the step (as StepCost.shapes names it) and its price."""
+    ls, nt = step["lengths"], step["new_tokens"]
+    if step["phase"] != "mixed":
+        key = (step["phase"], len(ls), sc.length_key(max(ls)))
+        return key, lambda: (sc.decode_us if step["phase"] == "decode" else sc.prefill_us)(len(ls), max(ls))
+    d = sum(x == 1 for x in nt)
+    c = max(nt)
+    k = sc.length_key(max(ls))
+    key = ("mixed", *sc._mixed_key(d, len(nt) - d, c, k if sc.bucketed else k - c))
+    return key, lambda: sc.mixed_us(d, len(nt) - d, c, max(ls))
+
+
+def direct(sc: StepCost, step: dict) -> float:
+    g = build_decoder(sc.workload, step["phase"], len(step["lengths"]), step["lengths"],
+                      new_tokens=step["new_tokens"])
+    return run_graph(apply(g, sc.passes, **sc.options, hw=sc.pricing_hw), sc.pricing_hw).latency_us
+
+
+def bench(workload: str, passes: str, max_batch: int, train: int, test: int, seed: int, max_len: int | None,
+          budget: int | None, verbose: bool = False, cache: str | None = None) -> list[float]:
+    rng = np.random.default_rng(seed)
+    store = open_store(cache) if cache else None
+    sc = StepCost(workload, "ascend910b2", passes, max_batch=max_batch, store=store)
+    top = min(max_len or sc.workload.max_context_tokens, sc.workload.max_context_tokens)
+    budget = budget or min(512, top)
+    t0 = time.monotonic()
+    for i in range(train):
+        for kind in KINDS:
+            model_key(sc, draw(rng, kind, max_batch, top, budget))[1]()
+        if verbose:
+            print(f"  training step {i + 1}/{train}: {len(sc.points)} engine points, {time.monotonic() - t0:.0f} s",
+                  flush=True)
+    built = time.monotonic() - t0
+    for grid in (sc.decode, sc.prefill, sc.mixed):  # the model as built: testing it must not refine it
+        grid.tol = float("inf")
+    print(f"{workload} passes {passes}: built from {len(sc.points)} engine points in {built:.0f} s "
+          f"(decode knots {sc.decode.knots}; prefill knots {sc.prefill.knots}; mixed knots {sc.mixed.knots})",
+          flush=True)
+    errs: dict[str, list[float]] = {k: [] for k in KINDS}
+    worst: tuple[float, dict] = (0.0, {})
+    t0 = time.monotonic()
+    for _ in range(1000 * test):  # a kind whose every shape is a model point is left short
+        if sum(map(len, errs.values())) >= test:
+            break
+        kind = min(KINDS, key=lambda k: len(errs[k]))
+        step = draw(rng, kind, max_batch, top, budget)
+        key, price = model_key(sc, step)
         if key in sc.points:
-            continue  # pricing it simulated this very point: not unseen
-        true = direct(sc, phase, b, n)
-        errs[phase].append(abs(est - true) / true)
-    every = errs["decode"] + errs["prefill"]
-    for phase, e in errs.items():
-        print(f"  {phase:8s} {len(e):3d} unseen steps: median error {100 * np.median(e):.3f}%, "
+            continue  # a step the model was built from
+        est = price()
+        true = direct(sc, step)
+        e = abs(est - true) / true
+        errs[kind].append(e)
+        worst = max(worst, (e, step), key=lambda x: x[0])
+    every = [e for v in errs.values() for e in v]
+    for kind, e in errs.items():
+        if not e:
+            print(f"  {kind:8s} no unseen step: every shape drawn is a model point")
+            continue
+        print(f"  {kind:8s} {len(e):3d} unseen steps: median error {100 * np.median(e):.3f}%, "
               f"max {100 * max(e):.3f}%")
     print(f"  all      {len(every):3d} unseen steps: median error {100 * np.median(every):.3f}%, max "
-          f"{100 * max(every):.3f}%  ({time.monotonic() - t0:.0f} s; model now {sc.engine_runs} points)")
+          f"{100 * max(every):.3f}%  ({time.monotonic() - t0:.0f} s)")
+    ws = worst[1]
+    print(f"  worst: {ws['phase']} lengths {ws['lengths'][:6]}{'...' if len(ws['lengths']) > 6 else ''} "
+          f"new tokens {(ws['new_tokens'] or [])[-4:]}", flush=True)
+    return every
 
 
 def main() -> None:
@@ -65,14 +125,17 @@ def main() -> None:
     p.add_argument("--workload", action="append", help="default k3-tiny")
     p.add_argument("--passes", action="append", help="default baseline and optimized,buckets")
     p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument("--train", type=int, default=40, help="random steps the model is built from")
-    p.add_argument("--test", type=int, default=40, help="random unseen steps it is checked on")
+    p.add_argument("--train", type=int, default=20, help="random steps of each kind the model is built from")
+    p.add_argument("--test", type=int, default=45, help="random unseen steps it is checked on (a third of each kind)")
     p.add_argument("--max-len", type=int, help="longest context / prompt drawn (default the model's)")
+    p.add_argument("--budget", type=int, help="token budget of a mixed step (default min(512, max len))")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--verbose", action="store_true", help="print the model's growth while it is built")
+    p.add_argument("--cache-dir", dest="cache", help="npusim's cache folder: the model's points persist between runs")
     a = p.parse_args()
     for w in a.workload or ["k3-tiny"]:
         for passes in a.passes or ["baseline", "optimized,buckets"]:
-            bench(w, passes, a.max_batch, a.train, a.test, a.seed, a.max_len)
+            bench(w, passes, a.max_batch, a.train, a.test, a.seed, a.max_len, a.budget, a.verbose, a.cache)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
                -> kv_cache_write (per_layer cache) -> batch_matmul Q K^T -> scale
                -> [add mask] -> softmax -> batch_matmul P V -> o matmul -> add (residual)
                -> rms_norm -> gate, up matmuls -> silu -> mul -> down matmul -> add (residual)
-    [prefill: gather each sequence's last token]
+    [prefill, mixed: gather each sequence's last token]
     final rms_norm -> lm_head matmul -> argmax
 
 Passes (fusion, layout, memory planning, KV layout, ...) start from this graph.
@@ -24,6 +24,9 @@ Conventions
   L - 1 and attends to L keys; when lengths differ an additive mask hides each
   sequence's padding keys (the lowering writes and reads at the longest length: the
   cost of a padded batch). In prefill the causal mask also covers right padding.
+- Mixed steps (chunked prefill): the decodes' and the chunks' tokens are the rows
+  of one step ([1, tokens] where the others have [batch, seq]); attention has a
+  part for each (build_decoder's doc).
 - Host inputs: "tokens" (int32 ids), "rope_cos" / "rope_sin" ([tokens, head_dim],
   gathered at each token's position), "attn_mask" (prefill or ragged decode) and
   "last_index" (prefill). `host_inputs` computes them.
@@ -83,18 +86,32 @@ class _Builder:
 
 
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
-                  lengths: int | Sequence[int] | None = None, capacity: int | None = None) -> Graph:
-    """The baseline (unfused) graph of one decode step or one prefill.
+                  lengths: int | Sequence[int] | None = None, capacity: int | None = None,
+                  new_tokens: Sequence[int] | None = None) -> Graph:
+    """The baseline (unfused) graph of one decode step, one prefill or one mixed step.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
     (one new token per sequence; `lengths` = context length of each sequence
-    including the new token) or "prefill" (`lengths` = prompt lengths). `lengths`:
-    one int for every sequence or one per sequence (ragged); default: the
-    workload's max context in decode, 128 tokens in prefill. Shapes use the
-    longest length (or `capacity`, a shape bucket at least that long: the step then
-    computes on padding, masked); the graph records every sequence's own."""
+    including the new token), "prefill" (`lengths` = prompt lengths) or "mixed"
+    (a chunked-prefill iteration: `new_tokens` per sequence, 1 for a decode and
+    more for a prefill chunk, the decodes first; `lengths` = each sequence's
+    context after the step, its chunk included). `lengths`: one int for every
+    sequence or one per sequence (ragged); default: the workload's max context in
+    decode, 128 tokens in prefill. Shapes use the longest length (or `capacity`, a
+    shape bucket at least that long: the step then computes on padding, masked);
+    the graph records every sequence's own.
+
+    A mixed step runs its decode tokens and its chunks' tokens as the rows of one
+    set of projections and FFN (one weight read for all of them); attention has
+    two parts, the decodes' (one query each) and the chunks' (each chunk's
+    queries over its cache, causal, ending at the chunk), each with its own KV
+    cache and both writing their rows of one attention output.
+    # assumption: both attention parts are shaped at the step's longest context
+    # (one padded length, as a ragged decode batch), the chunks at the longest chunk
+    """
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     lengths = _lengths(w, phase, batch, lengths)
+    chunks = _new_tokens(w, phase, batch, lengths, new_tokens)
     decode = phase == "decode"
     ctx = max(lengths)
     if capacity is not None:
@@ -102,23 +119,32 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
             raise ConfigError(f"build_decoder({w.name}, {phase}): capacity {capacity} must be between the longest "
                               f"length {ctx} and max_context_tokens {w.max_context_tokens}")
         ctx = capacity
-    s = 1 if decode else ctx  # new tokens per sequence
-    n = batch * s  # token-major rows
     h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads, w.kv_heads, w.ffn_size, w.vocab_size
     g = w.group
     dt = w.dtype
-    ragged = len(set(lengths)) > 1 or ctx > max(lengths)  # some sequence shorter than the shapes
-    masked = not decode or ragged
+    # the attention parts: (name prefix, sequences, new tokens each, masked)
+    if phase == "mixed":
+        n_dec = sum(x == 1 for x in chunks)
+        dec_ragged = any(x < ctx for x in lengths[:n_dec])
+        parts = [p for p in (("", n_dec, 1, dec_ragged), ("chunk_", batch - n_dec, max(chunks), True)) if p[1]]
+        rows = (1, sum(pb * ps for _, pb, ps, _ in parts))  # [1, tokens]: the step's tokens as one sequence
+    else:
+        s = 1 if decode else ctx  # new tokens per sequence
+        ragged = len(set(lengths)) > 1 or ctx > max(lengths)  # some sequence shorter than the shapes
+        parts = [("", batch, s, not decode or ragged)]
+        rows = (batch, s)
+    n = rows[0] * rows[1]  # token-major rows
 
     b = _Builder(w)
     tokens = b.tensor("tokens", (n,), "input", "int32")
     cos = b.tensor("rope_cos", (n, d), "input")
     sin = b.tensor("rope_sin", (n, d), "input")
     inputs = [tokens, cos, sin]
-    scores_shape = (batch, nh, s, ctx)
-    if masked:
-        inputs.append(b.tensor("attn_mask", scores_shape, "input"))
-    if not decode:
+    for p, pb, ps, masked in parts:
+        if masked:
+            inputs.append(b.tensor(f"{p}attn_mask", (pb, nh, ps, ctx), "input"))
+    gather = phase == "prefill" or n > batch  # only each sequence's last new token needs logits
+    if gather:
         inputs.append(b.tensor("last_index", (batch,), "input", "int32"))
 
     embed = b.weight("embed", (v, h))
@@ -140,40 +166,19 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         norm = act("attn_norm_out", (n, h))
         b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
                {"x": x, "gamma": wt("attn_norm")}, {"y": norm}, i)
-        q, k, val = act("q", (n, nh * d)), act("k", (n, kvh * d)), act("v", (batch, s, kvh, d))
+        q, k, val = act("q", (n, nh * d)), act("k", (n, kvh * d)), act("v", (*rows, kvh, d))
         for proj, out, size in (("q", q, nh * d), ("k", k, kvh * d), ("v", val, kvh * d)):
             b.matmul(L + f"{proj}_proj", norm, wt(f"w{proj}"), out, n, size, h, i,
                      bias=wt(f"b{proj}") if w.qkv_bias else None)
-        q_rot = act("q_rot", (batch, s, nh, d), "BSND")
-        k_rot = act("k_rot", (batch, s, kvh, d))
+        q_rot = act("q_rot", (*rows, nh, d), "BSND")
+        k_rot = act("k_rot", (*rows, kvh, d))
         for name, src, dst, heads in (("rope_q", q, q_rot, nh), ("rope_k", k, k_rot, kvh)):
             b.node(L + name, "rope", dict(shape=(n, heads, d), dtype=dt),
                    {"x": src, "cos": cos, "sin": sin}, {"y": dst}, i)
-        k_cache = b.tensor(L + "k_cache", (batch, kvh, ctx, d), "kv")
-        v_cache = b.tensor(L + "v_cache", (batch, kvh, ctx, d), "kv")
-        b.node(L + "kv_cache_write", "kv_cache_write",
-               dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=s, context=ctx, layers=w.layers, layer=i,
-                    position=-1 if decode else 0, layout="per_layer", dtype=dt),
-               {"k": k_rot, "v": val}, {"k_cache": k_cache, "v_cache": v_cache}, i)
-        # attention, the unfused chain
-        scores = act("scores", scores_shape)
-        b.node(L + "qk", "batch_matmul",
-               dict(batch=batch * kvh, m=g * s, n=ctx, k=d, dtype=dt, out_dtype=dt, trans_b=True),
-               {"a": q_rot, "b": k_cache}, {"c": scores}, i)
-        scaled = act("scores_scaled", scores_shape)
-        b.node(L + "scale", "scale", dict(shape=scores_shape, dtype=dt, scale=1.0 / math.sqrt(d)),
-               {"x": scores}, {"y": scaled}, i)
-        if masked:
-            masked_scores = act("scores_masked", scores_shape)
-            b.node(L + "mask", "add", dict(shape=scores_shape, dtype=dt),
-                   {"x1": scaled, "x2": "attn_mask"}, {"y": masked_scores}, i)
-            scaled = masked_scores
-        probs = act("probs", scores_shape)
-        b.node(L + "softmax", "softmax", dict(shape=scores_shape, dtype=dt), {"x": scaled}, {"y": probs}, i)
-        attn = act("attn", (batch, s, nh, d), "BSND")
-        b.node(L + "pv", "batch_matmul",
-               dict(batch=batch * kvh, m=g * s, n=d, k=ctx, dtype=dt, out_dtype=dt, trans_b=False),
-               {"a": probs, "b": v_cache}, {"c": attn}, i)
+        attn = L + "attn"  # declared by the first part (after its caches and scores)
+        for p, pb, ps, masked in parts:
+            _attention(b, L + p, i, q_rot, k_rot, val, (attn, (*rows, nh, d)), pb, ps, ctx, masked,
+                       f"{p}attn_mask", position=-1 if phase != "prefill" else 0)
         o = act("o", (n, h))
         b.matmul(L + "o_proj", attn, wt("wo"), o, n, h, nh * d, i)
         x_attn = act("x_attn", (n, h))
@@ -195,7 +200,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         b.node(L + "ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x_attn, "x2": down}, {"y": out}, i)
         x = out
 
-    if not decode:  # logits only for each sequence's last prompt token: a row gather
+    if gather:  # logits only for each sequence's last new token: a row gather
         last = b.tensor("last_hidden", (batch, h))
         b.node("last_token", "embedding", dict(tokens=batch, vocab=n, hidden=h, dtype=dt),
                {"ids": "last_index", "table": x}, {"y": last})
@@ -209,8 +214,47 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     next_tokens = b.tensor("next_tokens", (batch,), "output", "int32")
     b.node("sample", "argmax", dict(shape=(batch, v), dtype=dt), {"logits": logits}, {"index": next_tokens})
 
+    parted = tuple(f"L{i}.attn" for i in range(w.layers)) if len(parts) > 1 else ()
     return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w,
-                 capacity=capacity if capacity != max(lengths) else None).check()
+                 capacity=capacity if capacity != max(lengths) else None, new_tokens=chunks,
+                 written_in_parts=parted).check()
+
+
+def _attention(b: _Builder, P: str, i: int, q_rot: str, k_rot: str, val: str, attn: tuple[str, tuple], batch: int,
+               s: int, ctx: int, masked: bool, mask: str, position: int) -> None:
+    """One attention part, unfused: the new K and V into this part's per-layer caches
+    [batch, kv_heads, ctx, head_dim], then QK^T, scale, [mask], softmax, PV into the
+    attention output `attn` (name, shape; declared by the first part). Node and
+    tensor names start with `P` (the layer's prefix and the part's)."""
+    w, dt = b.w, b.w.dtype
+    d, nh, kvh, g = w.head_dim, w.heads, w.kv_heads, w.group
+    k_cache = b.tensor(P + "k_cache", (batch, kvh, ctx, d), "kv")
+    v_cache = b.tensor(P + "v_cache", (batch, kvh, ctx, d), "kv")
+    b.node(P + "kv_cache_write", "kv_cache_write",
+           dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=s, context=ctx, layers=w.layers, layer=i,
+                position=position, layout="per_layer", dtype=dt),
+           {"k": k_rot, "v": val}, {"k_cache": k_cache, "v_cache": v_cache}, i)
+    scores_shape = (batch, nh, s, ctx)
+    scores = b.tensor(P + "scores", scores_shape)
+    b.node(P + "qk", "batch_matmul",
+           dict(batch=batch * kvh, m=g * s, n=ctx, k=d, dtype=dt, out_dtype=dt, trans_b=True),
+           {"a": q_rot, "b": k_cache}, {"c": scores}, i)
+    scaled = b.tensor(P + "scores_scaled", scores_shape)
+    b.node(P + "scale", "scale", dict(shape=scores_shape, dtype=dt, scale=1.0 / math.sqrt(d)),
+           {"x": scores}, {"y": scaled}, i)
+    if masked:
+        masked_scores = b.tensor(P + "scores_masked", scores_shape)
+        b.node(P + "mask", "add", dict(shape=scores_shape, dtype=dt),
+               {"x1": scaled, "x2": mask}, {"y": masked_scores}, i)
+        scaled = masked_scores
+    probs = b.tensor(P + "probs", scores_shape)
+    b.node(P + "softmax", "softmax", dict(shape=scores_shape, dtype=dt), {"x": scaled}, {"y": probs}, i)
+    attn, attn_shape = attn
+    if attn not in b.tensors:
+        b.tensor(attn, attn_shape, format="BSND")
+    b.node(P + "pv", "batch_matmul",
+           dict(batch=batch * kvh, m=g * s, n=d, k=ctx, dtype=dt, out_dtype=dt, trans_b=False),
+           {"a": probs, "b": v_cache}, {"c": attn}, i)
 
 
 # Sequences in one step, at most (assumed): far above what a device batches, and
@@ -220,8 +264,8 @@ MAX_BATCH = 1 << 16
 
 def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
     where = f"build_decoder({w.name}, {phase})"
-    if phase not in ("decode", "prefill"):
-        raise ConfigError(f"{where}: phase must be decode or prefill, got {reprlib.repr(phase)}")
+    if phase not in ("decode", "prefill", "mixed"):
+        raise ConfigError(f"{where}: phase must be decode or prefill (or mixed, with new_tokens), got {reprlib.repr(phase)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"{where}: batch must be a positive integer, got {batch!r}")
     if batch > MAX_BATCH:
@@ -243,6 +287,28 @@ def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
             raise ConfigError(f"{where}: length {x} exceeds the workload's max_context_tokens "
                               f"{w.max_context_tokens}")
     return tuple(int(x) for x in lengths)
+
+
+def _new_tokens(w: Workload, phase: str, batch: int, lengths: tuple[int, ...], new_tokens) -> tuple[int, ...]:
+    """A mixed step's new tokens per sequence, checked (() for the other phases)."""
+    where = f"build_decoder({w.name}, {phase})"
+    if phase != "mixed":
+        if new_tokens is not None:
+            raise ConfigError(f"{where}: new_tokens is for the mixed phase only")
+        return ()
+    several = isinstance(new_tokens, Iterable) and not isinstance(new_tokens, (str, bytes, Mapping))
+    if not several or len(tuple(new_tokens)) != batch:
+        raise ConfigError(f"{where}: new_tokens must list one count per sequence ({batch}), got "
+                          f"{reprlib.repr(new_tokens)}")
+    out = tuple(new_tokens)
+    for x, n in zip(out, lengths):
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 1 <= x <= n:
+            raise ConfigError(f"{where}: new_tokens must be positive integers no longer than their "
+                              f"sequence's length, got {x!r} for length {n}")
+    if list(out) != sorted(out, key=lambda x: x > 1):
+        raise ConfigError(f"{where}: new_tokens must list the decodes (1) before the prefill chunks, got "
+                          f"{reprlib.repr(out)}")
+    return tuple(int(x) for x in out)
 
 
 # ================================================================ host inputs
@@ -282,6 +348,8 @@ def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -
     """Values of the graph's host inputs. `tokens` [batch, seq] ids (default: random
     from `seed`; prompt padding beyond a sequence's length is id 0)."""
     w = graph.workload
+    if graph.phase == "mixed":
+        raise ConfigError("host_inputs: a mixed step is priced, not executed (no functional reference for it)")
     if tokens is None:  # drawn for the real lengths only: padded shapes (a bucket) get the same ids
         real = 1 if graph.phase == "decode" else max(graph.lengths)
         drawn = np.random.default_rng([seed, 1]).integers(0, w.vocab_size, (graph.batch, real))

@@ -117,7 +117,7 @@ class Graph:
     nodes: tuple[Node, ...] = field(converter=tuple)
     inputs: tuple[str, ...] = field(converter=tuple)
     outputs: tuple[str, ...] = field(converter=tuple)
-    phase: str = field(validator=attrs.validators.in_(("decode", "prefill")))
+    phase: str = field(validator=attrs.validators.in_(("decode", "prefill", "mixed")))
     batch: int
     lengths: tuple[int, ...] = field(converter=tuple)
     workload: Any = None  # the npusim.workload.Workload it was built from (RoPE theta, names, KV sizes)
@@ -130,12 +130,19 @@ class Graph:
     schedule: Any = None  # npusim.passes.Schedule, None = the baseline (one stream, sync every op, eager)
     memory_plan: Any = None  # npusim.passes.MemoryPlan, None = every tensor its own allocation
     applied: tuple[str, ...] = field(default=(), converter=tuple)  # names of the passes applied, in order
+    # mixed phase: new tokens per sequence (the decodes, 1 each, before the prefill chunks)
+    new_tokens: tuple[int, ...] = field(default=(), converter=tuple)
+    # activations several nodes write, each its own rows (a mixed step's two attention parts)
+    written_in_parts: tuple[str, ...] = field(default=(), converter=tuple)
 
     # ---- shape facts
 
     @property
     def seq(self) -> int:
-        """New tokens per sequence in this step: 1 in decode, the (padded) prompt length in prefill."""
+        """New tokens per sequence in this step: 1 in decode, the (padded) prompt length in
+        prefill, the longest chunk in a mixed step."""
+        if self.phase == "mixed":
+            return max(self.new_tokens)
         return 1 if self.phase == "decode" else self.context
 
     @property
@@ -145,7 +152,11 @@ class Graph:
 
     @property
     def tokens(self) -> int:
-        """Rows of the token-major activations: batch x seq."""
+        """Rows of the token-major activations: batch x seq (mixed: a row per decode,
+        the longest chunk per prefill chunk)."""
+        if self.phase == "mixed":
+            chunks = sum(n > 1 for n in self.new_tokens)
+            return self.batch - chunks + chunks * self.seq
         return self.batch * self.seq
 
     # ---- lookups
@@ -226,7 +237,7 @@ class Graph:
                 spec = self._need(t, f"{where} output '{local}'")
                 if spec.kind in ("weight", "input"):
                     raise GraphError(f"{where} writes '{t}', a {spec.kind}")
-                if spec.kind != "kv" and t in written:
+                if spec.kind != "kv" and t in written and t not in self.written_in_parts:
                     raise GraphError(f"{where} writes '{t}', already written by '{self.producer(t).name}'")
                 written.add(t)
         for t in self.outputs:

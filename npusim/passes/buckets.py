@@ -44,7 +44,8 @@ def pad_to_bucket(graph: Graph, buckets: Sequence[int] = DEFAULT_BUCKETS, margin
         raise ConfigError(f"buckets: expected positive bucket lengths and margin >= 0, got {tuple(buckets)}, {margin}")
     w = graph.workload
     capacity = min(bucket_of(max(graph.lengths), buckets, margin), w.max_context_tokens)
-    g = build_decoder(w, graph.phase, graph.batch, graph.lengths, capacity=max(capacity, max(graph.lengths)))
+    g = build_decoder(w, graph.phase, graph.batch, graph.lengths, capacity=max(capacity, max(graph.lengths)),
+                      new_tokens=graph.new_tokens or None)
     return attrs.evolve(g, applied=("buckets",))
 
 

@@ -92,13 +92,17 @@ def _flash_attention(ed: Editor) -> None:
     g, w = ed.base, ed.base.workload
     for qk, scaling, softmax, pv in list(_attention_chains(ed)):
         q, k_cache, v_cache, o = qk.inputs["a"], qk.inputs["b"], pv.inputs["b"], pv.outputs["c"]
-        common = dict(batch=g.batch, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim, dtype=w.dtype)
-        name = _layer_prefix(qk) + "attention"
-        if g.phase == "decode":  # padding keys of a ragged batch: each sequence attends to its own length
-            node = Node(name, "decode_attention", common | dict(context=g.context),
+        batch, seq, context = g.batch, g.seq, g.context
+        if g.phase == "mixed":  # one of the step's attention parts: its own shapes (graph.build)
+            batch, seq, context = qk.args.batch // w.kv_heads, qk.args.m // w.group, qk.args.n
+        common = dict(batch=batch, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim, dtype=w.dtype)
+        name = qk.name.removesuffix("qk") + "attention"
+        if g.phase == "decode" or g.phase == "mixed" and seq == 1:
+            # padding keys of a ragged batch: each sequence attends to its own length
+            node = Node(name, "decode_attention", common | dict(context=context),
                         {"q": q, **_kv_inputs(k_cache, v_cache)}, {"o": o}, qk.layer)
-        else:  # causal; right padding of shorter prompts is hidden by causality
-            node = Node(name, "flash_attention", common | dict(seq_q=g.seq, seq_kv=g.context, causal=True),
+        else:  # causal, ending at the cache's end; right padding of shorter prompts is hidden by causality
+            node = Node(name, "flash_attention", common | dict(seq_q=seq, seq_kv=context, causal=True),
                         {"q": q, **_kv_inputs(k_cache, v_cache)}, {"o": o}, qk.layer)
         ed.replace([qk, *scaling, softmax, pv], [node])
 

@@ -46,11 +46,14 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
     per_layer = {t for n in writers for t in n.outputs.values()}
     if any(n.op_type not in KV_READERS and per_layer & set(n.inputs.values()) for n in ed.nodes):
         return ed.graph(SKIPPED)
-    p0 = writers[0].args
+    def shapes_of(args) -> dict:
+        return attrs.evolve(args.kv_cache(kv_row_align_bytes(hw or default_hw())), layout=kv_layout,
+                            block_tokens=block_tokens).tensor_shapes()
+
+    # a mixed step's attention parts each have a cache of their batch: the shared tensors hold the largest
+    p0 = max((n.args for n in writers), key=lambda a: a.batch)
     layers = p0.layers
-    cache = attrs.evolve(p0.kv_cache(kv_row_align_bytes(hw or default_hw())), layout=kv_layout,
-                         block_tokens=block_tokens)
-    shapes = cache.tensor_shapes()
+    shapes = shapes_of(p0)
     extra = dict(layout=kv_layout, block_tokens=block_tokens)
     shared: dict[str, str] = {}
     for name in ("kv_cache", "block_table"):  # the tensors every layer shares
@@ -65,8 +68,9 @@ def change_kv_layout(graph: Graph, kv_layout: str = "contiguous", block_tokens: 
                 outs, ins = {"kv_cache": shared["kv_cache"]}, {}
                 tensors = dict(zip(KV_CACHE_NAMES["contiguous"], (shared["kv_cache"],)))
             else:
+                own = shapes_of(n.args)
                 for t, local in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-                    ed.tensors[t] = attrs.evolve(ed.tensors[t], shape=shapes[local][0])
+                    ed.tensors[t] = attrs.evolve(ed.tensors[t], shape=own[local][0])
                 outs, ins = {"k_cache": k_cache, "v_cache": v_cache}, {"block_table": shared["block_table"]}
                 tensors = dict(zip(KV_CACHE_NAMES["paged"], (k_cache, v_cache, shared["block_table"])))
             for reader in ed.readers(k_cache) + ed.readers(v_cache):

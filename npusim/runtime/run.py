@@ -100,7 +100,9 @@ class GraphRun:
     @property
     def tokens(self) -> int:
         """Tokens this step processes: one new token per sequence in decode, every
-        prompt token in prefill."""
+        prompt token in prefill, every chunk token in a mixed step."""
+        if self.graph.phase == "mixed":
+            return sum(self.graph.new_tokens)
         return self.graph.batch if self.graph.phase == "decode" else sum(self.graph.lengths)
 
     @property

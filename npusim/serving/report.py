@@ -91,8 +91,9 @@ def metrics(run: ServingRun) -> dict:
         "kv_occupancy": {"mean": float(kv.mean()), "max": float(kv.max())},
         "timeline": timeline(run),
         "step_cost": {"engine_points": len(c.points),
-                      "decode_knots": {"batch": list(c.decode.b), "context": list(c.decode.l)},
-                      "prefill_knots": list(c.prefill.l)},
+                      "decode_knots": dict(zip(("batch", "context"), c.decode.knots)),
+                      "prefill_knots": dict(zip(("batch", "prompt"), c.prefill.knots)),
+                      "mixed_knots": dict(zip(("decodes", "chunks", "chunk", "context_room"), c.mixed.knots))},
     }
     return _rounded(data)
 

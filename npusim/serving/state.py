@@ -78,13 +78,28 @@ class Work:
     prefill_tokens: int = 0
     decode_batch: int = 0
     decode_context: int = 0
+    prefill_context: int = 0  # the longest prefill's context after the step (its earlier chunks included)
+    continued: bool = False  # a prefill chunk continues its prompt (earlier chunks are in the cache)
 
     @classmethod
     def of(cls, prefill=(), decode=(), pad_batch: int | None = None, pad_context: int | None = None) -> Work:
         prefill, decode = tuple(prefill), tuple(decode)
         return cls(prefill, decode, len(prefill), max((n for _, n in prefill), default=0),
                    (pad_batch or len(decode)) if decode else 0,
-                   max([s.context for s in decode] + [pad_context or 0]) if decode else 0)
+                   max([s.context for s in decode] + [pad_context or 0]) if decode else 0,
+                   max((s.prefilled + n for s, n in prefill), default=0), any(s.prefilled for s, _ in prefill))
+
+    @property
+    def mixed(self) -> bool:
+        """A chunked-prefill iteration: prefill chunks beside decodes, or a chunk that
+        continues a prompt (its attention reads the earlier chunks' cache). One step of
+        the decoder's mixed graph (graph.build)."""
+        return bool(self.prefill) and (bool(self.decode) or self.continued)
+
+    @property
+    def context(self) -> int:
+        """The longest sequence's context after the step."""
+        return max(self.decode_context, self.prefill_context)
 
     @property
     def seqs(self) -> list[Seq]:

@@ -11,17 +11,28 @@ take hours, so the model prices steps at chosen points and interpolates:
   k3-tiny, launch-bound, it is 4-5x too slow. The price: an engine point of a
   large batched prefill takes minutes to simulate on K3.)
 
-Each phase is a `Surface`: a rectilinear grid over (batch, length) whose corner
-values come from `run_decoder` (same hardware, passes and pass options as
-`npusim run`), evaluated only when a query needs them, and bilinear between
-them. Before a cell is trusted its edge midpoints are simulated too; where
-linear interpolation misses one by more than `tol`, the midpoint becomes a knot
-of the grid (the grid is refined where the error is large), down to cells one
-batch and `MIN_SPAN_TOKENS` tokens wide. With the buckets pass on, lengths are
-rounded up to their bucket first: the graph has the bucket's shapes, so the
-knots along the length axis are the buckets themselves and only the batch axis
-is interpolated. bench_stepcost.py measures the error on steps the model was
-not built from.
+- a mixed iteration (chunked prefill: prefill chunks beside decodes, or a chunk
+  after the first of its prompt) by (decodes, chunks, longest chunk, context
+  room), one engine step of graph.build's mixed phase: the decodes' and the
+  chunks' tokens share one pass over the weights. Its shapes have the step's
+  longest context; the fourth axis is that context less the longest chunk
+  (the room the chunk's prefix has), or with buckets the bucket itself.
+
+Each is a `Grid`: a rectilinear grid whose corner values come from the engine
+(same hardware, passes and pass options as `npusim run`), evaluated only when a
+query needs them, and multilinear between them (a step's cost is close to
+multilinear in these axes: weights once, GEMM rows, KV read by batch x context,
+chunk attention by chunks x chunk x context). Before a cell is trusted the
+midpoint of each of its edges through the query's lower corner is simulated
+too; where linear interpolation misses it by more than `tol`, the midpoint
+becomes a knot of the grid and both halves of the edge are checked in turn
+(the grid is refined where the error is large: a batched prefill's cost steps
+up with each wave of tiles over the cores), down to cells one sequence and
+`MIN_SPAN_TOKENS` tokens wide. With the buckets pass
+on, lengths are rounded up to their bucket first: the graph has the bucket's
+shapes, so the knots along the context axis are the buckets themselves and that
+axis is never interpolated. bench_stepcost.py measures the error on steps the
+model was not built from.
 
 Engine runs are kept in memory and, when a store is given, on disk in npusim's
 cache (npusim.diskcache: one entry per point, keyed by the workload, passes,
@@ -33,17 +44,16 @@ Modelling assumptions, here and not in the engine:
   a padded ragged batch holds batch x longest-context KV in its graph even when the
   paged cache the scheduler manages fits; whether a batch fits is the scheduler's
   question (blocks.py), not the pricing's. The capacity does not enter the timing.
-- a mixed iteration (prefill chunks beside decodes, chunked prefill) is priced as
-  the prefill of its chunks plus the decode step: the graph builder has no mixed
-  step yet. This counts the weight reads and launches twice (too slow) and leaves
-  out the chunk's attention to the earlier part of its prompt (too fast).
+- the decoder graph pads a part of a batch to its longest member: a mixed step's
+  chunks to the longest chunk, every sequence to the longest context (graph.build).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -55,13 +65,15 @@ from npusim.hw import HwConfig, load_hw
 from npusim.passes import pass_names
 from npusim.passes.buckets import DEFAULT_BUCKETS, bucket_of, distinct_kernels
 from npusim.runtime import MemoryBreakdown
-from npusim.runtime.decoder import run_decoder, step
+from npusim.graph.build import build_decoder
+from npusim.passes import apply
+from npusim.runtime.run import run_graph
 from npusim.serving.state import Work
 from npusim.workload import Workload, load_workload
 
 MIN_SPAN_TOKENS = 8  # a length cell narrower than this is not split further
 DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
-POINT_SCHEME = 2  # bump when what a point simulates changes (_lengths): cached points go stale
+POINT_SCHEME = 3  # bump when what a point simulates changes (_lengths): cached points go stale
 
 
 @attrs.frozen
@@ -72,17 +84,19 @@ class Point:
     memory: MemoryBreakdown
 
 
-class Surface:
-    """f(batch, length) from engine points on a lazily evaluated, adaptively refined
-    rectilinear grid (see the module doc). `lengths_fixed`: the length knots are
-    the only lengths queried (buckets), so that axis is never interpolated."""
+class Grid:
+    """f(x_0, .., x_k) from engine points on a lazily evaluated, adaptively refined
+    rectilinear grid (see the module doc). `knots`: the starting knots of each axis;
+    `min_span`: the narrowest cell each axis is split to; `fixed`: the axes whose
+    knots are the only values queried (buckets), never interpolated."""
 
-    def __init__(self, f: Callable[[int, int], float], batches: list[int], lengths: list[int], tol: float,
-                 lengths_fixed: bool = False):
-        self.f, self.tol, self.lengths_fixed = f, tol, lengths_fixed
-        self.b = sorted(set(batches))
-        self.l = sorted(set(lengths))
-        self.checked: set[tuple[str, int, int, int]] = set()  # (axis, lo, hi, at the other axis's knot)
+    def __init__(self, f: Callable[..., float], knots: Sequence[Sequence[int]], tol: float,
+                 min_span: Sequence[int], fixed: Sequence[bool] | None = None):
+        self.f, self.tol = f, tol
+        self.knots = [sorted(set(k)) for k in knots]
+        self.min_span = tuple(min_span)
+        self.fixed = tuple(fixed or [False] * len(self.knots))
+        self.checked: set[tuple] = set()  # (axis, lo, hi, the other axes' lower corner)
 
     @staticmethod
     def _bracket(knots: list[int], x: int) -> tuple[int, int]:
@@ -93,44 +107,46 @@ class Surface:
             raise ValueError(f"{x} outside the grid {knots[0]} .. {knots[-1]}")
         return knots[i - 1], knots[i]
 
-    def _split(self, axis: str, lo: int, hi: int, at: int) -> bool:
-        """Check the edge lo..hi of `axis` (at the other axis's knot `at`) at its
+    def _split(self, axis: int, lo: int, hi: int, at: tuple[int, ...]) -> bool:
+        """Check the edge lo..hi of `axis` (the other axes at the corner `at`) at its
         midpoint; add the midpoint as a knot when linear interpolation misses it.
         True when a knot was added."""
-        key = (axis, lo, hi, at)
-        min_span = 1 if axis == "b" else MIN_SPAN_TOKENS
-        if key in self.checked or hi - lo <= min_span:
+        key = (axis, lo, hi, at[:axis] + at[axis + 1:])
+        if math.isinf(self.tol) or key in self.checked or hi - lo <= self.min_span[axis]:
             return False
         mid = (lo + hi) // 2
-        pt = (lambda x: (x, at)) if axis == "b" else (lambda x: (at, x))
-        f_lo, f_hi, f_mid = self.f(*pt(lo)), self.f(*pt(hi)), self.f(*pt(mid))
+
+        def f(x: int) -> float:
+            return self.f(*at[:axis], x, *at[axis + 1:])
+
+        f_lo, f_hi, f_mid = f(lo), f(hi), f(mid)
         guess = f_lo + (f_hi - f_lo) * (mid - lo) / (hi - lo)
         self.checked.add(key)
         if abs(guess - f_mid) <= self.tol * f_mid:
             return False
-        knots = self.b if axis == "b" else self.l
-        bisect.insort(knots, mid)
+        bisect.insort(self.knots[axis], mid)
+        # where one midpoint missed, the cost is not smooth (wave quantisation, a tiling step):
+        # both halves of the edge are checked at once, not only the one a query falls in
+        self._split(axis, lo, mid, at)
+        self._split(axis, mid, hi, at)
         return True
 
-    def __call__(self, batch: int, length: int) -> float:
+    def __call__(self, *x: int) -> float:
         while True:
-            b0, b1 = self._bracket(self.b, batch)
-            l0, l1 = self._bracket(self.l, length)
-            if self.lengths_fixed and l0 != l1:
-                raise ValueError(f"length {length} is not a knot of {self.l}")
-            if b0 != b1 and self._split("b", b0, b1, l0):
-                continue
-            if l0 != l1 and self._split("l", l0, l1, b0):
-                continue
-            break
-        tb = 0.0 if b0 == b1 else (batch - b0) / (b1 - b0)
-        tl = 0.0 if l0 == l1 else (length - l0) / (l1 - l0)
-        f = self.f
-        low = f(b0, l0) + tl * (f(b0, l1) - f(b0, l0)) if tl else f(b0, l0)
-        if not tb:
-            return low
-        high = f(b1, l0) + tl * (f(b1, l1) - f(b1, l0)) if tl else f(b1, l0)
-        return low + tb * (high - low)
+            cell = [self._bracket(k, v) for k, v in zip(self.knots, x)]
+            for axis, (lo, hi) in enumerate(cell):
+                if self.fixed[axis] and lo != hi:
+                    raise ValueError(f"{x[axis]} is not a knot of {self.knots[axis]}")
+            corner = tuple(lo for lo, _ in cell)
+            if not any(lo != hi and self._split(axis, lo, hi, corner) for axis, (lo, hi) in enumerate(cell)):
+                break
+        t = [0.0 if lo == hi else (v - lo) / (hi - lo) for (lo, hi), v in zip(cell, x)]
+        total = 0.0
+        for side in itertools.product((0, 1), repeat=len(cell)):  # multilinear: the cell's weighted corners
+            weight = math.prod(ti if s_ else 1.0 - ti for ti, s_ in zip(t, side))
+            if weight:
+                total += weight * self.f(*(c[s_] for c, s_ in zip(cell, side)))
+        return total
 
 
 class StepCost:
@@ -150,7 +166,7 @@ class StepCost:
         self.options = {k: v for k, v in (options or {}).items() if v is not None}
         self.max_batch = max_batch
         self.store = store
-        self.points: dict[tuple[str, int, int], Point] = {}
+        self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
         self.buckets = tuple(self.options.get("buckets", DEFAULT_BUCKETS))
@@ -166,10 +182,18 @@ class StepCost:
         else:  # powers of 4 to start with: a short step never needs a long corner simulated
             lengths = sorted({4**i for i in range(int(math.log(ctx, 4)) + 1)} | {ctx})
         tol_ = tol if refine else float("inf")
-        self.decode = Surface(lambda b, n: self.point("decode", b, n).latency_us, batches, lengths, tol_,
-                              self.bucketed)
-        self.prefill = Surface(lambda b, n: self.point("prefill", b, n).latency_us, powers, lengths, tol_,
-                               self.bucketed)
+        tokens = (1, MIN_SPAN_TOKENS)
+        self.decode = Grid(lambda b, n: self.point("decode", b, n).latency_us, [batches, lengths], tol_, tokens,
+                           (False, self.bucketed))
+        self.prefill = Grid(lambda b, n: self.point("prefill", b, n).latency_us, [powers, lengths], tol_, tokens,
+                            (False, self.bucketed))
+        # mixed: (decodes, chunks, longest chunk, room: the context less the chunk, or its bucket).
+        # Chunks from powers of two, as prefill: a corner with many long chunks is a long engine run
+        chunk = sorted({2**i for i in range(int(math.log2(ctx)) + 1)} | {ctx})
+        room = lengths if self.bucketed else sorted({0} | set(lengths))
+        self.mixed = Grid(lambda bd, bp, c, r: self.point("mixed", *self._mixed_key(bd, bp, c, r)).latency_us,
+                          [[0, max_batch], powers, chunk, room], tol_, (1, 1, MIN_SPAN_TOKENS, MIN_SPAN_TOKENS),
+                          (False, False, False, self.bucketed))
         self._kernels: dict[str, int] = {}
 
     # ---- shapes
@@ -188,31 +212,55 @@ class StepCost:
         """The lengths a point is simulated at: in decode a ragged batch (one sequence
         at the longest context, the rest one token shorter: serving batches are ragged);
         with buckets the longest sequence that still gets this bucket."""
-        n = key if not self.bucketed else max(1, key - self.margin)
+        n = self._longest(key)
         if phase == "decode" and batch > 1 and n > 1:
             return [n] + [n - 1] * (batch - 1)
         return n
 
+    def _longest(self, key: int) -> int:
+        """The longest sequence of a step whose length key is `key`."""
+        return key if not self.bucketed else max(1, key - self.margin)
+
+    def _mixed_key(self, decodes: int, chunks: int, chunk: int, room: int) -> tuple[int, int, int, int]:
+        """A mixed grid point's shape: (decodes, chunks, longest chunk, context key)."""
+        if self.bucketed:
+            return decodes, chunks, min(chunk, self._longest(room)), room
+        return decodes, chunks, chunk, min(chunk + room, self.workload.max_context_tokens)
+
+    def _mixed_lengths(self, decodes: int, chunks: int, chunk: int, key: int) -> tuple[list[int], list[int]]:
+        """A mixed point's (lengths, new tokens): its chunks end at the longest context,
+        its decodes one token shorter (ragged, as a decode point)."""
+        n = self._longest(key)
+        return [max(1, n - 1)] * decodes + [n] * chunks, [1] * decodes + [chunk] * chunks
+
     # ---- engine points
 
-    def point(self, phase: str, batch: int, key: int) -> Point:
-        k = (phase, batch, key)
+    def point(self, phase: str, *shape: int) -> Point:
+        k = (phase, *shape)
         if k not in self.points:
             self.points[k] = self._simulate(k)
         return self.points[k]
 
-    def _simulate(self, k: tuple[str, int, int]) -> Point:
+    def graph(self, phase: str, *shape: int, hw: HwConfig | None = None):
+        """The decoder graph of a point after the passes, as `npusim run` builds it."""
+        if phase == "mixed":
+            lengths, new_tokens = self._mixed_lengths(*shape)
+            g = build_decoder(self.workload, "mixed", len(lengths), lengths, new_tokens=new_tokens)
+        else:
+            batch, key = shape
+            g = build_decoder(self.workload, phase, batch, self._lengths(phase, batch, key))
+        return apply(g, self.passes, **self.options, hw=hw or self.pricing_hw)
+
+    def _simulate(self, k: tuple) -> Point:
         """The point from the engine, or from the store when a run with the same inputs made it."""
-        phase, batch, key = k
 
         def price(hw: HwConfig) -> Point:
-            run = run_decoder(self.workload, hw, phase, batch, self._lengths(phase, batch, key), self.passes,
-                              counters=False, **self.options)
+            run = run_graph(self.graph(*k, hw=hw), hw, counters=False)
             self.engine_runs += 1
             return Point(run.latency_us, run.memory)
 
         inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
-                  self._lengths(phase, batch, key), POINT_SCHEME) if self.store is not None else None
+                  POINT_SCHEME) if self.store is not None else None
         pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
         return Point(pt.latency_us, attrs.evolve(pt.memory, capacity_bytes=self.hw.hbm.hbm_bytes))
 
@@ -226,40 +274,45 @@ class StepCost:
         """A prefill of `batch` prompts padded to `tokens`."""
         return self.prefill(batch, self.length_key(tokens))
 
-    def work_us(self, work: Work) -> float:
-        """One iteration: its prefill, its decode step, or both (a mixed iteration:
-        the sum, the module doc's assumption)."""
-        us = self.prefill_us(work.prefill_batch, work.prefill_tokens) if work.prefill_batch else 0.0
-        if work.decode_batch:
-            us += self.decode_us(work.decode_batch, work.decode_context)
-        return us
+    def mixed_us(self, decodes: int, chunks: int, chunk: int, context: int) -> float:
+        """A mixed step: `decodes` decode tokens beside `chunks` prefill chunks of at most
+        `chunk` tokens, its longest sequence `context` tokens long after the step."""
+        key = self.length_key(context)
+        return self.mixed(decodes, chunks, chunk, key if self.bucketed else key - chunk)
 
-    def shapes(self, work: Work) -> set[tuple[str, int, int]]:
-        """The shapes an iteration runs: a new shape's first run compiles its kernels."""
-        out = set()
+    def work_us(self, work: Work) -> float:
+        """One iteration: its prefill, its decode step, or one mixed step."""
+        if work.mixed:
+            return self.mixed_us(work.decode_batch, work.prefill_batch, work.prefill_tokens, work.context)
         if work.prefill_batch:
-            out.add(("prefill", work.prefill_batch, self.length_key(work.prefill_tokens)))
-        if work.decode_batch:
-            out.add(("decode", work.decode_batch, self.length_key(work.decode_context)))
-        return out
+            return self.prefill_us(work.prefill_batch, work.prefill_tokens)
+        return self.decode_us(work.decode_batch, work.decode_context)
+
+    def shapes(self, work: Work) -> set[tuple]:
+        """The shapes an iteration runs: a new shape's first run compiles its kernels."""
+        if work.mixed:
+            return {("mixed", work.decode_batch, work.prefill_batch, work.prefill_tokens,
+                     self.length_key(work.context))}
+        if work.prefill_batch:
+            return {("prefill", work.prefill_batch, self.length_key(work.prefill_tokens))}
+        return {("decode", work.decode_batch, self.length_key(work.decode_context))}
 
     def compile_us(self, phase: str) -> float:
         """First run of a new shape: distinct kernels x kernel_compile_us (as
         passes.buckets.first_run_compile_us), the kernels counted once per phase at a
         small shape (their number does not depend on the lengths)."""
         if phase not in self._kernels:
-            s = step(self.workload, phase, 2, self._lengths(phase, 2, self.length_key(2)), self.passes,
-                     **self.options)
-            self._kernels[phase] = distinct_kernels(s.graph())
+            small = {"mixed": (1, 1, 2, self.length_key(3))}.get(phase, (2, self.length_key(2)))
+            self._kernels[phase] = distinct_kernels(self.graph(phase, *small))
         return self._kernels[phase] * self.hw.runtime.kernel_compile_us
 
     def kv_capacity_bytes(self, fraction: float) -> int:
         """KV-cache bytes the device holds beside the weights and the largest decode
         batch's activations and workspace (from the engine's MemoryBreakdown at
         max_batch), times `fraction`."""
-        m = self.point("decode", self.max_batch, self.decode.l[0]).memory
+        m = self.point("decode", self.max_batch, self.decode.knots[1][0]).memory
         free = self.hw.hbm.hbm_bytes - m.weights_bytes - m.activation_bytes - m.workspace_bytes
         return max(0, int(free * fraction))
 
 
-__all__ = ["DEFAULT_TOL", "MIN_SPAN_TOKENS", "Point", "StepCost", "Surface"]
+__all__ = ["DEFAULT_TOL", "MIN_SPAN_TOKENS", "Grid", "Point", "StepCost"]

@@ -2,7 +2,8 @@
 decoding sequences take one each; what is left goes to prefill chunks, first of
 sequences already part-way through their prefill, then of newly admitted ones,
 so a long prompt no longer stalls the decodes for a whole prefill. A step with
-both is a mixed iteration (priced as stepcost.py says)."""
+both, or a chunk continuing its prompt, is a mixed iteration: one step of
+the decoder's mixed graph (graph.build)."""
 
 from __future__ import annotations
 
