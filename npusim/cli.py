@@ -30,6 +30,8 @@ def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
+    from npusim.ops.collectives import KINDS as COLLECTIVE_KINDS
+    from npusim.ops.collectives.command import report_json, run_collective_op
     from npusim.report.contract import provenance
     from npusim.report.op_text import op_help, op_summary
 
@@ -51,6 +53,10 @@ def _cmd_op(args) -> int:
     _check_outputs(args)
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
+    if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it
+        text, reports = run_collective_op(args.type, params, hw)
+        say(text)
+        return _write_json(report_json(reports), args.json) if args.json else 0
     low = lower(args.type, params, hw, tiling or None)
     report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
     say(op_summary(report, overrides))
