@@ -82,8 +82,33 @@ class _Builder:
         self.node(name, "matmul", params, ins, {"c": out}, layer)
 
 
+def tp_layer_weight_shapes(w: Workload, tp: int) -> dict[str, tuple[int, ...]]:
+    """One device's weights of a layer under tensor parallelism `tp` (Megatron): Q, K, V,
+    gate and up split by output rows (heads, K/V heads, FFN columns), O and down by
+    input columns; norms replicated."""
+    shapes = dict(w.layer_weight_shapes())
+    for name, (axis, size) in {"wq": (0, w.q_size), "wk": (0, w.kv_size), "wv": (0, w.kv_size),
+                               "bq": (0, w.q_size), "bk": (0, w.kv_size), "bv": (0, w.kv_size),
+                               "w_gate": (0, w.ffn_size), "w_up": (0, w.ffn_size),
+                               "wo": (1, w.q_size), "w_down": (1, w.ffn_size)}.items():
+        if name in shapes:
+            shape = list(shapes[name])
+            shape[axis] = size // tp
+            shapes[name] = tuple(shape)
+    return shapes
+
+
+def check_tp(w: Workload, tp: int) -> None:
+    """ConfigError unless `tp` splits the heads, the K/V heads and the FFN evenly."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"--tp: expected a positive integer, got {tp!r}")
+    for key, n in (("heads", w.heads), ("kv_heads", w.kv_heads), ("ffn_size", w.ffn_size)):
+        if n % tp:
+            raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")
+
+
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
-                  lengths: int | Sequence[int] | None = None, capacity: int | None = None) -> Graph:
+                  lengths: int | Sequence[int] | None = None, capacity: int | None = None, tp: int = 1) -> Graph:
     """The baseline (unfused) graph of one decode step or one prefill.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
@@ -92,8 +117,11 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     one int for every sequence or one per sequence (ragged); default: the
     workload's max context in decode, 128 tokens in prefill. Shapes use the
     longest length (or `capacity`, a shape bucket at least that long: the step then
-    computes on padding, masked); the graph records every sequence's own."""
+    computes on padding, masked); the graph records every sequence's own. `tp`: the
+    graph of one device of a tensor-parallel group of `tp` (its shard of the heads
+    and the FFN, an all_reduce after the O and down projections)."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
+    check_tp(w, tp)
     lengths = _lengths(w, phase, batch, lengths)
     decode = phase == "decode"
     ctx = max(lengths)
@@ -104,7 +132,8 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         ctx = capacity
     s = 1 if decode else ctx  # new tokens per sequence
     n = batch * s  # token-major rows
-    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads, w.kv_heads, w.ffn_size, w.vocab_size
+    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads // tp, w.kv_heads // tp, w.ffn_size // tp, w.vocab_size
+    layer_shapes = tp_layer_weight_shapes(w, tp)
     g = w.group
     dt = w.dtype
     ragged = len(set(lengths)) > 1 or ctx > max(lengths)  # some sequence shorter than the shapes
@@ -134,8 +163,17 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
 
         def wt(name: str) -> str:
             if name in ("bq", "bk", "bv"):  # fp32 bias rows
-                return b.weight(L + name, w.layer_weight_shapes()[name], "fp32")
-            return b.weight(L + name, w.layer_weight_shapes()[name], format="NZ" if name.startswith("w") else "ND")
+                return b.weight(L + name, layer_shapes[name], "fp32")
+            return b.weight(L + name, layer_shapes[name], format="NZ" if name.startswith("w") else "ND")
+
+        def all_reduce(name: str, partial: str) -> str:
+            """Sum a row-split GEMM's partial output over the tensor-parallel group."""
+            if tp == 1:
+                return partial
+            out = act(name + "_sum", b.tensors[partial].shape)
+            b.node(L + name + "_all_reduce", "all_reduce", dict(elements=n * h, dtype=dt, devices=tp),
+                   {"x": partial}, {"y": out}, i)
+            return out
 
         norm = act("attn_norm_out", (n, h))
         b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
@@ -176,6 +214,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
                {"a": probs, "b": v_cache}, {"c": attn}, i)
         o = act("o", (n, h))
         b.matmul(L + "o_proj", attn, wt("wo"), o, n, h, nh * d, i)
+        o = all_reduce("o", o)
         x_attn = act("x_attn", (n, h))
         b.node(L + "attn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": o}, {"y": x_attn}, i)
         # FFN
@@ -191,6 +230,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         b.node(L + "mul", "mul", dict(shape=(n, f), dtype=dt), {"x1": gate_act, "x2": up}, {"y": ffn}, i)
         down = act("down", (n, h))
         b.matmul(L + "down_proj", ffn, wt("w_down"), down, n, h, f, i)
+        down = all_reduce("down", down)
         out = act("out", (n, h))
         b.node(L + "ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x_attn, "x2": down}, {"y": out}, i)
         x = out
@@ -267,15 +307,15 @@ def rope_tables(pos: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarra
 def attention_mask(graph: Graph) -> np.ndarray:
     """The additive mask [batch, heads, seq, context]: 0 where a query may see a key,
     MASK_VALUE where not (prefill: causal; decode: keys past the sequence's length)."""
-    w = graph.workload
     b, s, ctx = graph.batch, graph.seq, graph.context
+    heads = graph.tensors["attn_mask"].shape[1] if "attn_mask" in graph.tensors else graph.workload.heads
     keys = np.arange(ctx)
     if graph.phase == "decode":
         visible = keys[None, None, :] < np.array(graph.lengths)[:, None, None]  # [b, 1, ctx]
     else:
         visible = np.broadcast_to(keys[None, None, :] <= np.arange(s)[None, :, None], (b, s, ctx))
     mask = np.where(visible, 0.0, MASK_VALUE).astype(np.float32)
-    return np.broadcast_to(mask[:, None], (b, w.heads, s, ctx)).copy()
+    return np.broadcast_to(mask[:, None], (b, heads, s, ctx)).copy()  # this device's heads
 
 
 def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -> dict[str, np.ndarray]:
@@ -304,5 +344,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "host_inputs", "node_params", "positions",
+__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_tp", "tp_layer_weight_shapes", "host_inputs", "node_params", "positions",
            "rope_tables"]

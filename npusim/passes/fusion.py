@@ -92,7 +92,11 @@ def _flash_attention(ed: Editor) -> None:
     g, w = ed.base, ed.base.workload
     for qk, scaling, softmax, pv in list(_attention_chains(ed)):
         q, k_cache, v_cache, o = qk.inputs["a"], qk.inputs["b"], pv.inputs["b"], pv.outputs["c"]
-        common = dict(batch=g.batch, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim, dtype=w.dtype)
+        # heads as the graph has them (a tensor-parallel shard holds fewer than the workload):
+        # QK^T batches batch x kv_heads, with each K/V head's query group folded into M
+        kv_heads = qk.args.batch // g.batch
+        heads = kv_heads * (qk.args.m // g.seq)
+        common = dict(batch=g.batch, heads=heads, kv_heads=kv_heads, head_dim=w.head_dim, dtype=w.dtype)
         name = _layer_prefix(qk) + "attention"
         if g.phase == "decode":  # padding keys of a ragged batch: each sequence attends to its own length
             node = Node(name, "decode_attention", common | dict(context=g.context),
