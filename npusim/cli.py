@@ -10,6 +10,7 @@ import sys
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
 from npusim.kvcache import PASS_KV_LAYOUTS
+from npusim.parallel.flags import add_plan_flags, plan_args
 
 
 def _cmd_hw(args) -> int:
@@ -143,7 +144,7 @@ def _pass_options(args) -> dict:
 
 def _step_args(args) -> dict:
     return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
-                overrides=_overrides(args), **_pass_options(args))
+                overrides=_overrides(args), **_pass_options(args), **plan_args(args))
 
 
 def _inputs(args) -> dict:
@@ -191,6 +192,10 @@ def _cmd_run(args) -> int:
         run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
                           trace=args.trace_level, progress=bar, **step)
     say(summary(run, overrides=step["overrides"]))
+    if step.get("tp", 1) > 1:
+        from npusim.parallel.breakdown import comm_breakdown
+
+        say("  " + comm_breakdown(run).line())
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
@@ -279,7 +284,7 @@ def _cmd_sweep(args) -> int:
         raise ConfigError(f"--jobs: expected a positive integer, got {args.jobs}")
     _check_sweep_out(args)
     step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
-            **_pass_options(args)}
+            **_pass_options(args), **plan_args(args)}
     csv_path = os.path.join(args.out, "sweep.csv")
     start = time.monotonic()
     try:
@@ -359,6 +364,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="the step simulated")
+    add_plan_flags(p)
     p.add_argument("--batch", type=int, help="sequences")
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
