@@ -317,6 +317,13 @@ def _cmd_sweep(args) -> int:
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
+    if args.tp > 1:  # every rank's shard with numpy, the collectives summing across ranks
+        from npusim.parallel.numerics import check_sharded
+
+        check = check_sharded(args.workload, args.tp, _pipeline(args.passes), args.phase, args.batch or 2,
+                              _lengths(args.context) if args.context else None, args.seed, **_pass_options(args))
+        say(check.line())
+        return 0 if check.passed else 1
     report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,
                              context=_lengths(args.context) if args.context else None, seed=args.seed,
                              **_pass_options(args))
