@@ -10,7 +10,7 @@ import sys
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
 from npusim.kvcache import PASS_KV_LAYOUTS
-from npusim.parallel.flags import add_plan_flags, plan_args
+from npusim.parallel.flags import add_plan_flags, plan_args, say_plan, validate_sharded
 
 
 def _cmd_hw(args) -> int:
@@ -192,10 +192,7 @@ def _cmd_run(args) -> int:
         run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
                           trace=args.trace_level, progress=bar, **step)
     say(summary(run, overrides=step["overrides"]))
-    if step.get("tp", 1) > 1:
-        from npusim.parallel.breakdown import comm_breakdown
-
-        say("  " + comm_breakdown(run).line())
+    say_plan(run, step)
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
@@ -318,12 +315,8 @@ def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
     if args.tp > 1:  # every rank's shard with numpy, the collectives summing across ranks
-        from npusim.parallel.numerics import check_sharded
-
-        check = check_sharded(args.workload, args.tp, _pipeline(args.passes), args.phase, args.batch or 2,
-                              _lengths(args.context) if args.context else None, args.seed, **_pass_options(args))
-        say(check.line())
-        return 0 if check.passed else 1
+        return validate_sharded(args, _pipeline(args.passes), _lengths(args.context) if args.context else None,
+                                _pass_options(args))
     report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,
                              context=_lengths(args.context) if args.context else None, seed=args.seed,
                              **_pass_options(args))

@@ -18,3 +18,22 @@ def plan_args(args) -> dict:
     if getattr(args, "devices", None) is not None:
         out["devices"] = args.devices
     return out
+
+
+def say_plan(run, step: dict) -> None:
+    """`run`'s line on communication, under a plan of several devices."""
+    if step.get("tp", 1) > 1:
+        from npusim.outputs import say
+        from npusim.parallel.breakdown import comm_breakdown
+
+        say("  " + comm_breakdown(run).line())
+
+
+def validate_sharded(args, passes, context, options: dict) -> int:
+    """`npusim validate --tp N`: the sharded step's numerics (npusim.parallel.numerics)."""
+    from npusim.outputs import say
+    from npusim.parallel.numerics import check_sharded
+
+    check = check_sharded(args.workload, args.tp, passes, args.phase, args.batch or 2, context, args.seed, **options)
+    say(check.line())
+    return 0 if check.passed else 1
