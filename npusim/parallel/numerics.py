@@ -21,6 +21,7 @@ from npusim.graph.execute import _caches, _pack, _start_cache, cosine, execute, 
 from npusim.graph.ir import Graph
 from npusim.hw import load_hw
 from npusim.ops.collectives import exchange
+from npusim.parallel.plan import Plan, check_plan
 from npusim.passes import apply
 from npusim.workload import Workload, load_workload
 
@@ -80,9 +81,12 @@ class ShardedCheck:
 
 
 def check_sharded(workload: Workload | str, tp: int, passes: str | Sequence[str] = "optimized",
-                  phase: str = "decode", batch: int = 2, context=None, seed: int = 0, **options) -> ShardedCheck:
+                  phase: str = "decode", batch: int = 2, context=None, seed: int = 0, devices: int | None = None,
+                  **options) -> ShardedCheck:
+    """Every rank of a `tp`-way shard (after `passes`) against the unsharded FP32 reference."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     hw = load_hw()
+    check_plan(Plan(tp, devices), w, hw)
     full = build_decoder(w, phase, batch, context)
     ref = execute(full, "reference", seed)
     weights = random_weights(full, seed)
