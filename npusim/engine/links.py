@@ -142,7 +142,7 @@ class SymmetricFabric:
 
 class FullFabric:
     """Every rank simulated: `devices[r]` is rank r; a Link per direction of every wired
-    pair (HCCS inside a node of `devices_per_node`, the NICs between nodes).
+    pair (HCCS inside a node of `node_device_count`, the NICs between nodes).
     # assumption (FullFabric only): a pair across nodes gets a NIC's rate of its own;
     # the flows of one card's NIC to several cards do not share it."""
 
@@ -152,7 +152,7 @@ class FullFabric:
         topo = hw.topology
         f = hw.chip.freq_hz
         self.link_cap = topo.link_bw_bytes_per_s / f
-        self.per_node = topo.devices_per_node
+        self.per_node = topo.node_device_count
         p = len(devices)
         self.pairs: dict[tuple[int, int], Link] = {}
         for i in range(p):

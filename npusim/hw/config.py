@@ -185,8 +185,8 @@ class Topology:
     by one RoCE NIC per card. Collectives (npusim.ops.collectives) move their bytes
     over these links."""
 
-    devices_per_node: int = _pos("NPU cards in one node (server), joined by HCCS")
-    nodes: int = _pos("nodes that can be used together; a plan may use up to devices_per_node x nodes cards")
+    node_device_count: int = _pos("NPU cards in one node (server), joined by HCCS")
+    node_count: int = _pos("nodes that can be used together; a plan may use up to node_device_count x node_count cards")
     intra_node: str = field(validator=_topology_kind, metadata={
         "help": "intra-node wiring: full_mesh (a direct link to every other card) or ring (links to the two neighbours)"})
     link_bw_bytes_per_s: float = _pos("one HCCS link, one direction")
@@ -198,12 +198,12 @@ class Topology:
     def links_per_device(self) -> int:
         """HCCS links each card has: one per other card in a full mesh, two in a ring."""
         if self.intra_node == "full_mesh":
-            return self.devices_per_node - 1
-        return min(2, self.devices_per_node - 1)
+            return self.node_device_count - 1
+        return min(2, self.node_device_count - 1)
 
     @property
     def max_devices(self) -> int:
-        return self.devices_per_node * self.nodes
+        return self.node_device_count * self.node_count
 
 
 @frozen

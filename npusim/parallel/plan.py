@@ -42,10 +42,10 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     topo = hw.topology
     if plan.world > topo.max_devices:
         raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.max_devices} "
-                          f"(topology.devices_per_node {topo.devices_per_node} x topology.nodes {topo.nodes})")
-    if plan.tp > topo.devices_per_node:
+                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count {topo.node_count})")
+    if plan.tp > topo.node_device_count:
         raise ConfigError(f"--tp {plan.tp} spans nodes: a tensor-parallel group must fit in one node of "
-                          f"{topo.devices_per_node} devices (topology.devices_per_node)")
+                          f"{topo.node_device_count} devices (topology.node_device_count)")
     return plan
 
 
@@ -64,7 +64,7 @@ def device_kv_bytes(w: Workload, batch: int, tokens: int, tp: int) -> int:
 
 def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig) -> int | None:
     """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node."""
-    for tp in range(1, hw.topology.devices_per_node + 1):
+    for tp in range(1, hw.topology.node_device_count + 1):
         if w.heads % tp or w.kv_heads % tp or w.ffn_size % tp:
             continue
         if device_weight_bytes(w, tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:

@@ -13,9 +13,9 @@ TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
     (["--tp", "4"], r"--tp 4 does not divide k3-tiny's kv_heads 2"),
     (["--tp", "0"], r"--tp: expected a positive integer, got 0"),
     (["--tp", "2", "--devices", "4"], r"--devices 4 must equal --tp 2"),
-    (["--tp", "2", "--set", "topology.devices_per_node=1", "--set", "topology.nodes=1"],
+    (["--tp", "2", "--set", "topology.node_device_count=1", "--set", "topology.node_count=1"],
      r"2 devices, but ascend910b2's topology has 1"),
-    (["--tp", "2", "--set", "topology.devices_per_node=1"], r"--tp 2 spans nodes"),
+    (["--tp", "2", "--set", "topology.node_device_count=1"], r"--tp 2 spans nodes"),
 ])
 def test_bad_plan(cmd, argv, expect, capsys):
     if cmd == "validate" and "--set" in argv:

@@ -63,13 +63,13 @@ def pick(kind: str, devices: int, algo: str, hw: HwConfig) -> str:
         raise ConfigError(f"{where}devices must be at least 2, got {devices}")
     if devices > topo.max_devices:
         raise ConfigError(f"{where}{devices} devices, but the topology has {topo.max_devices} "
-                          f"(topology.devices_per_node {topo.devices_per_node} x topology.nodes {topo.nodes})")
-    meshed = devices <= topo.devices_per_node and topo.intra_node == "full_mesh"
+                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count {topo.node_count})")
+    meshed = devices <= topo.node_device_count and topo.intra_node == "full_mesh"
     if algo == "auto":
         algo = "mesh" if meshed else "ring"
     if algo == "mesh" and not meshed:
         raise ConfigError(f"{where}algo mesh needs every rank wired to every other: {devices} devices in a "
-                          f"{topo.intra_node} of {topo.devices_per_node} per node")
+                          f"{topo.intra_node} of {topo.node_device_count} per node")
     if kind == "all_to_all" and algo != "mesh":
         raise ConfigError(f"{where}only the mesh algorithm is modelled (pairwise exchange in a full mesh)")
     return algo
@@ -79,7 +79,7 @@ def steps(kind: str, algo: str, nbytes: int, devices: int, hw: HwConfig) -> tupl
     """The steps of one rank (see the module doc); `nbytes` is the buffer size n."""
     p = devices
     chunk = -(-nbytes // p)
-    inter = devices > hw.topology.devices_per_node
+    inter = devices > hw.topology.node_device_count
     # assumption: a ring spanning nodes runs at the pace of its slowest hop, the NIC
     if algo == "mesh":
         send = Send(chunk, tuple(range(1, p)))
@@ -102,7 +102,7 @@ def formula_us(kind: str, algo: str, nbytes: int, devices: int, hw: HwConfig) ->
     # assumption: the reduction is HBM bound (3 bytes of HBM traffic per byte)."""
     topo = hw.topology
     p, n = devices, nbytes
-    inter = devices > topo.devices_per_node
+    inter = devices > topo.node_device_count
     alpha = (topo.nic_latency_us if inter else topo.link_latency_us) * 1e-6
     beta = 1 / (topo.nic_bw_bytes_per_s if inter else topo.link_bw_bytes_per_s)
     gamma = 3 / (hw.hbm.peak_bw_bytes_per_s * hw.hbm.bw_efficiency)

@@ -30,7 +30,7 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
     if unknown:
         raise ConfigError(f"op {kind}: unknown parameter '{unknown[0]}' (expected one of: {', '.join(KEYS)})")
     try:
-        devices = int(params.get("devices", hw.topology.devices_per_node))
+        devices = int(params.get("devices", hw.topology.node_device_count))
     except ValueError:
         raise ConfigError(f"op {kind}: parameter 'devices' expects an integer, got {params['devices']!r}") from None
     reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), params.get("dtype", "fp16"))
