@@ -107,8 +107,25 @@ def check_tp(w: Workload, tp: int) -> None:
             raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")
 
 
+def check_sp(w: Workload, phase: str, lengths: Sequence[int], sp: int) -> None:
+    """ConfigError unless `sp` can split this step's sequences evenly (a prefill of equal prompts)."""
+    if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+        raise ConfigError(f"--sp: expected a positive integer, got {sp!r}")
+    if sp == 1:
+        return
+    if phase != "prefill":
+        raise ConfigError(f"--sp {sp}: sequence parallel splits a prefill's prompt; a decode step has one token")
+    if len(set(lengths)) > 1 or lengths[0] % sp:
+        raise ConfigError(f"--sp {sp} must divide the prompt length evenly, got lengths {_short_lengths(lengths)}")
+
+
+def _short_lengths(lengths: Sequence[int]) -> str:
+    return str(lengths[0]) if len(set(lengths)) == 1 else ",".join(map(str, lengths[:8]))
+
+
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
-                  lengths: int | Sequence[int] | None = None, capacity: int | None = None, tp: int = 1) -> Graph:
+                  lengths: int | Sequence[int] | None = None, capacity: int | None = None, tp: int = 1,
+                  sp: int = 1) -> Graph:
     """The baseline (unfused) graph of one decode step or one prefill.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
@@ -119,7 +136,11 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     longest length (or `capacity`, a shape bucket at least that long: the step then
     computes on padding, masked); the graph records every sequence's own. `tp`: the
     graph of one device of a tensor-parallel group of `tp` (its shard of the heads
-    and the FFN, an all_reduce after the O and down projections)."""
+    and the FFN, an all_reduce after the O and down projections). `sp`: the graph of
+    one device of a sequence-parallel prefill over `sp` devices: it holds 1/sp of
+    each prompt's tokens and all_gathers every layer's K and V to attend over the
+    whole prompt. The device simulated is the last: under the causal mask it attends
+    to the most keys, so it is the slowest and sets the step's time."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     check_tp(w, tp)
     lengths = _lengths(w, phase, batch, lengths)
@@ -130,7 +151,8 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
             raise ConfigError(f"build_decoder({w.name}, {phase}): capacity {capacity} must be between the longest "
                               f"length {ctx} and max_context_tokens {w.max_context_tokens}")
         ctx = capacity
-    s = 1 if decode else ctx  # new tokens per sequence
+    check_sp(w, phase, lengths, sp)
+    s = 1 if decode else ctx // sp  # new tokens per sequence (on this device)
     n = batch * s  # token-major rows
     h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads // tp, w.kv_heads // tp, w.ffn_size // tp, w.vocab_size
     layer_shapes = tp_layer_weight_shapes(w, tp)
@@ -187,10 +209,20 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         for name, src, dst, heads in (("rope_q", q, q_rot, nh), ("rope_k", k, k_rot, kvh)):
             b.node(L + name, "rope", dict(shape=(n, heads, d), dtype=dt),
                    {"x": src, "cos": cos, "sin": sin}, {"y": dst}, i)
+        new = s
+        if sp > 1:  # every device's K and V of the prompt, in token order
+            # assumption: the gathered K/V land in the order kv_cache_write reads (no reorder kernel)
+            for name in ("k_rot", "v"):
+                whole = act(name + "_all", (batch, ctx, kvh, d))
+                b.node(L + name + "_all_gather", "all_gather", dict(elements=batch * ctx * kvh * d, dtype=dt,
+                                                                    devices=sp, axis=1),
+                       {"x": k_rot if name == "k_rot" else val}, {"y": whole}, i)
+                k_rot, val = (whole, val) if name == "k_rot" else (k_rot, whole)
+            new = ctx
         k_cache = b.tensor(L + "k_cache", (batch, kvh, ctx, d), "kv")
         v_cache = b.tensor(L + "v_cache", (batch, kvh, ctx, d), "kv")
         b.node(L + "kv_cache_write", "kv_cache_write",
-               dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=s, context=ctx, layers=w.layers, layer=i,
+               dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=new, context=ctx, layers=w.layers, layer=i,
                     position=-1 if decode else 0, layout="per_layer", dtype=dt),
                {"k": k_rot, "v": val}, {"k_cache": k_cache, "v_cache": v_cache}, i)
         # attention, the unfused chain
@@ -344,5 +376,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_tp", "tp_layer_weight_shapes", "host_inputs", "node_params", "positions",
-           "rope_tables"]
+__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_sp", "check_tp", "host_inputs", "node_params",
+           "positions", "rope_tables", "tp_layer_weight_shapes"]

@@ -74,8 +74,9 @@ def comm_breakdown(run: GraphRun) -> CommBreakdown:
     comm = _union([(r.start, r.end) for r in recs if r.op_type in KINDS])
     compute = _union([(r.start, r.end) for r in recs if r.op_type not in KINDS])
     sent = sum(r.stats.hbm_read_bytes for r in recs if r.core_type in (HCCS, NIC))  # a transfer reads what it sends
-    groups = [n.args.devices for n in run.graph.nodes if n.op_type in KINDS]
+    tp = max((n.args.devices for n in run.graph.nodes if n.op_type == "all_reduce"), default=1)
+    sp = max((n.args.devices for n in run.graph.nodes if n.op_type == "all_gather"), default=1)
     topo = hw.topology
-    return CommBreakdown(max(groups, default=1), run.latency_us, hw.us(_length(compute)), hw.us(_length(comm)),
+    return CommBreakdown(tp * sp, run.latency_us, hw.us(_length(compute)), hw.us(_length(comm)),
                          hw.us(_length(comm) - _overlap(comm, compute)), sent,
                          topo.links_per_device * topo.link_bw_bytes_per_s)

@@ -7,14 +7,17 @@ def add_plan_flags(p) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: heads, K/V heads and FFN columns "
                    "split over this many devices of one node, an all_reduce after the O and down projections; "
                    "one device is simulated, its peers symmetric")
-    p.add_argument("--devices", type=int, help="devices the step runs on (must equal --tp; default --tp)")
+    p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree (prefill): each device holds "
+                   "1/sp of every prompt and all_gathers each layer's K and V")
+    p.add_argument("--devices", type=int, help="devices the step runs on (must equal tp x sp; default tp x sp)")
 
 
 def plan_args(args) -> dict:
     """run_decoder's plan keywords from parsed flags (only what differs from one device)."""
     out = {}
-    if getattr(args, "tp", 1) != 1:
-        out["tp"] = args.tp
+    for key in ("tp", "sp"):
+        if getattr(args, key, 1) != 1:
+            out[key] = getattr(args, key)
     if getattr(args, "devices", None) is not None:
         out["devices"] = args.devices
     return out
@@ -22,7 +25,7 @@ def plan_args(args) -> dict:
 
 def say_plan(run, step: dict) -> None:
     """`run`'s line on communication, under a plan of several devices."""
-    if step.get("tp", 1) > 1:
+    if step.get("tp", 1) > 1 or step.get("sp", 1) > 1:
         from npusim.outputs import say
         from npusim.parallel.breakdown import comm_breakdown
 

@@ -2,7 +2,10 @@
 
 Tensor parallel (Megatron style): each of `tp` devices holds 1/tp of the heads, the
 K/V heads (and their KV cache) and the FFN columns; an all_reduce after the O and
-down projections sums the partial outputs (graph.build_decoder(tp=...)). The
+down projections sums the partial outputs (graph.build_decoder(tp=...)).
+Sequence parallel (prefill): each of `sp` devices holds 1/sp of every prompt's
+tokens and all_gathers each layer's K and V (graph.build_decoder(sp=...)); each
+keeps the whole KV cache of its K/V heads. The
 devices are symmetric: one is simulated, its collectives' peers are assumed to run
 the same program (engine.links.SymmetricFabric; tests/test_parallel.py checks this
 against simulating every rank).
@@ -21,24 +24,27 @@ from npusim.workload import Workload
 @frozen
 class Plan:
     tp: int = 1
-    devices: int | None = None  # None: tp
+    sp: int = 1
+    devices: int | None = None  # None: tp x sp
 
     @property
     def world(self) -> int:
-        return self.tp if self.devices is None else self.devices
+        return self.tp * self.sp if self.devices is None else self.devices
 
 
 def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     """One-line ConfigError for a plan that cannot run: tp not dividing the heads, K/V
-    heads or FFN; devices other than tp; more devices than the topology has; a
-    tensor-parallel group spanning nodes."""
+    heads or FFN; devices other than tp x sp; more devices than the topology has; a
+    tensor-parallel group spanning nodes. (build_decoder checks that sp splits the prompt.)"""
     check_tp(w, plan.tp)
+    if isinstance(plan.sp, bool) or not isinstance(plan.sp, int) or plan.sp < 1:
+        raise ConfigError(f"--sp: expected a positive integer, got {plan.sp!r}")
     if plan.devices is not None:
         if isinstance(plan.devices, bool) or not isinstance(plan.devices, int) or plan.devices < 1:
             raise ConfigError(f"--devices: expected a positive integer, got {plan.devices!r}")
-        if plan.devices != plan.tp:
-            raise ConfigError(f"--devices {plan.devices} must equal --tp {plan.tp} (tensor parallel is the only "
-                              "plan modelled: devices = tp)")
+        if plan.devices != plan.tp * plan.sp:
+            raise ConfigError(f"--devices {plan.devices} must equal --tp {plan.tp} x --sp {plan.sp} = "
+                              f"{plan.tp * plan.sp}")
     topo = hw.topology
     if plan.world > topo.max_devices:
         raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.max_devices} "

@@ -92,17 +92,18 @@ def _flash_attention(ed: Editor) -> None:
     g, w = ed.base, ed.base.workload
     for qk, scaling, softmax, pv in list(_attention_chains(ed)):
         q, k_cache, v_cache, o = qk.inputs["a"], qk.inputs["b"], pv.inputs["b"], pv.outputs["c"]
-        # heads as the graph has them (a tensor-parallel shard holds fewer than the workload):
-        # QK^T batches batch x kv_heads, with each K/V head's query group folded into M
-        kv_heads = qk.args.batch // g.batch
-        heads = kv_heads * (qk.args.m // g.seq)
-        common = dict(batch=g.batch, heads=heads, kv_heads=kv_heads, head_dim=w.head_dim, dtype=w.dtype)
+        # heads and query tokens as the graph's tensors have them (a device of a parallel plan
+        # holds fewer than the workload): q is BSND [batch, seq, heads, head_dim]; QK^T batches
+        # batch x kv_heads
+        _, seq_q, heads, _ = g.tensors[q].shape
+        common = dict(batch=g.batch, heads=heads, kv_heads=qk.args.batch // g.batch, head_dim=w.head_dim,
+                      dtype=w.dtype)
         name = _layer_prefix(qk) + "attention"
         if g.phase == "decode":  # padding keys of a ragged batch: each sequence attends to its own length
             node = Node(name, "decode_attention", common | dict(context=g.context),
                         {"q": q, **_kv_inputs(k_cache, v_cache)}, {"o": o}, qk.layer)
         else:  # causal; right padding of shorter prompts is hidden by causality
-            node = Node(name, "flash_attention", common | dict(seq_q=g.seq, seq_kv=g.context, causal=True),
+            node = Node(name, "flash_attention", common | dict(seq_q=seq_q, seq_kv=g.context, causal=True),
                         {"q": q, **_kv_inputs(k_cache, v_cache)}, {"o": o}, qk.layer)
         ed.replace([qk, *scaling, softmax, pv], [node])
 

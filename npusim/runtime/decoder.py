@@ -39,10 +39,11 @@ class Step:
     passes: Any = "baseline"  # a pipeline name, a comma list or a sequence of pass names
     options: Mapping[str, Any] = {}  # pass options: fusion_rules, kv_layout
     tp: int = 1  # tensor-parallel degree: the graph is one device's shard (npusim.parallel)
+    sp: int = 1  # sequence-parallel degree (prefill)
 
     def graph(self, batch: int | None = None, lengths=None, hw: HwConfig | None = None) -> Graph:
         g = build_decoder(self.workload, self.phase, batch or self.batch,
-                          self.lengths if lengths is None else lengths, tp=self.tp)
+                          self.lengths if lengths is None else lengths, tp=self.tp, sp=self.sp)
         return apply(g, self.passes, **dict(self.options), hw=hw)
 
 
@@ -82,20 +83,20 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
                 cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
-                tp: int = 1, devices: int | None = None, **options) -> GraphRun:
+                tp: int = 1, sp: int = 1, devices: int | None = None, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
     margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
-    `tp` / `devices`: a tensor-parallel plan (npusim.parallel.Plan); the run is one
+    `tp` / `sp` / `devices`: a parallel plan (npusim.parallel.Plan); the run is one
     device's, its peers symmetric, and memory is checked per device.
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
     _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
-    plan = check_plan(Plan(tp, devices), s.workload, hw)
-    s = attrs.evolve(s, tp=plan.tp)
+    plan = check_plan(Plan(tp, sp, devices), s.workload, hw)
+    s = attrs.evolve(s, tp=plan.tp, sp=plan.sp)
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
     ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
