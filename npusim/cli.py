@@ -314,7 +314,7 @@ def _cmd_sweep(args) -> int:
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
-    if args.tp != 1 or args.devices is not None:  # every rank's shard with numpy, the collectives summing across ranks
+    if args.tp != 1 or args.sp != 1 or args.devices is not None:  # every rank's shard with numpy
         return validate_sharded(args, _pipeline(args.passes), _lengths(args.context) if args.context else None,
                                 _pass_options(args))
     report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,

@@ -13,6 +13,7 @@ import pytest
 from npusim.engine import Launch, Synchronize, run
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.links import HCCS, LinkTransfer
+from npusim.errors import ConfigError
 from npusim.graph import build_decoder
 from npusim.hw import load_hw
 from npusim.hw.config import Topology
@@ -145,6 +146,26 @@ def test_k3_out_of_memory_on_one_device_fits_at_tp4():
 def test_sharded_numerics_match_the_reference(phase, passes):
     check = check_sharded(TINY, 2, passes, phase, 2, 32)
     assert check.ranks_agree and check.cosine >= 0.999, check.line()
+
+
+@pytest.mark.parametrize("tp, sp, batch", [(1, 2, 2), (2, 4, 1)])
+def test_sequence_parallel_numerics_match_the_reference(tp, sp, batch):
+    check = check_sharded(TINY, tp, "baseline", "prefill", batch, 64, sp=sp)
+    assert check.passed, check.line()
+
+
+def test_sequence_parallel_numerics_refuse_fused_causal_attention():
+    with pytest.raises(ConfigError, match="fused causal attention is aligned to the last part"):
+        check_sharded(TINY, 1, "fusion", "prefill", 1, 64, sp=2)
+
+
+def test_sequence_parallel_prefill_gathers_kv_every_layer():
+    run = run_decoder(TINY, HW, "prefill", 1, 256, "optimized", sp=4)
+    gathers = [n for n in run.graph.nodes if n.op_type == "all_gather"]
+    assert len(gathers) == 2 * TINY.layers and all(n.args.devices == 4 for n in gathers)
+    b = comm_breakdown(run)
+    assert b.devices == 4 and b.comm_us > 0
+    assert run.tokens == 256  # the group's tokens: throughput counts the whole prompt
 
 
 def test_sharded_numerics_can_fail(monkeypatch):

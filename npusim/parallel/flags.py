@@ -38,6 +38,6 @@ def validate_sharded(args, passes, context, options: dict) -> int:
     from npusim.parallel.numerics import check_sharded
 
     check = check_sharded(args.workload, args.tp, passes, args.phase, args.batch or 2, context, args.seed,
-                          devices=args.devices, **options)
+                          devices=args.devices, sp=args.sp, **options)
     say(check.line())
     return 0 if check.passed else 1

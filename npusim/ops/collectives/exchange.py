@@ -40,18 +40,20 @@ class Exchange:
         self.barrier.abort()
 
 
-def enter(exchange: Exchange, rank: int) -> None:
-    """Make this thread rank `rank` of `exchange` (its collectives' references use it)."""
-    _here.exchange, _here.rank = exchange, rank
+def enter(groups: dict[str, tuple[Exchange, int]]) -> None:
+    """Make this thread a rank: op type -> (the exchange of its group for that collective,
+    its rank in it); e.g. all_reduce over the tensor-parallel group, all_gather over the
+    sequence-parallel one."""
+    _here.groups = dict(groups)
 
 
 def leave() -> None:
-    _here.exchange = _here.rank = None
+    _here.groups = None
 
 
-def current() -> tuple[Exchange, int]:
-    """(exchange, rank) of this thread; ValueError outside a multi-rank run."""
-    ex = getattr(_here, "exchange", None)
-    if ex is None:
+def current(op_type: str) -> tuple[Exchange, int]:
+    """(exchange, rank) of this thread for `op_type`; ValueError outside a multi-rank run."""
+    groups = getattr(_here, "groups", None)
+    if not groups or op_type not in groups:
         raise ValueError("a collective needs its peers: run the ranks' graphs with npusim.parallel.numerics")
-    return ex, _here.rank
+    return groups[op_type]

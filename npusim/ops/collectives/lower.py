@@ -107,20 +107,20 @@ def _lower(kind: str, p: CollectiveParams, hw: HwConfig, gm: GmArena) -> Lowered
 # ---------------------------------------------------------------- numpy semantics
 
 
-def _ranks(p: CollectiveParams, x: np.ndarray) -> tuple[list[np.ndarray], int]:
-    ex, rank = current()
+def _ranks(p: CollectiveParams, x: np.ndarray, op_type: str) -> tuple[list[np.ndarray], int]:
+    ex, rank = current(op_type)
     if ex.ranks != p.devices:
         raise ValueError(f"a group of {p.devices} devices, but {ex.ranks} ranks run")
     return [np.asarray(v, dtype=np.float32) for v in ex.gather(rank, x)], rank
 
 
 def _ref_all_reduce(p, x, specs, ctx):
-    parts, _ = _ranks(p, x["x"].reshape(-1))
+    parts, _ = _ranks(p, x["x"].reshape(-1), "all_reduce")
     return {"y": np.sum(parts, axis=0, dtype=np.float32)}  # in rank order
 
 
 def _ref_reduce_scatter(p, x, specs, ctx):
-    parts, rank = _ranks(p, x["x"].reshape(-1))
+    parts, rank = _ranks(p, x["x"].reshape(-1), "reduce_scatter")
     c = p.elements // p.devices
     return {"y": np.sum(parts, axis=0, dtype=np.float32)[rank * c:(rank + 1) * c]}
 
@@ -131,12 +131,12 @@ def _ref_all_gather(p, x, specs, ctx):
     if p.axis >= len(shape) or shape[p.axis] % p.devices:
         raise ValueError(f"axis {p.axis} of the output {shape} must split into {p.devices} parts")
     part[p.axis] //= p.devices
-    parts, _ = _ranks(p, x["x"].reshape(part))
+    parts, _ = _ranks(p, x["x"].reshape(part), "all_gather")
     return {"y": np.concatenate(parts, axis=p.axis)}
 
 
 def _ref_all_to_all(p, x, specs, ctx):
-    parts, rank = _ranks(p, x["x"].reshape(p.devices, -1))
+    parts, rank = _ranks(p, x["x"].reshape(p.devices, -1), "all_to_all")
     return {"y": np.stack([parts[j][rank] for j in range(p.devices)])}
 
 
