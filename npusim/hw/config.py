@@ -205,6 +205,11 @@ class Topology:
     def max_devices(self) -> int:
         return self.node_device_count * self.node_count
 
+    def size_text(self) -> str:
+        """How many devices it has, by field (for error messages)."""
+        return (f"{self.max_devices} (topology.node_device_count {self.node_device_count} x "
+                f"topology.node_count {self.node_count})")
+
 
 @frozen
 class HwConfig:

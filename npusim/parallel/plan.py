@@ -47,8 +47,7 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
                               f"{plan.tp * plan.sp}")
     topo = hw.topology
     if plan.world > topo.max_devices:
-        raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.max_devices} "
-                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count {topo.node_count})")
+        raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.size_text()}")
     if plan.tp > topo.node_device_count:
         raise ConfigError(f"--tp {plan.tp} spans nodes: a tensor-parallel group must fit in one node of "
                           f"{topo.node_device_count} devices (topology.node_device_count)")

@@ -121,7 +121,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     if memoised:
         copies = _copies(graph, layers[1], len(layers) - 3)
         pattern = {target.name: source for targets in copies.values() for source, target in targets.items()}
-        result = _replicate(result, compiled, program, layers[0], layers[1], copies)
+        result = _replicate(result, program, layers[0], layers[1], copies)
     simulated = {c.node.name: c.workspace_bytes for c in compiled}
     used = {r.name: simulated[pattern.get(r.owner.node, r.owner.node)] for r in result.kernels}
     return GraphRun(graph, result, breakdown, tuple(compiled), memoised, pattern,
@@ -142,7 +142,7 @@ def _copies(graph: Graph, layer: int, copies: int) -> dict[int, dict[str, Node]]
     return {j: {s.name: t for s, t in zip(pattern, graph.layer_nodes(layer + j))} for j in range(1, copies + 1)}
 
 
-def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostProgram, first: int, layer: int,
+def _replicate(part: RunResult, program: HostProgram, first: int, layer: int,
                copies: dict[int, dict[str, Node]]) -> RunResult:
     """`part` with layer `layer`'s kernels repeated as the `copies` (see _copies),
     everything after them shifted, host costs grown to match. The host thread ends

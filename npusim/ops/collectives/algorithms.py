@@ -62,8 +62,7 @@ def pick(kind: str, devices: int, algo: str, hw: HwConfig) -> str:
     if devices < 2:
         raise ConfigError(f"{where}devices must be at least 2, got {devices}")
     if devices > topo.max_devices:
-        raise ConfigError(f"{where}{devices} devices, but the topology has {topo.max_devices} "
-                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count {topo.node_count})")
+        raise ConfigError(f"{where}{devices} devices, but the topology has {topo.size_text()}")
     meshed = devices <= topo.node_device_count and topo.intra_node == "full_mesh"
     if algo == "auto":
         algo = "mesh" if meshed else "ring"
