@@ -10,7 +10,7 @@ import sys
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
 from npusim.kvcache import PASS_KV_LAYOUTS
-from npusim.parallel.flags import add_plan_flags, plan_args, say_plan, validate_sharded
+from npusim.parallel.flags import add_plan_flags, plan_args, run_pipelined, say_plan, validate_sharded
 
 
 def _cmd_hw(args) -> int:
@@ -186,6 +186,8 @@ def _cmd_run(args) -> int:
 
     _check_outputs(args)
     step = _step_args(args)
+    if "pp" in step or "microbatches" in step:
+        return run_pipelined(args, step)
     from npusim.progress import progress_bar
 
     with progress_bar("run", "kernels", args.progress) as bar:
@@ -314,7 +316,7 @@ def _cmd_sweep(args) -> int:
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
-    if args.tp != 1 or args.sp != 1 or args.devices is not None:  # every rank's shard with numpy
+    if plan_args(args):  # several devices: every rank's shard with numpy
         return validate_sharded(args, _pipeline(args.passes), _lengths(args.context) if args.context else None,
                                 _pass_options(args))
     report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,

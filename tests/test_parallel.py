@@ -22,6 +22,7 @@ from npusim.ops import OPS, lower
 from npusim.ops.collectives.simulate import simulate_collective
 from npusim.parallel.breakdown import comm_breakdown
 from npusim.parallel.numerics import check_sharded
+from npusim.parallel.pipeline import run_pipeline
 from npusim.parallel.plan import devices_to_fit
 from npusim.parallel.ranks import every_rank_cycles
 from npusim.passes import apply
@@ -181,3 +182,25 @@ def test_tp_does_not_change_the_single_device_graph():
     assert [n.name for n in a.nodes] == [n.name for n in b.nodes] and a.tensors == b.tensors
     assert not any(n.op_type == "all_reduce" for n in a.nodes)
     assert math.isclose(run_graph(a, HW).latency_us, run_graph(b, HW).latency_us)
+
+
+def test_pipeline_of_one_stage_is_the_plain_step():
+    plain = run_decoder(TINY, HW, "decode", 4, 64, "optimized")
+    one = run_pipeline(TINY, HW, "decode", 4, 64, pp=1)
+    assert one.latency_us == pytest.approx(plain.latency_us) and one.bubble_fraction == 0
+
+
+def test_pipeline_schedule_and_handover():
+    """(microbatches + pp - 1) stage slots plus the hand-overs; a hand-over is one link step:
+    its start-up plus a micro-batch's activations at one link's rate."""
+    r = run_pipeline(TINY, HW, "decode", 8, 64, pp=2, microbatches=4)
+    assert r.stage.graph.batch == 2 and r.stage.graph.workload.layers == TINY.layers // 2
+    assert r.latency_us == pytest.approx(5 * r.stage_us + r.handover_us)
+    assert r.bubble_fraction == pytest.approx(1 / 5)
+    nbytes = 2 * TINY.hidden_size * 2
+    alpha = whole_cycles(HW.cycles(HW.topology.link_latency_us * 1e-6))
+    assert HW.cycles(r.handover_us * 1e-6) == pytest.approx(alpha + nbytes / (HW.topology.link_bw_bytes_per_s
+                                                                                / HW.chip.freq_hz), abs=1)
+    # two stages of 8 cards each: the hand-over crosses nodes, over the slower NIC
+    wide = attrs.evolve(TINY, heads=8, kv_heads=8, head_dim=32)
+    assert run_pipeline(wide, HW, "decode", 8, 64, pp=2, tp=8).handover_us > r.handover_us

@@ -93,6 +93,9 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
     _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
+    for key in ("pp", "microbatches"):
+        if key in options:
+            raise ConfigError(f"--{key}: a pipelined step is run by `npusim run` (npusim.parallel.pipeline)")
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
     plan = check_plan(Plan(tp, sp, devices), s.workload, hw)

@@ -38,3 +38,17 @@ def test_bad_plan(cmd, argv, expect, capsys):
 ])
 def test_bad_collective(argv, expect, capsys):
     fails_cleanly(["op", *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("cmd, argv, expect", [
+    ("run", ["--pp", "3"], r"--pp 3 does not divide k3-tiny's layers 2"),
+    ("run", ["--pp", "2", "--microbatches", "3"], r"--microbatches 3 does not divide the batch 2"),
+    ("run", ["--microbatches", "2"], r"--microbatches is an option of a pipeline: give --pp N too"),
+    ("run", ["--pp", "2", "--devices", "4"], r"--devices 4 must equal --tp 1 x --pp 2 = 2"),
+    ("run", ["--pp", "2", "--sp", "2"], r"--pp with --sp: a pipeline of sequence-parallel stages is not modelled"),
+    ("run", ["--pp", "0"], r"--pp: expected a positive integer, got 0"),
+    ("compare", ["--pp", "2"], r"--pp: a pipelined step is run by `npusim run`"),
+    ("validate", ["--pp", "2"], r"--pp: a pipeline's stages compute what the unsplit decoder does"),
+])
+def test_bad_pipeline(cmd, argv, expect, capsys):
+    fails_cleanly([cmd, *TINY, *argv], capsys, expect)
