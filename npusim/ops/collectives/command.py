@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_bytes, simulate_collective
 
-KEYS = ("bytes", "devices", "algo", "dtype")
+KEYS = ("bytes", "elements", "devices", "algo", "dtype")
 
 
 def sizes(text: str) -> list[int]:
@@ -33,7 +34,13 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
         devices = int(params.get("devices", hw.topology.node_device_count))
     except ValueError:
         raise ConfigError(f"op {kind}: parameter 'devices' expects an integer, got {params['devices']!r}") from None
-    reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), params.get("dtype", "fp16"))
+    dtype = params.get("dtype", "fp16")
+    if "elements" in params and "bytes" in params:
+        raise ConfigError(f"op {kind}: give bytes or elements, not both")
+    if "elements" in params:  # the op's parameter, as the graph's nodes give it
+        params = {**params, "bytes": str(int(parse_bytes(params["elements"], "op: elements")) *
+                                         DTYPE_BYTES.get(dtype, 2))}
+    reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), dtype)
                for n in sizes(params.get("bytes", "64MiB"))]
     r = reports[0]
     head = (f"{kind} on {devices} devices of {hw.name} ({hw.topology.intra_node}), algorithm {r.algo}; "

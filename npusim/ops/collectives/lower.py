@@ -142,11 +142,12 @@ def _ref_all_to_all(p, x, specs, ctx):
 
 _REFS = {"all_reduce": _ref_all_reduce, "reduce_scatter": _ref_reduce_scatter, "all_gather": _ref_all_gather,
          "all_to_all": _ref_all_to_all}
+_OP = " npusim op also takes bytes=SIZE or a range bytes=1KiB..1GiB, printed as hccl_test does."
 _HELP = {
-    "all_reduce": "AllReduce: every rank gets the sum of every rank's buffer (HCCL Mesh or Ring).",
-    "reduce_scatter": "ReduceScatter: rank r gets chunk r of the sum of every rank's buffer.",
-    "all_gather": "AllGather: every rank gets every rank's chunk, in rank order.",
-    "all_to_all": "AllToAll: rank r's chunk j goes to rank j, as its chunk r.",
+    "all_reduce": "AllReduce: every rank gets the sum of every rank's buffer (HCCL Mesh or Ring)." + _OP,
+    "reduce_scatter": "ReduceScatter: rank r gets chunk r of the sum of every rank's buffer." + _OP,
+    "all_gather": "AllGather: every rank gets every rank's chunk, in rank order." + _OP,
+    "all_to_all": "AllToAll: rank r's chunk j goes to rank j, as its chunk r." + _OP,
 }
 
 
