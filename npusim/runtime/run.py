@@ -67,7 +67,10 @@ class GraphRun:
         if rec.owner is None:
             raise ValueError(f"kernel {rec.name!r} was not launched for a node of this run")
         name = self.pattern.get(rec.owner.node, rec.owner.node)
-        return self._lowered[name].kernels[rec.owner.index]
+        kernels = self._lowered[name].kernels
+        if rec.owner.index >= len(kernels):  # numbered after the node's kernels: a collective's transfer step
+            raise ValueError(f"{rec.name!r} is a transfer step on the links, not a kernel")
+        return kernels[rec.owner.index]
 
     @property
     def hw(self) -> HwConfig:
