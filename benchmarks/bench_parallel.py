@@ -50,20 +50,17 @@ def collectives() -> None:
         print(f"{tokens:>8} {n:>10} {mesh:>10.2f} {ring:>10.2f} {str(mesh < ring):>10}")
 
 
-def _row(label: str, tp: int, run, base: tuple[int, float]) -> str:
-    """base: (tp, latency) of the smallest degree that fits; speed-up against it, and per card."""
+def _row(label: str, tp: int, run, base_us: float | None) -> str:
     b = comm_breakdown(run)
-    speedup = base[1] / run.latency_us
-    return (f"{label:<22} {tp:>3} {run.latency_us:>12,.1f} {run.tokens_per_s:>12,.1f} {speedup:>7.2f}x "
-            f"{100 * speedup * base[0] / tp:>7.0f}% {100 * b.comm_share:>7.1f}% {b.exposed_us:>10,.1f} "
-            f"{100 * b.link_utilisation:>7.2f}%")
+    speedup = f"{base_us / run.latency_us:.2f}x" if base_us else "-"
+    return (f"{label:<22} {tp:>3} {run.latency_us:>12,.1f} {run.tokens_per_s:>12,.1f} {speedup:>8} "
+            f"{100 * b.comm_share:>7.1f}% {b.exposed_us:>10,.1f} {100 * b.link_utilisation:>7.2f}%")
 
 
 def tp_table(plot_dir: str | None) -> None:
     print("\nK3 tensor parallel on ascend910b2 (optimized passes; one device simulated, peers symmetric)")
-    print(f"{'step':<22} {'tp':>3} {'latency(us)':>12} {'tokens/s':>12} {'speedup':>8} {'per card':>8} "
-          f"{'comm':>8} {'exposed(us)':>10} {'links':>8}")
-    print("(speed-up against the smallest TP that fits; per card: speed-up x that TP / this TP)")
+    print(f"{'step':<22} {'tp':>3} {'latency(us)':>12} {'tokens/s':>12} {'speedup':>8} {'comm':>8} "
+          f"{'exposed(us)':>10} {'links':>8}")
     cases = [("decode b1 ctx4096", "decode", 1, 4096), ("decode b8 ctx4096", "decode", 8, 4096),
              ("decode b32 ctx4096", "decode", 32, 4096), ("prefill 4096", "prefill", 1, 4096)]
     curves = {}
@@ -75,7 +72,7 @@ def tp_table(plot_dir: str | None) -> None:
             except OutOfMemoryError as e:
                 print(f"{label:<22} {tp:>3} does not fit: {str(e).split(': ', 1)[1][:90]}...")
                 continue
-            base = base or (tp, run.latency_us)
+            base = base or (run.latency_us if tp == 1 else None)
             print(_row(label, tp, run, base), flush=True)
             curves.setdefault(label, []).append((tp, run.latency_us, comm_breakdown(run).comm_share))
     if plot_dir:
