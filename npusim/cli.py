@@ -57,7 +57,7 @@ def _cmd_op(args) -> int:
     if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it
         text, reports = run_collective_op(args.type, params, hw)
         say(text)
-        return _write_json(report_json(reports), args.json) if args.json else 0
+        return (_write_json(report_json(reports), args.json) or 0) if args.json else 0  # (it returns None)
     low = lower(args.type, params, hw, tiling or None)
     report = simulate_op(low, hw, trace="instr" if args.trace or args.plot else "kernel")
     say(op_summary(report, overrides))

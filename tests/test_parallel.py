@@ -204,3 +204,18 @@ def test_pipeline_schedule_and_handover():
     # two stages of 8 cards each: the hand-over crosses nodes, over the slower NIC
     wide = attrs.evolve(TINY, heads=8, kv_heads=8, head_dim=32)
     assert run_pipeline(wide, HW, "decode", 8, 64, pp=2, tp=8).handover_us > r.handover_us
+
+
+def test_op_command_prints_like_hccl_test(capsys, tmp_path):
+    from npusim.cli import main
+
+    out = tmp_path / "ar.json"
+    assert main(["op", "all_reduce", "bytes=1KiB..4KiB", "devices=8", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "algorithm mesh" in lines[0] and "alg_bw(GB/s)" in lines[1]
+    assert [int(line.split()[0]) for line in lines[2:]] == [1024, 2048, 4096]
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["data_size_bytes"] for r in rows] == [1024, 2048, 4096]
+    assert all(r["alg_bw_gb_s"] == pytest.approx(r["data_size_bytes"] / r["latency_us"] / 1e3) for r in rows)
