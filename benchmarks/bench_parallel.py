@@ -104,14 +104,15 @@ def _plot(curves: dict, plot_dir: str) -> None:
     print(f"wrote {path}")
 
 
-def sp_table() -> None:
-    k3 = attrs.evolve(load_workload("k3"), max_context_tokens=32768)
-    print("\nK3 sequence parallel prefill of 32,768 tokens (max_context_tokens raised to 32768; the last part of "
+def sp_table(tokens: int = 32768) -> None:
+    k3 = load_workload("k3")
+    k3 = attrs.evolve(k3, max_context_tokens=max(tokens, k3.max_context_tokens))
+    print(f"\nK3 sequence parallel prefill of {tokens:,} tokens (max_context_tokens raised to fit; the last part of "
           "the prompt simulated: it attends to the most keys)")
     print(f"{'sp':>3} {'latency(us)':>12} {'tokens/s':>12} {'speedup':>8} {'gain':>8} {'comm':>8} {'exposed(us)':>12}")
     base = prev = None
     for sp in (1, 2, 4, 8):
-        run = run_decoder(k3, HW, "prefill", 1, 32768, "optimized", sp=sp)
+        run = run_decoder(k3, HW, "prefill", 1, tokens, "optimized", sp=sp)
         b = comm_breakdown(run)
         base = base or run.latency_us
         gain = f"{prev / run.latency_us:.2f}x" if prev else "-"
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--plot", metavar="DIR", help="write tp_scaling.png (latency and communication share vs TP)")
+    ap.add_argument("--sp-tokens", type=int, default=32768, help="prompt length of the sequence-parallel table")
     args = ap.parse_args(argv)
     only = args.only.split(",")
     for name in only:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if "tp" in only:
         tp_table(args.plot)
     if "sp" in only:
-        sp_table()
+        sp_table(args.sp_tokens)
     if "speed" in only:
         speed()
     return 0
