@@ -11,6 +11,7 @@ from npusim.outputs import err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
+from npusim.parallel.flags import add_plan_flags, plan_args, run_pipelined, say_plan, validate_sharded
 
 
 def _cmd_hw(args) -> int:
@@ -32,6 +33,8 @@ def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
+    from npusim.ops.collectives import KINDS as COLLECTIVE_KINDS
+    from npusim.ops.collectives.command import report_json, run_collective_op
     from npusim.report.contract import provenance
     from npusim.report.op_text import op_help, op_summary
 
@@ -53,6 +56,10 @@ def _cmd_op(args) -> int:
     _check_outputs(args)
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
+    if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it
+        text, reports = run_collective_op(args.type, params, hw)
+        say(text)
+        return (_write_json(report_json(reports), args.json) or 0) if args.json else 0  # (it returns None)
     trace = "instr" if args.trace or args.plot else "kernel"
     report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
                     lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
@@ -141,7 +148,7 @@ def _pass_options(args) -> dict:
 
 def _step_args(args) -> dict:
     return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
-                overrides=_overrides(args), **_pass_options(args))
+                overrides=_overrides(args), **_pass_options(args), **plan_args(args))
 
 
 def _inputs(args) -> dict:
@@ -183,6 +190,8 @@ def _cmd_run(args) -> int:
 
     _check_outputs(args)
     step = _step_args(args)
+    if "pp" in step or "microbatches" in step:
+        return run_pipelined(args, step)
     from npusim.progress import progress_bar
 
     with progress_bar("run", "kernels", args.progress) as bar:
@@ -190,6 +199,7 @@ def _cmd_run(args) -> int:
                           trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
                           **step)
     say(summary(run, overrides=step["overrides"]))
+    say_plan(run, step)
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
@@ -252,13 +262,16 @@ def _cmd_sweep(args) -> int:
     from npusim.sweep_command import main as sweep
 
     step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
-            **_pass_options(args)}
+            **_pass_options(args), **plan_args(args)}
     return sweep(args, step, _pipeline(args.passes), _check_outputs)
 
 
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
+    if plan_args(args):  # several devices: every rank's shard with numpy
+        return validate_sharded(args, _pipeline(args.passes), _lengths(args.context) if args.context else None,
+                                _pass_options(args))
     report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,
                              context=_lengths(args.context) if args.context else None, seed=args.seed,
                              **_pass_options(args))
@@ -306,6 +319,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="the step simulated")
+    add_plan_flags(p)
     p.add_argument("--batch", type=int, help="sequences")
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "

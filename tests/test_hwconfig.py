@@ -307,6 +307,7 @@ DIMENSIONLESS = {
     "m0": "elements", "n0": "elements", "k0": "elements",
     "mmad_fractals": "a dict of Fractal records",
     "vector_cycles_per_repeat": "a dict of cycles per repeat",
+    "intra_node": "a topology kind (full_mesh or ring)",
 }
 
 

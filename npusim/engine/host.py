@@ -35,6 +35,7 @@ from attrs import frozen
 
 from npusim.engine.device import Device, Owner, Reuse
 from npusim.engine.flows import Link
+from npusim.engine.links import LinkTransfer, SymmetricFabric
 from npusim.isa.program import Kernel
 
 LAUNCH_MODES = ("eager", "graph")
@@ -80,7 +81,7 @@ class HostWork:
     name: str = "host work"
 
 
-HostCall = Union[Launch, Memcpy, RecordEvent, WaitEvent, Synchronize, HostWork]
+HostCall = Union[Launch, Memcpy, RecordEvent, WaitEvent, Synchronize, HostWork, LinkTransfer]
 
 
 @lru_cache(maxsize=1024)
@@ -98,7 +99,7 @@ def _host_cycles(us: float, hw) -> float:
 def host_cost_cycles(call: HostCall, hw) -> float:
     """What a call costs the host thread itself (a synchronize's wait comes on top)."""
     rt = hw.runtime
-    if isinstance(call, Launch):
+    if isinstance(call, (Launch, LinkTransfer)):  # a collective's transfer step is a task launched like a kernel
         return _host_cycles(rt.eager_launch_us if call.mode == "eager" else rt.graph_launch_us, hw)
     if isinstance(call, Synchronize):
         return _host_cycles(rt.synchronize_us, hw)
@@ -137,6 +138,9 @@ class Host:
         self.wait_cycles = 0.0
         self.done = False
         self.end = 0.0  # when the host program and all its stream work had finished
+        # where LinkTransfers flow: transfer(call, queued) -> generator returning the record;
+        # one device with mirrored peers unless the caller wires several (engine.links)
+        self.fabric = None
 
     def cycles(self, us: float) -> float:
         return _host_cycles(us, self.hw)
@@ -159,10 +163,10 @@ class Host:
             start = env.now
             cls = call.__class__
             cost = host_cost_cycles(call, self.hw)
-            if cls is Launch:
+            if cls is Launch or cls is LinkTransfer:
                 yield env.timeout(cost)
                 self.launch_cycles += cost
-                self._span("host", f"launch {call.kernel.name}", start, env.now)
+                self._span("host", f"launch {call.kernel.name if cls is Launch else call.name}", start, env.now)
                 self._enqueue(call.stream, call)
             elif cls is Synchronize:
                 yield env.timeout(cost)
@@ -219,6 +223,11 @@ class Host:
                 yield env.timeout(rt.kernel_start_cycles)
                 yield self.device.run_kernel(item.kernel, s.index, start, item.reuse, item.owner)
                 self._span(track, item.kernel.name, start, env.now)
+            elif isinstance(item, LinkTransfer):
+                if self.fabric is None:
+                    self.fabric = SymmetricFabric(env, self.device)
+                yield env.process(self.fabric.transfer(item, start))
+                self._span(track, item.name, start, env.now)
             elif isinstance(item, Memcpy):
                 yield env.timeout(self.cycles(rt.memcpy_startup_us))
                 done = env.event()

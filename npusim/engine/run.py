@@ -11,6 +11,7 @@ from attrs import frozen
 
 from npusim.diskcache.reads import note, recording
 from npusim.engine.device import Device, KernelRecord
+from npusim.engine.links import LinkTransfer
 from npusim.engine.host import (
     LAUNCH_MODES, MEMCPY_DIRECTIONS, Host, HostCall, HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent,
 )
@@ -87,8 +88,9 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     stuck = dict(device.blocked)
     if not host.done or stuck or any(s.outstanding for s in host.streams.values()):
         raise DeadlockError(_deadlock_message(stuck, env.now))
+    fabric = host.fabric.links if host.fabric is not None else ()  # only runs with collectives have one
     samples = {link.name: tuple(link.samples) for link in
-               (device.memory.hbm, device.memory.l2_link, *host.pcie.values())} if counters else {}
+               (device.memory.hbm, device.memory.l2_link, *host.pcie.values(), *fabric)} if counters else {}
     return RunResult(
         hw=hw,
         cycles=host.end,  # background write-backs may still be draining; nobody waits for them
@@ -114,6 +116,10 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             if c.direction not in MEMCPY_DIRECTIONS or c.nbytes < 1:
                 raise ProgramError(f"{where}: expected nbytes >= 1 and direction in "
                                    f"{', '.join(MEMCPY_DIRECTIONS)}, got {c.nbytes}, {c.direction!r}")
+        elif isinstance(c, LinkTransfer):
+            bad = c.check() or (None if c.mode in LAUNCH_MODES else f"mode must be one of {', '.join(LAUNCH_MODES)}")
+            if bad:
+                raise ProgramError(f"{where}: {bad}")
         elif isinstance(c, HostWork) and not 0 <= c.us < math.inf:
             raise ProgramError(f"{where}: us must be a finite number >= 0, got {c.us}")
         elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):

@@ -85,9 +85,50 @@ class _Builder:
         self.node(name, "matmul", params, ins, {"c": out}, layer)
 
 
+def tp_layer_weight_shapes(w: Workload, tp: int) -> dict[str, tuple[int, ...]]:
+    """One device's weights of a layer under tensor parallelism `tp` (Megatron): Q, K, V,
+    gate and up split by output rows (heads, K/V heads, FFN columns), O and down by
+    input columns; norms replicated."""
+    shapes = dict(w.layer_weight_shapes())
+    for name, (axis, size) in {"wq": (0, w.q_size), "wk": (0, w.kv_size), "wv": (0, w.kv_size),
+                               "bq": (0, w.q_size), "bk": (0, w.kv_size), "bv": (0, w.kv_size),
+                               "w_gate": (0, w.ffn_size), "w_up": (0, w.ffn_size),
+                               "wo": (1, w.q_size), "w_down": (1, w.ffn_size)}.items():
+        if name in shapes:
+            shape = list(shapes[name])
+            shape[axis] = size // tp
+            shapes[name] = tuple(shape)
+    return shapes
+
+
+def check_tp(w: Workload, tp: int) -> None:
+    """ConfigError unless `tp` splits the heads, the K/V heads and the FFN evenly."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"--tp: expected a positive integer, got {tp!r}")
+    for key, n in (("heads", w.heads), ("kv_heads", w.kv_heads), ("ffn_size", w.ffn_size)):
+        if n % tp:
+            raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")
+
+
+def check_sp(w: Workload, phase: str, lengths: Sequence[int], sp: int) -> None:
+    """ConfigError unless `sp` can split this step's sequences evenly (a prefill of equal prompts)."""
+    if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+        raise ConfigError(f"--sp: expected a positive integer, got {sp!r}")
+    if sp == 1:
+        return
+    if phase != "prefill":
+        raise ConfigError(f"--sp {sp}: sequence parallel splits a prefill's prompt; a decode step has one token")
+    if len(set(lengths)) > 1 or lengths[0] % sp:
+        raise ConfigError(f"--sp {sp} must divide the prompt length evenly, got lengths {_short_lengths(lengths)}")
+
+
+def _short_lengths(lengths: Sequence[int]) -> str:
+    return str(lengths[0]) if len(set(lengths)) == 1 else ",".join(map(str, lengths[:8]))
+
+
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
                   lengths: int | Sequence[int] | None = None, capacity: int | None = None,
-                  new_tokens: Sequence[int] | None = None) -> Graph:
+                  new_tokens: Sequence[int] | None = None, tp: int = 1, sp: int = 1) -> Graph:
     """The baseline (unfused) graph of one decode step, one prefill or one mixed step.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
@@ -108,8 +149,17 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     cache and both writing their rows of one attention output.
     # assumption: both attention parts are shaped at the step's longest context
     # (one padded length, as a ragged decode batch), the chunks at the longest chunk
+
+    `tp`: the graph of one device of a tensor-parallel group of `tp` (its shard of
+    the heads and the FFN, an all_reduce after the O and down projections). `sp`:
+    the graph of one device of a sequence-parallel prefill over `sp` devices: it
+    holds 1/sp of each prompt's tokens and all_gathers every layer's K and V to
+    attend over the whole prompt. The device simulated is the last: under the
+    causal mask it attends to the most keys, so it is the slowest and sets the
+    step's time.
     """
     w = workload if isinstance(workload, Workload) else load_workload(workload)
+    check_tp(w, tp)
     lengths = _lengths(w, phase, batch, lengths)
     chunks = _new_tokens(w, phase, batch, lengths, new_tokens)
     decode = phase == "decode"
@@ -119,8 +169,9 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
             raise ConfigError(f"build_decoder({w.name}, {phase}): capacity {capacity} must be between the longest "
                               f"length {ctx} and max_context_tokens {w.max_context_tokens}")
         ctx = capacity
-    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads, w.kv_heads, w.ffn_size, w.vocab_size
-    g = w.group
+    check_sp(w, phase, lengths, sp)
+    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads // tp, w.kv_heads // tp, w.ffn_size // tp, w.vocab_size
+    layer_shapes = tp_layer_weight_shapes(w, tp)
     dt = w.dtype
     # the attention parts: (name prefix, sequences, new tokens each, masked)
     if phase == "mixed":
@@ -129,7 +180,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         parts = [p for p in (("", n_dec, 1, dec_ragged), ("chunk_", batch - n_dec, max(chunks), True)) if p[1]]
         rows = (1, sum(pb * ps for _, pb, ps, _ in parts))  # [1, tokens]: the step's tokens as one sequence
     else:
-        s = 1 if decode else ctx  # new tokens per sequence
+        s = 1 if decode else ctx // sp  # new tokens per sequence (on this device)
         ragged = len(set(lengths)) > 1 or ctx > max(lengths)  # some sequence shorter than the shapes
         parts = [("", batch, s, not decode or ragged)]
         rows = (batch, s)
@@ -160,8 +211,17 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
 
         def wt(name: str) -> str:
             if name in ("bq", "bk", "bv"):  # fp32 bias rows
-                return b.weight(L + name, w.layer_weight_shapes()[name], "fp32")
-            return b.weight(L + name, w.layer_weight_shapes()[name], format="NZ" if name.startswith("w") else "ND")
+                return b.weight(L + name, layer_shapes[name], "fp32")
+            return b.weight(L + name, layer_shapes[name], format="NZ" if name.startswith("w") else "ND")
+
+        def all_reduce(name: str, partial: str) -> str:
+            """Sum a row-split GEMM's partial output over the tensor-parallel group."""
+            if tp == 1:
+                return partial
+            out = act(name + "_sum", b.tensors[partial].shape)
+            b.node(L + name + "_all_reduce", "all_reduce", dict(elements=n * h, dtype=dt, devices=tp),
+                   {"x": partial}, {"y": out}, i)
+            return out
 
         norm = act("attn_norm_out", (n, h))
         b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
@@ -175,12 +235,23 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         for name, src, dst, heads in (("rope_q", q, q_rot, nh), ("rope_k", k, k_rot, kvh)):
             b.node(L + name, "rope", dict(shape=(n, heads, d), dtype=dt),
                    {"x": src, "cos": cos, "sin": sin}, {"y": dst}, i)
+        written = None  # tokens each part writes into its cache (default its new tokens)
+        if sp > 1:  # every device's K and V of the prompt, in token order
+            # assumption: the gathered K/V land in the order kv_cache_write reads (no reorder kernel)
+            for name in ("k_rot", "v"):
+                whole = act(name + "_all", (batch, ctx, kvh, d))
+                b.node(L + name + "_all_gather", "all_gather", dict(elements=batch * ctx * kvh * d, dtype=dt,
+                                                                    devices=sp, axis=1),
+                       {"x": k_rot if name == "k_rot" else val}, {"y": whole}, i)
+                k_rot, val = (whole, val) if name == "k_rot" else (k_rot, whole)
+            written = ctx
         attn = L + "attn"  # declared by the first part (after its caches and scores)
         for p, pb, ps, masked in parts:
             _attention(b, L + p, i, q_rot, k_rot, val, (attn, (*rows, nh, d)), pb, ps, ctx, masked,
-                       f"{p}attn_mask", position=-1 if phase != "prefill" else 0)
+                       f"{p}attn_mask", position=-1 if phase != "prefill" else 0, tp=tp, written=written)
         o = act("o", (n, h))
         b.matmul(L + "o_proj", attn, wt("wo"), o, n, h, nh * d, i)
+        o = all_reduce("o", o)
         x_attn = act("x_attn", (n, h))
         b.node(L + "attn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": o}, {"y": x_attn}, i)
         # FFN
@@ -196,6 +267,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         b.node(L + "mul", "mul", dict(shape=(n, f), dtype=dt), {"x1": gate_act, "x2": up}, {"y": ffn}, i)
         down = act("down", (n, h))
         b.matmul(L + "down_proj", ffn, wt("w_down"), down, n, h, f, i)
+        down = all_reduce("down", down)
         out = act("out", (n, h))
         b.node(L + "ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x_attn, "x2": down}, {"y": out}, i)
         x = out
@@ -221,17 +293,21 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
 
 
 def _attention(b: _Builder, P: str, i: int, q_rot: str, k_rot: str, val: str, attn: tuple[str, tuple], batch: int,
-               s: int, ctx: int, masked: bool, mask: str, position: int) -> None:
+               s: int, ctx: int, masked: bool, mask: str, position: int, tp: int = 1,
+               written: int | None = None) -> None:
     """One attention part, unfused: the new K and V into this part's per-layer caches
     [batch, kv_heads, ctx, head_dim], then QK^T, scale, [mask], softmax, PV into the
     attention output `attn` (name, shape; declared by the first part). Node and
-    tensor names start with `P` (the layer's prefix and the part's)."""
+    tensor names start with `P` (the layer's prefix and the part's). `tp`: the
+    heads are this device's shard; `written`: tokens written into the cache (a
+    sequence-parallel prefill's gathered prompt; default `s`)."""
     w, dt = b.w, b.w.dtype
-    d, nh, kvh, g = w.head_dim, w.heads, w.kv_heads, w.group
+    d, nh, kvh, g = w.head_dim, w.heads // tp, w.kv_heads // tp, w.group
     k_cache = b.tensor(P + "k_cache", (batch, kvh, ctx, d), "kv")
     v_cache = b.tensor(P + "v_cache", (batch, kvh, ctx, d), "kv")
     b.node(P + "kv_cache_write", "kv_cache_write",
-           dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=s, context=ctx, layers=w.layers, layer=i,
+           dict(batch=batch, kv_heads=kvh, head_dim=d, new_tokens=written or s, context=ctx, layers=w.layers,
+                layer=i,
                 position=position, layout="per_layer", dtype=dt),
            {"k": k_rot, "v": val}, {"k_cache": k_cache, "v_cache": v_cache}, i)
     scores_shape = (batch, nh, s, ctx)
@@ -333,15 +409,15 @@ def rope_tables(pos: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarra
 def attention_mask(graph: Graph) -> np.ndarray:
     """The additive mask [batch, heads, seq, context]: 0 where a query may see a key,
     MASK_VALUE where not (prefill: causal; decode: keys past the sequence's length)."""
-    w = graph.workload
     b, s, ctx = graph.batch, graph.seq, graph.context
+    heads = graph.tensors["attn_mask"].shape[1] if "attn_mask" in graph.tensors else graph.workload.heads
     keys = np.arange(ctx)
     if graph.phase == "decode":
         visible = keys[None, None, :] < np.array(graph.lengths)[:, None, None]  # [b, 1, ctx]
     else:
         visible = np.broadcast_to(keys[None, None, :] <= np.arange(s)[None, :, None], (b, s, ctx))
     mask = np.where(visible, 0.0, MASK_VALUE).astype(np.float32)
-    return np.broadcast_to(mask[:, None], (b, w.heads, s, ctx)).copy()
+    return np.broadcast_to(mask[:, None], (b, heads, s, ctx)).copy()  # this device's heads
 
 
 def host_inputs(graph: Graph, tokens: np.ndarray | None = None, seed: int = 0) -> dict[str, np.ndarray]:
@@ -372,5 +448,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "host_inputs", "node_params", "positions",
-           "rope_tables"]
+__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_sp", "check_tp", "host_inputs", "node_params",
+           "positions", "rope_tables", "tp_layer_weight_shapes"]

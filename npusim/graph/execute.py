@@ -167,8 +167,8 @@ def _original_shapes(graph: Graph, spec: TensorSpec, names: tuple[str, ...], p) 
     tensors): the workload's, else the consumer matmul's n_parts, else equal parts."""
     known = graph.workload.weight_shapes() if hasattr(graph.workload, "weight_shapes") else {}
     rest = tuple(spec.shape[1:])
-    if all(n in known for n in names):
-        shapes = [tuple(known[n]) for n in names]
+    if all(n in known for n in names) and sum(known[n][0] for n in names) == spec.shape[0]:
+        shapes = [tuple(known[n]) for n in names]  # (a tensor-parallel shard's are not the workload's)
     elif len(getattr(p, "n_parts", ())) == len(names):
         shapes = [(w, *rest) for w in p.n_parts]
     elif spec.shape[0] % len(names) == 0:

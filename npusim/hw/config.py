@@ -169,6 +169,48 @@ class Runtime:
     kernel_compile_us: float = _nonneg("host time to compile one distinct kernel the first time a shape runs")
 
 
+# Intra-node topologies a config may name: every card wired to every other (an 8-card
+# HCCS module), or each card to its two neighbours only.
+TOPOLOGIES = ("full_mesh", "ring")
+
+
+def _topology_kind(instance, attribute, value) -> None:
+    if value not in TOPOLOGIES:
+        raise ValueError(f"'{attribute.name}' must be in ({', '.join(TOPOLOGIES)}): {short(value)}")
+
+
+@frozen
+class Topology:
+    """How devices are wired: cards per node (server) joined by HCCS links, nodes joined
+    by one RoCE NIC per card. Collectives (npusim.ops.collectives) move their bytes
+    over these links."""
+
+    node_device_count: int = _pos("NPU cards in one node (server), joined by HCCS")
+    node_count: int = _pos("nodes that can be used together; a plan may use up to node_device_count x node_count cards")
+    intra_node: str = field(validator=_topology_kind, metadata={
+        "help": "intra-node wiring: full_mesh (a direct link to every other card) or ring (links to the two neighbours)"})
+    link_bw_bytes_per_s: float = _pos("one HCCS link, one direction")
+    link_latency_us: float = _nonneg("start-up of one transfer step on a link (alpha in the cost formulas)")
+    nic_bw_bytes_per_s: float = _pos("one card's NIC to other nodes, one direction")
+    nic_latency_us: float = _nonneg("start-up of one transfer step between nodes")
+
+    @property
+    def links_per_device(self) -> int:
+        """HCCS links each card has: one per other card in a full mesh, two in a ring."""
+        if self.intra_node == "full_mesh":
+            return self.node_device_count - 1
+        return min(2, self.node_device_count - 1)
+
+    @property
+    def max_devices(self) -> int:
+        return self.node_device_count * self.node_count
+
+    def size_text(self) -> str:
+        """How many devices it has, by field (for error messages)."""
+        return (f"{self.max_devices} (topology.node_device_count {self.node_device_count} x "
+                f"topology.node_count {self.node_count})")
+
+
 @frozen
 class HwConfig:
     name: str = field(metadata={"help": "config name, as in hwconfigs/NAME.yaml"})
@@ -179,6 +221,7 @@ class HwConfig:
     l2: L2
     hbm: Hbm
     dma: Dma
+    topology: Topology
     runtime: Runtime
 
     # ---- derived figures (cycles and bytes, the engine's units) ----

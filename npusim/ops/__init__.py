@@ -2,7 +2,7 @@
 
 from npusim.ops import copy, matmul  # noqa: F401  (register their op types)
 from npusim.ops import vector, rowwise, sampling, layout, kv_cache  # noqa: F401
-from npusim.ops import attention, geglu, logit_softcap, quant  # noqa: F401
+from npusim.ops import attention, geglu, logit_softcap, quant, collectives  # noqa: F401
 from npusim.ops.registry import OPS, GmArena, Lowered, OpSpec, TensorInfo, lower, ops_where
 from npusim.ops.roofline import OpReport, roofline, simulate_op
 

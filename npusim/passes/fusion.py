@@ -92,10 +92,13 @@ def _flash_attention(ed: Editor) -> None:
     g, w = ed.base, ed.base.workload
     for qk, scaling, softmax, pv in list(_attention_chains(ed)):
         q, k_cache, v_cache, o = qk.inputs["a"], qk.inputs["b"], pv.inputs["b"], pv.outputs["c"]
-        batch, seq, context = g.batch, g.seq, g.context
-        if g.phase == "mixed":  # one of the step's attention parts: its own shapes (graph.build)
-            batch, seq, context = qk.args.batch // w.kv_heads, qk.args.m // w.group, qk.args.n
-        common = dict(batch=batch, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim, dtype=w.dtype)
+        # shapes as the graph's tensors and this part's QK^T have them: a device of a parallel plan
+        # holds fewer heads than the workload, and a mixed step's attention parts each have their
+        # own batch and query tokens (graph.build). QK^T batches batch x kv_heads, m = group x seq
+        heads = g.tensors[q].shape[2]
+        kv_heads = heads // w.group
+        batch, seq, context = qk.args.batch // kv_heads, qk.args.m // w.group, qk.args.n
+        common = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=w.head_dim, dtype=w.dtype)
         name = qk.name.removesuffix("qk") + "attention"
         if g.phase == "decode" or g.phase == "mixed" and seq == 1:
             # padding keys of a ragged batch: each sequence attends to its own length

@@ -185,8 +185,12 @@ def roofline(source, out_dir: str | Path, name: str = "roofline") -> list[Path]:
 
 
 def longest_kernel(result: RunResult):
-    """The kernel record that ran longest (ties: the first)."""
-    return max(result.kernels, key=lambda k: (k.cycles, -k.id))
+    """The kernel record that ran longest on the cores (ties: the first); a collective's
+    transfer steps (on the links, engine.links) have no pipes to show."""
+    from npusim.isa.program import CoreType
+
+    on_cores = [k for k in result.kernels if k.core_type in {c.value for c in CoreType}]
+    return max(on_cores or result.kernels, key=lambda k: (k.cycles, -k.id))
 
 
 def _core_key(core: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from npusim.graph.ir import Graph, GraphError, Node
 from npusim.graph.lifetimes import align
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
+from npusim.ops.collectives.lower import launch_order, transfer
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower
 from npusim.passes import Schedule, schedule_of
 from npusim.runtime.memory import Placement
@@ -225,7 +226,15 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
     for c in nodes:
         name = c.node.name
         calls += [(name, WaitEvent(d, c.stream)) for d in deps.get(name, ())]
-        for i, k in enumerate(c.kernels):
+        sends = 0
+        for i in launch_order(c.lowered):  # kernel indices; a collective's transfer steps between them
+            if not isinstance(i, int):
+                owner = Owner(name, c.node.layer, len(c.kernels) + sends)  # numbered after the node's kernels
+                calls.append((name, transfer(c.lowered.tiling, i, kernel_name(name, f"send{sends}", True), c.stream,
+                                             sched.launch, owner)))
+                sends += 1
+                continue
+            k = c.kernels[i]
             reuse = Reuse((*c.reuse_key, i), *_footprint(k, c.node, graph, addresses)) if replay else None
             calls.append((name, Launch(k, c.stream, sched.launch, reuse, Owner(name, c.node.layer, i))))
             if sched.sync == "every_op":

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
+import attrs
 from attrs import frozen
 
 from npusim.diskcache import DiskCache
@@ -22,6 +23,7 @@ from npusim.graph.build import _lengths, build_decoder
 from npusim.graph.ir import Graph
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.parse import short
+from npusim.parallel.plan import Plan, check_plan, device_kv_bytes, device_weight_bytes, devices_to_fit
 from npusim.passes import apply, pass_names
 from npusim.runtime.compile import LoweringCache
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place, size
@@ -39,10 +41,12 @@ class Step:
     lengths: Any = None  # one int for every sequence, one per sequence, or None (the builder's default)
     passes: Any = "baseline"  # a pipeline name, a comma list or a sequence of pass names
     options: Mapping[str, Any] = {}  # pass options: fusion_rules, kv_layout
+    tp: int = 1  # tensor-parallel degree: the graph is one device's shard (npusim.parallel)
+    sp: int = 1  # sequence-parallel degree (prefill)
 
     def graph(self, batch: int | None = None, lengths=None, hw: HwConfig | None = None) -> Graph:
         g = build_decoder(self.workload, self.phase, batch or self.batch,
-                          self.lengths if lengths is None else lengths)
+                          self.lengths if lengths is None else lengths, tp=self.tp, sp=self.sp)
         return apply(g, self.passes, **dict(self.options), hw=hw)
 
 
@@ -82,20 +86,28 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
                 batch: int = 1, context=None, passes: str | Sequence[str] = "baseline", *,
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
                 cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
-                store: DiskCache | None = None, counters: bool = True, **options) -> GraphRun:
+                store: DiskCache | None = None, counters: bool = True, tp: int = 1, sp: int = 1,
+                devices: int | None = None, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
     margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
     `store`: the on-disk cache the step is served from or stored into (npusim.diskcache).
     counters=False: no bandwidth samples in the trace (they only feed a Chrome trace).
+    `tp` / `sp` / `devices`: a parallel plan (npusim.parallel.Plan); the run is one
+    device's, its peers symmetric, and memory is checked per device.
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
     _check_args(workload, phase, batch, context, passes, hw=hw, overrides=overrides, memo=memo)
+    for key in ("pp", "microbatches"):
+        if key in options:
+            raise ConfigError(f"--{key}: a pipelined step is run by `npusim run` (npusim.parallel.pipeline)")
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
+    plan = check_plan(Plan(tp, sp, devices), s.workload, hw)
+    s = attrs.evolve(s, tp=plan.tp, sp=plan.sp)
     inputs = (s.workload, s.phase, s.batch, s.lengths, pass_names(s.passes), options_key(dict(s.options)), memo,
-              trace, counters) if store is not None else None
+              trace, counters, s.tp, s.sp) if store is not None else None
     return cached(store, "step", inputs, hw, lambda hw: _run_step(s, hw, memo, trace, cache, progress, counters))
 
 
@@ -105,9 +117,10 @@ def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCach
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
     ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
-    least = MemoryBreakdown(_least_weight_bytes(s), s.workload.kv_bytes(s.batch, ctx), 0, 0, hw.hbm.hbm_bytes)
+    least = MemoryBreakdown(_least_weight_bytes(s), device_kv_bytes(s.workload, s.batch, ctx, s.tp), 0, 0,
+                            hw.hbm.hbm_bytes)
     if not least.fits:
-        weights = "weights" if least.weights_bytes == s.workload.weight_bytes else "INT8 weights at least"
+        weights = "INT8 weights at least" if "quantize" in pass_names(s.passes) else "weights"
         need = (f"{weights} {size(least.weights_bytes)} + KV cache {size(least.kv_bytes)} alone need "
                 f"{size(least.total_bytes)} of {size(least.capacity_bytes)}")
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
@@ -120,9 +133,10 @@ def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCach
 
 
 def _least_weight_bytes(s: Step) -> int:
-    """A lower bound of the step's weight bytes before its graph is built: the
-    checkpoint's, or one byte per parameter when the quantize pass runs (INT8)."""
-    return s.workload.param_count if "quantize" in pass_names(s.passes) else s.workload.weight_bytes
+    """A lower bound of one device's weight bytes before its graph is built: its shard
+    of the checkpoint, or one byte per parameter of it when the quantize pass runs (INT8)."""
+    held = device_weight_bytes(s.workload, s.tp)
+    return held // s.workload.dtype_bytes if "quantize" in pass_names(s.passes) else held
 
 
 def _most(free: int, per: int) -> int:
@@ -148,12 +162,16 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
         return place(s.graph(batch=batch, lengths=lengths, hw=hw), hw.hbm.hbm_bytes).breakdown.fits
 
     # weights and KV cache alone bound the search (fewer, smaller graphs to build)
+    w, tp = s.workload, s.tp
     free = hw.hbm.hbm_bytes - _least_weight_bytes(s)
-    best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, s.workload.kv_bytes(1, ctx))))
-    best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, s.workload.kv_bytes(batch, 1))))
-    return (f"{s.workload.name} {s.phase} batch {batch} x context {ctx} does not fit in {hw.name}'s "
-            f"memory: {need}; the largest batch that fits at context {ctx} is {best_batch}, "
-            f"the largest context that fits at batch {batch} is {best_ctx}")
+    best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, device_kv_bytes(w, 1, ctx, tp))))
+    best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, device_kv_bytes(w, batch, 1, tp))))
+    where = f"{hw.name}'s memory" if tp == 1 else f"the memory of one of {tp} {hw.name} devices (--tp {tp})"
+    need_tp = devices_to_fit(w, batch, ctx, hw)
+    more = (f"; weights and KV cache fit on {need_tp} devices (--tp {need_tp})" if need_tp and need_tp > tp else "")
+    return (f"{w.name} {s.phase} batch {batch} x context {ctx} does not fit in {where}: {need}; "
+            f"the largest batch that fits at context {ctx} is {best_batch}, "
+            f"the largest context that fits at batch {batch} is {best_ctx}{more}")
 
 
 @frozen

@@ -31,7 +31,7 @@ from npusim.engine.host import Launch, host_cost_cycles
 from npusim.graph.ir import Graph, Node
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
-from npusim.runtime.compile import CompiledNode, HostProgram, LoweringCache, compile_nodes, host_program, kernel_name
+from npusim.runtime.compile import CompiledNode, HostProgram, LoweringCache, compile_nodes, host_program
 from npusim.runtime.memo_trace import fill_replays, replicate_trace
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place
 
@@ -87,7 +87,10 @@ class GraphRun:
         name = self.pattern.get(rec.owner.node, rec.owner.node)
         if self._lowered is None:
             object.__setattr__(self, "_lowered", {c.node.name: c for c in self.compiled})
-        return self._lowered[name].kernels[rec.owner.index]
+        kernels = self._lowered[name].kernels
+        if rec.owner.index >= len(kernels):  # numbered after the node's kernels: a collective's transfer step
+            raise ValueError(f"{rec.name!r} is a transfer step on the links, not a kernel")
+        return kernels[rec.owner.index]
 
     @property
     def hw(self) -> HwConfig:
@@ -152,7 +155,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     if memoised:
         copies = _copies(graph, layers[1], len(layers) - 3)
         pattern = {target.name: source for targets in copies.values() for source, target in targets.items()}
-        result = _replicate(result, compiled, program, layers[0], layers[1], copies)
+        result = _replicate(result, program, layers[0], layers[1], copies)
     simulated = {c.node.name: c.workspace_bytes for c in compiled}
     used = {r.name: simulated[pattern.get(r.owner.node, r.owner.node)] for r in result.kernels}
     return GraphRun(graph, result, breakdown, tuple(compiled), memoised, pattern,
@@ -173,7 +176,7 @@ def _copies(graph: Graph, layer: int, copies: int) -> dict[int, dict[str, Node]]
     return {j: {s.name: t for s, t in zip(pattern, graph.layer_nodes(layer + j))} for j in range(1, copies + 1)}
 
 
-def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostProgram, first: int, layer: int,
+def _replicate(part: RunResult, program: HostProgram, first: int, layer: int,
                copies: dict[int, dict[str, Node]]) -> RunResult:
     """`part` with layer `layer`'s kernels repeated as the `copies` (see _copies),
     everything after them shifted, host costs grown to match. The host thread ends
@@ -184,7 +187,8 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
     end_before = max(r.end for r in part.kernels if r.owner.layer == first)
     end = max(r.end for r in block)
     delta = end - end_before
-    order = [(c.node.name, i) for c in compiled for i in range(len(c.kernels))]  # launch order
+    order = [(call.owner.node, call.owner.index) for call in program.calls  # launch order (transfers too)
+             if getattr(call, "owner", None) is not None]
     last = max(i for i, (node, _) in enumerate(order) if node in copies[1])
     after = set(order[last + 1:])  # launched after the layer
     costs = [(host_cost_cycles(call, part.hw), call) for call, owner in zip(program.calls, program.owners)
@@ -200,12 +204,11 @@ def _replicate(part: RunResult, compiled: Sequence[CompiledNode], program: HostP
             moved.add(r.id)
         records.append(attrs.evolve(r, queued=r.queued + shift, start=r.start + shift, end=r.end + shift))
     replicas: dict[int, list[KernelRecord]] = {r.id: [] for r in block}
-    lowered = {c.node.name: c for c in compiled}
     next_id = max(r.id for r in part.kernels) + 1  # simulated records keep their ids: the trace refers to them
     for j, targets in copies.items():
         for i, r in enumerate(block):
-            c, target = lowered[r.owner.node], targets[r.owner.node]
-            name = kernel_name(target.name, c.lowered.kernels[r.owner.index].name, len(c.kernels) > 1)
+            target = targets[r.owner.node]
+            name = target.name + r.name[len(r.owner.node):]  # kernel_name() of the same kernel in the copy
             records.append(attrs.evolve(r, id=next_id + (j - 1) * len(block) + i, name=name,
                                         owner=Owner(target.name, target.layer, r.owner.index),
                                         queued=r.queued + j * delta, start=r.start + j * delta, end=r.end + j * delta))

@@ -1,0 +1,9 @@
+"""Collectives (AllReduce, ReduceScatter, AllGather, AllToAll) as ops on the engine:
+HCCL's Mesh and Ring algorithms (algorithms.py), lowered to vector kernels plus
+transfer steps on the links (lower.py), with numpy semantics across ranks (exchange.py)."""
+
+from npusim.ops.collectives.algorithms import ALGOS, KINDS, Copy, Reduce, Send, formula_us, pick, steps
+from npusim.ops.collectives.lower import CollectiveParams, CollectivePlan, launch_order
+
+__all__ = ["ALGOS", "KINDS", "CollectiveParams", "CollectivePlan", "Copy", "Reduce", "Send", "formula_us",
+           "launch_order", "pick", "steps"]

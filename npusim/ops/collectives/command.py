@@ -1,0 +1,54 @@
+"""`npusim op all_reduce bytes=64MiB devices=8 algo=mesh`: one collective, printed the
+way hccl_test prints it (`bytes` may also be a range: bytes=1KiB..1GiB doubles from
+the first to the last, like hccl_test's -b/-e/-f 2)."""
+
+from __future__ import annotations
+
+from npusim.errors import ConfigError
+from npusim.hw import HwConfig
+from npusim.isa.program import DTYPE_BYTES
+from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_bytes, simulate_collective
+
+KEYS = ("bytes", "elements", "devices", "algo", "dtype")
+
+
+def sizes(text: str) -> list[int]:
+    """'64MiB' -> [64 MiB]; '1KiB..1MiB' -> every power-of-two multiple from 1 KiB to 1 MiB."""
+    lo, dots, hi = text.partition("..")
+    first = parse_bytes(lo, "op: bytes")
+    last = parse_bytes(hi, "op: bytes") if dots else first
+    if first < 1 or last < first:
+        raise ConfigError(f"op: bytes: expected 1 <= first <= last, got {text!r}")
+    out = [first]
+    while out[-1] * 2 <= last:
+        out.append(out[-1] * 2)
+    return out
+
+
+def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[str, list[CollectiveReport]]:
+    """The printed table and the reports of `npusim op KIND key=value...`."""
+    unknown = sorted(set(params) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"op {kind}: unknown parameter '{unknown[0]}' (expected one of: {', '.join(KEYS)})")
+    try:
+        devices = int(params.get("devices", hw.topology.node_device_count))
+    except ValueError:
+        raise ConfigError(f"op {kind}: parameter 'devices' expects an integer, got {params['devices']!r}") from None
+    dtype = params.get("dtype", "fp16")
+    if "elements" in params and "bytes" in params:
+        raise ConfigError(f"op {kind}: give bytes or elements, not both")
+    if "elements" in params:  # the op's parameter, as the graph's nodes give it
+        params = {**params, "bytes": str(int(parse_bytes(params["elements"], "op: elements")) *
+                                         DTYPE_BYTES.get(dtype, 2))}
+    reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), dtype)
+               for n in sizes(params.get("bytes", "64MiB"))]
+    r = reports[0]
+    head = (f"{kind} on {devices} devices of {hw.name} ({hw.topology.intra_node}), algorithm {r.algo}; "
+            "one rank simulated, its peers symmetric")
+    return "\n".join([head, HEADER] + [x.line() for x in reports]), reports
+
+
+def report_json(reports: list[CollectiveReport]) -> dict:
+    return {"op_type": reports[0].kind, "algo": reports[0].algo, "devices": reports[0].devices,
+            "rows": [{"data_size_bytes": r.nbytes, "latency_us": r.us, "alg_bw_gb_s": r.algbw_gb_s,
+                      "bus_bw_gb_s": r.busbw_gb_s, "formula_us": r.formula_us} for r in reports]}

@@ -1,0 +1,84 @@
+"""A parallel plan: how many devices a step runs on and how the decoder is split.
+
+Tensor parallel (Megatron style): each of `tp` devices holds 1/tp of the heads, the
+K/V heads (and their KV cache) and the FFN columns; an all_reduce after the O and
+down projections sums the partial outputs (graph.build_decoder(tp=...)).
+Sequence parallel (prefill): each of `sp` devices holds 1/sp of every prompt's
+tokens and all_gathers each layer's K and V (graph.build_decoder(sp=...)); each
+keeps the whole KV cache of its K/V heads. The
+devices are symmetric: one is simulated, its collectives' peers are assumed to run
+the same program (engine.links.SymmetricFabric; tests/test_parallel.py checks this
+against simulating every rank).
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from npusim.errors import ConfigError
+from npusim.graph.build import check_tp, tp_layer_weight_shapes
+from npusim.hw import HwConfig
+from npusim.workload import Workload
+
+
+@frozen
+class Plan:
+    tp: int = 1
+    sp: int = 1
+    devices: int | None = None  # None: tp x sp
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.sp if self.devices is None else self.devices
+
+
+def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
+    """One-line ConfigError for a plan that cannot run: tp not dividing the heads, K/V
+    heads or FFN; devices other than tp x sp; more devices than the topology has; a
+    tensor-parallel group spanning nodes. (build_decoder checks that sp splits the prompt.)"""
+    check_tp(w, plan.tp)
+    if isinstance(plan.sp, bool) or not isinstance(plan.sp, int) or plan.sp < 1:
+        raise ConfigError(f"--sp: expected a positive integer, got {plan.sp!r}")
+    if plan.devices is not None:
+        if isinstance(plan.devices, bool) or not isinstance(plan.devices, int) or plan.devices < 1:
+            raise ConfigError(f"--devices: expected a positive integer, got {plan.devices!r}")
+        if plan.devices != plan.tp * plan.sp:
+            raise ConfigError(f"--devices {plan.devices} must equal --tp {plan.tp} x --sp {plan.sp} = "
+                              f"{plan.tp * plan.sp}")
+    topo = hw.topology
+    if plan.world > topo.max_devices:
+        raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.size_text()}")
+    if plan.tp > topo.node_device_count:
+        raise ConfigError(f"--tp {plan.tp} spans nodes: a tensor-parallel group must fit in one node of "
+                          f"{topo.node_device_count} devices (topology.node_device_count)")
+    return plan
+
+
+def device_weight_bytes(w: Workload, tp: int) -> int:
+    """Weights one device holds: its shard of every layer, the embedding, final norm and
+    LM head whole.
+    # assumption: embedding and LM head are replicated, not split over the vocabulary."""
+    layer = sum(_numel(s) for s in tp_layer_weight_shapes(w, tp).values())
+    return w.weight_bytes - w.layers * (w.layer_params - layer) * w.dtype_bytes
+
+
+def device_kv_bytes(w: Workload, batch: int, tokens: int, tp: int) -> int:
+    """KV cache one device holds: its K/V heads."""
+    return w.kv_bytes(batch, tokens) // tp
+
+
+def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig) -> int | None:
+    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node."""
+    for tp in range(1, hw.topology.node_device_count + 1):
+        if w.heads % tp or w.kv_heads % tp or w.ffn_size % tp:
+            continue
+        if device_weight_bytes(w, tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:
+            return tp
+    return None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,54 @@
+"""Bad-input catalogue, parallel plans and collectives: one line naming the flag and what was expected."""
+
+import pytest
+
+from cli_check import fails_cleanly
+
+TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "validate"])
+@pytest.mark.parametrize("argv, expect", [
+    (["--tp", "3"], r"--tp 3 does not divide k3-tiny's heads 4"),
+    (["--tp", "4"], r"--tp 4 does not divide k3-tiny's kv_heads 2"),
+    (["--tp", "0"], r"--tp: expected a positive integer, got 0"),
+    (["--tp", "2", "--devices", "4"], r"--devices 4 must equal --tp 2 x --sp 1 = 2"),
+    (["--sp", "2"], r"--sp 2: sequence parallel splits a prefill's prompt; a decode step has one token"),
+    (["--sp", "3", "--phase", "prefill"], r"--sp 3 must divide the prompt length evenly, got lengths 64"),
+    (["--sp", "-1", "--phase", "prefill"], r"--sp: expected a positive integer, got -1"),
+    (["--tp", "2", "--set", "topology.node_device_count=1", "--set", "topology.node_count=1"],
+     r"2 devices, but ascend910b2's topology has 1"),
+    (["--tp", "2", "--set", "topology.node_device_count=1"], r"--tp 2 spans nodes"),
+])
+def test_bad_plan(cmd, argv, expect, capsys):
+    if cmd == "validate" and "--set" in argv:
+        pytest.skip("validate takes no hardware overrides")
+    fails_cleanly([cmd, *TINY, *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["all_reduce", "bytes=64XB"], r"bytes: expected a size such as 4096, 64KiB or 1GiB, got '64XB'"),
+    (["all_reduce", "devices=33"], r"33 devices, but the topology has 32"),
+    (["all_reduce", "devices=16", "algo=mesh"], r"algo mesh needs every rank wired to every other"),
+    (["all_reduce", "algo=tree"], r"'algo' must be in \(.auto., .mesh., .ring.\) \(got 'tree'\)"),
+    (["all_reduce", "devices=x"], r"parameter 'devices' expects an integer, got 'x'"),
+    (["all_reduce", "root=0"], r"unknown parameter 'root'"),
+    (["all_to_all", "algo=ring"], r"only the mesh algorithm is modelled"),
+    (["all_reduce", "bytes=1KiB..1B"], r"expected 1 <= first <= last"),
+])
+def test_bad_collective(argv, expect, capsys):
+    fails_cleanly(["op", *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("cmd, argv, expect", [
+    ("run", ["--pp", "3"], r"--pp 3 does not divide k3-tiny's layers 2"),
+    ("run", ["--pp", "2", "--microbatches", "3"], r"--microbatches 3 does not divide the batch 2"),
+    ("run", ["--microbatches", "2"], r"--microbatches is an option of a pipeline: give --pp N too"),
+    ("run", ["--pp", "2", "--devices", "4"], r"--devices 4 must equal --tp 1 x --pp 2 = 2"),
+    ("run", ["--pp", "2", "--sp", "2"], r"--pp with --sp: a pipeline of sequence-parallel stages is not modelled"),
+    ("run", ["--pp", "0"], r"--pp: expected a positive integer, got 0"),
+    ("compare", ["--pp", "2"], r"--pp: a pipelined step is run by `npusim run`"),
+    ("validate", ["--pp", "2"], r"--pp: a pipeline's stages compute what the unsplit decoder does"),
+])
+def test_bad_pipeline(cmd, argv, expect, capsys):
+    fails_cleanly([cmd, *TINY, *argv], capsys, expect)
