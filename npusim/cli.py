@@ -446,6 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
+    calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to an msprof profile",
+                               formatter_class=_Help)
+    from npusim.calibrate.command import add_arguments as _calibrate_arguments, main as _calibrate
+
+    _calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=_calibrate)
     return p
 
 
