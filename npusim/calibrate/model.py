@@ -40,8 +40,7 @@ class Model:
         self.fields = tuple(fields)
         self.v0 = np.array([float(value_of(base, f)) for f in self.fields])
         self.integer = [isinstance(value_of(base, f), int) for f in self.fields]
-        self.cache: dict[tuple, float] = {}
-        self.simulations = 0
+        self.cache: dict[tuple, float] = {}  # shared by with_fields(): its size is the simulations run
 
     def values(self, theta: np.ndarray) -> tuple:
         """The field values theta stands for, as the config holds them."""
@@ -56,6 +55,10 @@ class Model:
     def config(self, theta: np.ndarray) -> HwConfig:
         over = {f: v for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)}
         return load_hw(self.base, over) if over else self.base
+
+    @property
+    def simulations(self) -> int:
+        return len(self.cache)
 
     def with_fields(self, fields: Sequence[str]) -> Model:
         """The same model over other fields, sharing the simulations already done."""
@@ -74,7 +77,6 @@ class Model:
             if ck not in self.cache:
                 hw = hw or self.config(theta)
                 self.cache[ck] = op_time_us(key, hw)
-                self.simulations += 1
             out[i] = math.log(self.cache[ck])
         return out
 
