@@ -27,7 +27,9 @@ STEP = math.log(1.2)  # finite-difference step of the Jacobian: a 20% change of 
 MIN_EFFECT = 0.005
 MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
-TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step
+TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
+MIN_GAIN = 1e-3  # or the loss falls by less than this fraction of itself,
+MAX_REJECTED = 4  # or this many steps in a row fail to lower it (each costs a simulation of every op)
 
 
 @frozen
@@ -101,7 +103,7 @@ def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured
     f = model.log_times(theta, keys)
     J = jacobian(model, theta, keys, f) if J0 is None else J0.copy()
     r = f[row_key] - log_measured
-    loss, damping = _loss(r), 1e-3
+    loss, damping, rejected = _loss(r), 1e-3, 0
     for _ in range(MAX_ITERATIONS):
         w = _weights(r)
         Jr = J[row_key]
@@ -110,21 +112,25 @@ def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured
         A_damped = A + damping * np.diag(np.diag(A) + 1e-12)
         step = -np.linalg.lstsq(A_damped, g, rcond=None)[0]
         step *= min(1.0, MAX_STEP / max(np.max(np.abs(step)), 1e-300))
-        trial = theta + step
+        trial = model.snap(theta + step)
+        if np.array_equal(trial, theta):
+            break  # the step is below what the fields can represent (integers, the cap of 1)
         f_trial = model.log_times(trial, keys)
         r_trial = f_trial[row_key] - log_measured
         dtheta, df = trial - theta, f_trial - f
         if dtheta @ dtheta > 0:  # Broyden: make J agree with the change just seen
             J += np.outer(df - J @ dtheta, dtheta) / (dtheta @ dtheta)
         if _loss(r_trial) < loss:
-            converged = np.max(np.abs(step)) < TOLERANCE or loss - _loss(r_trial) < 1e-6 * loss
+            converged = np.max(np.abs(step)) < TOLERANCE or loss - _loss(r_trial) < MIN_GAIN * loss
+            rejected = 0
             theta, f, r, loss = trial, f_trial, r_trial, _loss(r_trial)
             damping = max(damping / 3, 1e-7)
             if converged:
                 break
         else:
             damping *= 4
-            if damping > 1e6:
+            rejected += 1
+            if rejected >= MAX_REJECTED:
                 break
     return theta
 

@@ -52,6 +52,11 @@ class Model:
             out.append(max(0, round(v)) if integer else float(f"{v:.6g}"))
         return tuple(out)
 
+    def snap(self, theta: np.ndarray) -> np.ndarray:
+        """theta of the values the config can hold (rounded integers, capped efficiencies)."""
+        return np.array([math.log(v / v0) if v > 0 and v0 > 0 else t
+                         for v, v0, t in zip(self.values(theta), self.v0, theta)])
+
     def config(self, theta: np.ndarray) -> HwConfig:
         over = {f: v for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)}
         return load_hw(self.base, over) if over else self.base
