@@ -134,3 +134,28 @@ def test_the_written_config_is_a_variant_that_loads(recovered, tmp_path):
         assert "# assumed; fitted from" in line and "median error" in line
     # a calibrated config can be calibrated again: its fitted fields stay "assumed"
     assert set(fittable_fields(path)) >= {f.field for f in cal.fields}
+
+
+def test_the_command_writes_config_json_and_plot_and_run_uses_the_config(tmp_path, capsys, monkeypatch):
+    """End to end on a tiny vector-op profile: `npusim calibrate` then `npusim run --hw` the result."""
+    import json
+
+    from npusim.cli import main
+
+    x = Tensor((16, 512))
+    specs = [OpSpec("RmsNorm", (Tensor((n, 512)), Tensor((512,))), (Tensor((n, 512)),), "AI_VECTOR_CORE")
+             for n in (1, 64, 256)] + [OpSpec("Add", (x, x), (x,), "AI_VECTOR_CORE")]
+    write_profile(synthetic_rows(specs, load_hw("ascend910b2", {"runtime.kernel_start_cycles": 7000}), repeats=3),
+                  tmp_path / "op_summary.csv")
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "--profile", "op_summary.csv", "--out", "mine.yaml", "--json", "c.json",
+                 "--plot", "plots", "--folds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "runtime.kernel_start_cycles  9000 -> " in out and "held-out median" in out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["rows_mapped"] == 12 and data["folds"] == 2
+    assert [f["field"] for f in data["fields"]] == ["runtime.kernel_start_cycles"]
+    assert abs(data["fields"][0]["after"] / 7000 - 1) < 0.05
+    assert (tmp_path / "plots" / "calibration.png").stat().st_size > 0
+    assert main(["run", "--hw", "mine.yaml", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]) == 0
+    assert "k3-tiny decode on mine" in capsys.readouterr().out
