@@ -25,6 +25,9 @@ STEP = math.log(1.2)  # finite-difference step of the Jacobian: a 20% change of 
 # fields already chosen, still moves some op's time by this much: smaller effects are
 # lost in run-to-run noise of real measurements (a few percent)
 MIN_EFFECT = 0.005
+# an integer field smaller than this moves in steps of more than 10% of itself: too
+# coarse for a relative fit (dma.segment_cycles = 1 can only double or vanish)
+MIN_INTEGER = 10
 MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
 TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
@@ -68,6 +71,10 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray) -> tuple[lis
         name = model.fields[j]
         if model.v0[j] == 0:
             excluded.append(Excluded(name, "its value is 0: a relative (log-scale) fit cannot move it"))
+            continue
+        if model.integer[j] and model.v0[j] < MIN_INTEGER:
+            excluded.append(Excluded(name, f"an integer of {model.v0[j]:g}: one unit is a step of "
+                                           f"{100 / model.v0[j]:.0f}%, too coarse to fit"))
             continue
         if np.max(np.abs(col)) * STEP < MIN_EFFECT:
             excluded.append(Excluded(name, f"a 20% change moves no op in the profile by {100 * MIN_EFFECT:.1f}% "
