@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npusim.errors import NpusimError
 from npusim.hw import HwConfig, load_hw
 from npusim.calibrate.fields import value_of
 from npusim.ops.registry import lower
@@ -85,11 +84,3 @@ class Model:
             out[i] = math.log(self.cache[ck])
         return out
 
-
-def lowers(key: OpKey, hw: HwConfig) -> str | None:
-    """None if the op simulates on `hw`, else why not (one line)."""
-    try:
-        op_time_us(key, hw)
-    except NpusimError as e:
-        return str(e)
-    return None

@@ -13,8 +13,9 @@ import numpy as np
 from attrs import frozen
 
 from npusim.calibrate.model import op_time_us
-from npusim.calibrate.opmap import map_row
+from npusim.calibrate.opmap import Unmappable, map_row
 from npusim.calibrate.profile import OPTIONAL_COLUMNS, ProfileRow
+from npusim.errors import NpusimError
 from npusim.hw import HwConfig
 from npusim.report.tables import SUMMARY_COLUMNS, write_csv
 
@@ -107,7 +108,7 @@ def synthetic_rows(specs: Sequence[OpSpec], hw: HwConfig, repeats: int = 1, nois
             if i not in times:
                 try:
                     times[i] = op_time_us(map_row(row).key, hw)
-                except Exception:  # an unmapped op: its time is never compared
+                except (Unmappable, NpusimError):  # not simulated: its time is never compared
                     times[i] = 10.0
             us = times[i] * (1 + rng.uniform(-noise, noise))
             rows.append({"Op Name": f"{row.op_name}_{r}", "OP Type": spec.op_type, "Task Type": spec.task_type,
