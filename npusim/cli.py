@@ -417,6 +417,12 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     for p_ in (op, run, compare, sweep):
         add_cache_flags(p_)
     add_cache_command(sub)
+    calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to an msprof profile",
+                               formatter_class=_Help)
+    from npusim.calibrate.command import add_arguments as _calibrate_arguments, main as _calibrate
+
+    _calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=_calibrate)
     return p
 
 

@@ -56,7 +56,8 @@ def test_every_other_readme_python_block_runs():
 
 # README examples with their output shown that take over ~30 s to run, and why; every
 # other one is run below and must print what the README shows
-SLOW = {"npusim sweep": "12 K3 decode steps"}
+SLOW = {"npusim sweep": "12 K3 decode steps",
+        "npusim calibrate": "four GEMMs up to 7680^3, each simulated ~20 times (minutes); benchmarks/calibrate.py"}
 
 
 def _shown() -> list[tuple[str, list[str]]]:

@@ -1,0 +1,75 @@
+"""Which hardware config fields calibration may fit: those whose source comment in the
+YAML (in the file of the `base:` chain that gives the value) says "assumed", and whose
+unit makes them a cost or a rate (cycles, microseconds, bytes per cycle or second, an
+efficiency; not the host's microsecond costs) - never a size, a count or a structural choice (L2 ways, flag ids), which
+a profile cannot measure and a fit must not invent.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import reduce
+from pathlib import Path
+
+import attrs
+
+from npusim.hw import HwConfig, load_hw
+from npusim.hw.load import _raw_config, find_file
+
+COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s")
+# host-side costs (the runtime's microsecond fields, host <-> device copies) are not part
+# of a kernel's Task Duration, so a profile of kernels cannot fit them
+HOST_SIDE = ("runtime.pcie_bw_bytes_per_s",)
+_KEY_LINE = re.compile(r"^( *)([A-Za-z_]\w*):(.*)$")
+
+
+def field_comments(path: Path) -> dict[str, str]:
+    """{dotted key path: the comment on its line} of one YAML config file."""
+    comments, stack = {}, []  # stack: (indent, key) of the enclosing sections
+    for line in path.read_text().splitlines():
+        m = _KEY_LINE.match(line)
+        if not m:
+            continue
+        indent, key, rest = len(m[1]), m[2], m[3]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key])
+        stack.append((indent, key))
+        comment = re.match(r"(.*?)(?:\s#(.*))?$", rest).group(2)
+        if comment:
+            comments[dotted] = comment.strip()
+    return comments
+
+
+def value_of(hw: HwConfig, dotted: str):
+    return reduce(getattr, dotted.split("."), hw)
+
+
+def scalar_fields(hw: HwConfig) -> list[str]:
+    """Every plain numeric field of the config, as dotted key paths, in config order."""
+    out = []
+    for section in attrs.fields(HwConfig):
+        record = getattr(hw, section.name)
+        if not attrs.has(type(record)):
+            continue
+        for f in attrs.fields(type(record)):
+            if isinstance(getattr(record, f.name), (int, float)) and not isinstance(getattr(record, f.name), bool):
+                out.append(f"{section.name}.{f.name}")
+    return out
+
+
+def fittable_fields(hw_name_or_path: str | Path) -> dict[str, str]:
+    """{dotted field: its source comment} of the fields calibration may fit, in config order."""
+    path = find_file(hw_name_or_path, "hwconfigs")
+    _, origins = _raw_config(path)
+    comments: dict[Path, dict[str, str]] = {}
+    hw = load_hw(path)
+    out = {}
+    for dotted in scalar_fields(hw):
+        if not dotted.endswith(COST_SUFFIXES) or dotted in HOST_SIDE or dotted not in origins:
+            continue
+        file = origins[dotted]
+        comment = comments.setdefault(file, field_comments(file)).get(dotted, "")
+        if "assumed" in comment.lower():
+            out[dotted] = comment
+    return out

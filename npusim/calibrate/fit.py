@@ -1,0 +1,170 @@
+"""Robust least squares on log error, field selection and k-fold cross-validation.
+
+The residual of a measured row is log(simulated / measured). The loss is soft-L1
+(Huber-like) on it, so a few rows far off (a kernel msprof caught during a clock
+change, an op the mapping reads wrongly) pull the fit less than squares would. The
+solver is Levenberg-Marquardt with iteratively reweighted least squares: the
+Jacobian is taken by finite differences once at the start and then kept current
+with Broyden's rank-one updates (one simulation of the distinct ops per step).
+numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from attrs import frozen
+
+from npusim.calibrate.model import Model, OpKey
+
+SOFT_L1_SCALE = 0.05  # residuals beyond ~5% (in log) count linearly, not squared
+STEP = math.log(1.2)  # finite-difference step of the Jacobian: a 20% change of the field
+# a field is fitted only if a 20% change of it, after the best compensation by the
+# fields already chosen, still moves some op's time by this much: smaller effects are
+# lost in run-to-run noise of real measurements (a few percent)
+MIN_EFFECT = 0.005
+# an integer field smaller than this moves in steps of more than 10% of itself: too
+# coarse for a relative fit (dma.segment_cycles = 1 can only double or vanish)
+MIN_INTEGER = 10
+MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
+MAX_ITERATIONS = 25
+TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
+MIN_GAIN = 1e-3  # or the loss falls by less than this fraction of itself,
+MAX_REJECTED = 4  # or this many steps in a row fail to lower it (each costs a simulation of every op)
+
+
+@frozen
+class Excluded:
+    field: str
+    reason: str
+
+
+def jacobian(model: Model, theta: np.ndarray, keys: Sequence[OpKey], f0: np.ndarray) -> np.ndarray:
+    """d log(time) / d log(value): one column per field, by forward differences (an
+    integer field steps by at least 1, or rounding would hide the change)."""
+    cols = []
+    for j, v0 in enumerate(model.v0):
+        h = STEP
+        if model.integer[j] and v0 > 0:
+            h = max(STEP, math.log((v0 * math.exp(theta[j]) + 1) / (v0 * math.exp(theta[j]))))
+        t = theta.copy()
+        t[j] += h
+        if model.fields[j].endswith("_efficiency") and model.v0[j] * math.exp(t[j]) > 1:
+            t[j] = theta[j] - h  # at its cap of 1: step down instead
+            h = -h
+        cols.append((model.log_times(t, keys) - f0) / h)
+    return np.stack(cols, axis=1) if cols else np.zeros((len(keys), 0))
+
+
+def select_fields(model: Model, J: np.ndarray, weights: np.ndarray) -> tuple[list[int], list[Excluded]]:
+    """The columns of J (fields) the ops identify, strongest first: a field is kept if
+    its effect, less what the fields kept before it can mimic, still moves some op by
+    MIN_EFFECT for a 20% change; otherwise it is excluded with the reason."""
+    w = np.sqrt(weights)[:, None]
+    order = sorted(range(J.shape[1]), key=lambda j: (-np.linalg.norm(w[:, 0] * J[:, j]), j))
+    kept: list[int] = []
+    excluded = []
+    for j in order:
+        col = J[:, j]
+        name = model.fields[j]
+        if model.v0[j] == 0:
+            excluded.append(Excluded(name, "its value is 0: a relative (log-scale) fit cannot move it"))
+            continue
+        if model.integer[j] and model.v0[j] < MIN_INTEGER:
+            excluded.append(Excluded(name, f"an integer of {model.v0[j]:g}: one unit is a step of "
+                                           f"{100 / model.v0[j]:.0f}%, too coarse to fit"))
+            continue
+        if np.max(np.abs(col)) * STEP < MIN_EFFECT:
+            excluded.append(Excluded(name, f"a 20% change moves no op in the profile by {100 * MIN_EFFECT:.1f}% "
+                                           f"(largest {100 * np.max(np.abs(col)) * STEP:.2f}%)"))
+            continue
+        if kept:
+            A = w * J[:, kept]
+            coef, *_ = np.linalg.lstsq(A, w[:, 0] * col, rcond=None)
+            rest = col - J[:, kept] @ coef
+            if np.max(np.abs(rest)) * STEP < MIN_EFFECT:
+                mimic = kept[int(np.argmax(np.abs(coef)))]
+                excluded.append(Excluded(name, f"on these ops its effect is mimicked by {model.fields[mimic]} "
+                                               "(not separable)"))
+                continue
+        kept.append(j)
+    return sorted(kept), excluded
+
+
+def _weights(r: np.ndarray) -> np.ndarray:
+    """IRLS weights of soft-L1: rho(r) = 2 s^2 (sqrt(1 + (r/s)^2) - 1)."""
+    return 1.0 / np.sqrt(1.0 + (r / SOFT_L1_SCALE) ** 2)
+
+
+def _loss(r: np.ndarray) -> float:
+    return float(np.sum(2 * SOFT_L1_SCALE**2 * (np.sqrt(1.0 + (r / SOFT_L1_SCALE) ** 2) - 1)))
+
+
+def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured: np.ndarray,
+          J0: np.ndarray | None = None, theta0: np.ndarray | None = None) -> np.ndarray:
+    """theta minimising the soft-L1 loss of log(simulated / measured) over the rows
+    (row_key[i]: the index in `keys` of row i's op), from theta0 (the base config if None)."""
+    theta = np.zeros(len(model.fields)) if theta0 is None else theta0.copy()
+    f = model.log_times(theta, keys)
+    J = jacobian(model, theta, keys, f) if J0 is None else J0.copy()
+    r = f[row_key] - log_measured
+    loss, damping, rejected = _loss(r), 1e-3, 0
+    for _ in range(MAX_ITERATIONS):
+        w = _weights(r)
+        Jr = J[row_key]
+        A = Jr.T @ (w[:, None] * Jr)
+        g = Jr.T @ (w * r)
+        A_damped = A + damping * np.diag(np.diag(A) + 1e-12)
+        step = -np.linalg.lstsq(A_damped, g, rcond=None)[0]
+        step *= min(1.0, MAX_STEP / max(np.max(np.abs(step)), 1e-300))
+        trial = model.snap(theta + step)
+        if np.array_equal(trial, theta):
+            break  # the step is below what the fields can represent (integers, the cap of 1)
+        f_trial = model.log_times(trial, keys)
+        r_trial = f_trial[row_key] - log_measured
+        dtheta, df = trial - theta, f_trial - f
+        if dtheta @ dtheta > 0:  # Broyden: make J agree with the change just seen
+            J += np.outer(df - J @ dtheta, dtheta) / (dtheta @ dtheta)
+        if _loss(r_trial) < loss:
+            converged = np.max(np.abs(step)) < TOLERANCE or loss - _loss(r_trial) < MIN_GAIN * loss
+            rejected = 0
+            theta, f, r, loss = trial, f_trial, r_trial, _loss(r_trial)
+            damping = max(damping / 3, 1e-7)
+            if converged:
+                break
+        else:
+            damping *= 4
+            rejected += 1
+            if rejected >= MAX_REJECTED:
+                break
+    return theta
+
+
+def folds(n_keys: int, k: int, seed: int = 0) -> list[np.ndarray]:
+    """k groups of op indices (distinct ops, not rows: a held-out op is one whose shape
+    the fit never saw), shuffled with a fixed seed."""
+    order = np.random.default_rng(seed).permutation(n_keys)
+    return [np.sort(order[i::k]) for i in range(k)]
+
+
+def cross_validate(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured: np.ndarray,
+                   J0: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out log residual of every row (fit on the other folds' ops, predict this
+    fold's) and the mean of the folds' fitted theta."""
+    held = np.full(len(row_key), np.nan)
+    thetas = []
+    for fold in folds(len(keys), k):
+        train = np.setdiff1d(np.arange(len(keys)), fold)
+        remap = -np.ones(len(keys), dtype=int)
+        remap[train] = np.arange(len(train))
+        rows = np.isin(row_key, train)
+        train_keys = [keys[i] for i in train]
+        theta = solve(model, train_keys, remap[row_key[rows]], log_measured[rows], J0[train])
+        thetas.append(theta)
+        test_rows = np.isin(row_key, fold)
+        pred = model.log_times(theta, [keys[i] for i in fold])
+        where = {int(key): i for i, key in enumerate(fold)}
+        held[test_rows] = pred[[where[int(i)] for i in row_key[test_rows]]] - log_measured[test_rows]
+    return held, np.mean(thetas, axis=0)

@@ -1,0 +1,86 @@
+"""Simulated op times as a function of the fitted fields: the model calibration fits.
+
+The parameters are the log of each field's value over its value in the base config
+(theta = 0 is the base config), so the fit works on relative changes and a value
+never turns negative. Integer fields are rounded and efficiencies capped at 1, as the
+config's validators require. Each distinct op (op type and parameters) is simulated
+once per trial config and remembered, so a profile of thousands of rows costs as
+many simulations as it has distinct ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from npusim.hw import HwConfig, load_hw
+from npusim.calibrate.fields import value_of
+from npusim.ops.registry import lower
+from npusim.ops.roofline import simulate_op
+
+OpKey = tuple  # (npusim op type, ((param, value), ...))
+
+
+def op_time_us(key: OpKey, hw: HwConfig) -> float:
+    """An op's simulated time, compared with msprof's Task Duration: from its first
+    kernel reaching the head of its stream (the kernel start cost, which msprof's
+    duration includes as scheduling) to its last kernel's end."""
+    op, params = key
+    return simulate_op(lower(op, dict(params), hw), hw, trace="kernel").us
+
+
+class Model:
+    """log op times of distinct ops under trial values of `fields` of `base`."""
+
+    def __init__(self, base: HwConfig, fields: Sequence[str]):
+        self.base = base
+        self.fields = tuple(fields)
+        self.v0 = np.array([float(value_of(base, f)) for f in self.fields])
+        self.integer = [isinstance(value_of(base, f), int) for f in self.fields]
+        self.cache: dict[tuple, float] = {}  # shared by with_fields(): its size is the simulations run
+
+    def values(self, theta: np.ndarray) -> tuple:
+        """The field values theta stands for, as the config holds them."""
+        out = []
+        for f, v0, integer, t in zip(self.fields, self.v0, self.integer, theta):
+            v = v0 * math.exp(t)
+            if f.endswith("_efficiency"):
+                v = min(v, 1.0)  # a fraction of the peak
+            out.append(max(0, round(v)) if integer else float(f"{v:.6g}"))
+        return tuple(out)
+
+    def snap(self, theta: np.ndarray) -> np.ndarray:
+        """theta of the values the config can hold (rounded integers, capped efficiencies)."""
+        return np.array([math.log(v / v0) if v > 0 and v0 > 0 else t
+                         for v, v0, t in zip(self.values(theta), self.v0, theta)])
+
+    def config(self, theta: np.ndarray) -> HwConfig:
+        over = {f: v for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)}
+        return load_hw(self.base, over) if over else self.base
+
+    @property
+    def simulations(self) -> int:
+        return len(self.cache)
+
+    def with_fields(self, fields: Sequence[str]) -> Model:
+        """The same model over other fields, sharing the simulations already done."""
+        m = Model(self.base, fields)
+        m.cache = self.cache
+        return m
+
+    def log_times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> np.ndarray:
+        # the cache is keyed by the values that differ from the base, so models over
+        # other field subsets share it
+        values = tuple((f, v) for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f))
+        hw = None
+        out = np.empty(len(keys))
+        for i, key in enumerate(keys):
+            ck = (values, key)
+            if ck not in self.cache:
+                hw = hw or self.config(theta)
+                self.cache[ck] = op_time_us(key, hw)
+            out[i] = math.log(self.cache[ck])
+        return out
+

@@ -1,0 +1,155 @@
+"""Read msprof's op_summary CSV files (one file, or every op_summary*.csv under a folder)
+into ProfileRow records: one measured kernel each, with its shapes parsed.
+
+Column names are msprof's (CANN "op_summary (Operator Details)"): Op Name, OP Type,
+Task Type, Task Duration(us), Block Dim, Input Shapes, Input Data Types, Input Formats,
+Output Shapes; Output Data Types and Output Formats are read when present. Shapes are
+msprof's: ';' between tensors, ',' between dimensions, an empty entry for a scalar.
+Every bad value is one ProfileError naming the file, the row (its line in the file)
+and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from attrs import frozen
+
+from npusim.errors import NpusimError
+
+REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
+                    "Input Data Types", "Input Formats", "Output Shapes")
+OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats")
+# a header with neither of these is not an op_summary table at all (op_statistic, a trace...)
+IDENTIFYING_COLUMNS = ("OP Type", "Task Duration(us)")
+PROFILE_GLOB = "op_summary*.csv"
+
+
+class ProfileError(NpusimError):
+    """A profile file is missing, not msprof's op_summary, or has a bad value."""
+
+
+@frozen
+class ProfileRow:
+    """One measured kernel of an op_summary table."""
+
+    file: str
+    line: int  # its line in the file (the header is line 1)
+    op_name: str
+    op_type: str  # CANN's op type, as msprof writes it (MatMulV2, RmsNorm, ...)
+    task_type: str  # AI_CORE, AI_VECTOR_CORE, MIX_AIC, AI_CPU, HCCL, ...
+    duration_us: float
+    block_dim: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    input_formats: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...] = ()
+    output_formats: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}: row {self.line}"
+
+
+def profile_files(path: str | Path) -> list[Path]:
+    """The op_summary files of `path`: the file itself, or every op_summary*.csv under
+    a folder (msprof puts them in PROF_*/mindstudio_profiler_output/), sorted."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.exists():
+        raise ProfileError(f"{p}: no such file or folder (expected an op_summary CSV or a folder of them)")
+    files = sorted(f for f in p.rglob(PROFILE_GLOB) if f.is_file())
+    if not files:
+        raise ProfileError(f"{p}: no {PROFILE_GLOB} file in this folder (expected msprof's output)")
+    return files
+
+
+def read_profile(path: str | Path) -> list[ProfileRow]:
+    """Every row of every op_summary file of `path`; an empty profile is an error."""
+    files = profile_files(path)
+    rows = [r for f in files for r in read_csv(f)]
+    if not rows:
+        raise ProfileError(f"{path}: empty profile (no op rows in {', '.join(map(str, files))})")
+    return rows
+
+
+def read_csv(path: Path) -> list[ProfileRow]:
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
+            _check_header(path, header)
+            col = {name: header.index(name) for name in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if name in header}
+            rows = []
+            for cells in reader:
+                if not any(c.strip() for c in cells):
+                    continue
+                rows.append(_row(path, reader.line_num, cells, col))
+            return rows
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: not a text CSV file (expected msprof's op_summary CSV)") from None
+    except csv.Error as e:
+        raise ProfileError(f"{path}: not a CSV file ({e})") from None
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    if not any(c in header for c in IDENTIFYING_COLUMNS):
+        shown = ", ".join(repr(h) for h in header[:4]) or "nothing"
+        raise ProfileError(f"{path}: row 1: not an msprof op_summary CSV (its header starts with {shown}; "
+                           f"expected columns {', '.join(REQUIRED_COLUMNS)})")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise ProfileError(f"{path}: row 1: missing column '{missing[0]}'"
+                           + (f" (and {len(missing) - 1} more: {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+
+
+def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> ProfileRow:
+    def cell(name: str) -> str:
+        i = col.get(name)
+        if i is None:
+            return ""
+        if i >= len(cells):
+            raise ProfileError(f"{path}: row {line}, column '{name}': missing (the row has {len(cells)} cells)")
+        return cells[i].strip().strip('"').strip()
+
+    text = cell("Task Duration(us)")
+    try:
+        duration = float(text)
+    except ValueError:
+        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a number, got '{text}'") from None
+    if not math.isfinite(duration) or duration <= 0:
+        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration > 0, got '{text}'")
+    return ProfileRow(
+        file=str(path), line=line, op_name=cell("Op Name"), op_type=cell("OP Type"), task_type=cell("Task Type"),
+        duration_us=duration, block_dim=cell("Block Dim"),
+        input_shapes=parse_shapes(cell("Input Shapes"), f"{path}: row {line}, column 'Input Shapes'"),
+        input_dtypes=_list(cell("Input Data Types")), input_formats=_list(cell("Input Formats")),
+        output_shapes=parse_shapes(cell("Output Shapes"), f"{path}: row {line}, column 'Output Shapes'"),
+        output_dtypes=_list(cell("Output Data Types")), output_formats=_list(cell("Output Formats")))
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(";")) if text else ()
+
+
+def parse_shapes(text: str, where: str) -> tuple[tuple[int, ...], ...]:
+    """msprof's "8,4096;4096,4096" -> ((8, 4096), (4096, 4096)); "" entries are scalars ()."""
+    if not text or text.upper() in ("N/A", "NA"):
+        return ()
+    shapes = []
+    for part in text.split(";"):
+        dims = [d.strip() for d in part.split(",") if d.strip()]
+        try:
+            shape = tuple(int(d) for d in dims)
+        except ValueError:
+            raise ProfileError(f"{where}: expected shapes like '8,4096;4096,4096', got '{text}'") from None
+        if any(d < 0 for d in shape):
+            raise ProfileError(f"{where}: negative dimension in '{text}' (a dynamic shape: profile a concrete run)")
+        shapes.append(shape)
+    return tuple(shapes)

@@ -1,0 +1,150 @@
+"""One calibration, end to end: read the profile, map its rows, choose the fields the
+ops identify, fit them on every row, and cross-validate so the error reported is on
+ops the fit never saw. Returns a Calibration record; report.py and write.py turn it
+into text, JSON, a plot and a config file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from attrs import frozen
+
+from npusim.calibrate import fit
+from npusim.calibrate.fields import fittable_fields, value_of
+from npusim.calibrate.model import Model
+from npusim.calibrate.opmap import Mapped, Unmappable, map_row
+from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
+from npusim.errors import ConfigError, NpusimError
+from npusim.hw import HwConfig, load_hw
+from npusim.hw.load import find_file
+
+DEFAULT_FOLDS = 5
+
+
+@frozen
+class Unmapped:
+    """Rows of one CANN op type that were not simulated, and why (the first reason seen)."""
+
+    op_type: str
+    count: int
+    reason: str
+    where: str  # the first such row
+
+
+@frozen
+class FieldFit:
+    field: str
+    before: float
+    after: float
+    rows: int  # rows whose ops the field moves (by MIN_EFFECT for a 20% change)
+    op_types: tuple[str, ...]  # their CANN op types
+    error_before: float  # median |error| on those rows, base config
+    error_after: float  # ... fitted config
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1 if self.before else math.inf
+
+
+@frozen
+class Calibration:
+    profile: str
+    hw_ref: str  # --hw as given: a name or a path
+    hw_path: Path
+    base: HwConfig
+    rows_read: int
+    mapped: tuple[Mapped, ...]
+    unmapped: tuple[Unmapped, ...]
+    fields: tuple[FieldFit, ...]
+    excluded: tuple[fit.Excluded, ...]
+    measured_us: np.ndarray  # per mapped row
+    before_us: np.ndarray
+    after_us: np.ndarray
+    held_out_us: np.ndarray  # NaN where no held-out prediction exists
+    folds: int
+    simulations: int
+
+    def overrides(self) -> dict:
+        return {f.field: f.after for f in self.fields}
+
+
+def _map_rows(rows: Sequence[ProfileRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
+    mapped, bad = [], {}
+    lowering: dict = {}
+    for row in rows:
+        try:
+            m = map_row(row)
+            if m.key not in lowering:
+                try:
+                    model.log_times(np.zeros(len(model.fields)), [m.key])
+                    lowering[m.key] = None
+                except NpusimError as e:
+                    lowering[m.key] = f"{m.op} does not simulate on {model.base.name}: {e}"
+            if lowering[m.key]:
+                raise Unmappable(lowering[m.key])
+            mapped.append(m)
+        except Unmappable as e:
+            count, reason, where = bad.get(row.op_type, (0, str(e), row.where))
+            bad[row.op_type] = (count + 1, reason, where)
+    unmapped = [Unmapped(t, *v) for t, v in sorted(bad.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+    return mapped, unmapped
+
+
+def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
+              folds: int = DEFAULT_FOLDS) -> Calibration:
+    """Fit the assumed fields of `hw` (all of them the profile identifies, or only
+    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)."""
+    rows = read_profile(profile)
+    hw_path = find_file(hw, "hwconfigs")
+    base = load_hw(hw_path)
+    fittable = fittable_fields(hw_path)
+    if fields:
+        for f in fields:
+            if f not in fittable:
+                raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit "
+                                  f"(fittable: {', '.join(fittable)})")
+    candidates = list(fields or fittable)
+    model = Model(base, candidates)
+    mapped, unmapped = _map_rows(rows, model)
+    if not mapped:
+        listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
+        raise ProfileError(f"{profile}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
+                           f"first at {unmapped[0].where}, column 'OP Type'")
+    keys = list(dict.fromkeys(m.key for m in mapped))
+    index = {k: i for i, k in enumerate(keys)}
+    row_key = np.array([index[m.key] for m in mapped])
+    measured = np.array([m.row.duration_us for m in mapped])
+    log_measured = np.log(measured)
+
+    theta0 = np.zeros(len(candidates))
+    f0 = model.log_times(theta0, keys)
+    J_all = fit.jacobian(model, theta0, keys, f0)
+    weights = np.bincount(row_key, minlength=len(keys)).astype(float)
+    kept, excluded = fit.select_fields(model, J_all, weights)
+    fitted = model.with_fields([candidates[j] for j in kept])
+    J0 = J_all[:, kept]
+    k = min(folds, len(keys))
+    held, start = np.full(len(mapped), np.nan), None
+    if kept and k >= 2:
+        residual, start = fit.cross_validate(fitted, keys, row_key, log_measured, J0, k)
+        held = np.exp(residual + log_measured)
+    # the fit on every row starts where the folds' fits ended on average (it sees their
+    # rows and more, so this leaks nothing into the held-out error above)
+    theta = fit.solve(fitted, keys, row_key, log_measured, J0, start) if kept else np.zeros(0)
+    before = np.exp(f0[row_key])
+    after = np.exp(fitted.log_times(theta, keys)[row_key])
+    values = fitted.values(theta)
+    fits = []
+    for pos, j in enumerate(kept):
+        moved = np.abs(J_all[:, j]) * fit.STEP >= fit.MIN_EFFECT
+        rows_j = moved[row_key]
+        types = tuple(sorted({m.row.op_type for m, r in zip(mapped, rows_j) if r}))
+        fits.append(FieldFit(candidates[j], value_of(base, candidates[j]), values[pos], int(rows_j.sum()), types,
+                             float(np.median(np.abs(before[rows_j] / measured[rows_j] - 1))),
+                             float(np.median(np.abs(after[rows_j] / measured[rows_j] - 1)))))
+    return Calibration(str(profile), str(hw), hw_path, base, len(rows), tuple(mapped), tuple(unmapped), tuple(fits),
+                       tuple(excluded), measured, before, after, held, k if kept else 0, model.simulations)
