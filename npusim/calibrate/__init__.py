@@ -9,6 +9,14 @@ held-out error from k-fold cross-validation -> a config with `base:` (npusim cal
     synth.py    synthetic profiles (ground truth for tests and benchmarks)
 """
 
-from npusim.calibrate.session import Calibration, calibrate
-
 __all__ = ["Calibration", "calibrate"]
+
+
+def __getattr__(name: str):
+    """Calibration and calibrate, loaded on first use: the command line registers
+    `npusim calibrate` without loading the simulator behind it."""
+    if name in __all__:
+        from npusim.calibrate import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'npusim.calibrate' has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Several devices: parallel plans that shard the decoder (tensor parallel), what a
 step's communication costs and hides, sharded numerics and the every-rank check.
 Collectives themselves are ops (npusim.ops.collectives); the topology is part of
-the hardware config (HwConfig.topology)."""
+the hardware config (HwConfig.topology).
 
-from npusim.parallel.plan import Plan, check_plan, device_kv_bytes, device_weight_bytes, devices_to_fit
-
-__all__ = ["Plan", "check_plan", "device_kv_bytes", "device_weight_bytes", "devices_to_fit"]
+Modules: plan (Plan, check_plan, per-device bytes), flags (the command-line
+flags), breakdown, numerics, ranks, pipeline. Nothing is imported here, so the
+command line reads its flags without loading the graph builder."""
