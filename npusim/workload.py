@@ -25,7 +25,7 @@ from attrs import field, frozen
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
-from npusim.hw.load import _leaf_errors, find_file
+from npusim.hw.load import leaf_errors, find_file
 from npusim.hw.parse import did_you_mean, parse_json, parse_yaml, read_text, read_yaml, short, strict_converter
 from npusim.isa.program import DTYPE_BYTES
 
@@ -336,7 +336,7 @@ def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], s
     try:
         return _converter.structure(dict(raw), Workload)
     except Exception as e:  # cattrs gathers type, missing-key and __init__ errors into a group
-        errors = list(_leaf_errors(e))
+        errors = list(leaf_errors(e))
         errors.sort(key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
         path, exc, type_ = errors[0]
         if isinstance(exc, ForbiddenExtraKeysError):

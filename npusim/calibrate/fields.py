@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 
 from npusim.hw import HwConfig, load_hw
-from npusim.hw.load import _raw_config, find_file
+from npusim.hw.load import raw_config, find_file
 
 COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s")
 # host-side costs (the runtime's microsecond fields, host <-> device copies) are not part
@@ -61,7 +61,7 @@ def scalar_fields(hw: HwConfig) -> list[str]:
 def fittable_fields(hw_name_or_path: str | Path) -> dict[str, str]:
     """{dotted field: its source comment} of the fields calibration may fit, in config order."""
     path = find_file(hw_name_or_path, "hwconfigs")
-    _, origins = _raw_config(path)
+    _, origins = raw_config(path)
     comments: dict[Path, dict[str, str]] = {}
     hw = load_hw(path)
     out = {}

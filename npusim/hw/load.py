@@ -30,8 +30,8 @@ from npusim.hw.checks import inconsistency
 from npusim.hw.config import HwConfig
 from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short, strict_converter
 
-__all__ = ["DEFAULT_HW", "find_file", "known_names", "load_hw", "parse_set_args", "parse_yaml", "read_yaml",
-           "search_dirs"]
+__all__ = ["DEFAULT_HW", "find_file", "known_names", "leaf_errors", "load_hw", "parse_set_args", "parse_yaml",
+           "raw_config", "read_yaml", "search_dirs"]
 
 DEFAULT_HW = "ascend910b2"
 
@@ -123,7 +123,7 @@ def parse_set_args(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
+def raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
     """The merged mapping of a config and its `base:` chain, and which file gave each
     key path (so an error names the file the bad value is in)."""
     if path.resolve() in seen:
@@ -143,7 +143,7 @@ def _raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str
     if base_path is None:
         expected = ", ".join(known_names("hwconfigs")) + " or a path to a .yaml file"
         raise ConfigError(f"{path}: key 'base': expected {expected}, got {short(base)}")
-    raw, origins = _raw_config(base_path, seen + (path.resolve(),))
+    raw, origins = raw_config(base_path, seen + (path.resolve(),))
     return merge(raw, data, str(path)), origins | _origins(data, path)
 
 
@@ -174,7 +174,7 @@ def structure(raw: dict, where: str, origins: Mapping[str, Path] | None = None) 
     try:
         hw = _converter.structure(raw, HwConfig)
     except Exception as e:  # cattrs collects type, missing-key and validator errors into a group
-        errors = list(_leaf_errors(e))
+        errors = list(leaf_errors(e))
         # an unknown key first: a misspelt key also shows up as a missing one
         errors.sort(key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
         key, message = _describe(*errors[0], raw)
@@ -188,15 +188,15 @@ def structure(raw: dict, where: str, origins: Mapping[str, Path] | None = None) 
     return hw
 
 
-def _leaf_errors(exc: BaseException, path: tuple[str, ...] = (), type_: Any = None):
+def leaf_errors(exc: BaseException, path: tuple[str, ...] = (), type_: Any = None):
     """(key path, exception, expected type) for each error in cattrs' error tree."""
     if isinstance(exc, (ClassValidationError, IterableValidationError)):
         with_notes, without = exc.group_exceptions()
         for sub, note in with_notes:
             key = note.name if isinstance(note, AttributeValidationNote) else note.index
-            yield from _leaf_errors(sub, path + (str(key),), note.type)
+            yield from leaf_errors(sub, path + (str(key),), note.type)
         for sub in without:
-            yield from _leaf_errors(sub, path, None)
+            yield from leaf_errors(sub, path, None)
     else:
         yield path, exc, type_
 
@@ -261,7 +261,7 @@ def load_hw(name_or_path: str | os.PathLike | HwConfig = DEFAULT_HW,
         where = name_or_path.name + " (--set)"
         return structure(merge(attrs.asdict(name_or_path), dotted_to_nested(overrides), where), where)
     path = find_file(name_or_path, "hwconfigs")
-    raw, origins = _raw_config(path)
+    raw, origins = raw_config(path)
     where = str(path)
     hw = structure(raw, where, origins)
     if not overrides:

@@ -18,7 +18,7 @@ from attrs import field, frozen, validators
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
-from npusim.hw.load import _leaf_errors, find_file, parse_yaml, read_yaml
+from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
 from npusim.hw.parse import strict_converter
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
@@ -108,7 +108,7 @@ def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except Exception as e:  # cattrs' error group: report the first leaf, an unknown key first
-        errors = sorted(_leaf_errors(e), key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
+        errors = sorted(leaf_errors(e), key=lambda err: not isinstance(err[1], ForbiddenExtraKeysError))
         if not errors:
             raise ConfigError(f"{where}: {e}") from None
         path, exc, _ = errors[0]
