@@ -23,7 +23,7 @@ from npusim.ops.collectives.simulate import simulate_collective
 from npusim.parallel.breakdown import comm_breakdown
 from npusim.parallel.numerics import check_sharded
 from npusim.parallel.pipeline import run_pipeline
-from npusim.parallel.plan import devices_to_fit
+from npusim.parallel.plan import device_weight_bytes, devices_to_fit
 from npusim.parallel.ranks import every_rank_cycles
 from npusim.passes import apply
 from npusim.runtime.decoder import run_decoder
@@ -219,3 +219,11 @@ def test_op_command_prints_like_hccl_test(capsys, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["data_size_bytes"] for r in rows] == [1024, 2048, 4096]
     assert all(r["alg_bw_gb_s"] == pytest.approx(r["data_size_bytes"] / r["latency_us"] / 1e3) for r in rows)
+
+
+def test_devices_to_fit_takes_the_step_weights():
+    """An INT8 step's hint counts its own weights: k3 at batch 14 x 8192 needs two FP16
+    devices, but one device holds it with one byte per parameter."""
+    w, hw = load_workload("k3"), load_hw("ascend910b2")
+    assert devices_to_fit(w, 14, 8192, hw) == 2
+    assert devices_to_fit(w, 14, 8192, hw, lambda tp: device_weight_bytes(w, tp) // w.dtype_bytes) == 1

@@ -13,6 +13,8 @@ against simulating every rank).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from attrs import frozen
 
 from npusim.errors import ConfigError
@@ -67,12 +69,15 @@ def device_kv_bytes(w: Workload, batch: int, tokens: int, tp: int) -> int:
     return w.kv_bytes(batch, tokens) // tp
 
 
-def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig) -> int | None:
-    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node."""
+def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig,
+                   weight_bytes: Callable[[int], int] | None = None) -> int | None:
+    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node.
+    `weight_bytes(tp)`: one device's weights (default device_weight_bytes; an INT8 step passes its own)."""
+    weight_bytes = weight_bytes or (lambda tp: device_weight_bytes(w, tp))
     for tp in range(1, hw.topology.node_device_count + 1):
         if w.heads % tp or w.kv_heads % tp or w.ffn_size % tp:
             continue
-        if device_weight_bytes(w, tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:
+        if weight_bytes(tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:
             return tp
     return None
 

@@ -167,7 +167,7 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, device_kv_bytes(w, 1, ctx, tp))))
     best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, device_kv_bytes(w, batch, 1, tp))))
     where = f"{hw.name}'s memory" if tp == 1 else f"the memory of one of {tp} {hw.name} devices (--tp {tp})"
-    need_tp = devices_to_fit(w, batch, ctx, hw)
+    need_tp = devices_to_fit(w, batch, ctx, hw, lambda tp: _least_weight_bytes(attrs.evolve(s, tp=tp)))
     more = (f"; weights and KV cache fit on {need_tp} devices (--tp {need_tp})" if need_tp and need_tp > tp else "")
     return (f"{w.name} {s.phase} batch {batch} x context {ctx} does not fit in {where}: {need}; "
             f"the largest batch that fits at context {ctx} is {best_batch}, "
