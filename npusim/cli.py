@@ -11,7 +11,7 @@ from npusim.outputs import err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
-from npusim.parallel.flags import add_plan_flags, plan_args, run_pipelined, say_plan, validate_sharded
+from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
 
 
 def _cmd_hw(args) -> int:
@@ -203,11 +203,12 @@ def _cmd_run(args) -> int:
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
-        _write_json(step_json(run) | {"provenance": meta}, args.json)
+        _write_json(step_json(run) | plan_report(run) | {"provenance": meta}, args.json)
     if args.trace:
-        from npusim.report import write_chrome_trace
+        from npusim.parallel.trace import run_trace
+        from npusim.report.trace import write_trace
 
-        write_chrome_trace(run.result, args.trace, memory_timeline(run), metadata=meta)
+        write_trace(run_trace(run, memory_timeline(run)), args.trace, metadata=meta)
     if args.profile:
         say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph)))
     if args.plot:
@@ -245,11 +246,12 @@ def _cmd_compare(args) -> int:
         _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
                      "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
     if traces:
-        from npusim.report import write_chrome_trace
+        from npusim.parallel.trace import run_trace
+        from npusim.report.trace import write_trace
 
         for name, path in traces.items():
             run = c.runs[name]
-            write_chrome_trace(run.result, path, memory_timeline(run), metadata=meta | {"pipeline": name})
+            write_trace(run_trace(run, memory_timeline(run)), path, metadata=meta | {"pipeline": name})
         say("traces: " + ", ".join(traces.values()))
     if args.plot:
         from npusim.report import plots

@@ -14,6 +14,7 @@ from npusim.report.tables import (
     NPUSIM_COLUMNS, STATISTIC_COLUMNS, SUMMARY_COLUMNS, stalls, statistic_table, write_tables,
 )
 from npusim.runtime.decoder import run_decoder
+from trace_check import check_trace
 
 HW = load_hw("ascend910b2")
 
@@ -64,39 +65,10 @@ def test_stall_breakdowns_sum_to_100(step):
     assert any(st.flag > 0 for k in step.result.kernels for st in stalls(k.stats))
 
 
-def _check_trace(trace: dict) -> None:
-    """The trace-event format: required fields, µs numbers, and X events on one
-    track nest (each is disjoint from or inside the one before it)."""
-    tracks = defaultdict(list)
-    for e in trace["traceEvents"]:
-        assert {"name", "ph", "pid"} <= set(e), e
-        if e["ph"] == "X":
-            assert {"cat", "ts", "dur", "tid", "args"} <= set(e), e
-            assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0
-            tracks[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
-        elif e["ph"] == "M":
-            assert e["name"] in ("process_name", "thread_name", "process_sort_index") and "args" in e
-        elif e["ph"] == "C":
-            assert "ts" in e and all(isinstance(v, (int, float)) for v in e["args"].values())
-        elif e["ph"] in ("s", "f"):
-            assert {"id", "ts", "tid"} <= set(e)
-        else:
-            raise AssertionError(f"unexpected phase {e['ph']}")
-    eps = 1e-6
-    for spans in tracks.values():
-        open_ends: list[float] = []
-        for start, end in sorted(spans, key=lambda x: (x[0], -x[1])):
-            while open_ends and open_ends[-1] <= start + eps:
-                open_ends.pop()
-            if open_ends:
-                assert end <= open_ends[-1] + eps, "events on one track must nest"
-            open_ends.append(end)
-
-
 def test_trace_is_valid_and_has_flows_and_counters(step):
     trace = chrome_trace(step.result, memory_timeline(step))
     json.dumps(trace)
-    _check_trace(trace)
+    check_trace(trace)
     phases = {e["ph"] for e in trace["traceEvents"]}
     assert {"X", "M", "C", "s", "f"} <= phases
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
@@ -110,7 +82,7 @@ def test_trace_level_sets_the_size():
     for level in ("kernel", "block", "instr"):
         run = run_decoder("k3-tiny", HW, "decode", 2, 64, "optimized", trace=level, memo=False)
         trace = chrome_trace(run.result)
-        _check_trace(trace)
+        check_trace(trace)
         sizes[level] = len(json.dumps(trace))
     print(f"\ntrace bytes by level: {sizes}")
     assert sizes["kernel"] < sizes["block"] < sizes["instr"]

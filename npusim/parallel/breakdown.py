@@ -12,6 +12,7 @@ from attrs import frozen
 
 from npusim.engine.links import HCCS, NIC
 from npusim.ops.collectives import KINDS
+from npusim.parallel.plan import graph_plan
 from npusim.runtime.run import GraphRun
 
 
@@ -34,6 +35,11 @@ class CommBreakdown:
         """Bytes sent over the step's time at the links' full rate."""
         cap = self.link_capacity_bytes_per_s * self.latency_us * 1e-6
         return self.link_bytes / cap if cap else 0.0
+
+    def as_json(self) -> dict:
+        return {"devices": self.devices, "compute_us": self.compute_us, "comm_us": self.comm_us,
+                "comm_share": self.comm_share, "exposed_comm_us": self.exposed_us, "link_bytes": self.link_bytes,
+                "link_utilisation": self.link_utilisation}
 
     def line(self) -> str:
         return (f"devices {self.devices} (one simulated, peers symmetric): compute {self.compute_us:.1f} us, "
@@ -74,9 +80,14 @@ def comm_breakdown(run: GraphRun) -> CommBreakdown:
     comm = _union([(r.start, r.end) for r in recs if r.op_type in KINDS])
     compute = _union([(r.start, r.end) for r in recs if r.op_type not in KINDS])
     sent = sum(r.stats.hbm_read_bytes for r in recs if r.core_type in (HCCS, NIC))  # a transfer reads what it sends
-    tp = max((n.args.devices for n in run.graph.nodes if n.op_type == "all_reduce"), default=1)
-    sp = max((n.args.devices for n in run.graph.nodes if n.op_type == "all_gather"), default=1)
     topo = hw.topology
-    return CommBreakdown(tp * sp, run.latency_us, hw.us(_length(compute)), hw.us(_length(comm)),
+    return CommBreakdown(graph_plan(run.graph).world, run.latency_us, hw.us(_length(compute)), hw.us(_length(comm)),
                          hw.us(_length(comm) - _overlap(comm, compute)), sent,
                          topo.links_per_device * topo.link_bw_bytes_per_s)
+
+
+def plan_json(run: GraphRun) -> dict:
+    """A JSON report's plan (its degrees, devices, the device simulated) and communication."""
+    plan = graph_plan(run.graph)
+    return {"plan": {"tp": plan.tp, "sp": plan.sp, "devices": plan.world, "simulated_device": plan.simulated_device},
+            "communication": comm_breakdown(run).as_json()}

@@ -35,6 +35,14 @@ def say_plan(run, step: dict) -> None:
         say("  " + comm_breakdown(run).line())
 
 
+def plan_report(run) -> dict:
+    """`run --json`'s keys on the plan and its communication, under a plan of several devices."""
+    from npusim.parallel.breakdown import plan_json
+    from npusim.parallel.plan import graph_plan
+
+    return plan_json(run) if graph_plan(run.graph).world > 1 else {}
+
+
 def validate_sharded(args, passes, context, options: dict) -> int:
     """`npusim validate --tp N`: the sharded step's numerics (npusim.parallel.numerics)."""
     from npusim.errors import ConfigError
@@ -56,6 +64,10 @@ def run_pipelined(args, step: dict) -> int:
     from npusim.outputs import say
     from npusim.parallel.pipeline import run_pipeline
 
+    for flag in ("--trace", "--profile", "--plot"):
+        if getattr(args, flag[2:]):
+            raise ConfigError(f"{flag}: a pipelined run (--pp) writes its summary and --json only; drop {flag} "
+                              "or run one stage's step without --pp")
     step = dict(step)
     pp, tp = step.pop("pp", 1), step.get("tp", 1)
     if step.pop("sp", 1) != 1:

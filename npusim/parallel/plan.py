@@ -23,8 +23,16 @@ from npusim.hw import HwConfig
 from npusim.workload import Workload
 
 
+# The plan axis each collective of the decoder spans: graph.build_decoder puts an
+# all_reduce over the tensor-parallel group, an all_gather over the sequence-parallel one.
+GROUP_AXIS = {"all_reduce": "tp", "all_gather": "sp"}
+
+
 @frozen
 class Plan:
+    """Devices are numbered part x tp + t: rank t of the tensor-parallel group of part
+    `part` of the prompt (a tensor-parallel group is contiguous, inside one node)."""
+
     tp: int = 1
     sp: int = 1
     devices: int | None = None  # None: tp x sp
@@ -32,6 +40,34 @@ class Plan:
     @property
     def world(self) -> int:
         return self.tp * self.sp if self.devices is None else self.devices
+
+    @property
+    def name(self) -> str:
+        """tp2, sp4, tp2,sp2 - or tp1 for one device: as `compare --plans` takes it."""
+        return ",".join(f"{axis}{n}" for axis, n in (("tp", self.tp), ("sp", self.sp)) if n > 1) or "tp1"
+
+    @property
+    def simulated_device(self) -> int:
+        """The device the engine runs: rank 0 of its tensor-parallel group, in the last
+        part of the prompt (graph.build_decoder: under the causal mask it attends to the most keys)."""
+        return (self.sp - 1) * self.tp
+
+    def group(self, kind: str, device: int) -> tuple[int, ...]:
+        """The devices of `device`'s group for a collective of `kind`, in rank order."""
+        part, t = divmod(device, self.tp)
+        axis = GROUP_AXIS.get(kind)
+        if axis == "tp":
+            return tuple(part * self.tp + j for j in range(self.tp))
+        if axis == "sp":
+            return tuple(j * self.tp + t for j in range(self.sp))
+        raise ValueError(f"{kind}: the decoder's plans place no {kind} (known: {', '.join(GROUP_AXIS)})")
+
+
+def graph_plan(graph) -> Plan:
+    """The plan a decoder graph is one device's shard of, read from its collectives."""
+    degree = {axis: max((n.args.devices for n in graph.nodes if GROUP_AXIS.get(n.op_type) == axis), default=1)
+              for axis in ("tp", "sp")}
+    return Plan(degree["tp"], degree["sp"])
 
 
 def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:

@@ -143,7 +143,11 @@ def write_chrome_trace(result: RunResult, path: str | Path, memory: list[tuple[f
                        metadata: dict | None = None) -> Path:
     """The trace into `path` (atomically); `metadata` (provenance) goes into the
     trace's `otherData`, which Perfetto and chrome://tracing show as metadata."""
-    trace = chrome_trace(result, memory)
+    return write_trace(chrome_trace(result, memory), path, metadata)
+
+
+def write_trace(trace: dict, path: str | Path, metadata: dict | None = None) -> Path:
+    """A built trace into `path` (atomically), `metadata` merged into its `otherData`."""
     if metadata:
-        trace["otherData"] = metadata
+        trace = trace | {"otherData": trace.get("otherData", {}) | metadata}
     return write_text(path, json.dumps(trace))

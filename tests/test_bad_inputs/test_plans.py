@@ -47,6 +47,7 @@ def test_bad_collective(argv, expect, capsys):
     ("run", ["--pp", "2", "--devices", "4"], r"--devices 4 must equal --tp 1 x --pp 2 = 2"),
     ("run", ["--pp", "2", "--sp", "2"], r"--pp with --sp: a pipeline of sequence-parallel stages is not modelled"),
     ("run", ["--pp", "0"], r"--pp: expected a positive integer, got 0"),
+    ("run", ["--pp", "2", "--trace", "t.json"], r"--trace: a pipelined run \(--pp\) writes its summary and --json only"),
     ("compare", ["--pp", "2"], r"--pp: a pipelined step is run by `npusim run`"),
     ("validate", ["--pp", "2"], r"--pp: a pipeline's stages compute what the unsplit decoder does"),
 ])

@@ -60,15 +60,21 @@ def _sizes(kind: str, n: int, p: int) -> tuple[int, int]:
             "all_to_all": (n, n)}[kind]
 
 
+def collective_steps(kind: str, p: CollectiveParams, hw: HwConfig) -> tuple[str, tuple]:
+    """(algorithm, steps of one rank) of a collective node (algorithms.pick and steps):
+    what it lowers to, and what a report reads its transfer steps' peers from."""
+    algo = pick(kind, p.devices, p.algo, hw)
+    return algo, steps(kind, algo, p.elements * DTYPE_BYTES[p.dtype], p.devices, hw)
+
+
 def _lower(kind: str, p: CollectiveParams, hw: HwConfig, gm: GmArena) -> Lowered:
     if p.elements % p.devices:
         raise ConfigError(f"op {kind}: elements {p.elements} must be a multiple of devices {p.devices}")
-    algo = pick(kind, p.devices, p.algo, hw)
+    algo, plan = collective_steps(kind, p, hw)
     e = DTYPE_BYTES[p.dtype]
     n_in, n_out = _sizes(kind, p.elements, p.devices)
     c = p.elements // p.devices  # elements of a chunk
     x, y = gm.tensor("x", n_in * e), gm.tensor("y", n_out * e)
-    plan = steps(kind, algo, p.elements * e, p.devices, hw)
     width = max((s.inputs for s in plan if isinstance(s, Reduce)), default=0)
     recv = gm.tensor("recv", max(1, width - 1) * c * e) if width else None  # chunks received for a reduction
     q = max(1, hw.l2.line_bytes // e)

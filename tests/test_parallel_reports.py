@@ -1,0 +1,118 @@
+"""Reports of several devices: the Chrome trace with a process group per device and
+the collectives as spans, `compare --plans`, and the plot against the TP degree."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from npusim.hw import load_hw
+from npusim.ops.collectives import KINDS
+from npusim.parallel.trace import run_trace
+from npusim.report import chrome_trace, memory_timeline
+from npusim.runtime.decoder import run_decoder
+from trace_check import check_trace
+
+HW = load_hw()
+TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
+
+
+def _processes(trace: dict) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+
+
+def _device_of(name: str) -> int:
+    return int(re.match(r"device (\d+) ", name)[1])
+
+
+def test_one_device_trace_is_the_single_device_trace():
+    run = run_decoder("k3-tiny", HW, "decode", 2, 64, "optimized")
+    memory = memory_timeline(run)
+    assert run_trace(run, memory) == chrome_trace(run.result, memory)
+
+
+@pytest.mark.parametrize("phase, tp, sp", [("decode", 2, 1), ("prefill", 1, 2), ("prefill", 2, 2)])
+def test_a_trace_per_device_repeats_the_simulated_timeline(phase, tp, sp):
+    run = run_decoder("k3-tiny", HW, phase, 1, 64, "optimized", tp=tp, sp=sp)
+    one = chrome_trace(run.result, memory_timeline(run))
+    trace = run_trace(run, memory_timeline(run))
+    check_trace(trace)
+    world, sim = tp * sp, (sp - 1) * tp  # the last part of the prompt is simulated
+    names = _processes(trace)
+    single = sorted(_processes(one).values())
+    for d in range(world):
+        label = f"device {d} (simulated)" if d == sim else f"device {d} (symmetric copy of device {sim})"
+        mine = sorted(n for n in names.values() if _device_of(n) == d)
+        assert mine == sorted(f"{label}: {n}" for n in single + ["collectives"])
+    assert trace["otherData"]["devices"]["simulated"] == sim
+    # every device's kernel spans are the simulated one's, at the same times
+    spans = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and names[e["pid"]].endswith(": kernels"):
+            spans.setdefault(_device_of(names[e["pid"]]), []).append((e["name"], e["ts"], e["dur"]))
+    assert len(spans) == world and all(s == spans[sim] for s in spans.values())
+    ones = sorted((e["name"], e["ts"], e["dur"]) for e in one["traceEvents"] if e.get("cat") == "kernel")
+    assert sorted(spans[sim]) == ones
+
+
+def _collective_events(trace: dict, device: int) -> list[dict]:
+    names = _processes(trace)
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and names[e["pid"]].endswith(": collectives")
+            and _device_of(names[e["pid"]]) == device]
+
+
+def test_collectives_are_spans_with_their_steps_inside():
+    run = run_decoder("k3-tiny", HW, "decode", 2, 64, "optimized", tp=2)
+    trace = run_trace(run)
+    nodes = [n for n in run.graph.nodes if n.op_type in KINDS]
+    records = [r for r in run.result.kernels if r.op_type in KINDS]
+    for d in (0, 1):
+        events = _collective_events(trace, d)
+        whole = [e for e in events if e["cat"] == "collective"]
+        assert sorted(e["name"] for e in whole) == sorted(n.name for n in nodes)
+        assert all(e["args"]["group"] == [0, 1] and e["args"]["rank"] == d for e in whole)
+        steps = [e for e in events if e["cat"] in ("transfer", "collective kernel")]
+        assert len(steps) == len(records)
+        for s in steps:  # inside its collective's span
+            parent = next(e for e in whole if s["name"].startswith(e["name"]))
+            assert parent["ts"] <= s["ts"] and s["ts"] + s["dur"] <= parent["ts"] + parent["dur"] + 1e-9
+        sends = [e for e in steps if e["cat"] == "transfer"]
+        assert sends and all(e["args"]["sends_to"] == e["args"]["receives_from"] == [1 - d] for e in sends)
+
+
+def test_flow_arrows_go_to_the_devices_a_step_sends_to():
+    """tp 2 x sp 2 prefill: the all_reduces go within a tensor-parallel pair (0-1, 2-3), the
+    all_gathers of K and V between the parts (0-2, 1-3); one arrow per device and peer."""
+    run = run_decoder("k3-tiny", HW, "prefill", 1, 64, "optimized", tp=2, sp=2)
+    trace = run_trace(run)
+    names = _processes(trace)
+    ends: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f") and e["cat"] == "collective":
+            ends.setdefault(e["id"], {})[e["ph"]] = (e["name"], _device_of(names[e["pid"]]))
+    pairs = {(v["s"][0], v["s"][1], v["f"][1]) for v in ends.values()}
+    assert pairs == {("all_reduce", a, b) for a, b in ((0, 1), (1, 0), (2, 3), (3, 2))} | \
+        {("all_gather", a, b) for a, b in ((0, 2), (2, 0), (1, 3), (3, 1))}
+    transfers = sum(1 for r in run.result.kernels if r.op_type in KINDS and r.core_type == "HCCS")
+    assert len(ends) == 4 * transfers  # each device, each step, one peer in a group of two
+
+
+def test_run_writes_the_devices_trace_and_the_plan_in_its_json(tmp_path, capsys):
+    import json
+
+    from npusim.cli import main
+
+    path, report = tmp_path / "t.json", tmp_path / "r.json"
+    assert main(["run", *TINY, "--tp", "2", "--trace", str(path), "--json", str(report)]) == 0
+    trace = json.loads(path.read_text())
+    check_trace(trace)
+    assert {_device_of(n) for n in _processes(trace).values()} == {0, 1}
+    assert trace["otherData"]["command"][:2] == ["npusim", "run"] and "devices" in trace["otherData"]
+    data = json.loads(report.read_text())
+    assert data["plan"] == {"tp": 2, "sp": 1, "devices": 2, "simulated_device": 0}
+    comm = data["communication"]
+    assert 0 < comm["exposed_comm_us"] <= comm["comm_us"] < data["latency_us"]
+    assert comm["comm_share"] == pytest.approx(comm["comm_us"] / data["latency_us"])
+    assert main(["run", *TINY, "--json", str(report)]) == 0
+    assert "plan" not in json.loads(report.read_text())  # one device: the report as before
