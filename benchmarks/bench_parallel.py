@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -74,34 +73,12 @@ def tp_table(plot_dir: str | None) -> None:
                 continue
             base = base or (run.latency_us if tp == 1 else None)
             print(_row(label, tp, run, base), flush=True)
-            curves.setdefault(label, []).append((tp, run.latency_us, comm_breakdown(run).comm_share))
+            curves.setdefault(label, []).append((f"tp{tp}", tp, run.latency_us, comm_breakdown(run).comm_share))
     if plot_dir:
-        _plot(curves, plot_dir)
+        from npusim.report.plots import plan_scaling  # matplotlib only when plotting
 
-
-def _plot(curves: dict, plot_dir: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for label, pts in curves.items():
-        tps = [p[0] for p in pts]
-        ax1.plot(tps, [p[1] / pts[0][1] for p in pts], marker="o", label=label)
-        ax2.plot(tps, [100 * p[2] for p in pts], marker="o", label=label)
-    ax1.set(xlabel="TP degree", ylabel="latency / first point", title="K3 latency vs TP")
-    ax2.set(xlabel="TP degree", ylabel="communication share (%)", title="communication share vs TP")
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.minorticks_off()
-        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
-        ax.legend(fontsize=7)
-    os.makedirs(plot_dir, exist_ok=True)
-    path = os.path.join(plot_dir, "tp_scaling.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+        paths = plan_scaling(curves, plot_dir, title="K3 tensor parallel on ascend910b2 (optimized passes)")
+        print("wrote " + ", ".join(map(str, paths)))
 
 
 def sp_table(tokens: int = 32768) -> None:
@@ -138,7 +115,8 @@ def speed() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
-    ap.add_argument("--plot", metavar="DIR", help="write tp_scaling.png (latency and communication share vs TP)")
+    ap.add_argument("--plot", metavar="DIR", help="write plan_scaling.png and .svg (latency and communication "
+                    "share against the TP degree; npusim compare --plans ... --plot DIR draws the same)")
     ap.add_argument("--sp-tokens", type=int, default=32768, help="prompt length of the sequence-parallel table")
     args = ap.parse_args(argv)
     only = args.only.split(",")

@@ -232,6 +232,9 @@ def _cmd_compare(args) -> int:
     from npusim.report.step import comparison_table, memory_timeline, step_json
     from npusim.runtime.decoder import compare
 
+    if args.plans:
+        return _cmd_compare_plans(args)
+    args.passes = args.passes or list(COMPARED_PIPELINES)
     pipelines = [_pipeline(p) for p in args.passes]
     traces = _trace_paths(args.trace, pipelines) if args.trace else {}
     _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
@@ -257,6 +260,52 @@ def _cmd_compare(args) -> int:
         from npusim.report import plots
 
         _wrote(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot))
+    return 0
+
+
+def _cmd_compare_plans(args) -> int:
+    """`compare --plans tp1 tp2 tp4`: one step under each plan (npusim.parallel.compare)."""
+    from npusim.errors import ConfigError
+    from npusim.parallel.compare import compare_plans, parse_plans, plans_json, plans_table
+    from npusim.progress import progress_bar
+    from npusim.report.contract import provenance
+    from npusim.report.step import memory_timeline, step_title
+
+    passes = args.passes or ["optimized"]
+    if len(passes) > 1:
+        raise ConfigError(f"--passes {' '.join(passes)}: --plans compares plans under ONE pipeline (e.g. --passes "
+                          f"{passes[-1]}); to compare pipelines under one plan: --tp N --passes {' '.join(passes)}")
+    args.passes = _pipeline(passes[0])
+    for flag in ("tp", "sp", "devices"):
+        if flag in plan_args(args):
+            raise ConfigError(f"--{flag}: with --plans each plan gives its own degrees (tp2,sp2); drop --{flag}")
+    names = list(parse_plans(args.plans))
+    traces = _trace_paths(args.trace, names) if args.trace else {}
+    _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    step = _step_args(args)
+    with progress_bar("compare", "runs", args.progress) as bar:
+        c = compare_plans(args.workload, args.hw, passes=args.passes, plans=args.plans, memo=not args.no_memo,
+                          progress=bar, store=store_of(args), counters=bool(traces), **step)
+    say(plans_table(c, overrides=step["overrides"]))
+    first = next(iter(c.fitted.values()))
+    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
+    if args.json:
+        _write_json(plans_json(c) | {"provenance": meta}, args.json)
+    written = {n: p for n, p in traces.items() if n in c.fitted}
+    if written:
+        from npusim.parallel.trace import run_trace
+        from npusim.report.trace import write_trace
+
+        for name, path in written.items():
+            run = c.fitted[name]
+            write_trace(run_trace(run, memory_timeline(run)), path, metadata=meta | {"plan": name})
+        say("traces: " + ", ".join(written.values()))
+    if args.plot:
+        from npusim.report import plots
+
+        g = first.graph
+        _wrote(args.plot, plots.plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
+                                             title=step_title(first, step["overrides"])))
     return 0
 
 
@@ -300,6 +349,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+COMPARED_PIPELINES = ("baseline", "optimized")  # what compare puts side by side unless told
 SET_ONE = "override a hardware field, one value per --set (repeat --set for more fields; lists of values: sweep)"
 PROGRESS = "progress with an ETA on stderr (default: only when stderr is a terminal)"
 
@@ -329,9 +379,10 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline (e.g. "
               "fusion,memplan); the passes: fusion, layout, quantize, kv_layout, sync, launch, streams, memplan, buckets")
     if passes_nargs:
-        p.add_argument("--passes", nargs=passes_nargs, default=["baseline", "optimized"], metavar="PIPELINE",
+        p.add_argument("--passes", nargs=passes_nargs, metavar="PIPELINE",
                        help="pipelines to compare, as separate words (--passes baseline optimized); each is "
-                       + passes)
+                       + passes + f" (default: {' '.join(COMPARED_PIPELINES)}); with --plans ONE pipeline, "
+                       "default optimized")
     else:
         p.add_argument("--passes", default="optimized", help=passes)
     p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
@@ -384,10 +435,14 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--trace-level", choices=("kernel", "block", "instr"), default="kernel",
                      help="detail of --trace: kernel and host spans, + blocks per core, + every instruction")
     run.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
-    compare = _step_parser(sub, "compare", "pipelines side by side, and the gain of each pass", "+")
-    _common(compare, plot="before_after, waterfall",
-            trace="write a Chrome trace (kernel level) per pipeline: PATH with the pipeline's name before its "
-                  "suffix (trace.json -> trace.baseline.json, trace.optimized.json)")
+    compare = _step_parser(sub, "compare", "pipelines side by side and the gain of each pass, or parallel plans side by side (--plans)", "+")
+    _common(compare, plot="before_after, waterfall; with --plans plan_scaling (latency and communication share "
+            "against the devices)",
+            trace="write a Chrome trace (kernel level) per pipeline (with --plans: per plan): PATH with its name "
+                  "before the suffix (trace.json -> trace.baseline.json, trace.optimized.json; trace.tp2.json)")
+    compare.add_argument("--plans", nargs="+", metavar="PLAN", help="compare parallel plans instead of "
+                         "pipelines, as separate words (--plans tp1 tp2 tp4); each is tpN, spN or ONE comma list "
+                         "of both (tp2,sp2), under one pipeline of --passes")
     for p_ in (run, compare):
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.set_defaults(batch=8)

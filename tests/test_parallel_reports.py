@@ -116,3 +116,93 @@ def test_run_writes_the_devices_trace_and_the_plan_in_its_json(tmp_path, capsys)
     assert comm["comm_share"] == pytest.approx(comm["comm_us"] / data["latency_us"])
     assert main(["run", *TINY, "--json", str(report)]) == 0
     assert "plan" not in json.loads(report.read_text())  # one device: the report as before
+
+
+# ---- compare --plans
+
+
+def _table(out: str) -> dict[str, list[str]]:
+    """compare --plans' table: row label -> the cells, a plan's column each."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"  (\S.{21})(.*)$", line)
+        if m and re.search(r"\S\s{2,}\S|^\s+\S", m[2]) and not line.startswith("  one device"):
+            rows[m[1].strip()] = re.split(r"\s{2,}", m[2].strip())
+    return rows
+
+
+def test_compare_plans_side_by_side(tmp_path, capsys):
+    import json
+
+    from npusim.cli import main
+
+    path = tmp_path / "c.json"
+    argv = ["compare", *TINY, "--plans", "tp1", "tp2", "--json", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert rows["devices"] == ["1", "2"]
+    assert rows["speed-up over tp1"][0] == "1.00x" and rows["communication share"][0] == "0.0%"
+    data = json.loads(path.read_text())
+    assert list(data["plans"]) == ["tp1", "tp2"] and data["speedup_over"] == "tp1"
+    one, two = data["plans"]["tp1"], data["plans"]["tp2"]
+    # the numbers are run's: the same step, run alone
+    alone = run_decoder("k3-tiny", HW, "decode", 2, 64, "optimized", tp=2)
+    assert two["latency_us"] == alone.latency_us and two["plan"]["devices"] == 2
+    assert two["speedup"] == pytest.approx(one["latency_us"] / two["latency_us"])
+    assert rows["speed-up over tp1"][1] == f"{two['speedup']:.2f}x"
+    assert one["communication"]["comm_us"] == 0 < two["communication"]["exposed_comm_us"]
+    assert rows["communication share"][1] == f"{100 * two['communication']['comm_share']:.1f}%"
+    assert two["peak_memory_bytes"] < one["peak_memory_bytes"]  # each device holds half the heads and FFN
+    assert data["provenance"]["command"] == ["npusim", *argv]
+    first = path.read_bytes()
+    assert main(argv) == 0 and capsys.readouterr().out == out and path.read_bytes() == first  # bit for bit
+
+
+def test_compare_plans_of_sequence_and_tensor_parallel_prefill(capsys):
+    from npusim.cli import main
+
+    assert main(["compare", "--workload", "k3-tiny", "--batch", "1", "--context", "64", "--phase", "prefill",
+                 "--plans", "tp1", "sp2", "tp2,sp2"]) == 0
+    rows = _table(capsys.readouterr().out)
+    assert rows["devices"] == ["1", "2", "4"]
+    assert all(float(v.rstrip("%")) > 0 for v in rows["communication share"][1:])
+
+
+def test_compare_plans_shows_a_plan_that_does_not_fit(tmp_path, capsys):
+    """At 3 MiB of device memory k3-tiny's weights need two devices: tp1 says so, tp2 runs."""
+    import json
+
+    from npusim.cli import main
+
+    path = tmp_path / "c.json"
+    assert main(["compare", *TINY, "--plans", "tp1", "tp2", "--set", "hbm.hbm_bytes=3145728",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert rows["devices"] == ["1", "2"] and rows["latency (us)"][0] == "does not fit"
+    assert rows["speed-up over tp2"] == ["does not fit", "1.00x"]
+    assert re.search(r"^  tp1: .* does not fit .*fit on 2 devices \(--tp 2\)$", out, re.M)
+    data = json.loads(path.read_text())
+    assert data["plans"]["tp1"]["fits"] is False and "fit on 2 devices" in data["plans"]["tp1"]["error"]
+    assert data["plans"]["tp2"]["fits"] is True and data["speedup_over"] == "tp2"
+
+
+def test_compare_plans_writes_a_trace_per_plan_and_the_plot(tmp_path, capsys):
+    import json
+
+    from npusim.cli import main
+    from test_plots import assert_not_blank
+
+    trace = tmp_path / "t.json"
+    assert main(["compare", *TINY, "--plans", "tp1", "tp2", "--trace", str(trace), "--plot",
+                 str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert f"traces: {tmp_path / 't.tp1.json'}, {tmp_path / 't.tp2.json'}" in out
+    one, two = (json.loads((tmp_path / f"t.{n}.json").read_text()) for n in ("tp1", "tp2"))
+    check_trace(two)
+    assert not any(re.match(r"device \d+ ", n) for n in _processes(one).values())  # one device: as run writes it
+    assert {_device_of(n) for n in _processes(two).values()} == {0, 1}
+    assert two["otherData"]["plan"] == "tp2"
+    assert_not_blank([tmp_path / "plots" / "plan_scaling.png", tmp_path / "plots" / "plan_scaling.svg"],
+                     "plan_scaling")

@@ -88,6 +88,4 @@ def comm_breakdown(run: GraphRun) -> CommBreakdown:
 
 def plan_json(run: GraphRun) -> dict:
     """A JSON report's plan (its degrees, devices, the device simulated) and communication."""
-    plan = graph_plan(run.graph)
-    return {"plan": {"tp": plan.tp, "sp": plan.sp, "devices": plan.world, "simulated_device": plan.simulated_device},
-            "communication": comm_breakdown(run).as_json()}
+    return {"plan": graph_plan(run.graph).as_json(), "communication": comm_breakdown(run).as_json()}

@@ -52,6 +52,9 @@ class Plan:
         part of the prompt (graph.build_decoder: under the causal mask it attends to the most keys)."""
         return (self.sp - 1) * self.tp
 
+    def as_json(self) -> dict:
+        return {"tp": self.tp, "sp": self.sp, "devices": self.world, "simulated_device": self.simulated_device}
+
     def group(self, kind: str, device: int) -> tuple[int, ...]:
         """The devices of `device`'s group for a collective of `kind`, in rank order."""
         part, t = divmod(device, self.tp)

@@ -77,7 +77,7 @@ def by_type(run: GraphRun) -> list[tuple[str, int, float]]:
     return sorted(((k, c, t) for k, (c, t) in out.items()), key=lambda x: -x[2])
 
 
-def _title(run: GraphRun, overrides=None) -> str:
+def step_title(run: GraphRun, overrides=None) -> str:
     g = run.graph
     lengths = g.lengths[0] if len(set(g.lengths)) == 1 else f"{min(g.lengths)}..{max(g.lengths)}"
     what = "context" if g.phase == "decode" else "prompt"
@@ -92,7 +92,7 @@ def summary(run: GraphRun, top: int = 5, overrides=None) -> str:
     s = r.stats
     f = floor_of(run)
     lines = [
-        _title(run, overrides),
+        step_title(run, overrides),
         f"  latency        {run.latency_us:,.1f} us ({r.cycles:,.0f} cycles), {run.tokens_per_s:,.1f} tokens/s",
         f"  HBM traffic    read {s.hbm_read_bytes / GB:.3f} GB, write {s.hbm_write_bytes / GB:.3f} GB "
         f"({r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s); L2 hit rate {100 * s.l2_hit_rate:.1f}%",
@@ -171,7 +171,7 @@ def comparison_table(c: Comparison, overrides=None) -> str:
     names = list(c.runs)
     first = next(iter(c.runs.values()))
     w = max(16, *(len(n) + 2 for n in names))  # a column per pipeline, as wide as its name
-    lines = [_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>{w}s}" for n in names)]
+    lines = [step_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>{w}s}" for n in names)]
     for label, get in _ROWS:
         lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>{w}s}" for r in c.runs.values()))
     scores = [validation_score(r) for r in c.runs.values()]
@@ -295,5 +295,5 @@ def memory_timeline(run: GraphRun) -> list[tuple[float, float]]:
     return [(run.hw.cycles(t * 1e-6), b) for t, b in zip(g[0], g[2])]
 
 
-__all__ = ["Floor", "validation_score", "activation_spans", "floor_weight_bytes", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
+__all__ = ["Floor", "step_title", "validation_score", "activation_spans", "floor_weight_bytes", "by_type", "comparison_table", "floor_of", "live_bytes", "memory_in_use",
            "memory_timeline", "step_json", "summary"]

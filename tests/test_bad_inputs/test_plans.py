@@ -53,3 +53,22 @@ def test_bad_collective(argv, expect, capsys):
 ])
 def test_bad_pipeline(cmd, argv, expect, capsys):
     fails_cleanly([cmd, *TINY, *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--plans", "tp2x"], r"--plans tp2x: expected tpN, spN or one comma list of both \(tp2,sp2\), got 'tp2x'"),
+    (["--plans", "pp2"], r"--plans pp2: expected tpN, spN .*; a pipeline is run by npusim run --pp N"),
+    (["--plans", "tp0"], r"--plans tp0: tp expects a positive degree, got 0"),
+    (["--plans", "tp2,tp4"], r"--plans tp2,tp4: tp given twice in one plan"),
+    (["--plans", "tp2", "tp2,sp1"], r"--plans tp2,sp1: the plan tp2 is given twice"),
+    (["--plans", "tp1", "tp3"], r"--plans tp3: --tp 3 does not divide k3-tiny's heads 4"),
+    (["--plans", "tp1", "sp2"], r"--plans sp2: --sp 2: sequence parallel splits a prefill's prompt"),
+    (["--plans", "tp2", "--tp", "2"], r"--tp: with --plans each plan gives its own degrees"),
+    (["--plans", "tp2", "--passes", "baseline", "optimized"],
+     r"--passes baseline optimized: --plans compares plans under ONE pipeline"),
+    (["--plans", "tp2", "--passes", "baseline,optimized"], r"a comma list is ONE pipeline"),
+    (["--plans", "tp1", "--set", "hbm.hbm_bytes=3145728"], r"does not fit .* fit on 2 devices \(--tp 2\)"),
+])
+def test_bad_plans_of_compare(argv, expect, capsys, tmp_path):
+    fails_cleanly(["compare", *TINY, *argv, "--json", tmp_path / "c.json"], capsys, expect,
+                  outputs=[tmp_path / "c.json"])
