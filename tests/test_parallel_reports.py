@@ -206,3 +206,21 @@ def test_compare_plans_writes_a_trace_per_plan_and_the_plot(tmp_path, capsys):
     assert two["otherData"]["plan"] == "tp2"
     assert_not_blank([tmp_path / "plots" / "plan_scaling.png", tmp_path / "plots" / "plan_scaling.svg"],
                      "plan_scaling")
+
+
+def test_compare_of_pipelines_under_a_plan_checks_the_sharded_numerics(monkeypatch, capsys):
+    """compare --tp 2 --passes A B: each pipeline's shard checked as validate --tp checks it
+    (it used to stop at the first all_reduce); an all_reduce that does not sum shows FAIL."""
+    import attrs
+
+    from npusim.cli import main
+    from npusim.ops import OPS
+
+    argv = ["compare", *TINY, "--tp", "2", "--passes", "baseline", "optimized"]
+    assert main(argv) == 0
+    row = _table(capsys.readouterr().out)["logits cosine vs FP32"]
+    assert row == ["1.00000 ok", "1.00000 ok"]
+    keep = attrs.evolve(OPS["all_reduce"], reference=lambda p, x, specs, ctx: {"y": x["x"]})
+    monkeypatch.setitem(OPS, "all_reduce", keep)
+    assert main(argv) == 0
+    assert all(v.endswith("FAIL") for v in _table(capsys.readouterr().out)["logits cosine vs FP32"])

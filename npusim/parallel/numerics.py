@@ -101,9 +101,11 @@ class ShardedCheck:
 
 def check_sharded(workload: Workload | str, tp: int = 1, passes: str | Sequence[str] = "optimized",
                   phase: str = "decode", batch: int = 2, context=None, seed: int = 0, devices: int | None = None,
-                  sp: int = 1, **options) -> ShardedCheck:
+                  sp: int = 1, shard: Graph | None = None, **options) -> ShardedCheck:
     """Every rank of a tp x sp plan (after `passes`) against the unsharded FP32 reference.
-    Rank (part, t): part `part` of every prompt (sp), shard `t` of the heads and FFN (tp)."""
+    Rank (part, t): part `part` of every prompt (sp), shard `t` of the heads and FFN (tp).
+    `shard`: one device's graph already built and transformed (the one a run simulated);
+    passes and options are then its own."""
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     hw = load_hw()
     check_plan(Plan(tp, sp, devices), w, hw)
@@ -111,7 +113,8 @@ def check_sharded(workload: Workload | str, tp: int = 1, passes: str | Sequence[
     ref = execute(full, "reference", seed)
     weights = random_weights(full, seed)
     full_inputs = host_inputs(full, seed=seed)
-    shard = apply(build_decoder(w, phase, batch, context, tp=tp, sp=sp), passes, hw=hw, **options)
+    if shard is None:
+        shard = apply(build_decoder(w, phase, batch, context, tp=tp, sp=sp), passes, hw=hw, **options)
     if sp > 1 and any(n.op_type == "flash_attention" for n in shard.nodes):
         raise ConfigError("sequence-parallel numerics: the fused causal attention is aligned to the last part of "
                           "the prompt (the rank simulated); check with passes that keep attention unfused, e.g. "

@@ -44,6 +44,7 @@ WAIT_KIND, WAIT_COLOUR = "wait (flag / barrier)", "#dddddd"  # waits in light gr
 ROOFLINE_X_MARGIN = 10.0  # the x axis extends this factor beyond the dots and the ridge points
 WATERFALL_GAIN, WATERFALL_LOSS, WATERFALL_TOTAL = "tab:green", "tab:red", "tab:blue"
 LOG_SPAN = 10.0  # plan_scaling: latencies spanning more than this factor are drawn on a log axis
+PLOT_HEADROOM = 0.12  # plan_scaling: room above the highest point for its value
 
 
 # ---- helpers
@@ -448,8 +449,8 @@ def plan_scaling(curves: Mapping[str, Sequence[tuple[str, int, float, float]]], 
     values = [p[2] for points in curves.values() for p in points]
     if values and max(values) > LOG_SPAN * min(values):
         lat.set_yscale("log")
-    else:
-        lat.set_ylim(bottom=0)
+    elif values:
+        lat.set_ylim(0, max(values) * (1 + PLOT_HEADROOM))
     lat.set(ylabel="step latency (µs)", title="latency")
     share.set(ylabel="communication share of the step (%)", title="communication share")
     share.set_ylim(bottom=0)

@@ -177,8 +177,8 @@ def comparison_table(c: Comparison, overrides=None) -> str:
     scores = [validation_score(r) for r in c.runs.values()]
     lines.append(f"  {'logits cosine vs FP32':22s}" + "".join(f"{s:>{w}s}" for s in scores))
     if "n/a" in scores:
-        lines.append("  (n/a: the numpy check of this shape is too large to run here; npusim validate a smaller "
-                     "workload or shape)")
+        lines.append("  (n/a: the numpy check of this shape is too large to run here, or a sequence-parallel step "
+                     "with fused attention; npusim validate says which)")
     lines += ["", "  each pass added in order (latency, then the figure it targets):"]
     prev = c.runs.get("baseline", first)
     for name, r in c.steps.items():
@@ -192,9 +192,12 @@ def comparison_table(c: Comparison, overrides=None) -> str:
 def validation_score(run: GraphRun) -> str:
     """The run's graph checked by numpy (npusim.passes.validate) against an FP32 run of
     the baseline graph of the same step: the logits' cosine and ok / FAIL, or "n/a"
-    when the numpy runs would take more than SCORE_HOST_BYTES (a full-size model)."""
+    when the numpy runs would take more than SCORE_HOST_BYTES (a full-size model). A
+    shard of a parallel plan is checked as `validate --tp/--sp` checks it: every rank's
+    shard with numpy against the unsharded reference ("n/a" where that check refuses)."""
     from npusim.errors import NpusimError
     from npusim.graph.build import build_decoder
+    from npusim.parallel.plan import graph_plan
     from npusim.passes.validate import check_host_memory, validate
 
     g = run.graph
@@ -203,6 +206,16 @@ def validation_score(run: GraphRun) -> str:
         check_host_memory(base, runs=3, limit=SCORE_HOST_BYTES)
     except NpusimError:
         return "n/a"
+    plan = graph_plan(g)
+    if plan.world > 1:  # one device's shard: every rank's shard with numpy, the collectives across them
+        from npusim.parallel.numerics import check_sharded
+
+        try:
+            check = check_sharded(g.workload, plan.tp, phase=g.phase, batch=g.batch, context=g.lengths,
+                                  sp=plan.sp, shard=g)
+        except NpusimError:  # e.g. fused causal attention under sp: npusim validate says why
+            return "n/a"
+        return f"{check.cosine:.5f} {'ok' if check.passed else 'FAIL'}"
     v = validate(base, lambda _: g)
     logits = next(c for c in v.checks if c.name in g.outputs and c.is_float)
     return f"{logits.transformed:.5f} {'ok' if v.passed else 'FAIL'}"
