@@ -229,7 +229,7 @@ def _trace_paths(path: str, names) -> dict[str, str]:
 def _cmd_compare(args) -> int:
     from npusim.report.contract import provenance
     from npusim.progress import progress_bar
-    from npusim.report.step import comparison_table, memory_timeline, step_json
+    from npusim.report.step import comparison_table, step_json
     from npusim.runtime.decoder import compare
 
     if args.plans:
@@ -248,19 +248,26 @@ def _cmd_compare(args) -> int:
     if args.json:
         _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
                      "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
-    if traces:
-        from npusim.parallel.trace import run_trace
-        from npusim.report.trace import write_trace
-
-        for name, path in traces.items():
-            run = c.runs[name]
-            write_trace(run_trace(run, memory_timeline(run)), path, metadata=meta | {"pipeline": name})
-        say("traces: " + ", ".join(traces.values()))
+    _write_traces(c.runs, traces, meta, "pipeline")
     if args.plot:
         from npusim.report import plots
 
         _wrote(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot))
     return 0
+
+
+def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str) -> None:
+    """compare --trace: the trace of each run named in `paths` (a process group per device
+    under a plan) into its path, `meta` and {key: its name} as its metadata; one line naming them."""
+    from npusim.parallel.trace import run_trace
+    from npusim.report.step import memory_timeline
+    from npusim.report.trace import write_trace
+
+    written = {name: path for name, path in paths.items() if name in runs}
+    for name, path in written.items():
+        write_trace(run_trace(runs[name], memory_timeline(runs[name])), path, metadata=meta | {key: name})
+    if written:
+        say("traces: " + ", ".join(written.values()))
 
 
 def _cmd_compare_plans(args) -> int:
@@ -269,7 +276,7 @@ def _cmd_compare_plans(args) -> int:
     from npusim.parallel.compare import compare_plans, parse_plans, plans_json, plans_table
     from npusim.progress import progress_bar
     from npusim.report.contract import provenance
-    from npusim.report.step import memory_timeline, step_title
+    from npusim.report.step import step_title
 
     passes = args.passes or ["optimized"]
     if len(passes) > 1:
@@ -291,15 +298,7 @@ def _cmd_compare_plans(args) -> int:
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
     if args.json:
         _write_json(plans_json(c) | {"provenance": meta}, args.json)
-    written = {n: p for n, p in traces.items() if n in c.fitted}
-    if written:
-        from npusim.parallel.trace import run_trace
-        from npusim.report.trace import write_trace
-
-        for name, path in written.items():
-            run = c.fitted[name]
-            write_trace(run_trace(run, memory_timeline(run)), path, metadata=meta | {"plan": name})
-        say("traces: " + ", ".join(written.values()))
+    _write_traces(c.fitted, traces, meta, "plan")
     if args.plot:
         from npusim.report import plots
 

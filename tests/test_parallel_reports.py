@@ -224,3 +224,14 @@ def test_compare_of_pipelines_under_a_plan_checks_the_sharded_numerics(monkeypat
     monkeypatch.setitem(OPS, "all_reduce", keep)
     assert main(argv) == 0
     assert all(v.endswith("FAIL") for v in _table(capsys.readouterr().out)["logits cosine vs FP32"])
+
+
+def test_compare_plans_imports_matplotlib_only_to_plot(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from npusim.cli import main; "
+            f"assert main({['compare', *TINY, '--plans', 'tp1', 'tp2']!r}) == 0; "
+            "print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.splitlines()[-1] == "False"
