@@ -246,34 +246,44 @@ def test_grouping_gives_the_same_stats_and_cycles(case):
     assert_same(grouped, single)
 
 
-def test_blocks_sharing_a_region_are_not_grouped_and_reuse_it_through_the_l2():
-    """Block step 0 (every block on the same tiles): not grouped; the L2 reuse between
-    blocks is simulated block by block."""
+def test_blocks_sharing_a_region_reuse_it_through_the_l2():
+    """Block step 0 (every block on the same tiles, cold): the L2 reuse between blocks
+    is what block by block gives, grouped or not."""
     hw = load_hw("ascend910b2", overrides=HBM_BOUND)
     k = pipeline_kernel(hw, 8192, 4, True, block_dim=5)
-    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=False)
+    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=None)
     assert_same(grouped, single)
     assert grouped.kernels[0].stats.l2_hit_bytes > 0
 
 
 def test_grouping_same_results_when_all_blocks_read_the_same_cold_data():
-    """Block step 0: not grouped; the blocks behind the first wait for its fill."""
+    """Block step 0: the blocks behind the first wait for its fill."""
     hw = load_hw("ascend910b2", overrides={**HBM_BOUND, "hbm.peak_bw_bytes_per_s": 20 * 1.8e9})
     nbytes = 65536
     k = read_kernel(hw, GM_A, nbytes, block_dim=hw.aiv_count, block_step=0)
-    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=False)
+    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=None)
     assert_same(grouped, single)
     assert grouped.kernels[0].stats.hbm_read_bytes == nbytes
 
 
 def test_grouping_same_results_when_blocks_share_l2_lines():
-    """A block step of whole bursts but not whole lines: neighbouring blocks share lines,
-    so they are not grouped."""
+    """A block step of whole bursts but not whole lines: neighbouring blocks share lines."""
     hw = load_hw("ascend910b2", overrides=HBM_BOUND)
     step = 3 * hw.dma.burst_bytes  # 192 B: a whole number of bursts, not of lines
     assert step % hw.l2.line_bytes
     k = read_kernel(hw, GM_A, step, block_dim=hw.aiv_count, block_step=step, repeat=3)
-    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=False)
+    grouped, single = same_results([Launch(k), Synchronize()], hw, expect_groups=None)
+    assert_same(grouped, single)
+
+
+def test_blocks_sharing_lines_of_data_in_the_l2_are_grouped_in_waves():
+    """Blocks 256 B apart (two to a line) reading data just written, in three waves:
+    grouped (a group holds whole lines), with what block by block gives."""
+    hw = load_hw("ascend910b2", overrides=HBM_BOUND)
+    step, blocks = 256, 3 * hw.aiv_count
+    write = aiv_kernel(hw, [Copy(UB, GM, 0, GM_A, step * blocks)], 1, "write")
+    k = read_kernel(hw, GM_A, step, block_dim=blocks, block_step=step, repeat=2)
+    grouped, single = same_results([Launch(write), Launch(k), Synchronize()], hw, expect_groups=True)
     assert_same(grouped, single)
 
 

@@ -16,12 +16,17 @@ block_dim exceeds the cores; kernels are served in the order they reached the
 device, and a later kernel may use cores an earlier one leaves free.
 
 Identical blocks that start together are simulated once (a *group*): consecutive
-blocks of one kernel running the same Program object, when every GM address moves
-from block to block by whole L2 lines and blocks touch disjoint data, cost the same, so one representative runs
-with weight w: its transfers count as w flows in the fair share, each member's
-addresses go through the L2, and its counters are multiplied by w.
+blocks of one kernel running the same Program object cost the same when every GM
+address moves from block to block by whole bursts (so each transfer rounds alike),
+so one representative runs with weight w: its transfers count as w flows in the
+fair share, each member's addresses go through the L2 (lines members share are
+missed, and read from HBM, by the first member to touch them, and hit by the others,
+which wait for that read as they would one by one), and its counters are
+multiplied by w.
 # assumption: members of a group share their L2 hits equally; exact when they
-# hit alike (streaming, or all-resident data), an average otherwise.
+# hit alike (streaming, or all-resident data), an average otherwise. So that they
+# do, a run of blocks is cut where the L2 holds their inputs differently when they
+# are dispatched (the first and last line of every read, block by block).
 Grouping can be turned off (Device(dedup=False)); tests check both give the
 same results.
 
@@ -43,14 +48,17 @@ find the cache as it would be. Anything else runs in full.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections import defaultdict, deque
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 from attrs import frozen
 
 from npusim.engine.compile import GmCopy, LoopEntry, compile_program, count_instructions
-from npusim.engine.memory import MemorySystem
+from npusim.engine.memory import MemorySystem, burst_cost
 from npusim.engine.pipe import run_pipe
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
@@ -145,7 +153,7 @@ class _KernelRun:
 
 class Device:
     def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True,
-                 share_lines: bool = False, counters: bool = True):
+                 counters: bool = True):
         self.env = env
         self.hw = hw
         self.tracer = tracer
@@ -158,7 +166,6 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
-        self.share_lines = share_lines
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
@@ -250,26 +257,77 @@ class Device:
                 return c, aivs
         return None
 
+    def _cores(self, kind: CoreType) -> int:
+        return self.hw.chip.aic_count if kind is CoreType.AIC else self.hw.aiv_count
+
+    def _free_cores(self, cores: tuple[int | None, list[int]]) -> None:
+        """Give back the cores of one block (see _take_cores)."""
+        aic, aivs = cores
+        if aic is not None:
+            heapq.heappush(self.free[CoreType.AIC], aic)
+        for v in aivs:
+            heapq.heappush(self.free[CoreType.AIV], v)
+
     def _kinds(self, kernel: Kernel) -> list[CoreType]:
         return [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
 
-    def _can_group(self, kernel: Kernel, block: int) -> bool:
-        """Blocks running this block's program(s) cost the same wherever they run and
-        touch disjoint data: in every GM tensor, all accesses move from block to block
-        by the same nonzero whole number of L2 lines, and together spread no further."""
+    def _grouping(self, kernel: Kernel, block: int) -> _Grouping | None:
+        """How a block's program(s) may run grouped now (see _groupable); None if not."""
         if not self.dedup:
-            return False
-        ok = True
+            return None
+        parts = []
         for kind in self._kinds(kernel):
             program = kernel.program(kind, block)
             hit = self._groupable.get(id(program))
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream in self._streams(kernel, kind, block)
                             for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
-                hit = self._groupable[id(program)] = (
-                    program, _disjoint_blocks(accesses, kernel, self.hw, block, self.share_lines))
-            ok = ok and hit[1]
-        return ok
+                members = sum(kernel.program(kind, b) is program for b in range(kernel.block_dim))
+                hit = self._groupable[id(program)] = (program, _groupable(accesses, kernel, self.hw, block, members))
+            # blocks sharing lines are grouped only while their kernel is alone on the device
+            # (another kernel touching those lines would reach the blocks unevenly), and
+            # blocks sharing lines they write only where it pays, in a kernel of several
+            # waves (one wave runs side by side in little time)
+            g = hit[1]
+            if g is None or (g.shared and len(self.active) > 1) or (
+                    any(write for *_, write in g.shared) and kernel.block_dim <= self._cores(kind)):
+                return None
+            parts.append(g)
+        if len(parts) == 1:
+            return parts[0]
+        return _Grouping(np.concatenate([g.reads for g in parts]), sum((g.shared for g in parts), ()))
+
+    def _held(self, reads: np.ndarray, block: int) -> bytes:
+        """Which of the first and last lines of a block's reads the L2 holds now (blocks
+        whose inputs the L2 holds differently are not grouped: they would not hit alike)."""
+        if not len(reads):
+            return b""
+        lo = reads[:, 1] + reads[:, 0] * block
+        hi = reads[:, 2] + reads[:, 0] * block - 1
+        lines = np.unique(np.concatenate([lo, hi]) // self.hw.l2.line_bytes)
+        return (self.memory.l2.find(lines) >= 0).tobytes()
+
+    def _sharing(self, g: _Grouping, first: int, n: int) -> int:
+        """How many of n blocks from `first` may run as one group when they share lines.
+        A shared line they read must be in the L2 already and lie inside the group
+        (its regions start and end on line boundaries): else blocks outside the group,
+        or in another wave, would race them for its fill. Lines they write are
+        allocated by whoever writes first, the others hitting them, with no fill to
+        wait for: shared with other blocks, they cost those blocks the same."""
+        line = self.hw.l2.line_bytes
+        for step, lo, hi, write in g.shared:
+            if write:
+                continue
+            a, b = lo + step * first, hi + step * first
+            if not (self.memory.l2.find(np.unique([a // line, (b - 1) // line])) >= 0).all():
+                return 1
+            if step == 0:
+                continue
+            if a % line:
+                return 1
+            while n > 1 and (hi + step * (first + n - 1)) % line:
+                n -= 1
+        return n
 
     def _same_programs(self, kernel: Kernel, a: int, b: int) -> bool:
         return all(kernel.program(kind, a) is kernel.program(kind, b) for kind in self._kinds(kernel))
@@ -279,10 +337,12 @@ class Device:
             k = kr.kernel
             while kr.next_block < k.block_dim:
                 first = kr.next_block
-                group = self._can_group(k, first)
+                g = self._grouping(k, first)
+                held = None if g is None else self._held(g.reads, first)
                 taken = []
                 while first + len(taken) < k.block_dim:
-                    if taken and not (group and self._same_programs(k, first, first + len(taken))):
+                    b = first + len(taken)
+                    if taken and (g is None or not self._same_programs(k, first, b) or self._held(g.reads, b) != held):
                         break
                     cores = self._take_cores(k.core_type)
                     if cores is None:
@@ -290,6 +350,10 @@ class Device:
                     taken.append(cores)
                 if not taken:
                     break
+                if g is not None and g.shared:
+                    for cores in taken[self._sharing(g, first, len(taken)):]:
+                        self._free_cores(cores)
+                    del taken[self._sharing(g, first, len(taken)):]
                 self.env.process(self._block(kr, list(range(first, first + len(taken))), taken))
                 kr.next_block += len(taken)
             if kr.next_block == k.block_dim:
@@ -326,11 +390,8 @@ class Device:
             if self.tracer.block:
                 for name, b in zip(cr.names, blocks):
                     self.tracer.block_spans.append((name, k.name, b, start, end, kr.id))
-        for aic, aivs in cores:
-            if aic is not None:
-                heapq.heappush(self.free[CoreType.AIC], aic)
-            for v in aivs:
-                heapq.heappush(self.free[CoreType.AIV], v)
+        for c in cores:
+            self._free_cores(c)
         kr.blocks_done += len(blocks)
         if kr.blocks_done == k.block_dim:
             self._finish(kr, kr.acc.freeze(env.now - kr.start))
@@ -338,8 +399,9 @@ class Device:
 
 
 def _gm_accesses(stream: tuple, counts: dict[str, int]):
-    """(block step, first byte, end byte) of every GM transfer in a stream, over all
-    values of the other variables in scope (`counts` gives each one's range)."""
+    """(block step, first byte, end byte, write, fixed, entry, loop counts) of every GM
+    transfer in a stream, over all values of the other variables in scope (`counts`
+    gives each one's range); fixed: the address moves with the block only."""
     for e in stream:
         if e.__class__ is LoopEntry:
             yield from _gm_accesses(e.body, {**counts, e.var: e.count})
@@ -349,31 +411,103 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
             moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
             lo = base + sum(m for m in moves if m < 0)
             hi = base + sum(m for m in moves if m > 0) + (segments - 1) * stride + nbytes
-            yield terms.get("block", 0), lo, hi
+            yield terms.get("block", 0), lo, hi, e.write, not any(moves), e, counts
 
 
-def _disjoint_blocks(accesses: list[tuple[int, int, int]], kernel: Kernel, hw: HwConfig, block: int,
-                     share_lines: bool = False) -> bool:
-    """Per GM tensor of the kernel (all of GM if it declares none): one common block
-    step, a nonzero multiple of the L2 line, at least as long as the accesses spread.
-    Accesses are placed at `block`, the first block running the program.
-    share_lines (an approximation, off by default): blocks need only touch disjoint
-    bytes, not lines; members of a group that share a line count it as one miss
-    and hits for the others (memory._lines), as blocks side by side would, but the
-    group's L2 state (LRU order) and the fills they wait for are the representative's."""
+# Lines per block the exact disjointness test of _groupable enumerates at most.
+_DISJOINT_LINES = 1 << 16
+
+
+class _Grouping:
+    """How blocks of one program may run grouped: the GM reads they make, as rows of
+    (block step, first byte, end byte) at block 0, and the regions (block step, first
+    byte, end byte, write) of the tensors whose lines they share (see _groupable)."""
+
+    __slots__ = ("reads", "shared")
+
+    def __init__(self, reads: np.ndarray, shared: tuple):
+        self.reads, self.shared = reads, shared
+
+
+def _groupable(accesses: list[tuple], kernel: Kernel, hw: HwConfig, block: int, members: int) -> _Grouping | None:
+    """Do blocks running these accesses (placed at `block`, the first block running
+    the program) behave alike, so that one can stand for several (up to `members`)?
+    Every transfer rounds to bursts alike in every block, and per GM tensor of the
+    kernel (all of GM if it declares none), with one common block step:
+    - the blocks touch separate L2 lines (their regions of the tensor lie a whole
+      line apart, or, counted line by line, no two blocks touch one line);
+    - or they share lines only within a transfer: every block touches the same
+      bytes (step 0) or one fixed region of its own (every access to the tensor
+      the same bytes, whatever the loops), so the first to touch a shared line
+      misses it and the others wait for its fill, as one by one. A group of such
+      blocks must hold every line they share, and read only lines the L2 holds
+      (Device._sharing), and their kernel must be alone (Device._grouping).
+    None: blocks reading lines another block reaches in another transfer would hit
+    or miss differently, and are not grouped."""
+    if not all(_rounds_alike(a, hw.dma.burst_bytes) for a in accesses):
+        return None
     tensors: dict = {}
-    for step, lo, hi in accesses:
-        lo, hi = lo + step * block, hi + step * block
+    for a in accesses:
+        step, lo = a[0], a[1] + a[0] * block
         owner = next((t.name for t in kernel.gm if t.addr <= lo < t.addr + t.nbytes), None)
-        tensors.setdefault(owner, []).append((step, lo, hi))
+        tensors.setdefault(owner, []).append(a)
+    line = hw.l2.line_bytes
+    shared = []
     for group in tensors.values():
-        steps = {step for step, _, _ in group}
+        steps = {a[0] for a in group}
         if len(steps) != 1:
-            return False
+            return None
         step = steps.pop()
-        line = 1 if share_lines else hw.l2.line_bytes  # blocks must not share a line, not just a byte
-        spread = -(-max(hi for _, _, hi in group) // line) * line - min(lo for _, lo, _ in group) // line * line
-        if step == 0 or step % line or spread > abs(step):
-            return False
-    return True
+        spread = -(-max(a[2] for a in group) // line) * line - min(a[1] for a in group) // line * line
+        if step and step % line == 0 and spread <= abs(step):
+            continue
+        if all(a[4] for a in group) and len({(a[1], a[2]) for a in group}) == 1:
+            shared.append((step, group[0][1], group[0][2], any(a[3] for a in group)))
+        elif step == 0 or not _apart(group, step, members, line):
+            return None
+    reads = np.array([a[:3] for a in accesses if not a[3]], np.int64).reshape(-1, 3)
+    return _Grouping(reads, tuple(shared))
 
+
+def _rounds_alike(access: tuple, burst: int) -> bool:
+    """Does a transfer round to bursts the same in every block? Blocks a whole number
+    of bursts apart do; otherwise every block's offset within a burst must cost alike
+    (and the loops move it by whole bursts)."""
+    step, lo, _, _, _, e, _ = access
+    if step % burst == 0:
+        return True
+    a = e.gm_addr
+    if any(s % burst for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"):
+        return False
+    starts = {(lo + m * step) % burst for m in range(burst // math.gcd(step, burst))}
+    return len({burst_cost(x, e.nbytes, e.segments, e.stride, burst) for x in starts}) == 1
+
+
+def _apart(group: list[tuple], step: int, members: int, line: int) -> bool:
+    """Do `members` consecutive blocks, `step` bytes apart, touch disjoint L2 lines in
+    these accesses? Counted line by line over every loop iteration (False when that
+    is more than _DISJOINT_LINES lines a block)."""
+    lines: set = set()
+    for *_, e, counts in group:
+        a = e.gm_addr
+        terms = [(var, s) for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"]
+        ranges = [range(counts.get(var, 1)) for var, _ in terms]
+        if math.prod(len(r) for r in ranges) * e.segments > _DISJOINT_LINES:
+            return False
+        base = a.base if isinstance(a, Affine) else a
+        for values in itertools.product(*ranges):
+            start = base + sum(s * v for (_, s), v in zip(terms, values))
+            for i in range(e.segments):
+                first = start + i * e.stride
+                lines.update(range(first // line, -(-(first + e.nbytes) // line)))
+        if len(lines) > _DISJOINT_LINES:
+            return False
+    if step % line:  # blocks a fraction of a line apart share lines at their edges
+        return False
+    touched: set = set()
+    for m in range(members):
+        shifted = {x + m * (step // line) for x in lines}
+        if touched & shifted:
+            return False
+        touched |= shifted
+    return True

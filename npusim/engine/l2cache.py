@@ -72,6 +72,7 @@ class L2Cache:
         self.in_flight = 0  # fills whose event has not fired yet
         self.clock = 0
         self._new_fill = self._fill_event = None  # the fill of the access in progress (see access)
+        self._missed = None  # where the access in progress lists its missed lines (see access)
         self._fill_id = _ARRIVED
         self._steps = np.arange(self.sets, dtype=np.int64)  # 0, 1, ...: a piece's lines in order
         self._marks = np.zeros(self.sets, np.int64)  # scratch: which line of a piece last marked each set
@@ -87,21 +88,24 @@ class L2Cache:
     def set_of(self, lines: np.ndarray) -> np.ndarray:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
 
-    def access(self, lines: np.ndarray, write: bool, new_fill=None, ascending: bool = True):
+    def access(self, lines: np.ndarray, write: bool, new_fill=None, ascending: bool = True,
+               missed: list | None = None):
         """Touch `lines` (int64 line numbers, each once; `ascending` if in ascending
         order, which lets a short run find its sets without sorting). `new_fill()`
         makes the event of the fill bringing the missed lines of a read; it is called
         only if some line misses. Returns (lines that hit, write-back mask or None if
         there is none: this line's miss evicted a dirty line, fills to wait for, the
-        fill event made or None)."""
+        fill event made or None). `missed`: if a list, the positions (in `lines`) of
+        the lines that missed are appended to it, as arrays."""
         self._new_fill, self._fill_event, self._fill_id = new_fill, None, _ARRIVED
+        self._missed = missed
         waits: list = []
         if len(lines) <= self.sets:
-            hits, wb = self._piece(lines, write, waits, ascending)
+            hits, wb = self._piece(lines, write, waits, ascending, 0)
             return hits, wb, waits, self._fill_event
         hits, wb = 0, None
         for lo in range(0, len(lines), self.sets):
-            piece_hits, piece_wb = self._piece(lines[lo:lo + self.sets], write, waits, ascending)
+            piece_hits, piece_wb = self._piece(lines[lo:lo + self.sets], write, waits, ascending, lo)
             hits += piece_hits
             if piece_wb is not None:
                 if wb is None:
@@ -127,8 +131,9 @@ class L2Cache:
         fill.callbacks.append(lambda _ev, i=fill_id: self._arrived(i))
         return fill_id
 
-    def _piece(self, lines: np.ndarray, write: bool, waits: list, ascending: bool):
-        """One piece of an access (see access): (lines that hit, write-back mask or None)."""
+    def _piece(self, lines: np.ndarray, write: bool, waits: list, ascending: bool, at: int):
+        """One piece of an access (see access), its first line at position `at` of the
+        access: (lines that hit, write-back mask or None)."""
         n = len(lines)
         uses = self._steps[:n] + (self.clock + 1)  # line i is used at uses[i]
         self.clock += n
@@ -162,6 +167,8 @@ class L2Cache:
             lost = ~found
             miss_at = unknown[lost]
             ml, mu, set_ids = look[lost], uses[miss_at], set_ids[lost]
+        if self._missed is not None:
+            self._missed.append(at + (self._steps[:n] if miss_at is None else miss_at))
         victims, ml, mu, wb_miss = self._victims(ml, mu, set_ids, distinct, write)
         self.tags[victims] = ml
         self.last_use[victims] = mu
@@ -264,6 +271,21 @@ class L2Cache:
         wb_miss = np.empty(len(sorted_sets), bool)
         wb_miss[order] = wb_sorted
         return victims, ml[keep], mu[keep], wb_miss
+
+    def find(self, lines: np.ndarray) -> np.ndarray:
+        """The slot holding each line (distinct line numbers), -1 where it is not cached;
+        looks only (no use is recorded)."""
+        slots = np.full(len(lines), -1, np.int64)
+        hinted = self._hint[lines & self._hint_mask]
+        known = self.tags[hinted] == lines
+        slots[known] = hinted[known]
+        rest = np.flatnonzero(~known)
+        if len(rest):
+            sets = self.set_of(lines[rest])
+            match = self._tag_rows.take(sets, axis=0) == lines[rest][:, None]
+            found = self._any_way(match)
+            slots[rest[found]] = sets[found] * self.ways + match[found].argmax(axis=1)
+        return slots
 
     def dirty_lines(self) -> int:
         return int(((self.tags >= 0) & self.dirty).sum())

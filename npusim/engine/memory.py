@@ -94,9 +94,10 @@ class MemorySystem:
         line = self.line
         lines, member, ascending, shared = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
-        hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending)
+        missed = [] if shared and not write else None
+        hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending, missed)
         total_lines = len(lines)
-        if shared:  # members sharing a line (Device(share_lines=True)): all but the first find it in the L2
+        if shared:  # members sharing a line: all but the first to touch it find it in the L2
             st.hit_bytes = st.moved * (hit_lines + shared) / (total_lines + shared)
         else:
             st.hit_bytes = st.moved * hit_lines / total_lines
@@ -117,13 +118,22 @@ class MemorySystem:
             ev.callbacks.append(one_done)
         self.l2_link.add(moved, cap, one_done, w)
         if st.hbm_read > 0:
-            pending[0] += 1
+            # HBM -> L2 does not cross the core's port. Each member reads the lines it is
+            # the first to touch; members alike read alike (one flow of weight w). With
+            # shared lines the first toucher reads them and the others hit them while
+            # they are being filled, so they wait for its flow, as one by one they would.
+            fills = [(st.hbm_read / w, w)] if missed is None else _member_fills(missed, member, w, line)
+            fills_left = [len(fills)]
+            pending[0] += len(fills)
 
             def filled() -> None:
-                fill.succeed()
+                fills_left[0] -= 1
+                if not fills_left[0]:  # the group's lines have all arrived
+                    fill.succeed()
                 one_done()
 
-            self.hbm.add(st.hbm_read / w, math.inf, filled, w)  # HBM -> L2 does not cross the core's port
+            for nbytes_each, members in fills:
+                self.hbm.add(nbytes_each, math.inf, filled, members)
         elif fill is not None:
             fill.succeed()
         return st
@@ -170,6 +180,15 @@ class MemorySystem:
         return pattern[0] + first, pattern[1], pattern[2], pattern[3]
 
 
+def _member_fills(missed: list, member: np.ndarray, w: int, line: int) -> list[tuple[float, int]]:
+    """(bytes, members) of the HBM reads of a group's members: each member the missed
+    lines it touches first (members with the same count share one weighted flow;
+    members that miss nothing have none)."""
+    counts = np.bincount(member[np.concatenate(missed)], minlength=w)
+    sizes, members = np.unique(counts[counts > 0], return_counts=True)
+    return [(float(c * line), int(m)) for c, m in zip(sizes, members)]
+
+
 def _nothing() -> None:
     """Completion of a background write-back: nobody waits for it."""
 
@@ -177,8 +196,7 @@ def _nothing() -> None:
 def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int):
     """The L2 lines a transfer touches (ascending, each once), per line which member
     (index into `addrs`) touched it first, and how many (line, member) pairs there are
-    beyond the first member of each line (members sharing lines: 0 unless blocks are
-    grouped with Device(share_lines=True))."""
+    beyond the first member of each line (0 unless members share lines)."""
     if segments == 1 and len(addrs) == 1:
         first = addrs[0] // line
         lines = np.arange(first, -(-(addrs[0] + nbytes) // line), dtype=np.int64)
@@ -186,7 +204,7 @@ def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int)
     starts = (np.asarray(addrs, np.int64)[:, None] + np.arange(segments, dtype=np.int64) * stride).ravel()
     first = starts // line
     count = -(-(starts + nbytes) // line) - first
-    if stride % line == 0 and (count == count[0]).all() and (stride >= count[0] * line or segments == 1):
+    if (count == count[0]).all() and (np.diff(np.sort(first)) >= count[0]).all():
         # every segment covers the same number of lines and none shares a line
         lines = (first[:, None] + np.arange(count[0], dtype=np.int64)).ravel()
         return lines, np.repeat(np.arange(len(addrs)), segments * int(count[0])), 0

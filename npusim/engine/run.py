@@ -63,12 +63,11 @@ class RunResult:
 
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
-        on_device: Callable[[Device], None] | None = None, share_lines: bool = False,
+        on_device: Callable[[Device], None] | None = None,
         progress: Callable[[int, int], None] | None = None, counters: bool = True) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
-    caller look at (or instrument) the Device before the run starts. share_lines=True groups
-    blocks that share L2 lines too (an approximation: see device._disjoint_blocks).
+    caller look at (or instrument) the Device before the run starts.
     progress(kernels finished, kernels launched in all) is called as each kernel ends.
     counters=False records no bandwidth samples (Trace.counters is empty): they only feed
     a Chrome trace, and a long step makes hundreds of thousands of them."""
@@ -76,7 +75,7 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     _check_calls(calls, hw)
     env = simpy.Environment()
     tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup, share_lines, counters)
+    device = Device(env, hw, tracer, dedup, counters)
     if on_device is not None:
         on_device(device)
     if progress is not None:

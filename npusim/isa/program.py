@@ -19,7 +19,12 @@ from attrs import field, frozen
 
 
 class _Named(enum.Enum):
-    """An enum that prints as its value (MTE2, not <Pipe.MTE2: 'MTE2'>)."""
+    """An enum that prints as its value (MTE2, not <Pipe.MTE2: 'MTE2'>). Hashed by
+    identity (each member is one object; Enum's own hash is a Python call, and the
+    engine and verify() look pipes and memories up in dicts hundreds of thousands of
+    times a step)."""
+
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return self.value

@@ -241,7 +241,19 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     units = batch * m_tiles * n_tiles * split_k
     per_core = cdiv(units, cores)
     programs = []
+    # One row of tiles cut into equal runs (a decode GEMM): every block whose run is
+    # whole-sized and inside one part of C runs one program, its addresses moving with
+    # the block index, so the engine may run those blocks as one group.
+    shared = None
+    if dims[:2] == (1, 1) and split_k == 1 and len(parts) == 1:
+        whole = n_tiles if p.n % t.base_n == 0 else n_tiles - 1  # a narrower last tile has its own nest
+        if whole // per_core > 1:
+            shared = Program(_prologue(t) + _box(attrs.evolve(plan, block_cols=per_core * t.base_n), (0, 0, 0, 0),
+                                                 (1, 1, per_core, 1), dims) + _epilogue(t), buf.buffers)
     for core in range(cdiv(units, per_core)):
+        if shared is not None and (core + 1) * per_core <= whole:
+            programs.append(shared)
+            continue
         body = []
         for start, extent in boxes(core * per_core, min(units, (core + 1) * per_core), dims):
             body += _box(plan, start, extent, dims)

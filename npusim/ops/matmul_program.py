@@ -111,6 +111,7 @@ class _Plan:
     fb: int | None
     bias: object
     scale: object
+    block_cols: int = 0  # columns of B and C a block's tiles sit to the right of block 0's (one program for all)
 
 
 def _stored_bytes(rows: int, cols: int, elem: int, fmt: str) -> int:
@@ -169,7 +170,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
     e, eb = la.e, lb.e
     chunks, tail = divmod(k_len, plan.kc)
     a_moves = {"bb": (0, 0), "mi": (t.base_m, 0), "kp": (0, plan.k_piece)}
-    b_moves = {"bb": (0, 0), "ni": (0, t.base_n), "kp": (plan.k_piece, 0)}
+    b_moves = {"bb": (0, 0), "ni": (0, t.base_n), "kp": (plan.k_piece, 0), "block": (0, plan.block_cols)}
+    c_moves = {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n), "block": (0, plan.block_cols)}
 
     def slices(kk: int, a_src, b_src) -> list:
         """MTE1 feeds the base_k slices of an L1 chunk to L0A/L0B; M multiplies each.
@@ -218,8 +220,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             srcs = [x for x in (plan.bias, plan.scale) if x is not None]
             slot = align_up(bn * 4, 32)
             out += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA)]
-            out += [Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4), plan.extra_l1 + i * slot, bn * 4)
-                    for i, src in enumerate(srcs)]
+            out += [Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4, block=plan.block_cols * 4),
+                         plan.extra_l1 + i * slot, bn * 4) for i, src in enumerate(srcs)]
             out += [SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
             if plan.bt is not None:
                 out.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
@@ -234,8 +236,7 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             # L0C holds the tile in 16-column fractals: a write starting mid-fractal
             # reads from that fractal's start (the address), skipping the columns before
             out.append(plan.lc[part].store(plan.c_l0 + off // 16 * 16 * 4, (b0, r0, c0 + off - plan.parts[part][0]),
-                                           bm, cols, {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n)},
-                                           align_up(bn, 16) * 4))
+                                           bm, cols, c_moves, align_up(bn, 16) * 4))
         return out + [SetFlag(Pipe.FIX, Pipe.M, _L0C)]
 
     m_body: list = [Loop("ni", cnt, tile((n0 + j) * t.base_n, pieces))
