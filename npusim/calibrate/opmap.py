@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from npusim.calibrate.profile import ProfileRow
+
+if TYPE_CHECKING:
+    from npusim.calibrate.hccl import HcclRow
 
 # msprof's dtype names (FLOAT16, DT_BF16, FLOAT, ...) and npusim's own (FP16) -> npusim's
 DTYPES = {"FLOAT16": "fp16", "FP16": "fp16", "HALF": "fp16", "BF16": "bf16", "BFLOAT16": "bf16",
@@ -33,9 +37,11 @@ class Unmappable(Exception):
 
 @frozen
 class Mapped:
-    """A row as an npusim op: `key` is (op type, sorted params) for deduplication."""
+    """A measured row as an npusim op: `key` is (op type, sorted params) for
+    deduplication. `row`: a ProfileRow, or an hccl_test row (npusim.calibrate.hccl);
+    both give file, line, op_name, op_type, duration_us and where."""
 
-    row: ProfileRow
+    row: ProfileRow | HcclRow
     op: str
     params: tuple[tuple[str, object], ...]
 

@@ -1,13 +1,13 @@
-"""One calibration, end to end: read the profile, map its rows, choose the fields the
-ops identify, fit them on every row, and cross-validate so the error reported is on
-ops the fit never saw. Returns a Calibration record; report.py and write.py turn it
+"""One calibration, end to end: read the measurements (msprof op_summary rows, hccl_test
+rows, or both), map their rows, choose the fields the ops identify, fit them on every
+row, and cross-validate so the error reported is on ops the fit never saw. Returns a Calibration record; report.py and write.py turn it
 into text, JSON, a plot and a config file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from attrs import frozen
 
 from npusim.calibrate import fit
 from npusim.calibrate.fields import fittable_fields, value_of
+from npusim.calibrate.hccl import HcclRow, map_hccl, read_hccl
 from npusim.calibrate.model import Model
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
@@ -72,12 +73,12 @@ class Calibration:
         return {f.field: f.after for f in self.fields}
 
 
-def _map_rows(rows: Sequence[ProfileRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
+def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
     mapped, bad = [], {}
     lowering: dict = {}
     for row in rows:
         try:
-            m = map_row(row)
+            m = map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base)
             if m.key not in lowering:
                 try:
                     model.log_times(np.zeros(len(model.fields)), [m.key])
@@ -94,11 +95,30 @@ def _map_rows(rows: Sequence[ProfileRow], model: Model) -> tuple[list[Mapped], l
     return mapped, unmapped
 
 
-def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
-              folds: int = DEFAULT_FOLDS) -> Calibration:
-    """Fit the assumed fields of `hw` (all of them the profile identifies, or only
-    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)."""
-    rows = read_profile(profile)
+HcclInput = str | Path | tuple[str | Path, Mapping[str, str]]  # a file, or a file and its options (hccl.OPTIONS)
+
+
+def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, str]:
+    """The measured rows of the op_summary profile and the hccl_test files, and how the
+    report names them."""
+    if profile is None and not hccl:
+        raise ConfigError("calibrate: nothing to fit: give --profile (msprof's op_summary) and/or --hccl "
+                          "(hccl_test's output)")
+    rows = list(read_profile(profile)) if profile is not None else []
+    names = [str(profile)] if profile is not None else []
+    for item in hccl:
+        path, options = (item, {}) if isinstance(item, (str, Path)) else item
+        rows += read_hccl(path, options)
+        names.append(str(path))
+    return rows, ", ".join(names)
+
+
+def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
+              folds: int = DEFAULT_FOLDS, hccl: Sequence[HcclInput] = ()) -> Calibration:
+    """Fit the assumed fields of `hw` (all of them the measurements identify, or only
+    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)
+    and of `hccl` (hccl_test output files), together."""
+    rows, sources = _read(profile, hccl)
     hw_path = find_file(hw, "hwconfigs")
     base = load_hw(hw_path)
     fittable = fittable_fields(hw_path)
@@ -112,8 +132,10 @@ def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Seque
     mapped, unmapped = _map_rows(rows, model)
     if not mapped:
         listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
-        raise ProfileError(f"{profile}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
-                           f"first at {unmapped[0].where}, column 'OP Type'")
+        first = next(r for r in rows if r.where == unmapped[0].where)
+        column = ", column 'OP Type'" if isinstance(first, ProfileRow) else ""  # an hccl row: the reason says why
+        raise ProfileError(f"{sources}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
+                           f"first at {unmapped[0].where}{column}")
     keys = list(dict.fromkeys(m.key for m in mapped))
     index = {k: i for i, k in enumerate(keys)}
     row_key = np.array([index[m.key] for m in mapped])
@@ -146,5 +168,5 @@ def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Seque
         fits.append(FieldFit(candidates[j], value_of(base, candidates[j]), values[pos], int(rows_j.sum()), types,
                              float(np.median(np.abs(before[rows_j] / measured[rows_j] - 1))),
                              float(np.median(np.abs(after[rows_j] / measured[rows_j] - 1)))))
-    return Calibration(str(profile), str(hw), hw_path, base, len(rows), tuple(mapped), tuple(unmapped), tuple(fits),
+    return Calibration(sources, str(hw), hw_path, base, len(rows), tuple(mapped), tuple(unmapped), tuple(fits),
                        tuple(excluded), measured, before, after, held, k if kept else 0, model.simulations)

@@ -1,7 +1,7 @@
-"""Synthetic msprof profiles made by npusim itself: a mix of decoder ops in CANN's
-terms, timed on a given (possibly hidden) config through the same mapping table and
-simulation calibration uses, with seeded multiplicative noise. Ground truth for the
-recovery test and the speed benchmark.
+"""Synthetic measurements made by npusim itself: msprof profiles of a mix of decoder ops
+in CANN's terms, timed on a given (possibly hidden) config through the same mapping
+table and simulation calibration uses, and hccl_test output of collectives; both with
+seeded multiplicative noise. Ground truth for the recovery tests and the speed benchmark.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import numpy as np
 from attrs import frozen
 
@@ -17,6 +18,8 @@ from npusim.calibrate.opmap import Unmappable, map_row
 from npusim.calibrate.profile import OPTIONAL_COLUMNS, ProfileRow
 from npusim.errors import NpusimError
 from npusim.hw import HwConfig
+from npusim.ops.collectives.command import hccl_test_output
+from npusim.ops.collectives.simulate import simulate_collective
 from npusim.report.tables import SUMMARY_COLUMNS, write_csv
 
 # the op_summary columns a synthetic profile fills: msprof's, up to its output shapes,
@@ -126,3 +129,12 @@ def _shapes(shapes) -> str:
 
 def write_profile(rows: Sequence[dict], path: str | Path) -> Path:
     return write_csv(rows, path, COLUMNS)
+
+
+def synthetic_hccl(kind: str, sizes: Sequence[int], devices: int, hw: HwConfig, noise: float = 0.03, seed: int = 0,
+                   dtype: str = "fp16") -> tuple[str, str]:
+    """(file name, text) of hccl_test output for `kind` on `devices` ranks at each of
+    `sizes`, timed on `hw` and multiplied by a seeded uniform factor in [1 - noise, 1 + noise]."""
+    rng = np.random.default_rng(seed)
+    reports = [simulate_collective(kind, n, devices, hw, dtype=dtype) for n in sizes]
+    return hccl_test_output([attrs.evolve(r, us=r.us * (1 + rng.uniform(-noise, noise))) for r in reports], hw)
