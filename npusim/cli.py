@@ -83,7 +83,7 @@ def _cmd_op(args) -> int:
     if args.profile:
         from npusim.report.tables import write_tables
 
-        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile)))
+        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile, op=report.lowered)))
     if args.plot:
         from npusim.report import plots
 

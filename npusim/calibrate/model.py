@@ -38,6 +38,12 @@ def op_time_us(key: OpKey, hw: HwConfig) -> float:
     return simulate_op(lower(op, dict(params), hw), hw, trace="kernel").us
 
 
+def kernel_count(key: OpKey, hw: HwConfig) -> int:
+    """How many kernels npusim lowers a (non-collective) op to."""
+    op, params = key
+    return len(lower(op, dict(params), hw).kernels)
+
+
 class Model:
     """log op times of distinct ops under trial values of `fields` of `base`."""
 

@@ -16,7 +16,7 @@ from attrs import frozen
 from npusim.calibrate import fit
 from npusim.calibrate.fields import fittable_fields, value_of
 from npusim.calibrate.hccl import HcclRow, map_hccl, read_hccl
-from npusim.calibrate.model import Model
+from npusim.calibrate.model import Model, kernel_count
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
 from npusim.errors import ConfigError, NpusimError
@@ -79,14 +79,11 @@ def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[
     for row in rows:
         try:
             m = map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base)
-            if m.key not in lowering:
-                try:
-                    model.log_times(np.zeros(len(model.fields)), [m.key])
-                    lowering[m.key] = None
-                except NpusimError as e:
-                    lowering[m.key] = f"{m.op} does not simulate on {model.base.name}: {e}"
-            if lowering[m.key]:
-                raise Unmappable(lowering[m.key])
+            own = isinstance(row, ProfileRow) and row.op_type == m.op  # a row of npusim's own op_summary
+            if (m.key, own) not in lowering:
+                lowering[m.key, own] = _simulation_problem(m, own, model)
+            if lowering[m.key, own]:
+                raise Unmappable(lowering[m.key, own])
             mapped.append(m)
         except Unmappable as e:
             count, reason, where = bad.get(row.op_type, (0, str(e), row.where))
@@ -96,6 +93,19 @@ def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[
 
 
 HcclInput = str | Path | tuple[str | Path, Mapping[str, str]]  # a file, or a file and its options (hccl.OPTIONS)
+
+
+def _simulation_problem(m: Mapped, own: bool, model: Model) -> str | None:
+    """Why a mapped row cannot be timed, or None. A row of npusim's own op_summary is one
+    kernel: it times the op only if the op is one kernel (msprof lists an op's task once)."""
+    try:
+        if own and (n := kernel_count(m.key, model.base)) > 1:
+            return (f"one of the {n} kernels npusim lowers {m.op} to (npusim's op_summary lists kernels; "
+                    "calibration times whole ops)")
+        model.log_times(np.zeros(len(model.fields)), [m.key])
+        return None
+    except NpusimError as e:
+        return f"{m.op} does not simulate on {model.base.name}: {e}"
 
 
 def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, str]:
@@ -146,7 +156,11 @@ def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2",
     f0 = model.log_times(theta0, keys)
     J_all = fit.jacobian(model, theta0, keys, f0)
     weights = np.bincount(row_key, minlength=len(keys)).astype(float)
-    kept, excluded = fit.select_fields(model, J_all, weights)
+    first_name: dict = {}
+    for m in mapped:
+        first_name.setdefault(m.key, m.row.op_name)
+    labels = [first_name[key] for key in keys]
+    kept, excluded = fit.select_fields(model, J_all, weights, labels)
     fitted = model.with_fields([candidates[j] for j in kept])
     J0 = J_all[:, kept]
     k = min(folds, len(keys))

@@ -15,24 +15,22 @@ from attrs import frozen
 
 from npusim.calibrate.model import op_time_us
 from npusim.calibrate.opmap import Unmappable, map_row
-from npusim.calibrate.profile import OPTIONAL_COLUMNS, ProfileRow
+from npusim.calibrate.profile import ProfileRow
 from npusim.errors import NpusimError
 from npusim.hw import HwConfig
 from npusim.ops.collectives.command import hccl_test_output
 from npusim.ops.collectives.simulate import simulate_collective
-from npusim.report.tables import SUMMARY_COLUMNS, write_csv
+from npusim.report.tables import MSPROF_DTYPES, MSPROF_FORMATS, SUMMARY_COLUMNS, write_csv
 
-# the op_summary columns a synthetic profile fills: msprof's, up to its output shapes,
-# then the output dtypes and formats (which Cast and TransData need)
-COLUMNS = SUMMARY_COLUMNS[:SUMMARY_COLUMNS.index("Output Shapes") + 1] + OPTIONAL_COLUMNS
-DTYPE_NAMES = {"fp16": "FLOAT16", "bf16": "DT_BF16", "fp32": "FLOAT", "int32": "INT32", "int8": "INT8"}
+# the op_summary columns a synthetic profile fills: msprof's, up to the output formats
+COLUMNS = SUMMARY_COLUMNS[:SUMMARY_COLUMNS.index("Output Formats") + 1]
 
 
 @frozen
 class Tensor:
     shape: tuple[int, ...]
-    dtype: str = "fp16"
-    format: str = "ND"
+    dtype: str = "fp16"  # npusim's names (fp16, fp32, ...), written as msprof's
+    format: str = "ND"  # npusim's (ND, NZ), written as msprof's
 
 
 @frozen
@@ -48,11 +46,11 @@ class OpSpec:
 def _row(spec: OpSpec, name: str) -> ProfileRow:
     return ProfileRow(file="<synthetic>", line=0, op_name=name, op_type=spec.op_type, task_type=spec.task_type,
                       duration_us=1.0, block_dim="", input_shapes=tuple(t.shape for t in spec.inputs),
-                      input_dtypes=tuple(DTYPE_NAMES[t.dtype] for t in spec.inputs),
-                      input_formats=tuple(t.format for t in spec.inputs),
+                      input_dtypes=tuple(MSPROF_DTYPES[t.dtype] for t in spec.inputs),
+                      input_formats=tuple(MSPROF_FORMATS[t.format] for t in spec.inputs),
                       output_shapes=tuple(t.shape for t in spec.outputs),
-                      output_dtypes=tuple(DTYPE_NAMES[t.dtype] for t in spec.outputs),
-                      output_formats=tuple(t.format for t in spec.outputs))
+                      output_dtypes=tuple(MSPROF_DTYPES[t.dtype] for t in spec.outputs),
+                      output_formats=tuple(MSPROF_FORMATS[t.format] for t in spec.outputs))
 
 
 def decoder_mix(hidden: int = 512, heads: int = 8, kv_heads: int = 8, ffn: int = 1408, vocab: int = 8000,
