@@ -13,7 +13,7 @@ from npusim.outputs import OutputError, check_paths, say, write_text
 def add_arguments(p) -> None:
     p.add_argument("--profile", metavar="DIR_OR_CSV",
                    help="msprof's op_summary CSV, or a folder searched for op_summary*.csv")
-    p.add_argument("--hccl", nargs="+", action="append", default=[], metavar=("FILE", "KEY=VALUE"),
+    p.add_argument("--hccl", nargs="+", action="append", metavar=("FILE", "KEY=VALUE"),
                    help="hccl_test's output (all_reduce_test, all_gather_test, reduce_scatter_test, alltoall_test), "
                         "fitted with --profile's rows or alone; repeat for more files. The test and the ranks come "
                         "from an 'mpirun -n 8 ./bin/all_reduce_test ...' line in the file, or from op=all_reduce "
@@ -38,7 +38,7 @@ def main(args) -> int:
         raise ConfigError(f"--out {args.out}: expected a .yaml path (the config written)")
     if Path(args.out).is_dir():
         raise OutputError(f"--out {args.out}: is a directory (expected a file path)")
-    hccl = [_hccl_input(words) for words in args.hccl]
+    hccl = [_hccl_input(words) for words in args.hccl or []]
     inputs = {"--profile": args.profile if args.profile and Path(args.profile).is_file() else None, "--hw": args.hw}
     inputs |= {f"--hccl {path}": path for path, _ in hccl}
     check_paths({"--out": args.out, "--json": args.json}, inputs, {"--plot": args.plot})

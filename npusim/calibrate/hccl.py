@@ -215,8 +215,7 @@ def map_hccl(row: HcclRow, hw: HwConfig) -> Mapped:
     if row.test not in KIND_OF_TEST:
         raise Unmappable(f"{row.test} is not simulated (npusim has {', '.join(TESTS.values())})")
     if row.dtype not in NPUSIM_DTYPE:
-        raise Unmappable(f"dtype {row.dtype} (-d) not simulated (npusim's collectives take "
-                         f"{', '.join(NPUSIM_DTYPE)})")
+        raise Unmappable(f"dtype {row.dtype} (-d) not simulated (-d {', '.join(NPUSIM_DTYPE)} are)")
     if row.check.lower() == FAILED:
         raise Unmappable("check_result failed: the collective computed a wrong result, its time is not fitted")
     per_node, node = row.npus_per_node, hw.topology.node_device_count
