@@ -151,3 +151,25 @@ def test_op_summary_and_hccl_rows_fit_together(tmp_path):
     for field, truth in hidden.items():
         assert abs(fitted[field] / truth - 1) < 0.10, f"{field}: fitted {fitted.get(field)}, hidden {truth}"
     assert {"RmsNorm", "all_reduce_test (8 ranks)"} <= {m.row.op_type for m in both.mapped}
+
+
+def test_the_readme_hccl_example_prints_what_the_readme_shows(tmp_path, capsys, monkeypatch):
+    """The README's worked hccl_test example, in order in one folder: its `npusim op`
+    commands write the files, its `npusim calibrate` prints what the README shows."""
+    import shlex
+
+    from npusim.cli import main
+    from test_readme import _blocks, _shown
+
+    ((command, shown),) = [s for s in _shown() if s[0].startswith("npusim calibrate --hccl")]
+    writers = [line for block in _blocks("bash") for line in block.splitlines()
+               if line.startswith("npusim op all_") and "--profile measured" in line]
+    assert len(writers) == 2
+    monkeypatch.chdir(tmp_path)
+    for line in writers:
+        assert main(shlex.split(line)[1:]) == 0
+    capsys.readouterr()
+    assert main(shlex.split(command)[1:]) == 0
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    for line in shown:
+        assert line.rstrip() in printed, f"README shows {line!r}; it printed:\n" + "\n".join(printed)

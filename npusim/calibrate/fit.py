@@ -28,10 +28,6 @@ MIN_EFFECT = 0.005
 # an integer field smaller than this moves in steps of more than 10% of itself: too
 # coarse for a relative fit (dma.segment_cycles = 1 can only double or vanish)
 MIN_INTEGER = 10
-# a field is fitted only if at least this many distinct ops still move it by MIN_EFFECT
-# once the other fields are fitted: a field one op alone identifies has a value no
-# held-out op can check (a fit without that op cannot know it)
-MIN_IDENTIFYING_OPS = 2
 # assumed: run-to-run spread of a measured kernel or collective time, one standard
 # deviation in log (a few percent on a quiet card)
 MEASUREMENT_NOISE = 0.03
@@ -80,6 +76,27 @@ def _residual(J: np.ndarray, w: np.ndarray, j: int, others: list[int]) -> tuple[
     return J[:, j] - J[:, others] @ coef, coef
 
 
+def _moved(rest: np.ndarray) -> np.ndarray:
+    return np.abs(rest) * STEP >= MIN_EFFECT
+
+
+NO_OP = -1  # _sole_identifier: not even every op together identifies the field
+
+
+def _sole_identifier(J: np.ndarray, w: np.ndarray, j: int, others: list[int]) -> int | None:
+    """The op without which field j is no longer identified (no other op moved by
+    MIN_EFFECT once the fields `others` are fitted), NO_OP if the others mimic it on
+    every op, or None if j survives leaving out any one op."""
+    movers = np.flatnonzero(_moved(_residual(J, w, j, others)[0]))
+    if len(movers) == 0:
+        return NO_OP
+    for i in movers:
+        keep = np.arange(J.shape[0]) != i
+        if not _moved(_residual(J[keep], w[keep], j, others)[0]).any():
+            return int(i)
+    return None
+
+
 def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
                   labels: Sequence[str] | None = None) -> tuple[list[int], list[Excluded]]:
     """The columns of J (fields) the ops identify; the others excluded with the reason.
@@ -87,10 +104,11 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
     A field is screened out if it cannot be fitted on a log scale (0, a coarse integer)
     or moves no op by MIN_EFFECT for a 20% change. The rest are taken strongest first,
     each kept if what the fields kept before it cannot mimic still moves some op by
-    MIN_EFFECT. Then, with every kept field free: a field fewer than
-    MIN_IDENTIFYING_OPS distinct ops identify is dropped (leave-one-out
-    identifiability), and so is one the measurements, at MEASUREMENT_NOISE, pin more
-    loosely than PRIOR_SPREAD - the weakest first, until all are pinned.
+    MIN_EFFECT. Then, with every kept field free: a field that one op alone identifies
+    (leave that op out and no other is moved by MIN_EFFECT) is dropped, as no held-out
+    op could check its value (leave-one-out identifiability); and so is one the
+    measurements, at MEASUREMENT_NOISE, pin more loosely than PRIOR_SPREAD - the
+    weakest first, until all are pinned.
     `weights`: rows per op; `labels`: how the reasons name the ops."""
     w = np.sqrt(weights)
     labels = labels or [f"op {i}" for i in range(J.shape[0])]
@@ -118,15 +136,19 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
                                            "(not separable)"))
             continue
         kept.append(j)
-    while kept:  # leave-one-out identifiability, every kept field free
-        movers = {j: np.flatnonzero(np.abs(_residual(J, w, j, [i for i in kept if i != j])[0]) * STEP >= MIN_EFFECT)
-                  for j in kept}
-        j = min(kept, key=lambda j: (len(movers[j]), -kept.index(j)))
-        if len(movers[j]) >= MIN_IDENTIFYING_OPS:
+    while kept:  # leave-one-out identifiability, every kept field free, the weakest first
+        lone = next(((j, i) for j in reversed(kept)
+                     if (i := _sole_identifier(J, w, j, [f for f in kept if f != j])) is not None), None)
+        if lone is None:
             break
-        only = f"only {labels[movers[j][0]]} moves it" if len(movers[j]) else "no op moves it"
-        excluded.append(Excluded(model.fields[j], f"{only} once the other fields are fitted: a fit without that "
-                                                  "op cannot know it, so no held-out op checks its value"))
+        j, i = lone
+        if i == NO_OP:
+            reason = "on these ops its effect is mimicked by the other fitted fields together (not separable)"
+        else:
+            reason = (f"only {labels[i]} identifies it: without that op no other moves it by "
+                      f"{100 * MIN_EFFECT:.1f}% once the other fields are fitted, so no held-out op can check "
+                      "its value")
+        excluded.append(Excluded(model.fields[j], reason))
         kept.remove(j)
     while kept:  # precision at the assumed measurement noise
         A = w[:, None] * J[:, kept]

@@ -27,7 +27,7 @@ from npusim.calibrate.opmap import Mapped, Unmappable
 from npusim.calibrate.profile import ProfileError
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
-from npusim.ops.collectives.hccl_test import DEFAULT_DTYPE, DTYPES, HEADER, TESTS
+from npusim.ops.collectives.hccl_test import ALL_TESTS, DEFAULT_DTYPE, DTYPES, HEADER, TESTS
 
 OPTIONS = ("op", "devices", "dtype")
 KIND_OF_TEST = {test: kind for kind, test in TESTS.items()}
@@ -38,7 +38,7 @@ COLUMNS = {"data_size": ("data_size",), "time": ("aveg_time", "avg_time"), "band
            "check": ("check_result",)}
 FAILED = "failed"
 _MPI_RANKS = ("-n", "-np", "--np", "--n")
-_TEST_NAME = re.compile(r"(?:^|/)(\w+_test)$")
+_TEST_NAME = re.compile(r"(?:^|/)(" + "|".join(ALL_TESTS) + r")$")
 
 
 @frozen
@@ -107,7 +107,8 @@ def _int(text: str | None) -> int | None:
 def _options(path: Path, options: Mapping[str, str]) -> _Setup:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ConfigError(f"--hccl {path}: unknown option '{unknown[0]}' (expected {', '.join(f'{o}=' for o in OPTIONS)})")
+        expected = ", ".join(f"{o}=" for o in OPTIONS)
+        raise ConfigError(f"--hccl {path}: unknown option '{unknown[0]}' (expected {expected})")
     op = options.get("op")
     test = TESTS.get(op, op)
     if op is not None and test not in KIND_OF_TEST:

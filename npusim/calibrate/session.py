@@ -1,7 +1,8 @@
 """One calibration, end to end: read the measurements (msprof op_summary rows, hccl_test
 rows, or both), map their rows, choose the fields the ops identify, fit them on every
-row, and cross-validate so the error reported is on ops the fit never saw. Returns a Calibration record; report.py and write.py turn it
-into text, JSON, a plot and a config file.
+row, and cross-validate so the error reported is on ops the fit never saw. Returns a
+Calibration record; report.py and write.py turn it into text, JSON, a plot and a
+config file.
 """
 
 from __future__ import annotations

@@ -187,5 +187,6 @@ def statistic_table(result: RunResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MSPROF_DTYPES", "MSPROF_FORMATS", "NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS", "TABLE_FILES", "Stall", "stalls", "statistic_rows",
-           "statistic_table", "summary_rows", "tensor_columns", "write_csv", "write_tables"]
+__all__ = ["MSPROF_DTYPES", "MSPROF_FORMATS", "NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS",
+           "TABLE_FILES", "Stall", "stalls", "statistic_rows", "statistic_table", "summary_rows", "tensor_columns",
+           "write_csv", "write_tables"]

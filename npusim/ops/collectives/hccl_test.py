@@ -27,6 +27,10 @@ from collections.abc import Sequence
 # the hccl_test executable of each npusim collective
 TESTS = {"all_reduce": "all_reduce_test", "all_gather": "all_gather_test", "reduce_scatter": "reduce_scatter_test",
          "all_to_all": "alltoall_test"}
+# every test the tool has (HCCL Test parameter description, Atlas A2), simulated or not
+ALL_TESTS = ("all_gather_test", "all_gatherv_test", "all_reduce_test", "alltoall_test", "alltoallv_test",
+             "alltoallvc_test", "broadcast_test", "reduce_scatter_test", "reduce_scatterv_test", "reduce_test",
+             "scatter_test")
 # npusim's dtypes -> hccl_test's -d names
 DTYPES = {"fp16": "fp16", "bf16": "bfp16", "fp32": "fp32"}
 DEFAULT_DTYPE = "fp32"  # hccl_test's -d when not given (HCCL Test parameter description)
