@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calibrate_check import assert_recovered
 from npusim.calibrate import calibrate
 from npusim.calibrate.hccl import map_hccl, read_hccl
 from npusim.calibrate.model import op_time_us
@@ -117,13 +118,7 @@ def recovered(tmp_path_factory):
 
 
 def test_recovers_the_hidden_topology_within_10_percent(recovered):
-    fitted = {f.field: f.after for f in recovered.fields}
-    for field, truth in HIDDEN.items():
-        assert field in fitted, f"{field} not fitted: {[(e.field, e.reason) for e in recovered.excluded]}"
-        assert abs(fitted[field] / truth - 1) < 0.10, f"{field}: fitted {fitted[field]}, hidden {truth}"
-    for f in recovered.fields:  # a field not hidden stays where it was
-        if f.field not in HIDDEN:
-            assert abs(f.after / f.before - 1) < 0.10, f
+    assert_recovered(recovered, HIDDEN)
 
 
 def test_hccl_held_out_error_is_under_3_percent(recovered):
@@ -147,9 +142,7 @@ def test_op_summary_and_hccl_rows_fit_together(tmp_path):
     alone = calibrate(None, "ascend910b2", fields, hccl=[tmp_path / name])
     assert any("mimicked" in e.reason for e in alone.excluded), alone.excluded
     both = calibrate(tmp_path / "op_summary.csv", "ascend910b2", fields, hccl=[tmp_path / name])
-    fitted = {f.field: f.after for f in both.fields}
-    for field, truth in hidden.items():
-        assert abs(fitted[field] / truth - 1) < 0.10, f"{field}: fitted {fitted.get(field)}, hidden {truth}"
+    assert_recovered(both, hidden)
     assert {"RmsNorm", "all_reduce_test (8 ranks)"} <= {m.row.op_type for m in both.mapped}
 
 
