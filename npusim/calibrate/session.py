@@ -54,7 +54,7 @@ class FieldFit:
 
 @frozen
 class Calibration:
-    profile: str
+    sources: tuple[str, ...]  # the op_summary profile and the hccl_test files, as given
     hw_ref: str  # --hw as given: a name or a path
     hw_path: Path
     base: HwConfig
@@ -69,6 +69,11 @@ class Calibration:
     held_out_us: np.ndarray  # NaN where no held-out prediction exists
     folds: int
     simulations: int
+
+    @property
+    def profile(self) -> str:
+        """The measurements, as the report names them."""
+        return ", ".join(self.sources)
 
     def overrides(self) -> dict:
         return {f.field: f.after for f in self.fields}
@@ -109,7 +114,7 @@ def _simulation_problem(m: Mapped, own: bool, model: Model) -> str | None:
         return f"{m.op} does not simulate on {model.base.name}: {e}"
 
 
-def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, str]:
+def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
     """The measured rows of the op_summary profile and the hccl_test files, and how the
     report names them."""
     if profile is None and not hccl:
@@ -121,7 +126,7 @@ def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, 
         path, options = (item, {}) if isinstance(item, (str, Path)) else item
         rows += read_hccl(path, options)
         names.append(str(path))
-    return rows, ", ".join(names)
+    return rows, tuple(names)
 
 
 def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
@@ -145,7 +150,7 @@ def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2",
         listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
         first = next(r for r in rows if r.where == unmapped[0].where)
         column = ", column 'OP Type'" if isinstance(first, ProfileRow) else ""  # an hccl row: the reason says why
-        raise ProfileError(f"{sources}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
+        raise ProfileError(f"{', '.join(sources)}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
                            f"first at {unmapped[0].where}{column}")
     keys = list(dict.fromkeys(m.key for m in mapped))
     index = {k: i for i, k in enumerate(keys)}
