@@ -60,6 +60,14 @@ def test_options_say_what_ran_when_the_file_does_not(tmp_path):
     assert (map_hccl(row, HW).op, row.dtype) == ("all_to_all", "fp32")  # hccl_test's default -d
 
 
+def test_a_table_without_pipes_is_read_by_its_column_names(tmp_path):
+    (tmp_path / "rs.txt").write_text("mpirun -n 8 ./bin/reduce_scatter_test -b 64K -e 64K -d fp16\n"
+                                     "data_size      avg_time(us)    alg_bandwidth(GB/s)    check_result\n"
+                                     "65536          8.50            0.00718                success\n")
+    (row,) = read_hccl(tmp_path / "rs.txt")
+    assert (row.test, row.nbytes, row.duration_us, row.dtype, row.line) == ("reduce_scatter_test", 65536, 8.5, "fp16", 3)
+
+
 @pytest.mark.parametrize("command, reason", [
     ("mpirun -n 8 ./bin/broadcast_test -b 1M -e 1M", "broadcast_test is not simulated"),
     ("mpirun -n 8 ./bin/all_reduce_test -b 1M -e 1M -d int8", "dtype int8"),
