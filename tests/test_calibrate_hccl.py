@@ -65,7 +65,8 @@ def test_a_table_without_pipes_is_read_by_its_column_names(tmp_path):
                                      "data_size      avg_time(us)    alg_bandwidth(GB/s)    check_result\n"
                                      "65536          8.50            0.00718                success\n")
     (row,) = read_hccl(tmp_path / "rs.txt")
-    assert (row.test, row.nbytes, row.duration_us, row.dtype, row.line) == ("reduce_scatter_test", 65536, 8.5, "fp16", 3)
+    assert (row.test, row.nbytes, row.duration_us, row.dtype, row.line) == (
+        "reduce_scatter_test", 65536, 8.5, "fp16", 3)
 
 
 @pytest.mark.parametrize("command, reason", [
