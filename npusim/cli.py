@@ -34,7 +34,7 @@ def _cmd_op(args) -> int:
     from npusim.hw import load_hw
     from npusim.ops import OPS, lower, simulate_op
     from npusim.ops.collectives import KINDS as COLLECTIVE_KINDS
-    from npusim.ops.collectives.command import report_json, run_collective_op
+    from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
     from npusim.report.contract import provenance
     from npusim.report.op_text import op_help, op_summary
 
@@ -56,10 +56,17 @@ def _cmd_op(args) -> int:
     _check_outputs(args)
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
-    if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it
+    if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it; --profile: written as it writes it
         text, reports = run_collective_op(args.type, params, hw)
         say(text)
-        return (_write_json(report_json(reports), args.json) or 0) if args.json else 0  # (it returns None)
+        if args.json:
+            _write_json(report_json(reports), args.json)
+        if args.profile:
+            from npusim.outputs import write_text
+
+            name, table = hccl_test_output(reports, hw)
+            say(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
+        return 0
     trace = "instr" if args.trace or args.plot else "kernel"
     report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
                     lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
@@ -76,7 +83,7 @@ def _cmd_op(args) -> int:
     if args.profile:
         from npusim.report.tables import write_tables
 
-        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile)))
+        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile, op=report.lowered)))
     if args.plot:
         from npusim.report import plots
 
@@ -423,7 +430,8 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     op.add_argument("type", nargs="?", help="op type (snake_case; npusim op --list)")
     op.add_argument("params", nargs="*", metavar="key=value", help="op parameters; tiling.KEY=VALUE to force a tiling")
     _common(op, plot="roofline, timeline", trace="write a Chrome trace (instruction level)")
-    op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
+    op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns); "
+                    "for a collective, hccl_test's output (DIR/all_reduce_test.txt ...)")
     op.add_argument("--list", action="store_true", help="list the op types")
     op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
     op.set_defaults(func=replayed(_cmd_op, _check_outputs), parser=op)
@@ -473,7 +481,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     for p_ in (op, run, compare, sweep):
         add_cache_flags(p_)
     add_cache_command(sub)
-    calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to an msprof profile",
+    calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to msprof and/or hccl_test measurements",
                                formatter_class=_Help)
     from npusim.calibrate.command import add_arguments as _calibrate_arguments, main as _calibrate
 

@@ -57,7 +57,9 @@ def test_every_other_readme_python_block_runs():
 # README examples with their output shown that take over ~30 s to run, and why; every
 # other one is run below and must print what the README shows
 SLOW = {"npusim sweep": "12 K3 decode steps",
-        "npusim calibrate": "four GEMMs up to 7680^3, each simulated ~20 times (minutes); benchmarks/calibrate.py"}
+        "npusim calibrate": "the GEMM example: four GEMMs up to 7680^3, each simulated ~20 times (minutes; "
+                            "benchmarks/calibrate.py); the hccl_test example reads the files its `npusim op` "
+                            "commands write (tests/test_calibrate_hccl.py runs them in order)"}
 
 
 def _shown() -> list[tuple[str, list[str]]]:

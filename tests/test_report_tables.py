@@ -50,7 +50,7 @@ def test_csv_headers_and_totals(step, tmp_path):
     assert sum(float(r["Ratio(%)"]) for r in s_rows) == pytest.approx(100, abs=0.01)
     matmul = next(r for r in rows if r["OP Type"] == "matmul")
     assert matmul["Task Type"] == "AI_CORE" and float(matmul["aic_cube_ratio"]) > 0
-    assert matmul["Input Shapes"].count(";") >= 1 and "FP16" in matmul["Input Data Types"]
+    assert matmul["Input Shapes"].count(";") >= 1 and "DT_FLOAT16" in matmul["Input Data Types"]
     print("\n" + statistic_table(step.result))
 
 

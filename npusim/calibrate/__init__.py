@@ -1,8 +1,10 @@
-"""Calibration from a user's own measurements: msprof op_summary rows -> npusim ops ->
-the config's "assumed" fields fitted by robust least squares on log error, with a
-held-out error from k-fold cross-validation -> a config with `base:` (npusim calibrate).
+"""Calibration from a user's own measurements: msprof op_summary rows and hccl_test rows
+-> npusim ops and collectives -> the config's "assumed" fields fitted by robust least
+squares on log error, with a held-out error from k-fold cross-validation -> a config
+with `base:` (npusim calibrate).
 
     profile.py  read op_summary CSVs          opmap.py   CANN op types -> npusim ops
+    hccl.py     read hccl_test output -> npusim collectives
     fields.py   which fields may be fitted    model.py   simulated op times per trial config
     fit.py      selection, solver, k-fold     session.py one calibration, end to end
     report.py   text, JSON, plot              write.py   the calibrated config

@@ -1,8 +1,11 @@
 """Which hardware config fields calibration may fit: those whose source comment in the
 YAML (in the file of the `base:` chain that gives the value) says "assumed", and whose
 unit makes them a cost or a rate (cycles, microseconds, bytes per cycle or second, an
-efficiency; not the host's microsecond costs) - never a size, a count or a structural choice (L2 ways, flag ids), which
-a profile cannot measure and a fit must not invent.
+efficiency) - never a size, a count or a structural choice (L2 ways, flag ids), which
+a profile cannot measure and a fit must not invent, and never a host-side cost (the
+runtime's microsecond fields, PCIe), which neither a kernel's Task Duration nor
+hccl_test's device-timed collective contains. The topology's microsecond fields (link
+and NIC start-ups) are device-side: each transfer step of a collective pays them.
 """
 
 from __future__ import annotations
@@ -16,10 +19,15 @@ import attrs
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import raw_config, find_file
 
-COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s")
+COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s", "_us")
 # host-side costs (the runtime's microsecond fields, host <-> device copies) are not part
-# of a kernel's Task Duration, so a profile of kernels cannot fit them
+# of a kernel's Task Duration nor of a collective's device time, so no profile fits them
+HOST_SIDE_SECTION = "runtime."
 HOST_SIDE = ("runtime.pcie_bw_bytes_per_s",)
+
+
+def host_side(dotted: str) -> bool:
+    return dotted in HOST_SIDE or (dotted.startswith(HOST_SIDE_SECTION) and dotted.endswith("_us"))
 _KEY_LINE = re.compile(r"^( *)([A-Za-z_]\w*):(.*)$")
 
 
@@ -66,7 +74,7 @@ def fittable_fields(hw_name_or_path: str | Path) -> dict[str, str]:
     hw = load_hw(path)
     out = {}
     for dotted in scalar_fields(hw):
-        if not dotted.endswith(COST_SUFFIXES) or dotted in HOST_SIDE or dotted not in origins:
+        if not dotted.endswith(COST_SUFFIXES) or host_side(dotted) or dotted not in origins:
             continue
         file = origins[dotted]
         comment = comments.setdefault(file, field_comments(file)).get(dotted, "")

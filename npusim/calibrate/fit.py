@@ -28,6 +28,15 @@ MIN_EFFECT = 0.005
 # an integer field smaller than this moves in steps of more than 10% of itself: too
 # coarse for a relative fit (dma.segment_cycles = 1 can only double or vanish)
 MIN_INTEGER = 10
+# assumed: run-to-run spread of a measured kernel or collective time, one standard
+# deviation in log (a few percent on a quiet card)
+MEASUREMENT_NOISE = 0.03
+# assumed: how far an assumed field's value may be from the truth, one standard
+# deviation in log (about 25%: no source gives these values, but they are not guesses
+# to a factor of two). A field is fitted only if, at MEASUREMENT_NOISE, the
+# measurements pin it more tightly than that (one standard error, every other fitted
+# field free): a looser fit would trade the assumption for noise.
+PRIOR_SPREAD = 0.25
 MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
 TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
@@ -58,12 +67,52 @@ def jacobian(model: Model, theta: np.ndarray, keys: Sequence[OpKey], f0: np.ndar
     return np.stack(cols, axis=1) if cols else np.zeros((len(keys), 0))
 
 
-def select_fields(model: Model, J: np.ndarray, weights: np.ndarray) -> tuple[list[int], list[Excluded]]:
-    """The columns of J (fields) the ops identify, strongest first: a field is kept if
-    its effect, less what the fields kept before it can mimic, still moves some op by
-    MIN_EFFECT for a 20% change; otherwise it is excluded with the reason."""
-    w = np.sqrt(weights)[:, None]
-    order = sorted(range(J.shape[1]), key=lambda j: (-np.linalg.norm(w[:, 0] * J[:, j]), j))
+def _residual(J: np.ndarray, w: np.ndarray, j: int, others: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Column j of J less the weighted least-squares fit of columns `others` to it, and
+    that fit's coefficients: what field j does that the others cannot mimic."""
+    if not others:
+        return J[:, j], np.zeros(0)
+    coef, *_ = np.linalg.lstsq(w[:, None] * J[:, others], w * J[:, j], rcond=None)
+    return J[:, j] - J[:, others] @ coef, coef
+
+
+def _moved(rest: np.ndarray) -> np.ndarray:
+    return np.abs(rest) * STEP >= MIN_EFFECT
+
+
+NO_OP = -1  # _sole_identifier: not even every op together identifies the field
+
+
+def _sole_identifier(J: np.ndarray, w: np.ndarray, j: int, others: list[int]) -> int | None:
+    """The op without which field j is no longer identified (no other op moved by
+    MIN_EFFECT once the fields `others` are fitted), NO_OP if the others mimic it on
+    every op, or None if j survives leaving out any one op."""
+    movers = np.flatnonzero(_moved(_residual(J, w, j, others)[0]))
+    if len(movers) == 0:
+        return NO_OP
+    for i in movers:
+        keep = np.arange(J.shape[0]) != i
+        if not _moved(_residual(J[keep], w[keep], j, others)[0]).any():
+            return int(i)
+    return None
+
+
+def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
+                  labels: Sequence[str] | None = None) -> tuple[list[int], list[Excluded]]:
+    """The columns of J (fields) the ops identify; the others excluded with the reason.
+
+    A field is screened out if it cannot be fitted on a log scale (0, a coarse integer)
+    or moves no op by MIN_EFFECT for a 20% change. The rest are taken strongest first,
+    each kept if what the fields kept before it cannot mimic still moves some op by
+    MIN_EFFECT. Then, with every kept field free: a field that one op alone identifies
+    (leave that op out and no other is moved by MIN_EFFECT) is dropped, as no held-out
+    op could check its value (leave-one-out identifiability); and so is one the
+    measurements, at MEASUREMENT_NOISE, pin more loosely than PRIOR_SPREAD - the
+    weakest first, until all are pinned.
+    `weights`: rows per op; `labels`: how the reasons name the ops."""
+    w = np.sqrt(weights)
+    labels = labels or [f"op {i}" for i in range(J.shape[0])]
+    order = sorted(range(J.shape[1]), key=lambda j: (-np.linalg.norm(w * J[:, j]), j))
     kept: list[int] = []
     excluded = []
     for j in order:
@@ -80,16 +129,37 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray) -> tuple[lis
             excluded.append(Excluded(name, f"a 20% change moves no op in the profile by {100 * MIN_EFFECT:.1f}% "
                                            f"(largest {100 * np.max(np.abs(col)) * STEP:.2f}%)"))
             continue
-        if kept:
-            A = w * J[:, kept]
-            coef, *_ = np.linalg.lstsq(A, w[:, 0] * col, rcond=None)
-            rest = col - J[:, kept] @ coef
-            if np.max(np.abs(rest)) * STEP < MIN_EFFECT:
-                mimic = kept[int(np.argmax(np.abs(coef)))]
-                excluded.append(Excluded(name, f"on these ops its effect is mimicked by {model.fields[mimic]} "
-                                               "(not separable)"))
-                continue
+        rest, coef = _residual(J, w, j, kept)
+        if kept and np.max(np.abs(rest)) * STEP < MIN_EFFECT:
+            mimic = kept[int(np.argmax(np.abs(coef)))]
+            excluded.append(Excluded(name, f"on these ops its effect is mimicked by {model.fields[mimic]} "
+                                           "(not separable)"))
+            continue
         kept.append(j)
+    while kept:  # leave-one-out identifiability, every kept field free, the weakest first
+        lone = next(((j, i) for j in reversed(kept)
+                     if (i := _sole_identifier(J, w, j, [f for f in kept if f != j])) is not None), None)
+        if lone is None:
+            break
+        j, i = lone
+        if i == NO_OP:
+            reason = "on these ops its effect is mimicked by the other fitted fields together (not separable)"
+        else:
+            reason = (f"only {labels[i]} identifies it: without that op no other moves it by "
+                      f"{100 * MIN_EFFECT:.1f}% once the other fields are fitted, so no held-out op can check "
+                      "its value")
+        excluded.append(Excluded(model.fields[j], reason))
+        kept.remove(j)
+    while kept:  # precision at the assumed measurement noise
+        A = w[:, None] * J[:, kept]
+        se = MEASUREMENT_NOISE * np.sqrt(np.diag(np.linalg.pinv(A.T @ A)))
+        pos = int(np.argmax(se))
+        if se[pos] <= PRIOR_SPREAD:
+            break
+        excluded.append(Excluded(model.fields[kept[pos]], f"these ops pin it only to +-{100 * se[pos]:.0f}% "
+                                 f"(one standard error at {100 * MEASUREMENT_NOISE:.0f}% measurement noise), looser "
+                                 f"than the +-{100 * PRIOR_SPREAD:.0f}% an assumed value is taken to be off by"))
+        kept.pop(pos)
     return sorted(kept), excluded
 
 
@@ -151,17 +221,24 @@ def folds(n_keys: int, k: int, seed: int = 0) -> list[np.ndarray]:
 
 def cross_validate(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured: np.ndarray,
                    J0: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out log residual of every row (fit on the other folds' ops, predict this
-    fold's) and the mean of the folds' fitted theta."""
+    """Held-out log residual of every row and the mean of the folds' fitted theta. Each
+    fold runs the whole procedure without its ops: select_fields on the other folds'
+    ops (a field they do not identify stays at the base value), fit, then predict
+    this fold's ops - so the error is that of calibrating without them."""
     held = np.full(len(row_key), np.nan)
     thetas = []
+    weights = np.bincount(row_key, minlength=len(keys)).astype(float)
     for fold in folds(len(keys), k):
         train = np.setdiff1d(np.arange(len(keys)), fold)
         remap = -np.ones(len(keys), dtype=int)
         remap[train] = np.arange(len(train))
         rows = np.isin(row_key, train)
         train_keys = [keys[i] for i in train]
-        theta = solve(model, train_keys, remap[row_key[rows]], log_measured[rows], J0[train])
+        kept, _ = select_fields(model, J0[train], weights[train])
+        theta = np.zeros(len(model.fields))
+        if kept:
+            sub = model.with_fields([model.fields[j] for j in kept])
+            theta[kept] = solve(sub, train_keys, remap[row_key[rows]], log_measured[rows], J0[train][:, kept])
         thetas.append(theta)
         test_rows = np.isin(row_key, fold)
         pred = model.log_times(theta, [keys[i] for i in fold])

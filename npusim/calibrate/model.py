@@ -17,6 +17,8 @@ import numpy as np
 
 from npusim.hw import HwConfig, load_hw
 from npusim.calibrate.fields import value_of
+from npusim.ops.collectives import KINDS as COLLECTIVES
+from npusim.ops.collectives.simulate import simulate_collective
 from npusim.ops.registry import lower
 from npusim.ops.roofline import simulate_op
 
@@ -26,9 +28,20 @@ OpKey = tuple  # (npusim op type, ((param, value), ...))
 def op_time_us(key: OpKey, hw: HwConfig) -> float:
     """An op's simulated time, compared with msprof's Task Duration: from its first
     kernel reaching the head of its stream (the kernel start cost, which msprof's
-    duration includes as scheduling) to its last kernel's end."""
+    duration includes as scheduling) to its last kernel's end. A collective's,
+    compared with hccl_test's aveg_time, is the same span over its kernels and
+    transfer steps (npusim.ops.collectives.simulate)."""
     op, params = key
+    if op in COLLECTIVES:
+        p = dict(params)
+        return simulate_collective(op, p["bytes"], p["devices"], hw, dtype=p["dtype"]).us
     return simulate_op(lower(op, dict(params), hw), hw, trace="kernel").us
+
+
+def kernel_count(key: OpKey, hw: HwConfig) -> int:
+    """How many kernels npusim lowers a (non-collective) op to."""
+    op, params = key
+    return len(lower(op, dict(params), hw).kernels)
 
 
 class Model:

@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from npusim.calibrate.profile import ProfileRow
 
+if TYPE_CHECKING:
+    from npusim.calibrate.hccl import HcclRow
+
 # msprof's dtype names (FLOAT16, DT_BF16, FLOAT, ...) and npusim's own (FP16) -> npusim's
 DTYPES = {"FLOAT16": "fp16", "FP16": "fp16", "HALF": "fp16", "BF16": "bf16", "BFLOAT16": "bf16",
           "FLOAT": "fp32", "FLOAT32": "fp32", "FP32": "fp32", "INT8": "int8", "UINT8": "uint8",
           "INT16": "int16", "INT32": "int32"}
-# msprof's format names -> npusim's layouts (FRACTAL_NZ is the cube's 16 x 16 fractal layout)
+# msprof's format names (with or without FORMAT_) -> npusim's layouts (FRACTAL_NZ is the
+# cube's 16 x 16 fractal layout)
 FORMATS = {"ND": "ND", "NCHW": "ND", "NHWC": "ND", "FRACTAL_NZ": "NZ", "NZ": "NZ"}
 # task types run by AI cores; AI_CPU and communication tasks are not simulated here
 CORE_TASK_TYPES = ("AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "MIX_AI_CORE", "")
@@ -33,9 +38,11 @@ class Unmappable(Exception):
 
 @frozen
 class Mapped:
-    """A row as an npusim op: `key` is (op type, sorted params) for deduplication."""
+    """A measured row as an npusim op: `key` is (op type, sorted params) for
+    deduplication. `row`: a ProfileRow, or an hccl_test row (npusim.calibrate.hccl);
+    both give file, line, op_name, op_type, duration_us and where."""
 
-    row: ProfileRow
+    row: ProfileRow | HcclRow
     op: str
     params: tuple[tuple[str, object], ...]
 
@@ -51,6 +58,10 @@ def _dtype(names: tuple[str, ...], i: int, row: ProfileRow, what: str = "Input D
     if name not in DTYPES:
         raise Unmappable(f"dtype {names[i]} not simulated")
     return DTYPES[name]
+
+
+def _format(name: str) -> str | None:
+    return FORMATS.get(name.upper().removeprefix("FORMAT_"))
 
 
 def _shape(row: ProfileRow, i: int, min_rank: int = 1) -> tuple[int, ...]:
@@ -89,7 +100,7 @@ def _gemm(row: ProfileRow, a: tuple[int, ...], b: tuple[int, ...]) -> dict:
     dtype = _dtype(row.input_dtypes, 0, row)
     out_dtype = _dtype(row.output_dtypes, 0, row, "Output Data Types") if row.output_dtypes else dtype
     params = dict(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype, trans_b=trans_b)
-    if len(row.input_formats) > 1 and FORMATS.get(row.input_formats[1].upper()) == "NZ":
+    if len(row.input_formats) > 1 and _format(row.input_formats[1]) == "NZ":
         params["format_b"] = "NZ"
     bias = row.input_shapes[2] if len(row.input_shapes) > 2 else ()
     if bias and bias[-1] == n and math.prod(bias) == n:
@@ -98,7 +109,7 @@ def _gemm(row: ProfileRow, a: tuple[int, ...], b: tuple[int, ...]) -> dict:
 
 
 def _batch_matmul(row: ProfileRow) -> dict:
-    a, b = _shape(row, 0, 3), _shape(row, 1, 2)
+    a, b = _shape(row, 0, 2), _shape(row, 1, 2)  # 2-D inputs: a batch of one
     params = _gemm(row, a, b)
     if len(b) > 2 and math.prod(b[:-2]) != math.prod(a[:-2]):
         raise Unmappable(f"batch dims of A {a} and B {b} differ (broadcast B is not modelled)")
@@ -154,8 +165,8 @@ def _rope(row: ProfileRow) -> dict:
 
 
 def _trans_data(row: ProfileRow) -> dict:
-    src = FORMATS.get(row.input_formats[0].upper()) if row.input_formats else None
-    dst = FORMATS.get(row.output_formats[0].upper()) if row.output_formats else None
+    src = _format(row.input_formats[0]) if row.input_formats else None
+    dst = _format(row.output_formats[0]) if row.output_formats else None
     if src is None or dst is None or src == dst:
         raise Unmappable("TransData needs input and output formats among ND and FRACTAL_NZ ('Output Formats')")
     nd = _shape(row, 0) if src == "ND" else (row.output_shapes[0] if row.output_shapes else ())
@@ -216,6 +227,10 @@ OPMAP: dict[str, tuple[str, Callable[[ProfileRow], dict]]] = {
     "TopKV2": ("top_k", _top_k),
     "GatherV2": ("embedding", _gather),
 }
+
+# npusim's own op_summary (npusim run / op --profile) names each op by its npusim type:
+# read by the same entry as the CANN types it stands for
+OPMAP |= {op: (op, read) for op, read in dict(OPMAP.values()).items()}
 
 
 def map_row(row: ProfileRow) -> Mapped:

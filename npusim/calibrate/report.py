@@ -117,6 +117,6 @@ def plot(cal: Calibration, out_dir: str | Path) -> list[Path]:
     lo, hi = float(np.min(m)) / 1.5, float(np.max(m)) * 1.5
     ax.plot([lo, hi], [lo, hi], color="k", linewidth=0.8, label="simulated = measured")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured Task Duration (us)",
-           ylabel="simulated (us)", title=f"{cal.hw_ref} calibrated on {Path(cal.profile).name}")
+           ylabel="simulated (us)", title=f"{cal.hw_ref} calibrated on {', '.join(Path(x).name for x in cal.sources)}")
     ax.legend()
     return _save(fig, out_dir, "calibration")

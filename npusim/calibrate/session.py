@@ -1,13 +1,14 @@
-"""One calibration, end to end: read the profile, map its rows, choose the fields the
-ops identify, fit them on every row, and cross-validate so the error reported is on
-ops the fit never saw. Returns a Calibration record; report.py and write.py turn it
-into text, JSON, a plot and a config file.
+"""One calibration, end to end: read the measurements (msprof op_summary rows, hccl_test
+rows, or both), map their rows, choose the fields the ops identify, fit them on every
+row, and cross-validate so the error reported is on ops the fit never saw. Returns a
+Calibration record; report.py and write.py turn it into text, JSON, a plot and a
+config file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,8 @@ from attrs import frozen
 
 from npusim.calibrate import fit
 from npusim.calibrate.fields import fittable_fields, value_of
-from npusim.calibrate.model import Model
+from npusim.calibrate.hccl import HcclRow, map_hccl, read_hccl
+from npusim.calibrate.model import Model, kernel_count
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
 from npusim.errors import ConfigError, NpusimError
@@ -52,7 +54,7 @@ class FieldFit:
 
 @frozen
 class Calibration:
-    profile: str
+    sources: tuple[str, ...]  # the op_summary profile and the hccl_test files, as given
     hw_ref: str  # --hw as given: a name or a path
     hw_path: Path
     base: HwConfig
@@ -68,24 +70,26 @@ class Calibration:
     folds: int
     simulations: int
 
+    @property
+    def profile(self) -> str:
+        """The measurements, as the report names them."""
+        return ", ".join(self.sources)
+
     def overrides(self) -> dict:
         return {f.field: f.after for f in self.fields}
 
 
-def _map_rows(rows: Sequence[ProfileRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
+def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
     mapped, bad = [], {}
     lowering: dict = {}
     for row in rows:
         try:
-            m = map_row(row)
-            if m.key not in lowering:
-                try:
-                    model.log_times(np.zeros(len(model.fields)), [m.key])
-                    lowering[m.key] = None
-                except NpusimError as e:
-                    lowering[m.key] = f"{m.op} does not simulate on {model.base.name}: {e}"
-            if lowering[m.key]:
-                raise Unmappable(lowering[m.key])
+            m = map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base)
+            own = isinstance(row, ProfileRow) and row.op_type == m.op  # a row of npusim's own op_summary
+            if (m.key, own) not in lowering:
+                lowering[m.key, own] = _simulation_problem(m, own, model)
+            if lowering[m.key, own]:
+                raise Unmappable(lowering[m.key, own])
             mapped.append(m)
         except Unmappable as e:
             count, reason, where = bad.get(row.op_type, (0, str(e), row.where))
@@ -94,11 +98,43 @@ def _map_rows(rows: Sequence[ProfileRow], model: Model) -> tuple[list[Mapped], l
     return mapped, unmapped
 
 
-def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
-              folds: int = DEFAULT_FOLDS) -> Calibration:
-    """Fit the assumed fields of `hw` (all of them the profile identifies, or only
-    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)."""
-    rows = read_profile(profile)
+HcclInput = str | Path | tuple[str | Path, Mapping[str, str]]  # a file, or a file and its options (hccl.OPTIONS)
+
+
+def _simulation_problem(m: Mapped, own: bool, model: Model) -> str | None:
+    """Why a mapped row cannot be timed, or None. A row of npusim's own op_summary is one
+    kernel: it times the op only if the op is one kernel (msprof lists an op's task once)."""
+    try:
+        if own and (n := kernel_count(m.key, model.base)) > 1:
+            return (f"one of the {n} kernels npusim lowers {m.op} to (npusim's op_summary lists kernels; "
+                    "calibration times whole ops)")
+        model.log_times(np.zeros(len(model.fields)), [m.key])
+        return None
+    except NpusimError as e:
+        return f"{m.op} does not simulate on {model.base.name}: {e}"
+
+
+def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
+    """The measured rows of the op_summary profile and the hccl_test files, and how the
+    report names them."""
+    if profile is None and not hccl:
+        raise ConfigError("calibrate: nothing to fit: give --profile (msprof's op_summary) and/or --hccl "
+                          "(hccl_test's output)")
+    rows = list(read_profile(profile)) if profile is not None else []
+    names = [str(profile)] if profile is not None else []
+    for item in hccl:
+        path, options = (item, {}) if isinstance(item, (str, Path)) else item
+        rows += read_hccl(path, options)
+        names.append(str(path))
+    return rows, tuple(names)
+
+
+def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
+              folds: int = DEFAULT_FOLDS, hccl: Sequence[HcclInput] = ()) -> Calibration:
+    """Fit the assumed fields of `hw` (all of them the measurements identify, or only
+    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)
+    and of `hccl` (hccl_test output files), together."""
+    rows, sources = _read(profile, hccl)
     hw_path = find_file(hw, "hwconfigs")
     base = load_hw(hw_path)
     fittable = fittable_fields(hw_path)
@@ -112,8 +148,10 @@ def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Seque
     mapped, unmapped = _map_rows(rows, model)
     if not mapped:
         listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
-        raise ProfileError(f"{profile}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
-                           f"first at {unmapped[0].where}, column 'OP Type'")
+        first = next(r for r in rows if r.where == unmapped[0].where)
+        column = ", column 'OP Type'" if isinstance(first, ProfileRow) else ""  # an hccl row: the reason says why
+        raise ProfileError(f"{', '.join(sources)}: none of its {len(rows)} rows maps to an npusim op ({listed}); "
+                           f"first at {unmapped[0].where}{column}")
     keys = list(dict.fromkeys(m.key for m in mapped))
     index = {k: i for i, k in enumerate(keys)}
     row_key = np.array([index[m.key] for m in mapped])
@@ -124,7 +162,11 @@ def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Seque
     f0 = model.log_times(theta0, keys)
     J_all = fit.jacobian(model, theta0, keys, f0)
     weights = np.bincount(row_key, minlength=len(keys)).astype(float)
-    kept, excluded = fit.select_fields(model, J_all, weights)
+    first_name: dict = {}
+    for m in mapped:
+        first_name.setdefault(m.key, m.row.op_name)
+    labels = [first_name[key] for key in keys]
+    kept, excluded = fit.select_fields(model, J_all, weights, labels)
     fitted = model.with_fields([candidates[j] for j in kept])
     J0 = J_all[:, kept]
     k = min(folds, len(keys))
@@ -146,5 +188,5 @@ def calibrate(profile: str | Path, hw: str | Path = "ascend910b2", fields: Seque
         fits.append(FieldFit(candidates[j], value_of(base, candidates[j]), values[pos], int(rows_j.sum()), types,
                              float(np.median(np.abs(before[rows_j] / measured[rows_j] - 1))),
                              float(np.median(np.abs(after[rows_j] / measured[rows_j] - 1)))))
-    return Calibration(str(profile), str(hw), hw_path, base, len(rows), tuple(mapped), tuple(unmapped), tuple(fits),
+    return Calibration(sources, str(hw), hw_path, base, len(rows), tuple(mapped), tuple(unmapped), tuple(fits),
                        tuple(excluded), measured, before, after, held, k if kept else 0, model.simulations)

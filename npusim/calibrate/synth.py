@@ -1,7 +1,7 @@
-"""Synthetic msprof profiles made by npusim itself: a mix of decoder ops in CANN's
-terms, timed on a given (possibly hidden) config through the same mapping table and
-simulation calibration uses, with seeded multiplicative noise. Ground truth for the
-recovery test and the speed benchmark.
+"""Synthetic measurements made by npusim itself: msprof profiles of a mix of decoder ops
+in CANN's terms, timed on a given (possibly hidden) config through the same mapping
+table and simulation calibration uses, and hccl_test output of collectives; both with
+seeded multiplicative noise. Ground truth for the recovery tests and the speed benchmark.
 """
 
 from __future__ import annotations
@@ -9,27 +9,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import numpy as np
 from attrs import frozen
 
 from npusim.calibrate.model import op_time_us
 from npusim.calibrate.opmap import Unmappable, map_row
-from npusim.calibrate.profile import OPTIONAL_COLUMNS, ProfileRow
+from npusim.calibrate.profile import ProfileRow
 from npusim.errors import NpusimError
 from npusim.hw import HwConfig
-from npusim.report.tables import SUMMARY_COLUMNS, write_csv
+from npusim.ops.collectives.command import hccl_test_output
+from npusim.ops.collectives.simulate import simulate_collective
+from npusim.report.tables import MSPROF_DTYPES, MSPROF_FORMATS, SUMMARY_COLUMNS, write_csv
 
-# the op_summary columns a synthetic profile fills: msprof's, up to its output shapes,
-# then the output dtypes and formats (which Cast and TransData need)
-COLUMNS = SUMMARY_COLUMNS[:SUMMARY_COLUMNS.index("Output Shapes") + 1] + OPTIONAL_COLUMNS
-DTYPE_NAMES = {"fp16": "FLOAT16", "bf16": "DT_BF16", "fp32": "FLOAT", "int32": "INT32", "int8": "INT8"}
+# the op_summary columns a synthetic profile fills: msprof's, up to the output formats
+COLUMNS = SUMMARY_COLUMNS[:SUMMARY_COLUMNS.index("Output Formats") + 1]
 
 
 @frozen
 class Tensor:
     shape: tuple[int, ...]
-    dtype: str = "fp16"
-    format: str = "ND"
+    dtype: str = "fp16"  # npusim's names (fp16, fp32, ...), written as msprof's
+    format: str = "ND"  # npusim's (ND, NZ), written as msprof's
 
 
 @frozen
@@ -45,11 +46,11 @@ class OpSpec:
 def _row(spec: OpSpec, name: str) -> ProfileRow:
     return ProfileRow(file="<synthetic>", line=0, op_name=name, op_type=spec.op_type, task_type=spec.task_type,
                       duration_us=1.0, block_dim="", input_shapes=tuple(t.shape for t in spec.inputs),
-                      input_dtypes=tuple(DTYPE_NAMES[t.dtype] for t in spec.inputs),
-                      input_formats=tuple(t.format for t in spec.inputs),
+                      input_dtypes=tuple(MSPROF_DTYPES[t.dtype] for t in spec.inputs),
+                      input_formats=tuple(MSPROF_FORMATS[t.format] for t in spec.inputs),
                       output_shapes=tuple(t.shape for t in spec.outputs),
-                      output_dtypes=tuple(DTYPE_NAMES[t.dtype] for t in spec.outputs),
-                      output_formats=tuple(t.format for t in spec.outputs))
+                      output_dtypes=tuple(MSPROF_DTYPES[t.dtype] for t in spec.outputs),
+                      output_formats=tuple(MSPROF_FORMATS[t.format] for t in spec.outputs))
 
 
 def decoder_mix(hidden: int = 512, heads: int = 8, kv_heads: int = 8, ffn: int = 1408, vocab: int = 8000,
@@ -126,3 +127,12 @@ def _shapes(shapes) -> str:
 
 def write_profile(rows: Sequence[dict], path: str | Path) -> Path:
     return write_csv(rows, path, COLUMNS)
+
+
+def synthetic_hccl(kind: str, sizes: Sequence[int], devices: int, hw: HwConfig, noise: float = 0.03, seed: int = 0,
+                   dtype: str = "fp16") -> tuple[str, str]:
+    """(file name, text) of hccl_test output for `kind` on `devices` ranks at each of
+    `sizes`, timed on `hw` and multiplied by a seeded uniform factor in [1 - noise, 1 + noise]."""
+    rng = np.random.default_rng(seed)
+    reports = [simulate_collective(kind, n, devices, hw, dtype=dtype) for n in sizes]
+    return hccl_test_output([attrs.evolve(r, us=r.us * (1 + rng.uniform(-noise, noise))) for r in reports], hw)

@@ -23,16 +23,22 @@ from attrs import frozen
 from npusim.engine.device import KernelRecord
 from npusim.engine.run import RunResult
 from npusim.engine.stats import KernelStats
-from npusim.graph.ir import Node
+from npusim.ops.registry import Lowered
 from npusim.ops.roofline import bound_of
 from npusim.outputs import atomic_write
 
 SUMMARY_COLUMNS = (
     "Op Name", "OP Type", "Task Type", "Task Start Time(us)", "Task Duration(us)", "Task Wait Time(us)",
-    "Block Dim", "Input Shapes", "Input Data Types", "Input Formats", "Output Shapes", "aicore_time(us)",
-    "total_cycles", "aic_cube_ratio", "aic_mte1_ratio", "aic_mte2_ratio", "aic_fixpipe_ratio",
-    "aic_scalar_ratio", "aiv_vec_ratio", "aiv_mte2_ratio", "aiv_mte3_ratio",
+    "Block Dim", "Input Shapes", "Input Data Types", "Input Formats", "Output Shapes", "Output Data Types",
+    "Output Formats", "aicore_time(us)", "total_cycles", "aic_cube_ratio", "aic_mte1_ratio", "aic_mte2_ratio",
+    "aic_fixpipe_ratio", "aic_scalar_ratio", "aiv_vec_ratio", "aiv_mte2_ratio", "aiv_mte3_ratio",
 )
+# npusim's dtypes and formats as msprof names them (GE's DataType and Format enums);
+# BSND is a layout of an ND tensor, not a storage format
+MSPROF_DTYPES = {"fp16": "DT_FLOAT16", "bf16": "DT_BF16", "fp32": "DT_FLOAT", "int8": "DT_INT8", "uint8": "DT_UINT8",
+                 "int16": "DT_INT16", "int32": "DT_INT32"}
+MSPROF_FORMATS = {"ND": "ND", "NZ": "FRACTAL_NZ", "BSND": "ND"}
+_TENSOR_COLUMNS = ("Shapes", "Data Types", "Formats")
 NPUSIM_COLUMNS = ("FLOPs", "GM Bytes", "HBM Bytes", "L2 Hit Rate", "Wasted Burst Bytes", "Bound", "Stream")
 STATISTIC_COLUMNS = ("OP Type", "Core Type", "Count", "Total Time(us)", "Avg Time(us)", "Min Time(us)",
                      "Max Time(us)", "Ratio(%)")
@@ -74,34 +80,44 @@ def stalls(stats: KernelStats) -> list[Stall]:
     return out
 
 
-def _tensors(node: Node | None, graph, which: str) -> tuple[str, str, str]:
-    """(shapes, dtypes, formats) as msprof lists them: ';' between tensors, ',' in a shape."""
-    if node is None or graph is None:
-        return "", "", ""
-    specs = [graph.tensors[t] for t in (node.inputs if which == "in" else node.outputs).values()]
-    return (";".join(",".join(map(str, s.shape)) for s in specs), ";".join(s.dtype.upper() for s in specs),
-            ";".join(s.format for s in specs))
+def tensor_columns(inputs: Sequence, outputs: Sequence) -> dict[str, str]:
+    """Input/Output Shapes, Data Types and Formats as msprof lists them ("8,4096;4096,4096",
+    DT_FLOAT16, FRACTAL_NZ): ';' between tensors, ',' in a shape. Tensors: anything with
+    shape, dtype and format (a graph's TensorSpec, a lowered op's TensorInfo)."""
+    out = {}
+    for side, specs in (("Input", inputs), ("Output", outputs)):
+        values = (";".join(",".join(map(str, t.shape)) for t in specs), ";".join(MSPROF_DTYPES[t.dtype] for t in specs),
+                  ";".join(MSPROF_FORMATS[t.format] for t in specs))
+        out |= {f"{side} {col}": v for col, v in zip(_TENSOR_COLUMNS, values)}
+    return out
 
 
-def summary_rows(result: RunResult, graph=None) -> list[dict]:
+def _node_tensors(graph) -> dict[str, tuple[list, list]]:
+    """(input specs, output specs) of every node of `graph`, by node name."""
+    if graph is None:
+        return {}
+    return {n.name: ([graph.tensors[t] for t in n.inputs.values()], [graph.tensors[t] for t in n.outputs.values()])
+            for n in graph.nodes}
+
+
+def summary_rows(result: RunResult, graph=None, op: Lowered | None = None) -> list[dict]:
     """op_summary rows in start order; a kernel launched for a node of `graph` (its
-    record's owner) lists that node's tensors. Task Wait Time: from the end of the
-    previous task on the same stream (or the stream's first queueing) to this one's start."""
+    record's owner) lists that node's tensors, a kernel of `op` (npusim op) the op's.
+    Task Wait Time: from the end of the previous task on the same stream (or the
+    stream's first queueing) to this one's start."""
     hw = result.hw
-    nodes = {n.name: n for n in graph.nodes} if graph is not None else {}
+    nodes = _node_tensors(graph)
+    own = (op.inputs, op.outputs) if op is not None else ((), ())
     rows, last_end = [], {}
     for k in sorted(result.kernels, key=lambda r: (r.start, r.id)):
-        node = nodes.get(k.owner.node) if k.owner is not None else None
+        tensors = nodes.get(k.owner.node, ((), ())) if k.owner is not None else own
         s = k.stats
-        shapes, dtypes, formats = _tensors(node, graph, "in")
-        out_shapes = _tensors(node, graph, "out")[0]
         wait = k.start - last_end.get(k.stream, k.queued)
         last_end[k.stream] = k.end
         row = {
             "Op Name": k.name, "OP Type": k.op_type, "Task Type": _TASK_TYPES.get(k.core_type, k.core_type),
             "Task Start Time(us)": hw.us(k.start), "Task Duration(us)": hw.us(k.cycles),
-            "Task Wait Time(us)": hw.us(max(wait, 0.0)), "Block Dim": k.block_dim, "Input Shapes": shapes,
-            "Input Data Types": dtypes, "Input Formats": formats, "Output Shapes": out_shapes,
+            "Task Wait Time(us)": hw.us(max(wait, 0.0)), "Block Dim": k.block_dim, **tensor_columns(*tensors),
             "aicore_time(us)": hw.us(k.cycles), "total_cycles": k.cycles,
         }
         row |= {col: s.utilisation(pipe) for col, pipe in _RATIOS.items()}
@@ -143,12 +159,13 @@ def write_csv(rows: Sequence[dict], path: str | Path, columns: Iterable[str]) ->
     return path
 
 
-def write_tables(result: RunResult, directory: str | Path, graph=None) -> tuple[Path, Path]:
+def write_tables(result: RunResult, directory: str | Path, graph=None, op: Lowered | None = None) -> tuple[Path, Path]:
     """op_summary.csv and op_statistic.csv into `directory` (created); `graph`: the
-    graph the kernels were launched for (its tensors fill the shape columns)."""
+    graph the kernels were launched for, or `op`: the one op they are (their tensors
+    fill the shape columns)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    return (write_csv(summary_rows(result, graph), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
+    return (write_csv(summary_rows(result, graph, op), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
             write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
 
 
@@ -170,5 +187,6 @@ def statistic_table(result: RunResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS", "TABLE_FILES", "Stall", "stalls", "statistic_rows",
-           "statistic_table", "summary_rows", "write_csv", "write_tables"]
+__all__ = ["MSPROF_DTYPES", "MSPROF_FORMATS", "NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS",
+           "TABLE_FILES", "Stall", "stalls", "statistic_rows", "statistic_table", "summary_rows", "tensor_columns",
+           "write_csv", "write_tables"]

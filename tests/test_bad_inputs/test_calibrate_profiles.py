@@ -55,3 +55,48 @@ def test_bad_arguments(argv, expect, tmp_path, capsys, monkeypatch):
     (tmp_path / "op.csv").write_text(HEADER + "\n" + GOOD + "\n")
     args = ["calibrate", "--profile", "op.csv", "--out", "my.yaml", *argv]
     fails_cleanly(args, capsys, expect, outputs=[tmp_path / "my.yaml"])
+
+
+# ---- --hccl: hccl_test's output
+
+COMMAND = "# mpirun -n 8 ./bin/all_reduce_test -b 8K -e 16K -f 2 -d fp16 -p 8\n"
+TABLE = "data_size(Bytes): | aveg_time(us): | alg_bandwidth(GB/s): | check_result:\n"
+ROW = "8192              | 9.94           | 0.76724              | NULL\n"
+
+
+@pytest.mark.parametrize("text, extra, expect", [
+    ("time,value\n1,2\n", [], r"ar\.txt: row 1: not hccl_test output \(no header line like 'data_size\(Bytes\): \|"),
+    (COMMAND + TABLE, [], r"ar\.txt: row 2: no rows under the hccl_test header"),
+    (COMMAND + TABLE + ROW.replace("9.94 ", "abc "), [],
+     r"ar\.txt: row 3, column 'aveg_time\(us\)': expected a time in us > 0, got 'abc'"),
+    (COMMAND + TABLE + ROW + ROW.replace("9.94 ", "0.00 "), [],
+     r"ar\.txt: row 4, column 'aveg_time\(us\)': expected a time in us > 0, got '0.00'"),
+    (COMMAND + TABLE + ROW.replace("9.94 ", "-2.5 "), [], r"row 3, column 'aveg_time\(us\)'.*got '-2.5'"),
+    (COMMAND + TABLE + "8192 | 9.94\n", [], r"ar\.txt: row 3, column 'alg_bandwidth\(GB/s\)': missing"),
+    (COMMAND + TABLE + ROW.replace("0.76724 ", "fast    "), [],
+     r"row 3, column 'alg_bandwidth\(GB/s\)': expected a bandwidth >= 0, got 'fast'"),
+    (TABLE + ROW, [], r"ar\.txt: row 1: no command line above the table .* give op= after the file"),
+    (TABLE + ROW, ["op=all_reduce"], r"ar\.txt: row 1: .* give devices= after the file"),
+    (COMMAND + TABLE + ROW, ["devices=16"], r"ar\.txt: row 2: its command line says devices 8, --hccl devices= says 16"),
+    (COMMAND + TABLE + ROW, ["ranks=8"], r"--hccl .*ar\.txt: unknown option 'ranks' \(expected op=, devices=, dtype=\)"),
+    (COMMAND + TABLE + ROW, ["devices8"], r"--hccl .*ar\.txt: expected KEY=VALUE after the file .* got 'devices8'"),
+    (TABLE + ROW, ["op=broadcast", "devices=8"], r"op=broadcast: expected one of all_reduce, "),
+    (TABLE + ROW, ["op=all_reduce", "devices=1"], r"devices=1: expected an integer of 2 or more"),
+    (COMMAND.replace("fp16", "int8") + TABLE + ROW, [],
+     r"ar\.txt: none of its 1 rows maps to an npusim op \(all_reduce_test \(8 ranks\) x1 \(dtype int8 .*row 3$"),
+])
+def test_bad_hccl_output(text, extra, expect, tmp_path, capsys):
+    (tmp_path / "ar.txt").write_text(text)
+    out = tmp_path / "my.yaml"
+    fails_cleanly(["calibrate", "--hccl", tmp_path / "ar.txt", *extra, "--out", out], capsys, expect, outputs=[out])
+
+
+def test_hccl_file_missing_or_binary_and_nothing_to_fit(tmp_path, capsys):
+    out = tmp_path / "my.yaml"
+    fails_cleanly(["calibrate", "--hccl", tmp_path / "none.txt", "--out", out], capsys,
+                  r"none\.txt: cannot read: No such file", outputs=[out])
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00\x81")
+    fails_cleanly(["calibrate", "--hccl", tmp_path / "bin.txt", "--out", out], capsys,
+                  r"bin\.txt: not a text file \(expected hccl_test's output\)", outputs=[out])
+    fails_cleanly(["calibrate", "--out", out], capsys, r"nothing to fit: give --profile .* and/or --hccl",
+                  outputs=[out])

@@ -1,12 +1,14 @@
 """`npusim op all_reduce bytes=64MiB devices=8 algo=mesh`: one collective, printed the
 way hccl_test prints it (`bytes` may also be a range: bytes=1KiB..1GiB doubles from
-the first to the last, like hccl_test's -b/-e/-f 2)."""
+the first to the last, like hccl_test's -b/-e/-f 2); with --profile DIR also written
+as hccl_test writes it (DIR/all_reduce_test.txt), which `npusim calibrate --hccl` reads."""
 
 from __future__ import annotations
 
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES
+from npusim.ops.collectives import hccl_test
 from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_bytes, simulate_collective
 
 KEYS = ("bytes", "elements", "devices", "algo", "dtype")
@@ -46,6 +48,18 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
     head = (f"{kind} on {devices} devices of {hw.name} ({hw.topology.intra_node}), algorithm {r.algo}; "
             "one rank simulated, its peers symmetric")
     return "\n".join([head, HEADER] + [x.line() for x in reports]), reports
+
+
+def hccl_test_output(reports: list[CollectiveReport], hw: HwConfig) -> tuple[str, str]:
+    """(file name, text) of the reports in hccl_test's layout, under the command line
+    that would measure them; check_result NULL (the numerics are not checked here)."""
+    r = reports[0]
+    per_node = min(r.devices, hw.topology.node_device_count)
+    lines = [f"# npusim op {r.kind} on {hw.name}: simulated (one rank, its peers symmetric, algorithm {r.algo}), "
+             "in hccl_test's layout",
+             "# " + hccl_test.command_line(r.kind, [x.nbytes for x in reports], r.devices, r.dtype, per_node),
+             hccl_test.HEADER] + [hccl_test.row(x.nbytes, x.us) for x in reports]
+    return f"{hccl_test.TESTS[r.kind]}.txt", "\n".join(lines) + "\n"
 
 
 def report_json(reports: list[CollectiveReport]) -> dict:

@@ -42,6 +42,7 @@ class CollectiveReport:
     algo: str
     nbytes: int
     devices: int
+    dtype: str
     us: float  # from the first task reaching the device to the last one ending
     formula_us: float  # the HCCL user guide's alpha-beta-gamma cost
     result: RunResult
@@ -79,5 +80,5 @@ def simulate_collective(kind: str, nbytes: int, devices: int, hw: HwConfig, algo
     result = run(calls + [Synchronize()], hw, trace)
     ks = result.kernels
     us = hw.us(max(k.end for k in ks) - min(k.queued for k in ks))
-    return CollectiveReport(kind, low.tiling.algo, elements * e, devices, us,
+    return CollectiveReport(kind, low.tiling.algo, elements * e, devices, dtype, us,
                             formula_us(kind, low.tiling.algo, elements * e, devices, hw), result)
