@@ -57,6 +57,10 @@ def _cmd_op(args) -> int:
     overrides = _overrides(args)
     hw = load_hw(args.hw, overrides)
     if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it; --profile: written as it writes it
+        for flag, value in (("--trace", args.trace), ("--plot", args.plot)):
+            if value:
+                raise ConfigError(f"op {args.type}: {flag} is for kernels; a collective prints hccl_test's table "
+                                  "(--json, --profile); `npusim run --tp N --trace` traces collectives in a step")
         text, reports = run_collective_op(args.type, params, hw)
         say(text)
         if args.json:

@@ -218,7 +218,24 @@ def test_op_command_prints_like_hccl_test(capsys, tmp_path):
 
     rows = json.loads(out.read_text())["rows"]
     assert [r["data_size_bytes"] for r in rows] == [1024, 2048, 4096]
-    assert all(r["alg_bw_gb_s"] == pytest.approx(r["data_size_bytes"] / r["latency_us"] / 1e3) for r in rows)
+    # hccl_test's GB: 2**30 bytes
+    assert all(r["alg_bw_gb_s"] == pytest.approx(r["data_size_bytes"] / (r["latency_us"] * 1e-6) / 2**30)
+               for r in rows)
+
+
+def test_send_recv_is_one_step_to_the_next_rank():
+    """send_recv: the whole buffer over one link (the NIC when the group spans nodes):
+    alpha + n beta, nothing reduced; rank r receives rank r-1's buffer."""
+    from npusim.ops.collectives.simulate import simulate_collective
+
+    n = 1 << 24
+    inside = simulate_collective("send_recv", n, 8, HW)
+    across = simulate_collective("send_recv", n, 2 * HW.topology.node_device_count, HW)
+    topo = HW.topology
+    assert inside.algo == "p2p" and inside.us == pytest.approx(topo.link_latency_us + n / topo.link_bw_bytes_per_s
+                                                              * 1e6, rel=0.01)
+    assert across.us == pytest.approx(topo.nic_latency_us + n / topo.nic_bw_bytes_per_s * 1e6, rel=0.01)
+    assert inside.busbw_gb_s == inside.algbw_gb_s
 
 
 def test_devices_to_fit_takes_the_step_weights():

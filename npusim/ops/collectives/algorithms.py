@@ -2,8 +2,10 @@
 
 A collective on p ranks moves a buffer of n bytes (all_reduce: in and out;
 reduce_scatter: the input, each rank keeps n/p; all_gather: the output, each rank
-gives n/p; all_to_all: each rank's buffer, n/p to each rank). Its plan is a list of
-steps, the same on every rank (the ranks are symmetric):
+gives n/p; all_to_all: each rank's buffer, n/p to each rank; send_recv: each rank
+sends its whole buffer to the next rank and receives the previous one's, as the
+stages of a pipeline hand over their activations). Its plan is a list of steps,
+the same on every rank (the ranks are symmetric):
 - Send(nbytes, peers): send nbytes to each peer (rank offsets) and receive as much
   from the mirrored ones - one transfer step on the links (engine.links);
 - Reduce(inputs): add `inputs` chunks of n/p elements into the rank's output chunk,
@@ -19,7 +21,9 @@ left one, p-1 steps per phase, a reduction after each step of a reduce phase.
   all_reduce: 2 (p-1) alpha + 2 ((p-1)/p) n beta + ((p-1)/p) n gamma
 alpha: a step's start-up, beta: seconds per byte on one link, gamma: seconds per byte
 reduced on the device. HCCL picks Mesh inside a fully meshed server and Ring (among
-others) between servers (hcclug_000114); `pick` does the same.
+others) between servers (hcclug_000114); `pick` does the same. send_recv (HcclSend /
+HcclRecv) is one point-to-point step, over the link to the next rank or the NIC:
+  alpha + n beta
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from attrs import frozen
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-ALGOS = ("auto", "mesh", "ring")
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
+ALGOS = ("auto", "mesh", "ring", "p2p")
 
 
 @frozen
@@ -63,6 +67,12 @@ def pick(kind: str, devices: int, algo: str, hw: HwConfig) -> str:
         raise ConfigError(f"{where}devices must be at least 2, got {devices}")
     if devices > topo.max_devices:
         raise ConfigError(f"{where}{devices} devices, but the topology has {topo.size_text()}")
+    if kind == "send_recv":
+        if algo not in ("auto", "p2p"):
+            raise ConfigError(f"{where}one point-to-point step: algo must be auto or p2p, got {algo!r}")
+        return "p2p"
+    if algo == "p2p":
+        raise ConfigError(f"{where}algo p2p is send_recv's; expected mesh, ring or auto")
     meshed = devices <= topo.node_device_count and topo.intra_node == "full_mesh"
     if algo == "auto":
         algo = "mesh" if meshed else "ring"
@@ -80,6 +90,8 @@ def steps(kind: str, algo: str, nbytes: int, devices: int, hw: HwConfig) -> tupl
     chunk = -(-nbytes // p)
     inter = devices > hw.topology.node_device_count
     # assumption: a ring spanning nodes runs at the pace of its slowest hop, the NIC
+    if kind == "send_recv":  # assumption: the next rank sits across the NIC when the group spans nodes
+        return (Send(nbytes, (1,), inter),)
     if algo == "mesh":
         send = Send(chunk, tuple(range(1, p)))
         return {"all_reduce": (send, Reduce(p), send),
@@ -105,6 +117,6 @@ def formula_us(kind: str, algo: str, nbytes: int, devices: int, hw: HwConfig) ->
     alpha = (topo.nic_latency_us if inter else topo.link_latency_us) * 1e-6
     beta = 1 / (topo.nic_bw_bytes_per_s if inter else topo.link_bw_bytes_per_s)
     gamma = 3 / (hw.hbm.peak_bw_bytes_per_s * hw.hbm.bw_efficiency)
-    sends = sum(isinstance(s, Send) for s in steps(kind, algo, nbytes, devices, hw))
+    sent = [s.nbytes for s in steps(kind, algo, nbytes, devices, hw) if isinstance(s, Send)]
     reduced = {"all_reduce": (p - 1) / p * n, "reduce_scatter": (p - 1) / p * n}.get(kind, 0.0)
-    return (sends * alpha + sends * (n / p) * beta + reduced * gamma) * 1e6
+    return (len(sent) * alpha + sum(sent) * beta + reduced * gamma) * 1e6

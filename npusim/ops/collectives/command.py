@@ -54,6 +54,9 @@ def hccl_test_output(reports: list[CollectiveReport], hw: HwConfig) -> tuple[str
     """(file name, text) of the reports in hccl_test's layout, under the command line
     that would measure them; check_result NULL (the numerics are not checked here)."""
     r = reports[0]
+    if r.kind not in hccl_test.TESTS:
+        raise ConfigError(f"op {r.kind} --profile: hccl_test has no test for it (it has "
+                          f"{', '.join(hccl_test.TESTS.values())})")
     per_node = min(r.devices, hw.topology.node_device_count)
     lines = [f"# npusim op {r.kind} on {hw.name}: simulated (one rank, its peers symmetric, algorithm {r.algo}), "
              "in hccl_test's layout",

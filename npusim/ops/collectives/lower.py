@@ -1,4 +1,5 @@
-"""Collectives as registered ops: all_reduce, reduce_scatter, all_gather, all_to_all.
+"""Collectives as registered ops: all_reduce, reduce_scatter, all_gather, all_to_all,
+send_recv.
 
 A collective lowers to its vector kernels (a reduction of the chunks that arrived,
 or the copy of the rank's own chunk: they share the vector cores and HBM with
@@ -57,7 +58,7 @@ def launch_order(low: Lowered) -> tuple:
 def _sizes(kind: str, n: int, p: int) -> tuple[int, int]:
     """(input, output) elements of one rank."""
     return {"all_reduce": (n, n), "reduce_scatter": (n, n // p), "all_gather": (n // p, n),
-            "all_to_all": (n, n)}[kind]
+            "all_to_all": (n, n), "send_recv": (n, n)}[kind]
 
 
 def collective_steps(kind: str, p: CollectiveParams, hw: HwConfig) -> tuple[str, tuple]:
@@ -146,14 +147,21 @@ def _ref_all_to_all(p, x, specs, ctx):
     return {"y": np.stack([parts[j][rank] for j in range(p.devices)])}
 
 
+def _ref_send_recv(p, x, specs, ctx):
+    parts, rank = _ranks(p, x["x"].reshape(-1), "send_recv")
+    return {"y": parts[(rank - 1) % p.devices]}
+
+
 _REFS = {"all_reduce": _ref_all_reduce, "reduce_scatter": _ref_reduce_scatter, "all_gather": _ref_all_gather,
-         "all_to_all": _ref_all_to_all}
+         "all_to_all": _ref_all_to_all, "send_recv": _ref_send_recv}
 _OP = " npusim op also takes bytes=SIZE or a range bytes=1KiB..1GiB, printed as hccl_test does."
 _HELP = {
     "all_reduce": "AllReduce: every rank gets the sum of every rank's buffer (HCCL Mesh or Ring)." + _OP,
     "reduce_scatter": "ReduceScatter: rank r gets chunk r of the sum of every rank's buffer." + _OP,
     "all_gather": "AllGather: every rank gets every rank's chunk, in rank order." + _OP,
     "all_to_all": "AllToAll: rank r's chunk j goes to rank j, as its chunk r." + _OP,
+    "send_recv": "SendRecv: rank r sends its buffer to rank r+1 and receives rank r-1's (HcclSend / HcclRecv, "
+                 "a pipeline stage's hand-over)." + _OP,
 }
 
 

@@ -1,10 +1,11 @@
 """One collective on the engine, alone: what `npusim op all_reduce bytes=64MiB devices=8`
 prints, in the form hccl_test prints it (data size, time, algorithm bandwidth).
 
-hccl_test's algorithm bandwidth is the buffer size over the time; its bus
-bandwidth scales that by what each rank's links must carry relative to the buffer
-(all_reduce 2 (p-1)/p, reduce_scatter / all_gather / all_to_all (p-1)/p), so that
-it compares with a link's bandwidth whatever the algorithm.
+hccl_test's algorithm bandwidth is the buffer size over the time, in GB of 2**30
+bytes; its bus bandwidth scales that by what each rank's links must carry relative
+to the buffer (all_reduce 2 (p-1)/p, reduce_scatter / all_gather / all_to_all
+(p-1)/p, send_recv 1), so that it compares with a link's bandwidth whatever the
+algorithm.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.collectives.algorithms import formula_us
+from npusim.ops.collectives.hccl_test import GB
 from npusim.ops.collectives.lower import launch_order, transfer
 from npusim.ops.registry import lower
 
 _BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
-               "all_gather": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p}
+               "all_gather": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p, "send_recv": lambda p: 1.0}
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -49,7 +51,7 @@ class CollectiveReport:
 
     @property
     def algbw_gb_s(self) -> float:
-        return self.nbytes / (self.us * 1e-6) / 1e9 if self.us else 0.0
+        return self.nbytes / (self.us * 1e-6) / GB if self.us else 0.0
 
     @property
     def busbw_gb_s(self) -> float:
