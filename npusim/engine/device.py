@@ -17,12 +17,13 @@ device, and a later kernel may use cores an earlier one leaves free.
 
 Identical blocks that start together are simulated once (a *group*): consecutive
 blocks of one kernel running the same Program object cost the same when every GM
-address moves from block to block by whole bursts (so each transfer rounds alike),
-so one representative runs with weight w: its transfers count as w flows in the
-fair share, each member's addresses go through the L2 (lines members share are
-missed, and read from HBM, by the first member to touch them, and hit by the others,
-which wait for that read as they would one by one), and its counters are
-multiplied by w.
+transfer rounds to bursts alike in each of them and they touch separate L2 lines,
+or share lines only in a way that costs each of them the same (see _groupable:
+e.g. every block reading the same resident input), so one representative runs
+with weight w: its transfers count as w flows in the fair share, each member's
+addresses go through the L2 (a line members share is missed, and read from HBM,
+by the first member to touch it, and hit by the others, which wait for that read
+as they would one by one), and its counters are multiplied by w.
 # assumption: members of a group share their L2 hits equally; exact when they
 # hit alike (streaming, or all-resident data), an average otherwise. So that they
 # do, a run of blocks is cut where the L2 holds their inputs differently when they
@@ -286,11 +287,10 @@ class Device:
                 hit = self._groupable[id(program)] = (program, _groupable(accesses, kernel, self.hw, block, members))
             # blocks sharing lines are grouped only while their kernel is alone on the device
             # (another kernel touching those lines would reach the blocks unevenly), and
-            # blocks sharing lines they write only where it pays, in a kernel of several
-            # waves (one wave runs side by side in little time)
+            # never when they share lines they write (a line one writes while another of the
+            # group, or of another group, reads or writes it lets their timings drift apart)
             g = hit[1]
-            if g is None or (g.shared and len(self.active) > 1) or (
-                    any(write for *_, write in g.shared) and kernel.block_dim <= self._cores(kind)):
+            if g is None or (g.shared and len(self.active) > 1) or any(write for *_, write in g.shared):
                 return None
             parts.append(g)
         if len(parts) == 1:
@@ -308,16 +308,12 @@ class Device:
         return (self.memory.l2.find(lines) >= 0).tobytes()
 
     def _sharing(self, g: _Grouping, first: int, n: int) -> int:
-        """How many of n blocks from `first` may run as one group when they share lines.
-        A shared line they read must be in the L2 already and lie inside the group
-        (its regions start and end on line boundaries): else blocks outside the group,
-        or in another wave, would race them for its fill. Lines they write are
-        allocated by whoever writes first, the others hitting them, with no fill to
-        wait for: shared with other blocks, they cost those blocks the same."""
+        """How many of n blocks from `first` may run as one group when they share lines
+        they read: the lines must be in the L2 already and lie inside the group (its
+        regions start and end on line boundaries); else blocks outside the group, or
+        in another wave, would race them for the fill."""
         line = self.hw.l2.line_bytes
-        for step, lo, hi, write in g.shared:
-            if write:
-                continue
+        for step, lo, hi, _ in g.shared:
             a, b = lo + step * first, hi + step * first
             if not (self.memory.l2.find(np.unique([a // line, (b - 1) // line])) >= 0).all():
                 return 1
@@ -439,9 +435,10 @@ def _groupable(accesses: list[tuple], kernel: Kernel, hw: HwConfig, block: int, 
     - or they share lines only within a transfer: every block touches the same
       bytes (step 0) or one fixed region of its own (every access to the tensor
       the same bytes, whatever the loops), so the first to touch a shared line
-      misses it and the others wait for its fill, as one by one. A group of such
-      blocks must hold every line they share, and read only lines the L2 holds
-      (Device._sharing), and their kernel must be alone (Device._grouping).
+      misses it and the others wait for its fill, as one by one. Such blocks are
+      grouped only if the lines they share they read, the L2 holds them and the
+      group holds all of them (Device._sharing), and their kernel is alone on the
+      device (Device._grouping).
     None: blocks reading lines another block reaches in another transfer would hit
     or miss differently, and are not grouped."""
     if not all(_rounds_alike(a, hw.dma.burst_bytes) for a in accesses):
