@@ -258,9 +258,6 @@ class Device:
                 return c, aivs
         return None
 
-    def _cores(self, kind: CoreType) -> int:
-        return self.hw.chip.aic_count if kind is CoreType.AIC else self.hw.aiv_count
-
     def _free_cores(self, cores: tuple[int | None, list[int]]) -> None:
         """Give back the cores of one block (see _take_cores)."""
         aic, aivs = cores
