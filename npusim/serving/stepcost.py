@@ -71,7 +71,11 @@ from npusim.runtime.run import run_graph
 from npusim.serving.state import Work
 from npusim.workload import Workload, load_workload
 
-MIN_SPAN_TOKENS = 8  # a length cell narrower than this is not split further
+# A length cell this narrow is not split further: one token, so that a step in the
+# cost (a GEMM's rows crossing a tile, as a chunk of 171 x 3 tokens does 512) ends
+# up between two adjacent knots, where no query falls between them (k3: a mixed
+# step's chunk cells 8 tokens wide missed such a step by 8%, bench_stepcost.py)
+MIN_SPAN_TOKENS = 1
 DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
 POINT_SCHEME = 3  # bump when what a point simulates changes (_lengths): cached points go stale
 
