@@ -130,7 +130,10 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
 # messages). A lowering reused under another name (compare's pipelines, a serving
 # model's steps) is checked once. Entries hold the objects, so their ids stay theirs.
 _VERIFIED: OrderedDict[tuple, tuple] = OrderedDict()
-_VERIFIED_MAX = 4096
+# Entries kept, the least recently used dropped first: a few steps' kernels (a K3 step
+# has about 50 distinct ones). Each holds its kernel, about 0.15 MB for a K3 prefill's:
+# 4096 of them held a long serving run's process at over 2 GB.
+_VERIFIED_MAX = 512
 
 
 def _verify_once(kernel: Kernel, hw: HwConfig) -> None:
