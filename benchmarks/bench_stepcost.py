@@ -33,6 +33,9 @@ from npusim.runtime.run import run_graph
 from npusim.serving.stepcost import StepCost
 
 KINDS = ("decode", "prefill", "mixed")
+# draws in a row of a kind that all fell on model points before the kind is left short
+# (with buckets most decode and prefill shapes are knots of the model)
+EXHAUSTED = 1000
 
 
 def draw(rng: np.random.Generator, kind: str, max_batch: int, top: int, budget: int) -> dict:
@@ -90,16 +93,21 @@ def bench(workload: str, passes: str, max_batch: int, train: int, test: int, see
           f"(decode knots {sc.decode.knots}; prefill knots {sc.prefill.knots}; mixed knots {sc.mixed.knots})",
           flush=True)
     errs: dict[str, list[float]] = {k: [] for k in KINDS}
+    seen = {k: 0 for k in KINDS}  # draws in a row that fell on a model point
     worst: tuple[float, dict] = (0.0, {})
     t0 = time.monotonic()
-    for _ in range(1000 * test):  # a kind whose every shape is a model point is left short
-        if sum(map(len, errs.values())) >= test:
+    while sum(map(len, errs.values())) < test:
+        # the kind with the fewest unseen steps so far, among those still drawing new shapes
+        live = [k for k in KINDS if seen[k] < EXHAUSTED]
+        if not live:
             break
-        kind = min(KINDS, key=lambda k: len(errs[k]))
+        kind = min(live, key=lambda k: len(errs[k]))
         step = draw(rng, kind, max_batch, top, budget)
         key, price = model_key(sc, step)
         if key in sc.points:
+            seen[kind] += 1
             continue  # a step the model was built from
+        seen[kind] = 0
         est = price()
         true = direct(sc, step)
         e = abs(est - true) / true

@@ -136,11 +136,14 @@ class RayBackend:
                     else:
                         done(index[ref], value)
         finally:
-            for ref in pending:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=True)
-            if started:
+            if started:  # our own instance: shutting it down ends its workers and tasks
                 ray.shutdown()
+            else:  # a cluster that outlives us: its tasks of ours are cancelled
+                # (cancelling on an instance about to shut down races Ray's own completion
+                # of a task that just finished: its driver aborts on a failed check)
+                for ref in pending:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref, force=True)
 
 
 __all__ = ["INSTALL", "RayBackend", "check_address"]

@@ -24,12 +24,14 @@ with weight w: its transfers count as w flows in the fair share, each member's
 addresses go through the L2 (a line members share is missed, and read from HBM,
 by the first member to touch it, and hit by the others, which wait for that read
 as they would one by one), and its counters are multiplied by w.
-# assumption: members of a group share their L2 hits equally; exact when they
-# hit alike (streaming, or all-resident data), an average otherwise. So that they
-# do, a run of blocks is cut where the L2 holds their inputs differently when they
-# are dispatched (the first and last line of every read, block by block).
-Grouping can be turned off (Device(dedup=False)); tests check both give the
-same results.
+A run of blocks is cut where the L2 holds their inputs differently when they are
+dispatched (the first and last line of every read, block by block), so that members
+hit alike. They may still come apart: lines one member needs can be evicted before
+it reads them (a kernel whose data outgrows the L2). A transfer whose members read
+different numbers of lines from HBM marks its kernel `diverged`; engine.run then
+runs the whole program again with that kernel's blocks one at a time (`ungrouped`),
+until no grouped kernel diverges. So grouping never changes a result. It can be
+turned off (Device(dedup=False)); tests check both give the same results.
 
 Replay: a kernel launched with a Reuse key whose twin (same key: the same kernel
 at other addresses) has already run *alone* - no other kernel on the device from
@@ -167,6 +169,8 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
+        self.ungrouped: set[int] = set()  # ids of kernels whose blocks run one at a time
+        self.diverged: set[int] = set()  # ids of grouped kernels whose members came apart
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
@@ -271,7 +275,7 @@ class Device:
 
     def _grouping(self, kernel: Kernel, block: int) -> _Grouping | None:
         """How a block's program(s) may run grouped now (see _groupable); None if not."""
-        if not self.dedup:
+        if not self.dedup or id(kernel) in self.ungrouped:
             return None
         parts = []
         for kind in self._kinds(kernel):

@@ -52,12 +52,13 @@ def burst_cost(addr: int, nbytes: int, segments: int, stride: int, burst: int) -
 class TransferStats:
     """What a transfer did; added into its kernel's counters by the caller."""
 
-    __slots__ = ("moved", "wasted", "misaligned", "hit_bytes", "miss_bytes", "hbm_read", "hbm_write")
+    __slots__ = ("moved", "wasted", "misaligned", "hit_bytes", "miss_bytes", "hbm_read", "hbm_write", "uneven")
 
     def __init__(self):
         self.moved = self.wasted = self.misaligned = 0
         self.hit_bytes = self.miss_bytes = 0.0
         self.hbm_read = self.hbm_write = 0.0
+        self.uneven = False  # a group's members missed different numbers of lines (see transfer)
 
 
 class MemorySystem:
@@ -80,7 +81,9 @@ class MemorySystem:
         """Start a GM read (write=False) or write now, one per address in `addrs` (the
         identical blocks of a group, see device.py); on_done() fires when they have
         all moved. Burst rounding is the same for every address of a group (they
-        differ by whole lines)."""
+        differ by whole lines). The stats say `uneven` if the members of a group read
+        different numbers of lines from HBM: one by one they would not have kept
+        together, so the group's timing is not theirs (the device runs it again)."""
         w = len(addrs)
         st = TransferStats()
         key = (addrs[0] % self.burst, nbytes, segments, stride)
@@ -94,7 +97,7 @@ class MemorySystem:
         line = self.line
         lines, member, ascending, shared = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
-        missed = [] if shared and not write else None
+        missed = [] if w > 1 and not write else None
         hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending, missed)
         total_lines = len(lines)
         if shared:  # members sharing a line: all but the first to touch it find it in the L2
@@ -122,7 +125,8 @@ class MemorySystem:
             # the first to touch; members alike read alike (one flow of weight w). With
             # shared lines the first toucher reads them and the others hit them while
             # they are being filled, so they wait for its flow, as one by one they would.
-            fills = [(st.hbm_read / w, w)] if missed is None else _member_fills(missed, member, w, line)
+            fills = [(st.hbm_read, 1)] if missed is None else _member_fills(missed, member, w, line)
+            st.uneven = w > 1 and fills[0][1] != w
             fills_left = [len(fills)]
             pending[0] += len(fills)
 

@@ -111,6 +111,8 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
                 else:
                     st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
                     yield done
+                if st.uneven:
+                    dev.diverged.add(id(kr.kernel))
                 t = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM

@@ -67,23 +67,31 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
         progress: Callable[[int, int], None] | None = None, counters: bool = True) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
-    caller look at (or instrument) the Device before the run starts.
-    progress(kernels finished, kernels launched in all) is called as each kernel ends.
+    caller look at (or instrument) the Device before the run starts (each attempt's,
+    see until_even).
+    progress(kernels finished, kernels launched in all) is called as each kernel ends
+    (of the first attempt).
     counters=False records no bandwidth samples (Trace.counters is empty): they only feed
     a Chrome trace, and a long step makes hundreds of thousands of them."""
     calls = list(calls)
     _check_calls(calls, hw)
-    env = simpy.Environment()
-    tracer = Tracer(trace)
-    device = Device(env, hw, tracer, dedup, counters)
-    if on_device is not None:
-        on_device(device)
-    if progress is not None:
-        launches = sum(isinstance(c, Launch) for c in calls)
-        device.on_finish = lambda done: progress(done, launches)
-    host = Host(env, device)
-    env.process(host.run(calls))
-    env.run()
+
+    def attempt(ungrouped: set[int]):
+        env = simpy.Environment()
+        tracer = Tracer(trace)
+        device = Device(env, hw, tracer, dedup, counters)
+        device.ungrouped = ungrouped
+        if on_device is not None:
+            on_device(device)
+        if progress is not None and not ungrouped:
+            launches = sum(isinstance(c, Launch) for c in calls)
+            device.on_finish = lambda done: progress(done, launches)
+        host = Host(env, device)
+        env.process(host.run(calls))
+        env.run()
+        return [device], (env, tracer, device, host)
+
+    env, tracer, device, host = until_even(attempt)
     stuck = dict(device.blocked)
     if not host.done or stuck or any(s.outstanding for s in host.streams.values()):
         raise DeadlockError(_deadlock_message(stuck, env.now))
@@ -98,6 +106,20 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
         host_wait_cycles=host.wait_cycles,
         trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), samples),
     )
+
+
+def until_even(attempt: Callable[[set[int]], tuple[list[Device], object]]):
+    """What attempt(ungrouped) gives - it simulates on devices that group no kernel whose
+    id is in `ungrouped`, and returns (those devices, its result) - once no grouped
+    kernel's members came apart; until then it is run again with those kernels added
+    (see device.py). Each round ungroups at least one more kernel, so it ends."""
+    ungrouped: set[int] = set()
+    while True:
+        devices, result = attempt(ungrouped)
+        diverged = set().union(*(d.diverged for d in devices))
+        if not diverged:
+            return result
+        ungrouped |= diverged
 
 
 def _check_calls(calls: list, hw: HwConfig) -> None:

@@ -11,7 +11,7 @@ import simpy
 from npusim.engine.device import Device
 from npusim.engine.host import Host
 from npusim.engine.links import FullFabric
-from npusim.engine.run import _check_calls
+from npusim.engine.run import _check_calls, until_even
 from npusim.engine.stats import Tracer
 from npusim.errors import DeadlockError
 from npusim.graph.ir import Graph
@@ -37,16 +37,22 @@ def every_rank_cycles(graph: Graph, hw: HwConfig, ranks: int) -> list[float]:
     compiled = compile_nodes(graph, list(graph.nodes), hw, placement)
     calls = list(host_program(graph, compiled, placement.addresses).calls)
     _check_calls(calls, hw)
-    env = simpy.Environment()
-    devices = [Device(env, hw, Tracer("kernel")) for _ in range(ranks)]
-    fabric = FullFabric(env, devices)
-    hosts = []
-    for r, dev in enumerate(devices):
-        host = Host(env, dev)
-        host.fabric = _RankFabric(fabric, r)
-        env.process(host.run(calls))
-        hosts.append(host)
-    env.run()
+
+    def attempt(ungrouped: set[int]):
+        env = simpy.Environment()
+        devices = [Device(env, hw, Tracer("kernel")) for _ in range(ranks)]
+        fabric = FullFabric(env, devices)
+        hosts = []
+        for r, dev in enumerate(devices):
+            dev.ungrouped = ungrouped
+            host = Host(env, dev)
+            host.fabric = _RankFabric(fabric, r)
+            env.process(host.run(calls))
+            hosts.append(host)
+        env.run()
+        return devices, hosts
+
+    hosts = until_even(attempt)
     if not all(h.done for h in hosts):
         raise DeadlockError(f"every-rank run of {graph!r}: a rank never finished")
     return [h.end for h in hosts]
