@@ -38,12 +38,14 @@ def main() -> None:
     t0 = time.monotonic()
     simulate(reqs[:200], svc, cost)  # the engine points the load needs (most of them)
     t1 = time.monotonic()
+    warm_runs = cost.engine_runs
     run = simulate(reqs, svc, cost)
     t2 = time.monotonic()
     m = metrics(run)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{a.requests} requests of {a.workload} ({svc.name}) at {a.rate} req/s: step-cost warm-up {t1 - t0:.1f} s "
-          f"({cost.engine_runs} engine runs), simulation {t2 - t1:.1f} s for {len(run.steps)} steps; decode batch "
+          f"({warm_runs} engine runs), simulation {t2 - t1:.1f} s for {len(run.steps)} steps "
+          f"({cost.engine_runs - warm_runs} more engine runs); decode batch "
           f"mean {m['decode_batch']['mean']:.1f} (steps with decodes: "
           f"{np.mean([st.decode_batch for st in run.steps if st.decode_batch]):.1f}); peak RSS {rss:.0f} MiB")
 

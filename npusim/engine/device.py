@@ -25,7 +25,7 @@ addresses go through the L2 (a line members share is missed, and read from HBM,
 by the first member to touch it, and hit by the others, which wait for that read
 as they would one by one), and its counters are multiplied by w.
 A run of blocks is cut where the L2 holds their inputs differently when they are
-dispatched (the first and last line of every read, block by block), so that members
+dispatched (17 lines spread over every read, block by block), so that members
 hit alike. They may still come apart: lines one member needs can be evicted before
 it reads them (a kernel whose data outgrows the L2). A transfer whose members read
 different numbers of lines from HBM marks its kernel `diverged`; engine.run then
@@ -299,13 +299,15 @@ class Device:
         return _Grouping(np.concatenate([g.reads for g in parts]), sum((g.shared for g in parts), ()))
 
     def _held(self, reads: np.ndarray, block: int) -> bytes:
-        """Which of the first and last lines of a block's reads the L2 holds now (blocks
-        whose inputs the L2 holds differently are not grouped: they would not hit alike)."""
+        """Which of 17 lines spread over each of a block's reads (the first, the last and
+        15 between) the L2 holds now: blocks whose inputs the L2 holds differently are not
+        grouped, they would not hit alike."""
         if not len(reads):
             return b""
         lo = reads[:, 1] + reads[:, 0] * block
         hi = reads[:, 2] + reads[:, 0] * block - 1
-        lines = np.unique(np.concatenate([lo, hi]) // self.hw.l2.line_bytes)
+        points = lo[:, None] + ((hi - lo)[:, None] * _HELD_POINTS) // _HELD_POINTS[-1]
+        lines = points.ravel() // self.hw.l2.line_bytes
         return (self.memory.l2.find(lines) >= 0).tobytes()
 
     def _sharing(self, g: _Grouping, first: int, n: int) -> int:
@@ -410,6 +412,9 @@ def _gm_accesses(stream: tuple, counts: dict[str, int]):
             hi = base + sum(m for m in moves if m > 0) + (segments - 1) * stride + nbytes
             yield terms.get("block", 0), lo, hi, e.write, not any(moves), e, counts
 
+
+# Where _held looks into each read of a block: at 0/16 ... 16/16 of its extent.
+_HELD_POINTS = np.arange(17, dtype=np.int64)
 
 # Lines per block the exact disjointness test of _groupable enumerates at most.
 _DISJOINT_LINES = 1 << 16
