@@ -18,7 +18,7 @@ device, and a later kernel may use cores an earlier one leaves free.
 Identical blocks that start together are simulated once (a *group*): consecutive
 blocks of one kernel running the same Program object cost the same when every GM
 transfer rounds to bursts alike in each of them and they touch separate L2 lines,
-or share lines only in a way that costs each of them the same (see _groupable:
+or share lines only in a way that costs each of them the same (see grouping.groupable:
 e.g. every block reading the same resident input), so one representative runs
 with weight w: its transfers count as w flows in the fair share, each member's
 addresses go through the L2 (a line members share is missed, and read from HBM,
@@ -51,8 +51,6 @@ find the cache as it would be. Anything else runs in full.
 from __future__ import annotations
 
 import heapq
-import itertools
-import math
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -60,12 +58,13 @@ import numpy as np
 import simpy
 from attrs import frozen
 
-from npusim.engine.compile import GmCopy, LoopEntry, compile_program, count_instructions
-from npusim.engine.memory import MemorySystem, burst_cost
+from npusim.engine.compile import compile_program, count_instructions
+from npusim.engine.grouping import Grouping, gm_accesses, groupable
+from npusim.engine.memory import MemorySystem
 from npusim.engine.pipe import run_pipe
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
-from npusim.isa.program import Affine, CoreType, Kernel
+from npusim.isa.program import CoreType, Kernel
 
 
 @frozen
@@ -273,8 +272,8 @@ class Device:
     def _kinds(self, kernel: Kernel) -> list[CoreType]:
         return [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
 
-    def _grouping(self, kernel: Kernel, block: int) -> _Grouping | None:
-        """How a block's program(s) may run grouped now (see _groupable); None if not."""
+    def _grouping(self, kernel: Kernel, block: int) -> Grouping | None:
+        """How a block's program(s) may run grouped now (see grouping.groupable); None if not."""
         if not self.dedup or id(kernel) in self.ungrouped:
             return None
         parts = []
@@ -283,9 +282,9 @@ class Device:
             hit = self._groupable.get(id(program))
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream in self._streams(kernel, kind, block)
-                            for a in _gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
+                            for a in gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
                 members = sum(kernel.program(kind, b) is program for b in range(kernel.block_dim))
-                hit = self._groupable[id(program)] = (program, _groupable(accesses, kernel, self.hw, block, members))
+                hit = self._groupable[id(program)] = (program, groupable(accesses, kernel, self.hw, block, members))
             # blocks sharing lines are grouped only while their kernel is alone on the device
             # (another kernel touching those lines would reach the blocks unevenly), and
             # never when they share lines they write (a line one writes while another of the
@@ -296,7 +295,7 @@ class Device:
             parts.append(g)
         if len(parts) == 1:
             return parts[0]
-        return _Grouping(np.concatenate([g.reads for g in parts]), sum((g.shared for g in parts), ()))
+        return Grouping(np.concatenate([g.reads for g in parts]), sum((g.shared for g in parts), ()))
 
     def _held(self, reads: np.ndarray, block: int) -> bytes:
         """Which of 17 lines spread over each of a block's reads (the first, the last and
@@ -310,7 +309,7 @@ class Device:
         lines = points.ravel() // self.hw.l2.line_bytes
         return (self.memory.l2.find(lines) >= 0).tobytes()
 
-    def _sharing(self, g: _Grouping, first: int, n: int) -> int:
+    def _sharing(self, g: Grouping, first: int, n: int) -> int:
         """How many of n blocks from `first` may run as one group when they share lines
         they read: the lines must be in the L2 already and lie inside the group (its
         regions start and end on line boundaries); else blocks outside the group, or
@@ -397,120 +396,5 @@ class Device:
         self._dispatch()
 
 
-def _gm_accesses(stream: tuple, counts: dict[str, int]):
-    """(block step, first byte, end byte, write, fixed, entry, loop counts) of every GM
-    transfer in a stream, over all values of the other variables in scope (`counts`
-    gives each one's range); fixed: the address moves with the block only."""
-    for e in stream:
-        if e.__class__ is LoopEntry:
-            yield from _gm_accesses(e.body, {**counts, e.var: e.count})
-        elif e.__class__ is GmCopy:
-            gm_addr, nbytes, segments, stride = e.gm_addr, e.nbytes, e.segments, e.stride
-            base, terms = (gm_addr.base, dict(gm_addr.terms)) if isinstance(gm_addr, Affine) else (gm_addr, {})
-            moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
-            lo = base + sum(m for m in moves if m < 0)
-            hi = base + sum(m for m in moves if m > 0) + (segments - 1) * stride + nbytes
-            yield terms.get("block", 0), lo, hi, e.write, not any(moves), e, counts
-
-
 # Where _held looks into each read of a block: at 0/16 ... 16/16 of its extent.
 _HELD_POINTS = np.arange(17, dtype=np.int64)
-
-# Lines per block the exact disjointness test of _groupable enumerates at most.
-_DISJOINT_LINES = 1 << 16
-
-
-class _Grouping:
-    """How blocks of one program may run grouped: the GM reads they make, as rows of
-    (block step, first byte, end byte) at block 0, and the regions (block step, first
-    byte, end byte, write) of the tensors whose lines they share (see _groupable)."""
-
-    __slots__ = ("reads", "shared")
-
-    def __init__(self, reads: np.ndarray, shared: tuple):
-        self.reads, self.shared = reads, shared
-
-
-def _groupable(accesses: list[tuple], kernel: Kernel, hw: HwConfig, block: int, members: int) -> _Grouping | None:
-    """Do blocks running these accesses (placed at `block`, the first block running
-    the program) behave alike, so that one can stand for several (up to `members`)?
-    Every transfer rounds to bursts alike in every block, and per GM tensor of the
-    kernel (all of GM if it declares none), with one common block step:
-    - the blocks touch separate L2 lines (their regions of the tensor lie a whole
-      line apart, or, counted line by line, no two blocks touch one line);
-    - or they share lines only within a transfer: every block touches the same
-      bytes (step 0) or one fixed region of its own (every access to the tensor
-      the same bytes, whatever the loops), so the first to touch a shared line
-      misses it and the others wait for its fill, as one by one. Such blocks are
-      grouped only if the lines they share they read, the L2 holds them and the
-      group holds all of them (Device._sharing), and their kernel is alone on the
-      device (Device._grouping).
-    None: blocks reading lines another block reaches in another transfer would hit
-    or miss differently, and are not grouped."""
-    if not all(_rounds_alike(a, hw.dma.burst_bytes) for a in accesses):
-        return None
-    tensors: dict = {}
-    for a in accesses:
-        step, lo = a[0], a[1] + a[0] * block
-        owner = next((t.name for t in kernel.gm if t.addr <= lo < t.addr + t.nbytes), None)
-        tensors.setdefault(owner, []).append(a)
-    line = hw.l2.line_bytes
-    shared = []
-    for group in tensors.values():
-        steps = {a[0] for a in group}
-        if len(steps) != 1:
-            return None
-        step = steps.pop()
-        spread = -(-max(a[2] for a in group) // line) * line - min(a[1] for a in group) // line * line
-        if step and step % line == 0 and spread <= abs(step):
-            continue
-        if all(a[4] for a in group) and len({(a[1], a[2]) for a in group}) == 1:
-            shared.append((step, group[0][1], group[0][2], any(a[3] for a in group)))
-        elif step == 0 or not _apart(group, step, members, line):
-            return None
-    reads = np.array([a[:3] for a in accesses if not a[3]], np.int64).reshape(-1, 3)
-    return _Grouping(reads, tuple(shared))
-
-
-def _rounds_alike(access: tuple, burst: int) -> bool:
-    """Does a transfer round to bursts the same in every block? Blocks a whole number
-    of bursts apart do; otherwise every block's offset within a burst must cost alike
-    (and the loops move it by whole bursts)."""
-    step, lo, _, _, _, e, _ = access
-    if step % burst == 0:
-        return True
-    a = e.gm_addr
-    if any(s % burst for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"):
-        return False
-    starts = {(lo + m * step) % burst for m in range(burst // math.gcd(step, burst))}
-    return len({burst_cost(x, e.nbytes, e.segments, e.stride, burst) for x in starts}) == 1
-
-
-def _apart(group: list[tuple], step: int, members: int, line: int) -> bool:
-    """Do `members` consecutive blocks, `step` bytes apart, touch disjoint L2 lines in
-    these accesses? Counted line by line over every loop iteration (False when that
-    is more than _DISJOINT_LINES lines a block)."""
-    lines: set = set()
-    for *_, e, counts in group:
-        a = e.gm_addr
-        terms = [(var, s) for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"]
-        ranges = [range(counts.get(var, 1)) for var, _ in terms]
-        if math.prod(len(r) for r in ranges) * e.segments > _DISJOINT_LINES:
-            return False
-        base = a.base if isinstance(a, Affine) else a
-        for values in itertools.product(*ranges):
-            start = base + sum(s * v for (_, s), v in zip(terms, values))
-            for i in range(e.segments):
-                first = start + i * e.stride
-                lines.update(range(first // line, -(-(first + e.nbytes) // line)))
-        if len(lines) > _DISJOINT_LINES:
-            return False
-    if step % line:  # blocks a fraction of a line apart share lines at their edges
-        return False
-    touched: set = set()
-    for m in range(members):
-        shifted = {x + m * (step // line) for x in lines}
-        if touched & shifted:
-            return False
-        touched |= shifted
-    return True

@@ -1,0 +1,131 @@
+"""Which blocks of a kernel may run as one group (see engine.device): the GM
+transfers a block's streams make, and the rules under which identical blocks touch
+the L2 and round to bursts alike."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from npusim.engine.compile import GmCopy, LoopEntry
+from npusim.engine.memory import burst_cost
+from npusim.hw import HwConfig
+from npusim.isa.program import Affine, Kernel
+
+
+def gm_accesses(stream: tuple, counts: dict[str, int]):
+    """(block step, first byte, end byte, write, fixed, entry, loop counts) of every GM
+    transfer in a stream, over all values of the other variables in scope (`counts`
+    gives each one's range); fixed: the address moves with the block only."""
+    for e in stream:
+        if e.__class__ is LoopEntry:
+            yield from gm_accesses(e.body, {**counts, e.var: e.count})
+        elif e.__class__ is GmCopy:
+            gm_addr, nbytes, segments, stride = e.gm_addr, e.nbytes, e.segments, e.stride
+            base, terms = (gm_addr.base, dict(gm_addr.terms)) if isinstance(gm_addr, Affine) else (gm_addr, {})
+            moves = [step * (counts.get(var, 1) - 1) for var, step in terms.items() if var != "block"]
+            lo = base + sum(m for m in moves if m < 0)
+            hi = base + sum(m for m in moves if m > 0) + (segments - 1) * stride + nbytes
+            yield terms.get("block", 0), lo, hi, e.write, not any(moves), e, counts
+
+
+# Lines per block the exact disjointness test of groupable enumerates at most.
+_DISJOINT_LINES = 1 << 16
+
+
+class Grouping:
+    """How blocks of one program may run grouped: the GM reads they make, as rows of
+    (block step, first byte, end byte) at block 0, and the regions (block step, first
+    byte, end byte, write) of the tensors whose lines they share (see groupable)."""
+
+    __slots__ = ("reads", "shared")
+
+    def __init__(self, reads: np.ndarray, shared: tuple):
+        self.reads, self.shared = reads, shared
+
+
+def groupable(accesses: list[tuple], kernel: Kernel, hw: HwConfig, block: int, members: int) -> Grouping | None:
+    """Do blocks running these accesses (placed at `block`, the first block running
+    the program) behave alike, so that one can stand for several (up to `members`)?
+    Every transfer rounds to bursts alike in every block, and per GM tensor of the
+    kernel (all of GM if it declares none), with one common block step:
+    - the blocks touch separate L2 lines (their regions of the tensor lie a whole
+      line apart, or, counted line by line, no two blocks touch one line);
+    - or they share lines only within a transfer: every block touches the same
+      bytes (step 0) or one fixed region of its own (every access to the tensor
+      the same bytes, whatever the loops), so the first to touch a shared line
+      misses it and the others wait for its fill, as one by one. Such blocks are
+      grouped only if the lines they share they read, the L2 holds them and the
+      group holds all of them (Device._sharing), and their kernel is alone on the
+      device (Device._grouping).
+    None: blocks reading lines another block reaches in another transfer would hit
+    or miss differently, and are not grouped."""
+    if not all(_rounds_alike(a, hw.dma.burst_bytes) for a in accesses):
+        return None
+    tensors: dict = {}
+    for a in accesses:
+        step, lo = a[0], a[1] + a[0] * block
+        owner = next((t.name for t in kernel.gm if t.addr <= lo < t.addr + t.nbytes), None)
+        tensors.setdefault(owner, []).append(a)
+    line = hw.l2.line_bytes
+    shared = []
+    for group in tensors.values():
+        steps = {a[0] for a in group}
+        if len(steps) != 1:
+            return None
+        step = steps.pop()
+        spread = -(-max(a[2] for a in group) // line) * line - min(a[1] for a in group) // line * line
+        if step and step % line == 0 and spread <= abs(step):
+            continue
+        if all(a[4] for a in group) and len({(a[1], a[2]) for a in group}) == 1:
+            shared.append((step, group[0][1], group[0][2], any(a[3] for a in group)))
+        elif step == 0 or not _apart(group, step, members, line):
+            return None
+    reads = np.array([a[:3] for a in accesses if not a[3]], np.int64).reshape(-1, 3)
+    return Grouping(reads, tuple(shared))
+
+
+def _rounds_alike(access: tuple, burst: int) -> bool:
+    """Does a transfer round to bursts the same in every block? Blocks a whole number
+    of bursts apart do; otherwise every block's offset within a burst must cost alike
+    (and the loops move it by whole bursts)."""
+    step, lo, _, _, _, e, _ = access
+    if step % burst == 0:
+        return True
+    a = e.gm_addr
+    if any(s % burst for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"):
+        return False
+    starts = {(lo + m * step) % burst for m in range(burst // math.gcd(step, burst))}
+    return len({burst_cost(x, e.nbytes, e.segments, e.stride, burst) for x in starts}) == 1
+
+
+def _apart(group: list[tuple], step: int, members: int, line: int) -> bool:
+    """Do `members` consecutive blocks, `step` bytes apart, touch disjoint L2 lines in
+    these accesses? Counted line by line over every loop iteration (False when that
+    is more than _DISJOINT_LINES lines a block)."""
+    lines: set = set()
+    for *_, e, counts in group:
+        a = e.gm_addr
+        terms = [(var, s) for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"]
+        ranges = [range(counts.get(var, 1)) for var, _ in terms]
+        if math.prod(len(r) for r in ranges) * e.segments > _DISJOINT_LINES:
+            return False
+        base = a.base if isinstance(a, Affine) else a
+        for values in itertools.product(*ranges):
+            start = base + sum(s * v for (_, s), v in zip(terms, values))
+            for i in range(e.segments):
+                first = start + i * e.stride
+                lines.update(range(first // line, -(-(first + e.nbytes) // line)))
+        if len(lines) > _DISJOINT_LINES:
+            return False
+    if step % line:  # blocks a fraction of a line apart share lines at their edges
+        return False
+    touched: set = set()
+    for m in range(members):
+        shifted = {x + m * (step // line) for x in lines}
+        if touched & shifted:
+            return False
+        touched |= shifted
+    return True
