@@ -28,8 +28,8 @@ A run of blocks is cut where the L2 holds their inputs differently when they are
 dispatched (17 lines spread over every read, block by block), so that members
 hit alike. They may still come apart: lines one member needs can be evicted before
 it reads them (a kernel whose data outgrows the L2). A transfer whose members read
-different numbers of lines from HBM marks its kernel `diverged`; engine.run then
-runs the whole program again with that kernel's blocks one at a time (`ungrouped`),
+different numbers of lines from HBM ends the run there (grouping.Diverged); engine.run
+then runs the whole program again with that kernel's blocks one at a time (`ungrouped`),
 until no grouped kernel diverges. So grouping never changes a result. It can be
 turned off (Device(dedup=False)); tests check both give the same results.
 
@@ -169,7 +169,6 @@ class Device:
         self._next_id = 0
         self.dedup = dedup
         self.ungrouped: set[int] = set()  # ids of kernels whose blocks run one at a time
-        self.diverged: set[int] = set()  # ids of grouped kernels whose members came apart
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far

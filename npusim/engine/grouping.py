@@ -31,6 +31,12 @@ def gm_accesses(stream: tuple, counts: dict[str, int]):
             yield terms.get("block", 0), lo, hi, e.write, not any(moves), e, counts
 
 
+class Diverged(Exception):
+    """The members of a group came apart (they read different numbers of lines from
+    HBM in one transfer): raised out of the simulation at once, since nothing after
+    that point is what one block at a time would give; args: the kernel's id."""
+
+
 # Lines per block the exact disjointness test of groupable enumerates at most.
 _DISJOINT_LINES = 1 << 16
 

@@ -22,6 +22,7 @@ from npusim.engine.compile import (
     SyncAllEntry,
 )
 from npusim.engine.cycles import whole_cycles
+from npusim.engine.grouping import Diverged
 from npusim.isa.program import CoreType, at
 
 
@@ -111,8 +112,8 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
                 else:
                     st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
                     yield done
-                if st.uneven:
-                    dev.diverged.add(id(kr.kernel))
+                if st.uneven:  # this run of the program is void: engine.run simulates it again
+                    raise Diverged(id(kr.kernel))
                 t = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM

@@ -11,6 +11,7 @@ from attrs import frozen
 
 from npusim.diskcache.reads import note, recording
 from npusim.engine.device import Device, KernelRecord
+from npusim.engine.grouping import Diverged
 from npusim.engine.links import LinkTransfer
 from npusim.engine.host import (
     LAUNCH_MODES, MEMCPY_DIRECTIONS, Host, HostCall, HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent,
@@ -111,15 +112,15 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
 def until_even(attempt: Callable[[set[int]], tuple[list[Device], object]]):
     """What attempt(ungrouped) gives - it simulates on devices that group no kernel whose
     id is in `ungrouped`, and returns (those devices, its result) - once no grouped
-    kernel's members came apart; until then it is run again with those kernels added
-    (see device.py). Each round ungroups at least one more kernel, so it ends."""
+    kernel's members came apart; a group that comes apart ends its attempt at once
+    (grouping.Diverged), which is run again with that kernel added (see device.py).
+    Each round ungroups one more kernel, so it ends."""
     ungrouped: set[int] = set()
     while True:
-        devices, result = attempt(ungrouped)
-        diverged = set().union(*(d.diverged for d in devices))
-        if not diverged:
-            return result
-        ungrouped |= diverged
+        try:
+            return attempt(ungrouped)[1]
+        except Diverged as diverged:
+            ungrouped.add(diverged.args[0])
 
 
 def _check_calls(calls: list, hw: HwConfig) -> None:
