@@ -3,23 +3,33 @@ Locust-like ramp with the seeds' length mix, and an ablation that takes one
 factor of the optimised service back to the baseline's at a time and gives each
 factor's share of the gain (its loss when removed / the sum of the losses).
 
-    .venv/bin/python benchmarks/serving_study.py                     # k3, ramp 10,10,30,150
+    .venv/bin/python benchmarks/serving_study.py --jobs 2 --json study.json   # k3, ramp 10,10,30,150
     .venv/bin/python benchmarks/serving_study.py --workload k3-tiny --prompt-lengths uniform:16,400 \\
         --ramp 50,50,2,500 --requests 2000
 
-Engine points persist in the step-cost cache (npusim serve's), so a second run is fast.
+Every service runs the same requests. Engine points persist in the step-cost cache
+(npusim serve's), so a second run is fast; on K3 the first run prices bucketed
+prefills of up to 32 x 4096 tokens, minutes each. --jobs runs that many services at
+once (worker processes sharing the cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import attrs
 
+from npusim.diskcache import open_store
+from npusim.outputs import write_text
+from npusim.pool import run_tasks
 from npusim.serving import StepCost, metrics, simulate
 from npusim.serving.arrivals import parse_ramp, synthetic
-from npusim.diskcache import open_store
 from npusim.serving.service import load_service
+
+# What the seed articles measured with Locust (ms; requests/s at 100 RPS offered), for the table.
+SEEDS = {"seed-baseline": {"p50": 420, "p90": 890, "p99": 1520, "qps": 82},
+         "seed-optimized": {"p50": 158, "p90": 320, "p99": 540, "qps": 228}}
 
 
 def factors(base, opt) -> dict:
@@ -45,6 +55,33 @@ def factors(base, opt) -> dict:
     }
 
 
+def serve(svc, reqs, workload: str, hw: str) -> dict:
+    """One service on the load: its metrics (a worker's task)."""
+    cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+                    store=open_store())
+    m = metrics(simulate(reqs, svc, cost))
+    m.pop("timeline")
+    return m
+
+
+def _row(name: str, m: dict) -> str:
+    e, t = m["e2e"], m["ttft"]
+    failed = m["failed_oom"] + m["timed_out"]
+    return (f"{name:25s} {m['completed']:6d} {failed:6d} {m['rejected']:5d} {m['requests_per_s']:7.2f} "
+            f"{m['output_tokens_per_s']:8.0f}  " + " ".join(f"{(v or 0):7.0f}" for v in
+                                                        (e["p50_ms"], e["p90_ms"], e["p99_ms"],
+                                                         t["p50_ms"], t["p90_ms"], t["p99_ms"])))
+
+
+def shares(rows: dict, get) -> dict:
+    """Each factor's loss when it alone is removed (get(removed) - get(optimized), positive =
+    worse), and its share of the sum of the positive losses."""
+    o = rows["seed-optimized"]
+    loss = {k[2:]: get(m) - get(o) for k, m in rows.items() if k.startswith("- ")}
+    total = sum(max(v, 0) for v in loss.values())
+    return {k: {"loss": v, "share": max(v, 0) / total if total else 0.0} for k, v in loss.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="k3")
@@ -54,29 +91,47 @@ def main() -> None:
     p.add_argument("--prompt-lengths", default="mix")
     p.add_argument("--output-lengths", default="fixed:64")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="services simulated at once (worker processes)")
+    p.add_argument("--json", metavar="PATH", help="write every service's metrics and the shares as JSON")
     a = p.parse_args()
-    reqs = synthetic(a.requests, a.seed, "ramp", ramp=parse_ramp(a.ramp), prompt=a.prompt_lengths,
-                     output=a.output_lengths)
+    ramp = parse_ramp(a.ramp)
+    reqs = synthetic(a.requests, a.seed, "ramp", ramp=ramp, prompt=a.prompt_lengths, output=a.output_lengths)
     base, opt = load_service("seed-baseline"), load_service("seed-optimized")
     runs = {"seed-baseline": base, "seed-optimized": opt} | {f"- {k}": v for k, v in factors(base, opt).items()}
-    rows = {}
-    for name, svc in runs.items():
-        cost = StepCost(a.workload, a.hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                        store=open_store())
-        rows[name] = metrics(simulate(reqs, svc, cost))
-        m = rows[name]
-        print(f"{name:26s} e2e P50/P90/P99 {m['e2e']['p50_ms'] or 0:9.0f} {m['e2e']['p90_ms'] or 0:9.0f} "
-              f"{m['e2e']['p99_ms'] or 0:9.0f} ms  {m['requests_per_s']:7.2f} req/s  completed {m['completed']}, "
-              f"failed {m['failed_oom'] + m['timed_out']}, rejected {m['rejected']}", flush=True)
+    names = list(runs)
+    rows: dict = {}
+
+    def failed(i: int, why: str) -> None:
+        raise SystemExit(f"{names[i]}: {why}")
+
+    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw) for n in names], a.jobs,
+              lambda i, m: rows.__setitem__(names[i], m), failed)
+    rows = {n: rows[n] for n in names}
+    span = reqs[-1].arrival_s
+    print(f"{a.workload} on {a.hw}: {a.requests} requests over {span:.0f} s, ramp {ramp.start:g} req/s "
+          f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts {a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}")
+    print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s}  "
+          f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)")
+    for name, m in rows.items():
+        print(_row(name, m))
     o, b = rows["seed-optimized"], rows["seed-baseline"]
-    print(f"\nthroughput x{o['requests_per_s'] / b['requests_per_s']:.2f}, P99 {b['e2e']['p99_ms']:.0f} -> "
-          f"{o['e2e']['p99_ms']:.0f} ms")
-    for metric, get in (("P99 end-to-end", lambda m: m["e2e"]["p99_ms"]),
-                        ("throughput", lambda m: -m["requests_per_s"])):
-        loss = {k[2:]: get(m) - get(o) for k, m in rows.items() if k.startswith("- ")}
-        total = sum(max(v, 0) for v in loss.values()) or 1.0
+    print(f"\nthroughput x{o['requests_per_s'] / b['requests_per_s']:.2f} ({b['requests_per_s']:.2f} -> "
+          f"{o['requests_per_s']:.2f} req/s); end-to-end P50/P90/P99 "
+          + "/".join(f"{b['e2e'][k]:.0f}" for k in ("p50_ms", "p90_ms", "p99_ms")) + " -> "
+          + "/".join(f"{o['e2e'][k]:.0f}" for k in ("p50_ms", "p90_ms", "p99_ms")) + " ms")
+    s = SEEDS
+    print(f"the seeds (Locust, one card): x{s['seed-optimized']['qps'] / s['seed-baseline']['qps']:.2f} "
+          f"({s['seed-baseline']['qps']} -> {s['seed-optimized']['qps']} req/s at 100 offered); P50/P90/P99 "
+          + "/".join(str(s["seed-baseline"][k]) for k in ("p50", "p90", "p99")) + " -> "
+          + "/".join(str(s["seed-optimized"][k]) for k in ("p50", "p90", "p99")) + " ms")
+    gains = {"P99 end-to-end": shares(rows, lambda m: m["e2e"]["p99_ms"]),
+             "throughput": shares(rows, lambda m: -m["requests_per_s"])}
+    for metric, sh in gains.items():
         print(f"share of the gain in {metric} (loss when the factor is removed / sum of losses): "
-              + ", ".join(f"{k} {100 * max(v, 0) / total:.0f}%" for k, v in loss.items()))
+              + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in sh.items()))
+    if a.json:
+        write_text(a.json, json.dumps({"load": vars(a) | {"span_s": span}, "services": rows, "shares": gains},
+                                      indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The wheel is built without build isolation (no download: setuptools and wheel co
 from the test extras) and installed without its dependencies into a fresh venv;
 the dependencies are made visible to that venv from this environment's
 site-packages, so the check needs no network either. It is skipped only when this
-environment cannot build a wheel (setuptools < 68 or no `wheel`)."""
+environment cannot build a wheel (setuptools < 74.1 or no `wheel`)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def _can_build() -> bool:
         import setuptools
     except ImportError:
         return False
-    major = int(setuptools.__version__.split(".")[0])
-    return major >= 68 and importlib.util.find_spec("wheel") is not None
+    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
+    return (major, minor) >= (74, 1) and importlib.util.find_spec("wheel") is not None
 
 
 def _shipped(kind: str) -> set[str]:
@@ -46,7 +46,7 @@ def installed(tmp_path_factory):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "npusim", src / "npusim", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "npusim", src / "npusim", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     dist = tmp / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(src)], check=True, cwd=tmp)
@@ -72,7 +72,7 @@ def _run(bin_dir: Path, args: list[str], cwd: Path) -> subprocess.CompletedProce
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-pytestmark = pytest.mark.skipif(not _can_build(), reason="no network-free wheel build here (setuptools>=68, wheel)")
+pytestmark = pytest.mark.skipif(not _can_build(), reason="no network-free wheel build here (setuptools>=74.1, wheel)")
 
 
 def test_the_wheel_ships_the_configs_and_workloads(installed):

@@ -1,7 +1,7 @@
 """Cache keys: SHA-256 of a canonical JSON form of what a value depends on.
 
 The npusim version an entry carries is the package version plus a hash of the
-package's own source and data files (.py, .yaml): an edited engine, lowering or
+package's own source and data files (.py, .yaml, .c): an edited engine, lowering or
 default config makes every older entry foreign, so a developer never reads a
 result an older model computed.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import attrs
 
-_SOURCE_SUFFIXES = (".py", ".yaml")
+_SOURCE_SUFFIXES = (".py", ".yaml", ".c")
 
 
 @functools.cache

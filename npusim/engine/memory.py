@@ -95,10 +95,10 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
-        lines, member, ascending, shared = self._lines_of(addrs, nbytes, segments, stride)
+        lines, member, shared = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
-        missed = [] if w > 1 and not write else None
-        hit_lines, wb, waits, fill = self.l2.access(lines, write, None if write else self.env.event, ascending, missed)
+        hit_lines, wb, waits, fill, missed = self.l2.access(lines, write, None if write else self.env.event,
+                                                            w > 1 and not write)
         total_lines = len(lines)
         if shared:  # members sharing a line: all but the first to touch it find it in the L2
             st.hit_bytes = st.moved * (hit_lines + shared) / (total_lines + shared)
@@ -167,8 +167,7 @@ class MemorySystem:
             self.hbm.add(int(lines_wb) * line, math.inf, _nothing, int(members))
 
     def _lines_of(self, addrs: list[int], nbytes: int, segments: int, stride: int):
-        """The L2 lines of a transfer, the member of each (see _lines) and whether the
-        lines ascend. Relative to the first member's first line they depend only on
+        """The L2 lines of a transfer and the member of each (see _lines). Relative to the first member's first line they depend only on
         the shape and on where each member starts within a line and relative to the
         first one, so each pattern is computed once and then shifted."""
         line = self.line
@@ -180,15 +179,15 @@ class MemorySystem:
         pattern = self._patterns.get(key)
         if pattern is None:
             offsets, member, shared = _lines([a - addrs[0] + within for a in addrs], nbytes, segments, stride, line)
-            pattern = self._patterns[key] = (offsets, member, bool((offsets[1:] > offsets[:-1]).all()), shared)
-        return pattern[0] + first, pattern[1], pattern[2], pattern[3]
+            pattern = self._patterns[key] = (offsets, member, shared)
+        return pattern[0] + first, pattern[1], pattern[2]
 
 
-def _member_fills(missed: list, member: np.ndarray, w: int, line: int) -> list[tuple[float, int]]:
+def _member_fills(missed: np.ndarray, member: np.ndarray, w: int, line: int) -> list[tuple[float, int]]:
     """(bytes, members) of the HBM reads of a group's members: each member the missed
-    lines it touches first (members with the same count share one weighted flow;
-    members that miss nothing have none)."""
-    counts = np.bincount(member[np.concatenate(missed)], minlength=w)
+    lines (positions `missed`) it touches first (members with the same count share one
+    weighted flow; members that miss nothing have none)."""
+    counts = np.bincount(member[missed], minlength=w)
     sizes, members = np.unique(counts[counts > 0], return_counts=True)
     return [(float(c * line), int(m)) for c, m in zip(sizes, members)]
 

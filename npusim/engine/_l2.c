@@ -1,0 +1,376 @@
+/* The L2's line walk (npusim/engine/l2cache.py holds the model and its rules).
+
+   One access touches a transfer's lines in pieces of `sets` lines. Per piece:
+   every line is looked up against the state at the piece's start; a hit refreshes
+   its line's last use (and makes it dirty if written) and reports the fill it is
+   still waiting for; then, per set, the r-th miss takes the r-th least recently
+   used way (the lowest way first among equals), and past `ways` misses only the
+   last `ways` stay (the earlier ones are evicted by the later ones: written back
+   if written). Line i of a piece is used at clock + 1 + i; the clock then moves
+   on by the piece's length.
+
+   The state lives in numpy arrays owned by the Python object (tags, last use,
+   dirty, fill index per slot; slot = set * ways + way), so Python code and tests
+   read it directly; the core keeps its own scratch space and the per-fill
+   "arrived" flags. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer bufs[4];          /* tags, last use, dirty, fill: the caller's arrays */
+    int held;                   /* how many of bufs are held */
+    int64_t *tags, *use, *fill;
+    uint8_t *dirty;
+    int64_t sets, ways, rotate, clock;
+    uint8_t *filled;            /* per fill index: has it arrived? (index 0: arrived) */
+    Py_ssize_t filled_cap;
+    int64_t in_flight;
+    /* scratch, `sets` entries each (a piece is at most `sets` lines) */
+    int64_t *miss_set, *miss_at, *pend, *start, *order, *sorted;
+    int64_t *count, *stamp, stamp_now;
+    int64_t *lru;               /* `ways` entries */
+} Core;
+
+static void core_release(Core *c) {
+    for (int i = 0; i < c->held; i++) PyBuffer_Release(&c->bufs[i]);
+    c->held = 0;
+    PyMem_Free(c->filled); c->filled = NULL;
+    PyMem_Free(c->miss_set); c->miss_set = NULL;
+    PyMem_Free(c->miss_at); c->miss_at = NULL;
+    PyMem_Free(c->pend); c->pend = NULL;
+    PyMem_Free(c->start); c->start = NULL;
+    PyMem_Free(c->order); c->order = NULL;
+    PyMem_Free(c->sorted); c->sorted = NULL;
+    PyMem_Free(c->count); c->count = NULL;
+    PyMem_Free(c->stamp); c->stamp = NULL;
+    PyMem_Free(c->lru); c->lru = NULL;
+}
+
+static void core_dealloc(Core *c) {
+    core_release(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static int take(Core *c, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t n, const char *what) {
+    Py_buffer *b = &c->bufs[c->held];
+    if (PyObject_GetBuffer(obj, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    c->held++;
+    if (b->itemsize != itemsize || b->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "L2 core: %s must hold %zd items of %zd bytes", what, n, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static int core_init(Core *c, PyObject *args, PyObject *kwds) {
+    PyObject *tags, *use, *dirty, *fill;
+    long long sets, ways, rotate;
+    if (!PyArg_ParseTuple(args, "OOOOLLL", &tags, &use, &dirty, &fill, &sets, &ways, &rotate)) return -1;
+    core_release(c);
+    if (sets < 1 || ways < 1) {
+        PyErr_SetString(PyExc_ValueError, "L2 core: sets and ways must be at least 1");
+        return -1;
+    }
+    Py_ssize_t n = (Py_ssize_t)(sets * ways);
+    if (take(c, tags, 8, n, "tags") || take(c, use, 8, n, "last_use") || take(c, dirty, 1, n, "dirty") ||
+        take(c, fill, 8, n, "fill")) {
+        core_release(c);
+        return -1;
+    }
+    c->tags = c->bufs[0].buf; c->use = c->bufs[1].buf; c->dirty = c->bufs[2].buf; c->fill = c->bufs[3].buf;
+    c->sets = sets; c->ways = ways; c->rotate = rotate; c->clock = 0; c->in_flight = 0; c->stamp_now = 0;
+    c->filled_cap = 1024;
+    c->filled = PyMem_Malloc(c->filled_cap);
+    size_t s = (size_t)sets * sizeof(int64_t);
+    c->miss_set = PyMem_Malloc(s); c->miss_at = PyMem_Malloc(s); c->pend = PyMem_Malloc(s);
+    c->start = PyMem_Malloc(s); c->order = PyMem_Malloc(s); c->sorted = PyMem_Malloc(s);
+    c->count = PyMem_Malloc(s); c->stamp = PyMem_Calloc((size_t)sets, sizeof(int64_t));
+    c->lru = PyMem_Malloc((size_t)ways * sizeof(int64_t));
+    if (!c->filled || !c->miss_set || !c->miss_at || !c->pend || !c->start || !c->order || !c->sorted || !c->count ||
+        !c->stamp || !c->lru) {
+        core_release(c);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(c->filled, 1, (size_t)c->filled_cap);
+    return 0;
+}
+
+static inline int64_t set_of(const Core *c, int64_t line) {
+    return (line + (line / c->sets * c->rotate) % c->sets) % c->sets;
+}
+
+/* set_of for a run of lines: the rotation of the block of `sets` lines a line is in is
+   kept from the previous line (a transfer's lines come in runs), which saves a
+   division per line. *block and *shift carry it from call to call. */
+static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *block, int64_t *shift) {
+    int64_t q = line / c->sets;
+    if (q != *block) {
+        *block = q;
+        *shift = (q * c->rotate) % c->sets;
+    }
+    int64_t s = line - q * c->sets + *shift;
+    return s >= c->sets ? s - c->sets : s;
+}
+
+static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
+    const int64_t *row = c->tags + set * c->ways;
+    for (int64_t w = 0; w < c->ways; w++)
+        if (row[w] == line) return set * c->ways + w;
+    return -1;
+}
+
+static int cmp_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* One piece: lines[0..n) at position `at` of the access. Returns hits, or -1 on error. */
+static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t at, int write, int64_t fill_id,
+                        uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, PyObject *waits, int64_t **missed,
+                        Py_ssize_t *n_missed, int *any_miss) {
+    Py_ssize_t misses = 0, pending = 0;
+    int64_t base = c->clock + 1, block = -1, shift = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t line = lines[i];
+        if (line < 0) {
+            PyErr_Format(PyExc_ValueError, "L2 core: negative line number %lld", (long long)line);
+            return -1;
+        }
+        int64_t s = set_in_run(c, line, &block, &shift);
+        int64_t slot = find_slot(c, line, s);
+        if (slot >= 0) {
+            c->use[slot] = base + i;
+            if (write) c->dirty[slot] = 1;
+            if (c->in_flight && !c->filled[c->fill[slot]]) c->pend[pending++] = c->fill[slot];
+        } else {
+            c->miss_set[misses] = s;
+            c->miss_at[misses++] = i;
+        }
+    }
+    c->clock += n;
+    if (pending) {  /* the fills hit lines still wait for, oldest first, each once per access */
+        qsort(c->pend, (size_t)pending, sizeof(int64_t), cmp_int64);
+        for (Py_ssize_t k = 0; k < pending; k++) {
+            if (k && c->pend[k] == c->pend[k - 1]) continue;
+            PyObject *id = PyLong_FromLongLong(c->pend[k]);
+            if (!id) return -1;
+            int has = PySequence_Contains(waits, id);
+            if (has < 0 || (!has && PyList_Append(waits, id) < 0)) { Py_DECREF(id); return -1; }
+            Py_DECREF(id);
+        }
+    }
+    if (!misses) return n;
+    *any_miss = 1;
+    if (*missed) {
+        for (Py_ssize_t k = 0; k < misses; k++) (*missed)[(*n_missed)++] = at + c->miss_at[k];
+    }
+    /* group the misses by set, keeping their order within a set: order[g] is the g-th set
+       met, start[g] where its misses begin in `sorted` (pend is free again: a cursor) */
+    int64_t stamp = ++c->stamp_now;
+    Py_ssize_t groups = 0;
+    for (Py_ssize_t k = 0; k < misses; k++) {
+        int64_t s = c->miss_set[k];
+        if (c->stamp[s] != stamp) {
+            c->stamp[s] = stamp;
+            c->count[s] = 0;
+            c->order[groups++] = s;
+        }
+        c->count[s]++;
+    }
+    int64_t next = 0;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        int64_t s = c->order[g];
+        c->start[g] = c->pend[g] = next;
+        next += c->count[s];
+        c->count[s] = g;  /* from here on: the set's group */
+    }
+    int64_t *sorted = c->sorted;
+    for (Py_ssize_t k = 0; k < misses; k++) sorted[c->pend[c->count[c->miss_set[k]]]++] = c->miss_at[k];
+    int64_t ways = c->ways;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        int64_t s = c->order[g];
+        int64_t lo = c->start[g], cnt = (g + 1 < groups ? c->start[g + 1] : misses) - lo;
+        int64_t *row_use = c->use + s * ways;
+        /* the set's min(cnt, ways) least recently used ways, in order (lowest way first
+           among equals): one pass for a single miss, the usual case */
+        int64_t need = cnt < ways ? cnt : ways;
+        if (need == 1) {
+            int64_t best = 0;
+            for (int64_t w = 1; w < ways; w++)
+                if (row_use[w] < row_use[best]) best = w;
+            c->lru[0] = best;
+        } else {
+            for (int64_t w = 0; w < ways; w++) {
+                int64_t j = w;
+                while (j > 0 && row_use[c->lru[j - 1]] > row_use[w]) { c->lru[j] = c->lru[j - 1]; j--; }
+                c->lru[j] = w;
+            }
+        }
+        int64_t dropped = cnt > ways ? cnt - ways : 0;
+        for (int64_t k = 0; k < cnt; k++) {
+            int64_t i = sorted[lo + k];
+            uint8_t back;
+            if (k < dropped) {
+                back = (uint8_t)write;  /* evicted by a later miss of this piece */
+            } else {
+                int64_t slot = s * ways + c->lru[k - dropped];
+                back = c->dirty[slot];  /* an empty slot is never dirty */
+                c->tags[slot] = lines[i];
+                c->use[slot] = base + i;
+                c->dirty[slot] = (uint8_t)write;
+                c->fill[slot] = fill_id;
+            }
+            if (back) {
+                if (!*wb) {
+                    *wb_obj = PyByteArray_FromStringAndSize(NULL, total);
+                    if (!*wb_obj) return -1;
+                    *wb = (uint8_t *)PyByteArray_AS_STRING(*wb_obj);
+                    memset(*wb, 0, (size_t)total);
+                }
+                (*wb)[at + i] = 1;
+            }
+        }
+    }
+    return n - misses;
+}
+
+/* access(lines, write, fill_id, want_missed) -> (hits, write-back mask or None, fill ids to
+   wait for, positions of the missed lines or None, any line missed). fill_id: the fill
+   index the missed lines get (0: none), marked in flight if any line misses. */
+static PyObject *core_access(Core *c, PyObject *args) {
+    PyObject *lines_obj;
+    int write, want_missed;
+    long long fill_id;
+    if (!PyArg_ParseTuple(args, "OpLp", &lines_obj, &write, &fill_id, &want_missed)) return NULL;
+    Py_buffer lb;
+    if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (lb.itemsize != 8) {
+        PyBuffer_Release(&lb);
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be int64");
+        return NULL;
+    }
+    const int64_t *lines = lb.buf;
+    Py_ssize_t n = lb.len / 8, hits = 0, n_missed = 0;
+    uint8_t *wb = NULL;
+    PyObject *wb_obj = NULL, *missed_obj = NULL, *waits = PyList_New(0);
+    int64_t *missed = NULL;
+    int any_miss = 0;
+    if (!waits) goto fail;
+    if (want_missed) {
+        missed_obj = PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (!missed_obj) goto fail;
+        missed = (int64_t *)PyByteArray_AS_STRING(missed_obj);
+    }
+    for (Py_ssize_t lo = 0; lo < n; lo += c->sets) {
+        Py_ssize_t m = n - lo < c->sets ? n - lo : c->sets;
+        Py_ssize_t h = piece(c, lines + lo, m, lo, write, fill_id, &wb, &wb_obj, n, waits, &missed, &n_missed,
+                             &any_miss);
+        if (h < 0) goto fail;
+        hits += h;
+    }
+    if (any_miss && fill_id > 0) {
+        if (fill_id >= c->filled_cap) {
+            Py_ssize_t cap = c->filled_cap;
+            while (cap <= fill_id) cap *= 2;
+            uint8_t *grown = PyMem_Realloc(c->filled, (size_t)cap);
+            if (!grown) { PyErr_NoMemory(); goto fail; }
+            memset(grown + c->filled_cap, 1, (size_t)(cap - c->filled_cap));
+            c->filled = grown;
+            c->filled_cap = cap;
+        }
+        c->filled[fill_id] = 0;
+        c->in_flight++;
+    }
+    PyBuffer_Release(&lb);
+    if (missed_obj && PyByteArray_Resize(missed_obj, n_missed * 8) < 0) {
+        Py_DECREF(missed_obj); Py_XDECREF(wb_obj); Py_DECREF(waits);
+        return NULL;
+    }
+    return Py_BuildValue("nNNNO", hits, wb_obj ? wb_obj : (Py_INCREF(Py_None), Py_None), waits,
+                         missed_obj ? missed_obj : (Py_INCREF(Py_None), Py_None), any_miss ? Py_True : Py_False);
+fail:
+    PyBuffer_Release(&lb);
+    Py_XDECREF(waits); Py_XDECREF(wb_obj); Py_XDECREF(missed_obj);
+    return NULL;
+}
+
+/* find(lines) -> bytes of int64: the slot holding each line, -1 where it is not cached. */
+static PyObject *core_find(Core *c, PyObject *arg) {
+    Py_buffer lb;
+    if (PyObject_GetBuffer(arg, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (lb.itemsize != 8) {
+        PyBuffer_Release(&lb);
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be int64");
+        return NULL;
+    }
+    Py_ssize_t n = lb.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!out) { PyBuffer_Release(&lb); return NULL; }
+    int64_t *slots = (int64_t *)PyBytes_AS_STRING(out);
+    const int64_t *lines = lb.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        slots[i] = lines[i] < 0 ? -1 : find_slot(c, lines[i], set_of(c, lines[i]));
+    PyBuffer_Release(&lb);
+    return out;
+}
+
+static PyObject *core_arrived(Core *c, PyObject *arg) {
+    long long id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    if (id <= 0 || id >= c->filled_cap || c->filled[id]) {
+        PyErr_Format(PyExc_ValueError, "L2 core: fill %lld is not in flight", id);
+        return NULL;
+    }
+    c->filled[id] = 1;
+    c->in_flight--;
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_get_clock(Core *c, void *closure) { return PyLong_FromLongLong(c->clock); }
+static PyObject *core_get_in_flight(Core *c, void *closure) { return PyLong_FromLongLong(c->in_flight); }
+
+static PyMethodDef core_methods[] = {
+    {"access", (PyCFunction)core_access, METH_VARARGS, "access(lines, write, fill_id, want_missed)"},
+    {"find", (PyCFunction)core_find, METH_O, "find(lines) -> int64 bytes, -1 where not cached"},
+    {"arrived", (PyCFunction)core_arrived, METH_O, "arrived(fill_id): its lines have arrived"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef core_getset[] = {
+    {"clock", (getter)core_get_clock, NULL, "lines used so far", NULL},
+    {"in_flight", (getter)core_get_in_flight, NULL, "fills not yet arrived", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._l2.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core(tags, last_use, dirty, fill, sets, ways, rotate): the L2's line walk over those arrays",
+    .tp_methods = core_methods,
+    .tp_getset = core_getset,
+    .tp_init = (initproc)core_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_l2", "The L2's line walk in C.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__l2(void) {
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
