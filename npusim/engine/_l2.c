@@ -104,17 +104,19 @@ static inline int64_t set_of(const Core *c, int64_t line) {
     return (line + (line / c->sets * c->rotate) % c->sets) % c->sets;
 }
 
-/* set_of for a run of lines: the rotation of the block of `sets` lines a line is in is
-   kept from the previous line (a transfer's lines come in runs), which saves a
-   division per line. *block and *shift carry it from call to call. */
-static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *block, int64_t *shift) {
-    int64_t q = line / c->sets;
-    if (q != *block) {
-        *block = q;
+/* set_of for a run of lines: the block of `sets` consecutive line numbers a line is in
+   (and that block's rotation) is kept from the previous line, so a transfer's lines,
+   which come in runs, need no division each. *first is the block's first line. */
+static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, int64_t *shift) {
+    int64_t r = line - *first;
+    if (r < 0 || r >= c->sets) {
+        int64_t q = line / c->sets;
+        *first = q * c->sets;
         *shift = (q * c->rotate) % c->sets;
+        r = line - *first;
     }
-    int64_t s = line - q * c->sets + *shift;
-    return s >= c->sets ? s - c->sets : s;
+    r += *shift;
+    return r >= c->sets ? r - c->sets : r;
 }
 
 static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
@@ -134,14 +136,14 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
                         uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, PyObject *waits, int64_t **missed,
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
-    int64_t base = c->clock + 1, block = -1, shift = 0;
+    int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t line = lines[i];
         if (line < 0) {
             PyErr_Format(PyExc_ValueError, "L2 core: negative line number %lld", (long long)line);
             return -1;
         }
-        int64_t s = set_in_run(c, line, &block, &shift);
+        int64_t s = set_in_run(c, line, &first, &shift);
         int64_t slot = find_slot(c, line, s);
         if (slot >= 0) {
             c->use[slot] = base + i;
