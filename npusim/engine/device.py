@@ -29,8 +29,9 @@ dispatched (17 lines spread over every read, block by block), so that members
 hit alike. They may still come apart: lines one member needs can be evicted before
 it reads them (a kernel whose data outgrows the L2). A transfer whose members read
 different numbers of lines from HBM ends the run there (grouping.Diverged); engine.run
-then runs the whole program again with that kernel's blocks one at a time (`ungrouped`),
-until no grouped kernel diverges. So grouping never changes a result. It can be
+then runs the whole program again with that kernel's blocks from that group's first
+on one at a time (`ungrouped`), until no grouped kernel diverges: up to that group the
+rerun is the same run, so the groups before it stay even and stay grouped. So grouping never changes a result. It can be
 turned off (Device(dedup=False)); tests check both give the same results.
 
 Replay: a kernel launched with a Reuse key whose twin (same key: the same kernel
@@ -51,6 +52,7 @@ find the cache as it would be. Anything else runs in full.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -168,7 +170,7 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
-        self.ungrouped: set[int] = set()  # ids of kernels whose blocks run one at a time
+        self.ungrouped: dict[int, int] = {}  # kernel id -> the block from which its blocks run one at a time
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
@@ -273,7 +275,7 @@ class Device:
 
     def _grouping(self, kernel: Kernel, block: int) -> Grouping | None:
         """How a block's program(s) may run grouped now (see grouping.groupable); None if not."""
-        if not self.dedup or id(kernel) in self.ungrouped:
+        if not self.dedup or block >= self.ungrouped.get(id(kernel), math.inf):
             return None
         parts = []
         for kind in self._kinds(kernel):
@@ -337,9 +339,11 @@ class Device:
                 g = self._grouping(k, first)
                 held = None if g is None else self._held(g.reads, first)
                 taken = []
+                alone_from = self.ungrouped.get(id(k), k.block_dim)
                 while first + len(taken) < k.block_dim:
                     b = first + len(taken)
-                    if taken and (g is None or not self._same_programs(k, first, b) or self._held(g.reads, b) != held):
+                    if taken and (g is None or b >= alone_from or not self._same_programs(k, first, b)
+                                  or self._held(g.reads, b) != held):
                         break
                     cores = self._take_cores(k.core_type)
                     if cores is None:

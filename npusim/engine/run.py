@@ -77,7 +77,7 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     calls = list(calls)
     _check_calls(calls, hw)
 
-    def attempt(ungrouped: set[int]):
+    def attempt(ungrouped: dict[int, int]):
         env = simpy.Environment()
         tracer = Tracer(trace)
         device = Device(env, hw, tracer, dedup, counters)
@@ -109,18 +109,20 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     )
 
 
-def until_even(attempt: Callable[[set[int]], tuple[list[Device], object]]):
-    """What attempt(ungrouped) gives - it simulates on devices that group no kernel whose
-    id is in `ungrouped`, and returns (those devices, its result) - once no grouped
-    kernel's members came apart; a group that comes apart ends its attempt at once
-    (grouping.Diverged), which is run again with that kernel added (see device.py).
-    Each round ungroups one more kernel, so it ends."""
-    ungrouped: set[int] = set()
+def until_even(attempt: Callable[[dict[int, int]], tuple[list[Device], object]]):
+    """What attempt(ungrouped) gives - it simulates on devices that run the blocks of the
+    kernel with id k from block ungrouped[k] on one at a time, and returns (those
+    devices, its result) - once no grouped kernel's members came apart; a group that
+    comes apart ends its attempt at once (grouping.Diverged), which is run again with
+    that kernel's blocks from that group on one at a time (see device.py). Each round
+    lowers a kernel's first lone block, so it ends."""
+    ungrouped: dict[int, int] = {}
     while True:
         try:
             return attempt(ungrouped)[1]
         except Diverged as diverged:
-            ungrouped.add(diverged.args[0])
+            kernel, block = diverged.args
+            ungrouped[kernel] = min(block, ungrouped.get(kernel, block))
 
 
 def _check_calls(calls: list, hw: HwConfig) -> None:

@@ -38,7 +38,7 @@ def every_rank_cycles(graph: Graph, hw: HwConfig, ranks: int) -> list[float]:
     calls = list(host_program(graph, compiled, placement.addresses).calls)
     _check_calls(calls, hw)
 
-    def attempt(ungrouped: set[int]):
+    def attempt(ungrouped: dict[int, int]):
         env = simpy.Environment()
         devices = [Device(env, hw, Tracer("kernel")) for _ in range(ranks)]
         fabric = FullFabric(env, devices)
