@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npusim.engine.cycles import whole_cycles
 import simpy
@@ -101,3 +103,11 @@ def test_extreme_rates_end_every_flow(capacity):
     with deadline(2):
         ends, link = run_flows(capacity, [(0, 1e6, 110.0, 1), (3, 5e5, 64.0, 1), (7, 12345, 110.0, 1)])
     assert all(e is not None and math.isfinite(e) for e in ends)
+
+
+@given(whole=st.integers(0, 2**52), fraction=st.one_of(st.floats(0, 1, exclude_max=True), st.floats(0, 2e-6),
+                                                      st.floats(1 - 2e-6, 1, exclude_max=True)))
+def test_whole_cycles_is_the_ceiling_of_the_value_rounded_to_six_decimals(whole, fraction):
+    """whole_cycles skips round() where it cannot matter: it must agree with the rule."""
+    for x in (whole + fraction, math.nextafter(whole + fraction, 0), math.nextafter(whole + fraction, math.inf)):
+        assert whole_cycles(x) == math.ceil(round(x, 6))

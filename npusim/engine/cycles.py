@@ -6,8 +6,14 @@ import math
 # whole number they stand for; rounding to this many decimals first keeps the ceiling
 # from adding a cycle that is not there.
 _DECIMALS = 6
+# A fraction this far above a whole number cannot round down to it at _DECIMALS
+# decimals: its ceiling needs no rounding (the common case, taken without round()).
+_CLEAR = 10.0 ** -_DECIMALS
 
 
 def whole_cycles(x: float) -> int:
-    """Round a cost up to whole cycles."""
+    """Round a cost up to whole cycles: ceil(round(x, _DECIMALS))."""
+    c = math.ceil(x)
+    if c == x or c - x < 1.0 - _CLEAR:  # whole, or clear of the whole number below
+        return c
     return math.ceil(round(x, _DECIMALS))
