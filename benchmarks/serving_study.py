@@ -10,7 +10,9 @@ factor's share of the gain (its loss when removed / the sum of the losses).
 Every service runs the same requests. Engine points persist in the step-cost cache
 (npusim serve's), so a second run is fast; on K3 the first run prices bucketed
 prefills of up to 32 x 4096 tokens, minutes each. --jobs runs that many services at
-once (worker processes sharing the cache).
+once (worker processes sharing the cache). Each service's row is printed, and the
+JSON rewritten, as soon as it is done; the ablation runs the factors whose engine
+points the optimised service already has first.
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ def factors(base, opt) -> dict:
     from npusim.passes import pass_names
 
     opt_passes = pass_names(opt.passes)
-    return {
+    return {  # the first two price steps as the optimised service does; each later one needs its own
         "batching": attrs.evolve(opt, scheduler=base.scheduler),
-        "kernel passes": attrs.evolve(opt, passes=passes(drop=kernel_passes)),
-        "graph launch": attrs.evolve(opt, passes=passes(drop=("launch",))),
-        "event callbacks": attrs.evolve(opt, passes=passes(drop=("sync",))),
-        "buckets": attrs.evolve(opt, passes=passes(drop=("buckets",))),
         "pre-processing thread": attrs.evolve(opt, host=attrs.evolve(opt.host,
                                                                      preprocess_on=base.host.preprocess_on)),
+        "event callbacks": attrs.evolve(opt, passes=passes(drop=("sync",))),
+        "graph launch": attrs.evolve(opt, passes=passes(drop=("launch",))),
+        "kernel passes": attrs.evolve(opt, passes=passes(drop=kernel_passes)),
+        "buckets": attrs.evolve(opt, passes=passes(drop=("buckets",))),
     }
 
 
@@ -99,21 +101,27 @@ def main() -> None:
     base, opt = load_service("seed-baseline"), load_service("seed-optimized")
     runs = {"seed-baseline": base, "seed-optimized": opt} | {f"- {k}": v for k, v in factors(base, opt).items()}
     names = list(runs)
+    span = reqs[-1].arrival_s
+    load = vars(a) | {"span_s": span}
+    print(f"{a.workload} on {a.hw}: {a.requests} requests over {span:.0f} s, ramp {ramp.start:g} req/s "
+          f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts "
+          f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}")
+    print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s}  "
+          f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)", flush=True)
     rows: dict = {}
+
+    def done(i: int, m: dict) -> None:
+        rows[names[i]] = m
+        print(_row(names[i], m), flush=True)
+        if a.json:  # what is done so far, in the services' order
+            write_text(a.json, json.dumps({"load": load, "services": {n: rows[n] for n in names if n in rows}},
+                                          indent=1) + "\n")
 
     def failed(i: int, why: str) -> None:
         raise SystemExit(f"{names[i]}: {why}")
 
-    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw) for n in names], a.jobs,
-              lambda i, m: rows.__setitem__(names[i], m), failed)
+    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw) for n in names], a.jobs, done, failed)
     rows = {n: rows[n] for n in names}
-    span = reqs[-1].arrival_s
-    print(f"{a.workload} on {a.hw}: {a.requests} requests over {span:.0f} s, ramp {ramp.start:g} req/s "
-          f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts {a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}")
-    print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s}  "
-          f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)")
-    for name, m in rows.items():
-        print(_row(name, m))
     o, b = rows["seed-optimized"], rows["seed-baseline"]
     print(f"\nthroughput x{o['requests_per_s'] / b['requests_per_s']:.2f} ({b['requests_per_s']:.2f} -> "
           f"{o['requests_per_s']:.2f} req/s); end-to-end P50/P90/P99 "
@@ -130,8 +138,7 @@ def main() -> None:
         print(f"share of the gain in {metric} (loss when the factor is removed / sum of losses): "
               + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in sh.items()))
     if a.json:
-        write_text(a.json, json.dumps({"load": vars(a) | {"span_s": span}, "services": rows, "shares": gains},
-                                      indent=1) + "\n")
+        write_text(a.json, json.dumps({"load": load, "services": rows, "shares": gains}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
