@@ -26,6 +26,7 @@ from npusim.diskcache import open_store
 from npusim.outputs import write_text
 from npusim.pool import run_tasks
 from npusim.serving import StepCost, metrics, simulate
+from npusim.serving.stepcost import DEFAULT_TOL
 from npusim.serving.arrivals import parse_ramp, synthetic
 from npusim.serving.service import load_service
 
@@ -57,9 +58,9 @@ def factors(base, opt) -> dict:
     }
 
 
-def serve(svc, reqs, workload: str, hw: str) -> dict:
+def serve(svc, reqs, workload: str, hw: str, tol: float) -> dict:
     """One service on the load: its metrics (a worker's task)."""
-    cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+    cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch, tol=tol,
                     store=open_store())
     m = metrics(simulate(reqs, svc, cost))
     m.pop("timeline")
@@ -94,6 +95,10 @@ def main() -> None:
     p.add_argument("--output-lengths", default="fixed:64")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="services simulated at once (worker processes)")
+    p.add_argument("--tol", type=float, default=DEFAULT_TOL,
+                   help="step-cost model: relative error at which a grid cell is split (npusim serve --tol); "
+                        "without buckets a prefill's cost is a staircase in the prompt length, and a tight "
+                        "tolerance simulates many long prefills near its steps")
     p.add_argument("--json", metavar="PATH", help="write every service's metrics and the shares as JSON")
     a = p.parse_args()
     ramp = parse_ramp(a.ramp)
@@ -105,7 +110,8 @@ def main() -> None:
     load = vars(a) | {"span_s": span}
     print(f"{a.workload} on {a.hw}: {a.requests} requests over {span:.0f} s, ramp {ramp.start:g} req/s "
           f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts "
-          f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}")
+          f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}; step costs within {100 * a.tol:g}% "
+          "at each grid cell's checked midpoints")
     print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s}  "
           f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)", flush=True)
     rows: dict = {}
@@ -120,7 +126,7 @@ def main() -> None:
     def failed(i: int, why: str) -> None:
         raise SystemExit(f"{names[i]}: {why}")
 
-    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw) for n in names], a.jobs, done, failed)
+    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw, a.tol) for n in names], a.jobs, done, failed)
     rows = {n: rows[n] for n in names}
     o, b = rows["seed-optimized"], rows["seed-baseline"]
     print(f"\nthroughput x{o['requests_per_s'] / b['requests_per_s']:.2f} ({b['requests_per_s']:.2f} -> "
