@@ -8,8 +8,9 @@ from npusim.diskcache.command import add_cache_flags, store_of
 from npusim.errors import ConfigError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
+from npusim.outputs import write_text
 from npusim.serving.arrivals import check_rate, load_trace, parse_ramp, synthetic
-from npusim.serving.report import metrics, requests_csv, summary, write_atomic, write_json
+from npusim.serving.report import metrics, requests_csv, summary, write_json
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
 from npusim.serving.simulate import ServingRun, simulate
 from npusim.serving.stepcost import DEFAULT_TOL, StepCost
@@ -132,7 +133,7 @@ def main(args) -> int:
         print(summary(m))
         if args.csv:
             path = args.csv if len(services) == 1 else _suffixed(args.csv, svc.name)
-            write_atomic(path, requests_csv(run))
+            write_text(path, requests_csv(run))
         if args.plot:
             from npusim.serving.plots import batch_and_kv, latency_cdf
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
-from pathlib import Path
 
 import attrs
 import numpy as np
 
+from npusim.outputs import write_text
 from npusim.serving.simulate import ServingRun
 from npusim.serving.state import STATUSES
 
@@ -159,21 +157,8 @@ def summary(m: dict) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write via a temporary file in the same directory and os.replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(m: dict, path) -> None:
-    write_atomic(path, json.dumps(m, indent=1, sort_keys=False) + "\n")
+    write_text(path, json.dumps(m, indent=1, sort_keys=False) + "\n")
 
 
 CSV_COLUMNS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "status", "generated", "preemptions",
@@ -199,4 +184,4 @@ def requests_csv(run: ServingRun) -> str:
     return buf.getvalue()
 
 
-__all__ = ["CSV_COLUMNS", "metrics", "requests_csv", "summary", "timeline", "write_atomic", "write_json"]
+__all__ = ["CSV_COLUMNS", "metrics", "requests_csv", "summary", "timeline", "write_json"]

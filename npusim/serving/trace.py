@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import json
 
-from npusim.serving.report import write_atomic
+from npusim.outputs import write_text
 from npusim.serving.simulate import ServingRun
 
 
@@ -44,7 +44,7 @@ def chrome_trace(run: ServingRun) -> dict:
 
 
 def write_trace(run: ServingRun, path) -> None:
-    write_atomic(path, json.dumps(chrome_trace(run)))
+    write_text(path, json.dumps(chrome_trace(run)))
 
 
 __all__ = ["chrome_trace", "write_trace"]
