@@ -168,7 +168,7 @@ def test_groups_whose_inputs_outgrow_the_l2_are_run_again_block_by_block():
     calls = [Launch(k, 0, "graph") for k in lower("attention_unfused", params, hw).kernels] + [Synchronize()]
     attempts = []
     grouped = run(calls, hw, "kernel", on_device=attempts.append)
-    assert len(attempts) > 1 and attempts[-1].ungrouped
+    assert len(attempts) > 1 and attempts[-1].lone_from is not None
     assert _result(grouped) == _result(run(calls, hw, "kernel", dedup=False))
 
 

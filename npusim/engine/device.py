@@ -29,9 +29,12 @@ dispatched (17 lines spread over every read, block by block), so that members
 hit alike. They may still come apart: lines one member needs can be evicted before
 it reads them (a kernel whose data outgrows the L2). A transfer whose members read
 different numbers of lines from HBM ends the run there (grouping.Diverged); engine.run
-then runs the whole program again with that kernel's blocks from that group's first
-on one at a time (`ungrouped`), until no grouped kernel diverges: up to that group the
-rerun is the same run, so the groups before it stay even and stay grouped. So grouping never changes a result. It can be
+then runs the whole program again with every block from that group's first on - of
+that kernel and of every kernel launched after it - one at a time (`lone_from`), until
+no grouped kernel diverges. Up to that group the rerun is the same run, so the groups
+before it stay even and stay grouped; the kernels after it are not grouped at all,
+because a step whose data outgrows the L2 tends to make one after another come apart,
+and each would cost a rerun of everything before it. So grouping never changes a result. It can be
 turned off (Device(dedup=False)); tests check both give the same results.
 
 Replay: a kernel launched with a Reuse key whose twin (same key: the same kernel
@@ -52,7 +55,6 @@ find the cache as it would be. Anything else runs in full.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -170,7 +172,9 @@ class Device:
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
-        self.ungrouped: dict[int, int] = {}  # kernel id -> the block from which its blocks run one at a time
+        # (kernel id, block): that block of that kernel, and every block after it (of it and of
+        # every kernel launched later), runs one at a time; None: grouping throughout
+        self.lone_from: tuple[int, int] | None = None
         self.active: list[_KernelRun] = []  # kernels started and not finished
         self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
@@ -273,9 +277,14 @@ class Device:
     def _kinds(self, kernel: Kernel) -> list[CoreType]:
         return [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
 
-    def _grouping(self, kernel: Kernel, block: int) -> Grouping | None:
+    def _lone(self, kr: _KernelRun, block: int) -> bool:
+        """Does this block of this kernel run one at a time (see lone_from)?"""
+        return self.lone_from is not None and (kr.id, block) >= self.lone_from
+
+    def _grouping(self, kr: _KernelRun, block: int) -> Grouping | None:
         """How a block's program(s) may run grouped now (see grouping.groupable); None if not."""
-        if not self.dedup or block >= self.ungrouped.get(id(kernel), math.inf):
+        kernel = kr.kernel
+        if not self.dedup or self._lone(kr, block):
             return None
         parts = []
         for kind in self._kinds(kernel):
@@ -336,13 +345,12 @@ class Device:
             k = kr.kernel
             while kr.next_block < k.block_dim:
                 first = kr.next_block
-                g = self._grouping(k, first)
+                g = self._grouping(kr, first)
                 held = None if g is None else self._held(g.reads, first)
                 taken = []
-                alone_from = self.ungrouped.get(id(k), k.block_dim)
                 while first + len(taken) < k.block_dim:
                     b = first + len(taken)
-                    if taken and (g is None or b >= alone_from or not self._same_programs(k, first, b)
+                    if taken and (g is None or self._lone(kr, b) or not self._same_programs(k, first, b)
                                   or self._held(g.reads, b) != held):
                         break
                     cores = self._take_cores(k.core_type)

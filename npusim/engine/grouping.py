@@ -34,8 +34,8 @@ def gm_accesses(stream: tuple, counts: dict[str, int]):
 class Diverged(Exception):
     """The members of a group came apart (they read different numbers of lines from
     HBM in one transfer): raised out of the simulation at once, since nothing after
-    that point is what one block at a time would give; args: the kernel's id and the
-    group's first block."""
+    that point is what one block at a time would give; args: the kernel's run id (its
+    launch's place on the device) and the group's first block."""
 
 
 # Lines per block the exact disjointness test of groupable enumerates at most.

@@ -113,7 +113,7 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
                     st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
                     yield done
                 if st.uneven:  # this run of the program is void: engine.run simulates it again
-                    raise Diverged(id(kr.kernel), cr.block.index)
+                    raise Diverged(kr.id, cr.block.index)
                 t = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM

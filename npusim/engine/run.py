@@ -77,14 +77,14 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     calls = list(calls)
     _check_calls(calls, hw)
 
-    def attempt(ungrouped: dict[int, int]):
+    def attempt(lone_from: tuple[int, int] | None):
         env = simpy.Environment()
         tracer = Tracer(trace)
         device = Device(env, hw, tracer, dedup, counters)
-        device.ungrouped = ungrouped
+        device.lone_from = lone_from
         if on_device is not None:
             on_device(device)
-        if progress is not None and not ungrouped:
+        if progress is not None and lone_from is None:
             launches = sum(isinstance(c, Launch) for c in calls)
             device.on_finish = lambda done: progress(done, launches)
         host = Host(env, device)
@@ -109,20 +109,18 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     )
 
 
-def until_even(attempt: Callable[[dict[int, int]], tuple[list[Device], object]]):
-    """What attempt(ungrouped) gives - it simulates on devices that run the blocks of the
-    kernel with id k from block ungrouped[k] on one at a time, and returns (those
-    devices, its result) - once no grouped kernel's members came apart; a group that
-    comes apart ends its attempt at once (grouping.Diverged), which is run again with
-    that kernel's blocks from that group on one at a time (see device.py). Each round
-    lowers a kernel's first lone block, so it ends."""
-    ungrouped: dict[int, int] = {}
+def until_even(attempt: Callable[[tuple[int, int] | None], tuple[list[Device], object]]):
+    """What attempt(lone_from) gives - it simulates on devices that run every block from
+    (kernel run id, block) = lone_from on one at a time (see device.py), and returns
+    (those devices, its result) - once no grouped kernel's members came apart; a group
+    that comes apart ends its attempt at once (grouping.Diverged), which is run again
+    with lone_from at that group. Each round moves lone_from earlier, so it ends."""
+    lone_from: tuple[int, int] | None = None
     while True:
         try:
-            return attempt(ungrouped)[1]
+            return attempt(lone_from)[1]
         except Diverged as diverged:
-            kernel, block = diverged.args
-            ungrouped[kernel] = min(block, ungrouped.get(kernel, block))
+            lone_from = min(diverged.args, lone_from or diverged.args)
 
 
 def _check_calls(calls: list, hw: HwConfig) -> None:

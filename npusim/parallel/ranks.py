@@ -38,13 +38,13 @@ def every_rank_cycles(graph: Graph, hw: HwConfig, ranks: int) -> list[float]:
     calls = list(host_program(graph, compiled, placement.addresses).calls)
     _check_calls(calls, hw)
 
-    def attempt(ungrouped: dict[int, int]):
+    def attempt(lone_from: tuple[int, int] | None):
         env = simpy.Environment()
         devices = [Device(env, hw, Tracer("kernel")) for _ in range(ranks)]
         fabric = FullFabric(env, devices)
         hosts = []
         for r, dev in enumerate(devices):
-            dev.ungrouped = ungrouped
+            dev.lone_from = lone_from
             host = Host(env, dev)
             host.fabric = _RankFabric(fabric, r)
             env.process(host.run(calls))
