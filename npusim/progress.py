@@ -13,29 +13,36 @@ Progress = Callable[[int, int, int], None]  # (done, in all, failed)
 
 class progress_bar:
     """A callback bar(done, total, failed) that draws `what: 3/12 UNIT |###   | [00:14<00:42]`
-    on stderr; close() ends the line (call it before printing after an interruption).
-    force: True always, False never, None when `stream` (default stderr) is a terminal."""
+    on stderr; with total None (work that finds its own size as it goes) a count,
+    `what: 3 UNIT [00:14, note]`, `note` saying what is under way. close() ends the line
+    (call it before printing after an interruption). force: True always, False never,
+    None when `stream` (default stderr) is a terminal."""
 
     def __init__(self, what: str, unit: str, force: bool | None = None, stream=None):
         self.what, self.unit, self.force, self.stream = what, unit, force, stream
         self.bar = None
 
-    def __call__(self, done: int, total: int, failed: int = 0) -> None:
+    def __call__(self, done: int, total: int | None, failed: int = 0, note: str = "") -> None:
         from tqdm import tqdm
 
         if self.bar is None:
+            shape = ("{desc}: {n_fmt}/{total_fmt}{unit} |{bar}| [{elapsed}<{remaining}]{postfix}" if total is not None
+                     else "{desc}: {n_fmt}{unit} [{elapsed}{postfix}]")
             self.bar = tqdm(total=total, desc=self.what, unit=f" {self.unit}", file=self.stream or sys.stderr,
                             disable=None if self.force is None else not self.force, dynamic_ncols=True,
-                            bar_format="{desc}: {n_fmt}/{total_fmt}{unit} |{bar}| [{elapsed}<{remaining}]{postfix}")
-        if failed:
-            self.bar.set_postfix_str(f"{failed} failed", refresh=False)
+                            bar_format=shape)
+        if failed or note:
+            self.bar.set_postfix_str(", ".join(x for x in (f"{failed} failed" if failed else "", note) if x),
+                                     refresh=False)
         self.bar.update(done - self.bar.n)
-        if done >= total:
+        if total is not None and done >= total:
             self.close()
 
     def close(self) -> None:
+        """End the line; a later call starts a new bar."""
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
     def __enter__(self) -> "progress_bar":
         return self

@@ -2,6 +2,7 @@
 manager, rejection, the host's sync policy, and `npusim serve`'s bad inputs."""
 
 import json
+import re
 
 import attrs
 import pytest
@@ -236,3 +237,15 @@ def test_a_padded_batch_near_the_context_is_priced(kind):
     reqs = load(n=60, prompt="uniform:16,400", output="uniform:16,128")
     m = metrics(simulate(reqs, service(kind), cost()))
     assert m["completed"] + m["rejected"] == 60 and m["completed"] > 0
+
+
+def test_serve_progress_counts_the_engine_steps(capsys):
+    """--progress names each step the engine simulates for the step-cost model (on K3 a
+    large batched prefill takes minutes: a silent command would look hung); without it,
+    and with stderr captured, nothing is drawn."""
+    argv = ["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5", "--rate", "5"]
+    assert main(argv + ["--progress"]) == 0
+    drawn = capsys.readouterr().err.replace("\r", "\n")
+    assert re.search(r"serve: [1-9]\d* engine steps \[\d\d:\d\d, (prefill|decode) \d+ x \d+\]", drawn), drawn
+    assert main(argv) == 0
+    assert "engine steps" not in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import itertools
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
@@ -43,10 +45,16 @@ def load_service_args(name: str, args) -> ServiceConfig:
     return svc
 
 
-def run_service(svc: ServiceConfig, requests, args, hw) -> ServingRun:
-    cost = StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, store=store_of(args))
-    return simulate(requests, svc, cost)
+def step_cost(svc: ServiceConfig, args, hw, bar) -> StepCost:
+    """The service's step-cost model; `bar` counts the engine points it simulates."""
+    started = itertools.count(1)
+
+    def on_point(key: tuple) -> None:
+        phase, *shape = key
+        bar(next(started), None, note=f"{phase} {' x '.join(map(str, shape))}")
+
+    return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+                    tol=args.tol, store=store_of(args), on_point=on_point)
 
 
 def compare_table(a: dict, b: dict) -> str:
@@ -75,14 +83,13 @@ def sustainable(m: dict, slo) -> bool:
     return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
 
 
-def max_rate(svc: ServiceConfig, args, hw, probes: int = 8) -> tuple[float, list[tuple[float, bool]]]:
+def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float, list[tuple[float, bool]]]:
     """The highest Poisson rate (requests/s) the service sustains, by bisection:
     from --rate, doubled or halved until the limit is bracketed, then `probes` halvings
     of the bracket. Every probe runs the same seed and request count."""
     if not any((svc.slo.ttft_ms, svc.slo.tpot_ms, svc.slo.e2e_ms)):
         raise ConfigError("--max-rate: the service sets no SLO: give --slo ttft_ms=...,tpot_ms=...")
-    cost = StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, store=store_of(args))
+    cost = step_cost(svc, args, hw, bar)
     seen: list[tuple[float, bool]] = []
 
     def ok(rate: float) -> bool:
@@ -117,9 +124,17 @@ def main(args) -> int:
     hw = load_hw(args.hw, parse_set_args(args.set))
     names = args.compare or [args.service]
     services = [load_service_args(n, args) for n in names]
+    from npusim.progress import progress_bar
+
+    with progress_bar("serve", "engine steps", args.progress) as bar:
+        return _serve(args, hw, services, bar)
+
+
+def _serve(args, hw, services: list[ServiceConfig], bar) -> int:
     if args.max_rate:
         for svc in services:
-            rate, seen = max_rate(svc, args, hw)
+            rate, seen = max_rate(svc, args, hw, bar)
+            bar.close()
             tried = ", ".join(f"{r:.3g}{'' if good else ' x'}" for r, good in seen)
             print(f"{svc.name}: highest sustainable rate {rate:.3g} req/s within {_slo_line(svc.slo)} "
                   f"({args.requests or 1000} Poisson requests per probe; tried {tried}; x = missed)")
@@ -127,7 +142,8 @@ def main(args) -> int:
     requests = load_requests(args)
     results = []
     for svc in services:
-        run = run_service(svc, requests, args, hw)
+        run = simulate(requests, svc, step_cost(svc, args, hw, bar))
+        bar.close()
         m = metrics(run)
         results.append(m)
         print(summary(m))
@@ -196,6 +212,8 @@ def add_arguments(p) -> None:
     add_cache_flags(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="count the steps the engine "
+                   "simulates for the step-cost model, on stderr (default: only when stderr is a terminal)")
 
 
 __all__ = ["add_arguments", "compare_table", "load_requests", "main"]

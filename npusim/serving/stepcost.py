@@ -157,11 +157,14 @@ class StepCost:
     """Step prices for one (workload, hardware, passes, options), from the engine.
 
     `max_batch`: the largest batch a scheduler runs (the grid's batch axis);
-    `store`: the on-disk cache engine points persist in between runs (None: memory only)."""
+    `store`: the on-disk cache engine points persist in between runs (None: memory only);
+    `on_point(key)`: called as the engine starts simulating a point, key = (phase, *shape)
+    (a progress display: on K3 a large batched prefill takes minutes)."""
 
     def __init__(self, workload: Workload | str, hw: HwConfig | str = "ascend910b2", passes="optimized",
                  options: Mapping[str, Any] | None = None, max_batch: int = 32, tol: float = DEFAULT_TOL,
-                 store: DiskCache | None = None, refine: bool = True):
+                 store: DiskCache | None = None, refine: bool = True,
+                 on_point: Callable[[tuple], None] | None = None):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
@@ -170,6 +173,7 @@ class StepCost:
         self.options = {k: v for k, v in (options or {}).items() if v is not None}
         self.max_batch = max_batch
         self.store = store
+        self.on_point = on_point
         self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
@@ -259,6 +263,8 @@ class StepCost:
         """The point from the engine, or from the store when a run with the same inputs made it."""
 
         def price(hw: HwConfig) -> Point:
+            if self.on_point is not None:
+                self.on_point(k)
             run = run_graph(self.graph(*k, hw=hw), hw, counters=False)
             self.engine_runs += 1
             return Point(run.latency_us, run.memory)
