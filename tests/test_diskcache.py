@@ -72,6 +72,23 @@ def test_entry_of_another_version_is_recomputed(tmp_path):
     assert store.get("c" * 64) == "new answer"
 
 
+def test_the_version_follows_the_model_source_not_the_serving_layer(tmp_path):
+    """An edited engine file changes the source hash; an edited scheduler or service
+    config does not (serving points are versioned by stepcost.POINT_SCHEME)."""
+    from npusim.diskcache.keys import source_hash
+
+    for rel in ("engine/pipe.py", "engine/_l2.c", "serving/dynamic.py", "services/a.yaml", "x/serving/y.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("one")
+    before = source_hash(tmp_path)
+    for rel, moves in (("serving/dynamic.py", False), ("services/a.yaml", False), ("engine/pipe.py", True),
+                       ("engine/_l2.c", True), ("x/serving/y.py", True)):
+        (tmp_path / rel).write_text("two")
+        after = source_hash(tmp_path)
+        assert (after != before) == moves, rel
+        before = after
+
+
 def test_entry_stored_under_another_key_is_not_served(tmp_path):
     store = DiskCache(tmp_path)
     store.put("d" * 64, "for d")

@@ -3,7 +3,10 @@
 The npusim version an entry carries is the package version plus a hash of the
 package's own source and data files (.py, .yaml, .c): an edited engine, lowering or
 default config makes every older entry foreign, so a developer never reads a
-result an older model computed.
+result an older model computed. The serving layer is left out of the hash: what it
+caches are engine points (a step of a given shape, simulated as `npusim run` does),
+and what a point simulates is versioned by serving.stepcost.POINT_SCHEME, so an
+edit to a scheduler or a report does not throw away hours of simulated K3 steps.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 import attrs
 
 _SOURCE_SUFFIXES = (".py", ".yaml", ".c")
+# Folders of the package outside the hash (see the module doc): the serving layer and its configs.
+_UNVERSIONED = {"serving", "services"}
 
 
 @functools.cache
@@ -25,16 +30,22 @@ def version() -> str:
     """npusim's version and a hash of its source (see the module doc)."""
     from npusim import __version__
 
-    root = Path(__file__).resolve().parents[1]
+    return f"{__version__}+{source_hash(Path(__file__).resolve().parents[1])[:16]}"
+
+
+def source_hash(root: Path) -> str:
+    """SHA-256 of the source and data files under `root` (names and contents), but
+    those in its top-level folders _UNVERSIONED."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        top = Path(dirpath) == root
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not (top and d in _UNVERSIONED))
         for name in sorted(filenames):
             if name.endswith(_SOURCE_SUFFIXES):
                 p = Path(dirpath, name)
                 h.update(p.relative_to(root).as_posix().encode() + b"\0")
                 h.update(p.read_bytes())
-    return f"{__version__}+{h.hexdigest()[:16]}"
+    return h.hexdigest()
 
 
 def _plain(value):

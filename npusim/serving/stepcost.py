@@ -77,7 +77,10 @@ from npusim.workload import Workload, load_workload
 # step's chunk cells 8 tokens wide missed such a step by 8%, bench_stepcost.py)
 MIN_SPAN_TOKENS = 1
 DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
-POINT_SCHEME = 3  # bump when what a point simulates changes (_lengths): cached points go stale
+# Bump when what a point simulates changes (_lengths, graph): cached points go stale. The
+# npusim version in the cache key leaves the serving layer out (diskcache.keys): this is
+# what versions a point's meaning.
+POINT_SCHEME = 3
 
 
 @attrs.frozen
@@ -92,15 +95,31 @@ class Grid:
     """f(x_0, .., x_k) from engine points on a lazily evaluated, adaptively refined
     rectilinear grid (see the module doc). `knots`: the starting knots of each axis;
     `min_span`: the narrowest cell each axis is split to; `fixed`: the axes whose
-    knots are the only values queried (buckets), never interpolated."""
+    knots are the only values queried (buckets), never interpolated. Each value of the
+    fixed axes is a grid of its own (a slice): the other axes are refined per slice, so
+    a knot a cheap bucket needs (a batch where its cost steps) costs no engine run in an
+    expensive one."""
 
     def __init__(self, f: Callable[..., float], knots: Sequence[Sequence[int]], tol: float,
                  min_span: Sequence[int], fixed: Sequence[bool] | None = None):
         self.f, self.tol = f, tol
-        self.knots = [sorted(set(k)) for k in knots]
+        self.start = [sorted(set(k)) for k in knots]
         self.min_span = tuple(min_span)
-        self.fixed = tuple(fixed or [False] * len(self.knots))
+        self.fixed = tuple(fixed or [False] * len(self.start))
+        self.slices: dict[tuple, list[list[int]]] = {}  # fixed axes' values -> every axis's knots there
         self.checked: set[tuple] = set()  # (axis, lo, hi, the other axes' lower corner)
+
+    @property
+    def knots(self) -> list[list[int]]:
+        """Every axis's knots, over all slices."""
+        return [sorted(set(k).union(*(s[axis] for s in self.slices.values()))) for axis, k in enumerate(self.start)]
+
+    def _slice(self, x: Sequence[int]) -> list[list[int]]:
+        """The knots of the slice x lies in (its fixed axes' values)."""
+        key = tuple(v for v, fixed in zip(x, self.fixed) if fixed)
+        if key not in self.slices:
+            self.slices[key] = [list(k) for k in self.start]
+        return self.slices[key]
 
     @staticmethod
     def _bracket(knots: list[int], x: int) -> tuple[int, int]:
@@ -113,8 +132,8 @@ class Grid:
 
     def _split(self, axis: int, lo: int, hi: int, at: tuple[int, ...]) -> bool:
         """Check the edge lo..hi of `axis` (the other axes at the corner `at`) at its
-        midpoint; add the midpoint as a knot when linear interpolation misses it.
-        True when a knot was added."""
+        midpoint; add the midpoint as a knot (of at's slice) when linear interpolation
+        misses it. True when a knot was added."""
         key = (axis, lo, hi, at[:axis] + at[axis + 1:])
         if math.isinf(self.tol) or key in self.checked or hi - lo <= self.min_span[axis]:
             return False
@@ -128,7 +147,7 @@ class Grid:
         self.checked.add(key)
         if abs(guess - f_mid) <= self.tol * f_mid:
             return False
-        bisect.insort(self.knots[axis], mid)
+        bisect.insort(self._slice(at)[axis], mid)
         # where one midpoint missed, the cost is not smooth (wave quantisation, a tiling step):
         # both halves of the edge are checked at once, not only the one a query falls in
         self._split(axis, lo, mid, at)
@@ -136,11 +155,12 @@ class Grid:
         return True
 
     def __call__(self, *x: int) -> float:
+        knots = self._slice(x)
         while True:
-            cell = [self._bracket(k, v) for k, v in zip(self.knots, x)]
+            cell = [self._bracket(k, v) for k, v in zip(knots, x)]
             for axis, (lo, hi) in enumerate(cell):
                 if self.fixed[axis] and lo != hi:
-                    raise ValueError(f"{x[axis]} is not a knot of {self.knots[axis]}")
+                    raise ValueError(f"{x[axis]} is not a knot of {knots[axis]}")
             corner = tuple(lo for lo, _ in cell)
             if not any(lo != hi and self._split(axis, lo, hi, corner) for axis, (lo, hi) in enumerate(cell)):
                 break
