@@ -75,7 +75,7 @@ def tp_table(plot_dir: str | None) -> None:
             print(_row(label, tp, run, base), flush=True)
             curves.setdefault(label, []).append((f"tp{tp}", tp, run.latency_us, comm_breakdown(run).comm_share))
     if plot_dir:
-        from npusim.report.plots import plan_scaling  # matplotlib only when plotting
+        from npusim.parallel.plots import plan_scaling  # matplotlib only when plotting
 
         paths = plan_scaling(curves, plot_dir, title="K3 tensor parallel on ascend910b2 (optimized passes)")
         print("wrote " + ", ".join(map(str, paths)))

@@ -311,11 +311,11 @@ def _cmd_compare_plans(args) -> int:
         _write_json(plans_json(c) | {"provenance": meta}, args.json)
     _write_traces(c.fitted, traces, meta, "plan")
     if args.plot:
-        from npusim.report import plots
+        from npusim.parallel.plots import plan_scaling
 
         g = first.graph
-        _wrote(args.plot, plots.plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
-                                             title=step_title(first, step["overrides"])))
+        _wrote(args.plot, plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
+                                       title=step_title(first, step["overrides"])))
     return 0
 
 

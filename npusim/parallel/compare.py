@@ -76,7 +76,7 @@ class PlanComparison:
         return self.fitted[self.base].latency_us / self.fitted[name].latency_us
 
     def curve(self) -> list[tuple[str, int, float, float]]:
-        """(plan, devices, latency µs, communication share) of each plan that fits: what plots.plan_scaling draws."""
+        """(plan, devices, latency µs, communication share) of each plan that fits: what npusim.parallel.plots.plan_scaling draws."""
         return [(k, self.plans[k].world, r.latency_us, comm_breakdown(r).comm_share) for k, r in self.fitted.items()]
 
 

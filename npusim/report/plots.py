@@ -10,18 +10,18 @@ NAME.svg there and returns the two paths:
     memory         device memory in use over the step, the peak marked
     before_after   total kernel time per op type, pipeline by pipeline (a Comparison)
     waterfall      each pass's gain, from the baseline latency to the optimized one
-    plan_scaling   latency and communication share against the devices of parallel plans
     sweep_curves   latency and tokens/s against each swept parameter
 
 Figures are built on matplotlib's Figure directly (no pyplot), so plotting never
-changes the backend of a notebook or needs a display.
+changes the backend of a notebook or needs a display. The plots of parallel plans
+are in npusim.parallel.plots, those of a service in npusim.serving.plots.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -43,8 +43,6 @@ WAIT_PREFIXES = ("WaitFlag", "PipeBarrier", "SyncAll", "Wait")  # trace names of
 WAIT_KIND, WAIT_COLOUR = "wait (flag / barrier)", "#dddddd"  # waits in light grey: the work stands out
 ROOFLINE_X_MARGIN = 10.0  # the x axis extends this factor beyond the dots and the ridge points
 WATERFALL_GAIN, WATERFALL_LOSS, WATERFALL_TOTAL = "tab:green", "tab:red", "tab:blue"
-LOG_SPAN = 10.0  # plan_scaling: latencies spanning more than this factor are drawn on a log axis
-PLOT_HEADROOM = 0.12  # plan_scaling: room above the highest point for its value
 
 
 # ---- helpers
@@ -425,46 +423,6 @@ def waterfall(comparison, out_dir: str | Path, name: str = "waterfall") -> list[
     return _save(fig, out_dir, name)
 
 
-# ---- parallel plans
-
-
-def plan_scaling(curves: Mapping[str, Sequence[tuple[str, int, float, float]]], out_dir: str | Path,
-                 name: str = "plan_scaling", title: str = "") -> list[Path]:
-    """Latency (left; a log scale when the latencies span more than LOG_SPAN) and communication share (right) against the devices of
-    each parallel plan: a line per step in `curves` (label -> points (plan name, devices,
-    latency µs, communication share)), the x ticks naming the plans at each device count."""
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
-    lat, share = fig.subplots(1, 2)
-    ticks: dict[int, list[str]] = {}
-    for label, points in curves.items():
-        pts = sorted(points, key=lambda p: p[1])
-        xs = [p[1] for p in pts]
-        lat.plot(xs, [p[2] for p in pts], marker="o", label=label)
-        for x, p in zip(xs, pts):
-            lat.annotate(f"{p[2]:,.0f}", (x, p[2]), xytext=(0, 4), textcoords="offset points", ha="center",
-                         fontsize=7)
-        share.plot(xs, [100 * p[3] for p in pts], marker="o", label=label)
-        for plan, devices, _, _ in pts:
-            ticks.setdefault(devices, []).append(plan)
-    values = [p[2] for points in curves.values() for p in points]
-    if values and max(values) > LOG_SPAN * min(values):
-        lat.set_yscale("log")
-    elif values:
-        lat.set_ylim(0, max(values) * (1 + PLOT_HEADROOM))
-    lat.set(ylabel="step latency (µs)", title="latency")
-    share.set(ylabel="communication share of the step (%)", title="communication share")
-    share.set_ylim(bottom=0)
-    for ax in (lat, share):
-        ax.set_xscale("log", base=2)
-        ax.minorticks_off()
-        ax.set_xticks(sorted(ticks), ["/".join(dict.fromkeys(ticks[d])) for d in sorted(ticks)])
-        ax.set_xlabel("plan (devices on a log scale)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title or "Latency and communication share against the plan's devices", fontsize=10)
-    return _save(fig, out_dir, name)
-
-
 # ---- sweeps
 
 SWEEP_METRICS = (("latency_us", "latency (µs)"), ("tokens_per_s", "tokens/s"))
@@ -528,6 +486,5 @@ def _short(v) -> str:
     return str(v)
 
 
-__all__ = ["FORMATS", "before_after", "hotspots", "longest_kernel", "memory", "plan_scaling",
-           "roofline", "roofline_points", "run_timeline", "sweep_curves", "timeline", "waterfall",
-           "waterfall_steps"]
+__all__ = ["FORMATS", "before_after", "hotspots", "longest_kernel", "memory", "roofline", "roofline_points",
+           "run_timeline", "sweep_curves", "timeline", "waterfall", "waterfall_steps"]
