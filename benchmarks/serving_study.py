@@ -99,12 +99,19 @@ def main() -> None:
                    help="step-cost model: relative error at which a grid cell is split (npusim serve --tol); "
                         "without buckets a prefill's cost is a staircase in the prompt length, and a tight "
                         "tolerance simulates many long prefills near its steps")
+    p.add_argument("--factors", metavar="NAMES", help="the ablation's factors to run, comma-separated (default: "
+                   "all; on K3 each factor that changes the passes prices its own prefills, an hour or more); "
+                   "the shares are then of the factors run")
     p.add_argument("--json", metavar="PATH", help="write every service's metrics and the shares as JSON")
     a = p.parse_args()
     ramp = parse_ramp(a.ramp)
     reqs = synthetic(a.requests, a.seed, "ramp", ramp=ramp, prompt=a.prompt_lengths, output=a.output_lengths)
     base, opt = load_service("seed-baseline"), load_service("seed-optimized")
-    runs = {"seed-baseline": base, "seed-optimized": opt} | {f"- {k}": v for k, v in factors(base, opt).items()}
+    ablation = factors(base, opt)
+    chosen = a.factors.split(",") if a.factors else list(ablation)
+    if unknown := [f for f in chosen if f not in ablation]:
+        p.error(f"--factors: unknown {', '.join(unknown)}; expected some of: {', '.join(ablation)}")
+    runs = {"seed-baseline": base, "seed-optimized": opt} | {f"- {k}": ablation[k] for k in chosen}
     names = list(runs)
     span = reqs[-1].arrival_s
     load = vars(a) | {"span_s": span}
@@ -140,8 +147,9 @@ def main() -> None:
           + "/".join(str(s["seed-optimized"][k]) for k in ("p50", "p90", "p99")) + " ms")
     gains = {"P99 end-to-end": shares(rows, lambda m: m["e2e"]["p99_ms"]),
              "throughput": shares(rows, lambda m: -m["requests_per_s"])}
+    among = "" if len(chosen) == len(ablation) else f", of the {len(chosen)} factors run"
     for metric, sh in gains.items():
-        print(f"share of the gain in {metric} (loss when the factor is removed / sum of losses): "
+        print(f"share of the gain in {metric} (loss when the factor is removed / sum of losses{among}): "
               + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in sh.items()))
     if a.json:
         write_text(a.json, json.dumps({"load": load, "services": rows, "shares": gains}, indent=1) + "\n")
