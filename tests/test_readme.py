@@ -57,11 +57,8 @@ def test_every_other_readme_python_block_runs():
 
 # README examples with their output shown that take over ~30 s to run, and why; every
 # other one is run below and must print what the README shows. NPUSIM_README_SLOW=1 runs
-# these too (pytest tests/test_readme.py -k "serve and k3 ", with the engine points cached).
+# these too.
 SLOW = {"npusim sweep": "12 K3 decode steps",
-        "npusim serve --service seed-optimized --workload k3 ": "2000 requests of the full K3 decoder: bucketed "
-                                                                "prefills up to 32 x 4096 tokens, minutes per "
-                                                                "engine point on an empty cache",
         "npusim calibrate": "the GEMM example: four GEMMs up to 7680^3, each simulated ~20 times (minutes; "
                             "benchmarks/calibrate.py); the hccl_test example reads the files its `npusim op` "
                             "commands write (tests/test_calibrate_hccl.py runs them in order)"}
