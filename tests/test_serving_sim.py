@@ -166,6 +166,7 @@ def test_shipped_services_load():
     (["--rate", "1", "--slo", "ttft_ms=soon"], "--slo ttft_ms: expected a number"),
     (["--rate", "1", "--service-set", "host.tokenise_us=1"], "unknown key 'host.tokenise_us'"),
     (["--arrival", "gamma", "--rate", "2", "--cv", "-1"], "--cv"),
+    (["--rate", "1", "--jobs", "0"], "--jobs: expected a positive number"),
 ])
 def test_serve_bad_input_is_one_line(argv, match, capsys):
     assert main(["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5", *argv]) == 2
@@ -249,3 +250,26 @@ def test_serve_progress_counts_the_engine_steps(capsys):
     assert re.search(r"serve: [1-9]\d* engine steps \[\d\d:\d\d, (prefill|decode) \d+ x \d+\]", drawn), drawn
     assert main(argv) == 0
     assert "engine steps" not in capsys.readouterr().err
+
+
+def test_worker_processes_price_the_same_model(monkeypatch):
+    """With jobs=2 the points the grid reads together (a cell's corners, a split edge's
+    halves) are priced in worker processes: the same points, grid and prices as one
+    process pricing them as it reads them, and the engine runs are counted."""
+    import npusim.serving.stepcost as stepcost
+
+    in_workers, original = [], stepcost.run_tasks
+
+    def run_tasks(fn, tasks, *rest):
+        in_workers.extend(tasks)
+        original(fn, tasks, *rest)
+
+    monkeypatch.setattr(stepcost, "run_tasks", run_tasks)
+    reqs = load(n=80, prompt="uniform:16,400", output="uniform:8,32")
+    models = {jobs: StepCost("k3-tiny", "ascend910b2", PASSES, max_batch=16, jobs=jobs) for jobs in (1, 2)}
+    runs = {jobs: json.dumps(metrics(simulate(reqs, service("dynamic"), sc))) for jobs, sc in models.items()}
+    assert runs[1] == runs[2]
+    one, two = models[1], models[2]
+    assert one.points == two.points and one.prefill.knots == two.prefill.knots
+    assert one.engine_runs == two.engine_runs == len(one.points)
+    assert len(in_workers) > len(one.points) / 2

@@ -54,7 +54,7 @@ def step_cost(svc: ServiceConfig, args, hw, bar) -> StepCost:
         bar(next(started), None, note=f"{phase} {' x '.join(map(str, shape))}")
 
     return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, store=store_of(args), on_point=on_point)
+                    tol=args.tol, store=store_of(args), on_point=on_point, jobs=args.jobs)
 
 
 def compare_table(a: dict, b: dict) -> str:
@@ -121,6 +121,8 @@ def main(args) -> int:
         raise ConfigError(f"--requests: expected a positive number of requests, got {args.requests}")
     if not args.tol > 0:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
     hw = load_hw(args.hw, parse_set_args(args.set))
     names = args.compare or [args.service]
     services = [load_service_args(n, args) for n in names]
@@ -212,6 +214,8 @@ def add_arguments(p) -> None:
     add_cache_flags(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes pricing the step-cost model's engine "
+                   "points at once (a split cell's two halves, a cell's corners); the results do not depend on it")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="count the steps the engine "
                    "simulates for the step-cost model, on stderr (default: only when stderr is a terminal)")
 

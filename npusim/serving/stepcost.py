@@ -67,6 +67,7 @@ from npusim.passes.buckets import DEFAULT_BUCKETS, bucket_of, distinct_kernels
 from npusim.runtime import MemoryBreakdown
 from npusim.graph.build import build_decoder
 from npusim.passes import apply
+from npusim.pool import run_tasks
 from npusim.runtime.run import run_graph
 from npusim.serving.state import Work
 from npusim.workload import Workload, load_workload
@@ -101,8 +102,12 @@ class Grid:
     expensive one."""
 
     def __init__(self, f: Callable[..., float], knots: Sequence[Sequence[int]], tol: float,
-                 min_span: Sequence[int], fixed: Sequence[bool] | None = None):
+                 min_span: Sequence[int], fixed: Sequence[bool] | None = None,
+                 prefetch: Callable[[list[tuple[int, ...]]], None] | None = None):
         self.f, self.tol = f, tol
+        # told the points about to be read together (a cell's corners, a split edge's two
+        # halves' midpoints), so that it may price them at once: StepCost.prefetch
+        self.prefetch = prefetch or (lambda xs: None)
         self.start = [sorted(set(k)) for k in knots]
         self.min_span = tuple(min_span)
         self.fixed = tuple(fixed or [False] * len(self.start))
@@ -130,24 +135,34 @@ class Grid:
             raise ValueError(f"{x} outside the grid {knots[0]} .. {knots[-1]}")
         return knots[i - 1], knots[i]
 
+    @staticmethod
+    def _edge(axis: int, lo: int, hi: int, at: tuple[int, ...]) -> tuple:
+        return axis, lo, hi, at[:axis] + at[axis + 1:]
+
+    def _to_check(self, axis: int, lo: int, hi: int, at: tuple[int, ...]) -> bool:
+        """Whether _split would check this edge: not yet checked, and wider than the narrowest cell."""
+        return not (math.isinf(self.tol) or self._edge(axis, lo, hi, at) in self.checked
+                    or hi - lo <= self.min_span[axis])
+
     def _split(self, axis: int, lo: int, hi: int, at: tuple[int, ...]) -> bool:
         """Check the edge lo..hi of `axis` (the other axes at the corner `at`) at its
         midpoint; add the midpoint as a knot (of at's slice) when linear interpolation
         misses it. True when a knot was added."""
-        key = (axis, lo, hi, at[:axis] + at[axis + 1:])
-        if math.isinf(self.tol) or key in self.checked or hi - lo <= self.min_span[axis]:
+        if not self._to_check(axis, lo, hi, at):
             return False
         mid = (lo + hi) // 2
 
-        def f(x: int) -> float:
-            return self.f(*at[:axis], x, *at[axis + 1:])
+        def on_edge(x: int) -> tuple[int, ...]:
+            return (*at[:axis], x, *at[axis + 1:])
 
-        f_lo, f_hi, f_mid = f(lo), f(hi), f(mid)
+        self.prefetch([on_edge(lo), on_edge(hi), on_edge(mid)])
+        f_lo, f_hi, f_mid = (self.f(*on_edge(x)) for x in (lo, hi, mid))
         guess = f_lo + (f_hi - f_lo) * (mid - lo) / (hi - lo)
-        self.checked.add(key)
+        self.checked.add(self._edge(axis, lo, hi, at))
         if abs(guess - f_mid) <= self.tol * f_mid:
             return False
         bisect.insort(self._slice(at)[axis], mid)
+        self.prefetch([on_edge((a + b) // 2) for a, b in ((lo, mid), (mid, hi)) if self._to_check(axis, a, b, at)])
         # where one midpoint missed, the cost is not smooth (wave quantisation, a tiling step):
         # both halves of the edge are checked at once, not only the one a query falls in
         self._split(axis, lo, mid, at)
@@ -165,11 +180,15 @@ class Grid:
             if not any(lo != hi and self._split(axis, lo, hi, corner) for axis, (lo, hi) in enumerate(cell)):
                 break
         t = [0.0 if lo == hi else (v - lo) / (hi - lo) for (lo, hi), v in zip(cell, x)]
-        total = 0.0
-        for side in itertools.product((0, 1), repeat=len(cell)):  # multilinear: the cell's weighted corners
+        corners = []  # multilinear: the cell's corners, weighted
+        for side in itertools.product((0, 1), repeat=len(cell)):
             weight = math.prod(ti if s_ else 1.0 - ti for ti, s_ in zip(t, side))
             if weight:
-                total += weight * self.f(*(c[s_] for c, s_ in zip(cell, side)))
+                corners.append((weight, tuple(c[s_] for c, s_ in zip(cell, side))))
+        self.prefetch([c for _, c in corners])
+        total = 0.0
+        for weight, corner in corners:
+            total += weight * self.f(*corner)
         return total
 
 
@@ -179,12 +198,14 @@ class StepCost:
     `max_batch`: the largest batch a scheduler runs (the grid's batch axis);
     `store`: the on-disk cache engine points persist in between runs (None: memory only);
     `on_point(key)`: called as the engine starts simulating a point, key = (phase, *shape)
-    (a progress display: on K3 a large batched prefill takes minutes)."""
+    (a progress display: on K3 a large batched prefill takes minutes); points priced by
+    workers (`jobs`, see prefetch) are told as each ends.
+    `jobs`: worker processes that price points the grid reads together at once."""
 
     def __init__(self, workload: Workload | str, hw: HwConfig | str = "ascend910b2", passes="optimized",
                  options: Mapping[str, Any] | None = None, max_batch: int = 32, tol: float = DEFAULT_TOL,
                  store: DiskCache | None = None, refine: bool = True,
-                 on_point: Callable[[tuple], None] | None = None):
+                 on_point: Callable[[tuple], None] | None = None, jobs: int = 1):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
@@ -194,6 +215,7 @@ class StepCost:
         self.max_batch = max_batch
         self.store = store
         self.on_point = on_point
+        self.jobs = jobs
         self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
@@ -211,18 +233,22 @@ class StepCost:
             lengths = sorted({4**i for i in range(int(math.log(ctx, 4)) + 1)} | {ctx})
         tol_ = tol if refine else float("inf")
         tokens = (1, MIN_SPAN_TOKENS)
-        self.decode = Grid(lambda b, n: self.point("decode", b, n).latency_us, [batches, lengths], tol_, tokens,
-                           (False, self.bucketed))
-        self.prefill = Grid(lambda b, n: self.point("prefill", b, n).latency_us, [powers, lengths], tol_, tokens,
-                            (False, self.bucketed))
+        self.decode = self._grid(lambda b, n: ("decode", b, n), [batches, lengths], tol_, tokens,
+                                 (False, self.bucketed))
+        self.prefill = self._grid(lambda b, n: ("prefill", b, n), [powers, lengths], tol_, tokens,
+                                  (False, self.bucketed))
         # mixed: (decodes, chunks, longest chunk, room: the context less the chunk, or its bucket).
         # Chunks from powers of two, as prefill: a corner with many long chunks is a long engine run
         chunk = sorted({2**i for i in range(int(math.log2(ctx)) + 1)} | {ctx})
         room = lengths if self.bucketed else sorted({0} | set(lengths))
-        self.mixed = Grid(lambda bd, bp, c, r: self.point("mixed", *self._mixed_key(bd, bp, c, r)).latency_us,
-                          [[0, max_batch], powers, chunk, room], tol_, (1, 1, MIN_SPAN_TOKENS, MIN_SPAN_TOKENS),
-                          (False, False, False, self.bucketed))
+        self.mixed = self._grid(lambda *x: ("mixed", *self._mixed_key(*x)), [[0, max_batch], powers, chunk, room],
+                                tol_, (1, 1, MIN_SPAN_TOKENS, MIN_SPAN_TOKENS), (False, False, False, self.bucketed))
         self._kernels: dict[str, int] = {}
+
+    def _grid(self, key: Callable[..., tuple], knots, tol: float, min_span, fixed) -> Grid:
+        """A grid over the points key(*x) = (phase, *shape)."""
+        return Grid(lambda *x: self.point(*key(*x)).latency_us, knots, tol, min_span, fixed,
+                    prefetch=lambda xs: self.prefetch([key(*x) for x in xs]))
 
     # ---- shapes
 
@@ -268,6 +294,31 @@ class StepCost:
         if k not in self.points:
             self.points[k] = self._simulate(k)
         return self.points[k]
+
+    def prefetch(self, keys: Sequence[tuple]) -> None:
+        """Price at once, in `jobs` worker processes, the points of `keys` not yet known,
+        when that is two or more and jobs > 1; otherwise nothing (each is priced when
+        first read). A point is the same either way: one engine run or its cached
+        result, whichever process runs it (forked: a copy of this model). A point
+        whose worker fails is left to be priced here when it is read."""
+        todo = [k for k in dict.fromkeys(keys) if k not in self.points]
+        if self.jobs < 2 or len(todo) < 2:
+            return
+
+        def done(i: int, result: tuple[Point, bool]) -> None:
+            self.points[todo[i]], ran = result
+            if ran:
+                self.engine_runs += 1
+                if self.on_point is not None:
+                    self.on_point(todo[i])
+
+        run_tasks(self._price_in_worker, [(k,) for k in todo], self.jobs, done, lambda i, reason: None)
+
+    def _price_in_worker(self, k: tuple) -> tuple[Point, bool]:
+        """A worker's task: the point, and whether the engine ran for it (not the cache)."""
+        self.on_point = None  # the parent tells its display
+        runs = self.engine_runs
+        return self._simulate(k), self.engine_runs > runs
 
     def graph(self, phase: str, *shape: int, hw: HwConfig | None = None):
         """The decoder graph of a point after the passes, as `npusim run` builds it."""
