@@ -252,11 +252,13 @@ def test_serve_progress_counts_the_engine_steps(capsys):
     assert "engine steps" not in capsys.readouterr().err
 
 
-def test_worker_processes_price_the_same_model(monkeypatch):
+def test_worker_processes_price_the_same_model(monkeypatch, tmp_path):
     """With jobs=2 the points the grid reads together (a cell's corners, a split edge's
     halves) are priced in worker processes: the same points, grid and prices as one
-    process pricing them as it reads them, and the engine runs are counted."""
+    process pricing them as it reads them, and the engine runs are counted. Points
+    already in the store are read from it, not handed to a worker."""
     import npusim.serving.stepcost as stepcost
+    from npusim.diskcache import open_store
 
     in_workers, original = [], stepcost.run_tasks
 
@@ -266,10 +268,16 @@ def test_worker_processes_price_the_same_model(monkeypatch):
 
     monkeypatch.setattr(stepcost, "run_tasks", run_tasks)
     reqs = load(n=80, prompt="uniform:16,400", output="uniform:8,32")
-    models = {jobs: StepCost("k3-tiny", "ascend910b2", PASSES, max_batch=16, jobs=jobs) for jobs in (1, 2)}
-    runs = {jobs: json.dumps(metrics(simulate(reqs, service("dynamic"), sc))) for jobs, sc in models.items()}
-    assert runs[1] == runs[2]
-    one, two = models[1], models[2]
+
+    def model(jobs: int) -> tuple[StepCost, str]:
+        sc = StepCost("k3-tiny", "ascend910b2", PASSES, max_batch=16, jobs=jobs, store=open_store(tmp_path / str(jobs)))
+        return sc, json.dumps(metrics(simulate(reqs, service("dynamic"), sc)))
+
+    (one, run_one), (two, run_two) = model(1), model(2)
+    assert run_one == run_two
     assert one.points == two.points and one.prefill.knots == two.prefill.knots
     assert one.engine_runs == two.engine_runs == len(one.points)
     assert len(in_workers) > len(one.points) / 2
+    in_workers.clear()
+    warm, run_warm = model(2)
+    assert run_warm == run_two and warm.engine_runs == 0 and not in_workers

@@ -84,6 +84,10 @@ DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell 
 POINT_SCHEME = 3
 
 
+class _NotStored(Exception):
+    """A point asked of the store only (StepCost._simulate(engine=False)) is not there."""
+
+
 @attrs.frozen
 class Point:
     """One engine run: the step's latency and its device memory."""
@@ -198,8 +202,7 @@ class StepCost:
     `max_batch`: the largest batch a scheduler runs (the grid's batch axis);
     `store`: the on-disk cache engine points persist in between runs (None: memory only);
     `on_point(key)`: called as the engine starts simulating a point, key = (phase, *shape)
-    (a progress display: on K3 a large batched prefill takes minutes); points priced by
-    workers (`jobs`, see prefetch) are told as each ends.
+    (a progress display: on K3 a large batched prefill takes minutes), for a worker too;
     `jobs`: worker processes that price points the grid reads together at once."""
 
     def __init__(self, workload: Workload | str, hw: HwConfig | str = "ascend910b2", passes="optimized",
@@ -296,27 +299,36 @@ class StepCost:
         return self.points[k]
 
     def prefetch(self, keys: Sequence[tuple]) -> None:
-        """Price at once, in `jobs` worker processes, the points of `keys` not yet known,
-        when that is two or more and jobs > 1; otherwise nothing (each is priced when
-        first read). A point is the same either way: one engine run or its cached
-        result, whichever process runs it (forked: a copy of this model). A point
-        whose worker fails is left to be priced here when it is read."""
-        todo = [k for k in dict.fromkeys(keys) if k not in self.points]
-        if self.jobs < 2 or len(todo) < 2:
+        """Price at once, in `jobs` worker processes, the points of `keys` neither known
+        nor in the store, when that is two or more and jobs > 1; otherwise nothing (each
+        is priced when first read). A point is the same either way: one engine run or
+        its cached result, whichever process runs it (forked: a copy of this model). A
+        point whose worker fails is left to be priced here when it is read."""
+        if self.jobs < 2:
             return
+        todo = []
+        for k in dict.fromkeys(keys):
+            if k not in self.points:
+                stored = self._simulate(k, engine=False)
+                if stored is None:
+                    todo.append(k)
+                else:
+                    self.points[k] = stored
+        if len(todo) < 2:
+            return
+        for k in todo:
+            if self.on_point is not None:
+                self.on_point(k)
 
         def done(i: int, result: tuple[Point, bool]) -> None:
             self.points[todo[i]], ran = result
-            if ran:
-                self.engine_runs += 1
-                if self.on_point is not None:
-                    self.on_point(todo[i])
+            self.engine_runs += ran
 
         run_tasks(self._price_in_worker, [(k,) for k in todo], self.jobs, done, lambda i, reason: None)
 
     def _price_in_worker(self, k: tuple) -> tuple[Point, bool]:
         """A worker's task: the point, and whether the engine ran for it (not the cache)."""
-        self.on_point = None  # the parent tells its display
+        self.on_point = None  # the parent told its display as it handed the point out
         runs = self.engine_runs
         return self._simulate(k), self.engine_runs > runs
 
@@ -330,10 +342,13 @@ class StepCost:
             g = build_decoder(self.workload, phase, batch, self._lengths(phase, batch, key))
         return apply(g, self.passes, **self.options, hw=hw or self.pricing_hw)
 
-    def _simulate(self, k: tuple) -> Point:
-        """The point from the engine, or from the store when a run with the same inputs made it."""
+    def _simulate(self, k: tuple, engine: bool = True) -> Point | None:
+        """The point from the engine, or from the store when a run with the same inputs
+        made it; engine=False: from the store only (None if it is not there)."""
 
         def price(hw: HwConfig) -> Point:
+            if not engine:
+                raise _NotStored
             if self.on_point is not None:
                 self.on_point(k)
             run = run_graph(self.graph(*k, hw=hw), hw, counters=False)
@@ -342,7 +357,10 @@ class StepCost:
 
         inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
                   POINT_SCHEME) if self.store is not None else None
-        pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
+        try:
+            pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
+        except _NotStored:
+            return None
         return Point(pt.latency_us, attrs.evolve(pt.memory, capacity_bytes=self.hw.hbm.hbm_bytes))
 
     # ---- prices
