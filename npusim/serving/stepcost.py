@@ -37,7 +37,9 @@ model was not built from.
 Engine runs are kept in memory and, when a store is given, on disk in npusim's
 cache (npusim.diskcache: one entry per point, keyed by the workload, passes,
 options, shape, the hardware fields the point's run read and npusim's version,
-so a change to the engine invalidates it).
+so a change to the engine invalidates it). With jobs > 1 the points a check reads
+together (an edge's ends and midpoint, the two halves of a split edge, a cell's
+corners) are priced at once in worker processes; the grid is the same either way.
 
 Modelling assumptions, here and not in the engine:
 - steps are priced on a copy of the hardware whose HBM capacity is unbounded:
