@@ -30,7 +30,10 @@ class progress_bar:
                      else "{desc}: {n_fmt}{unit} [{elapsed}{postfix}]")
             self.bar = tqdm(total=total, desc=self.what, unit=f" {self.unit}", file=self.stream or sys.stderr,
                             disable=None if self.force is None else not self.force, dynamic_ncols=True,
-                            bar_format=shape)
+                            bar_format=shape, **({} if total is not None else {"miniters": 1, "mininterval": 0}))
+            # a count without a total (serve's engine steps) redraws at every call: its steps
+            # are few and long, and tqdm's throttling, tuned to fast loops, left the count of
+            # a burst of short steps, and the step under way, off the screen for minutes
         if failed or note:
             self.bar.set_postfix_str(", ".join(x for x in (f"{failed} failed" if failed else "", note) if x),
                                      refresh=False)
