@@ -12,6 +12,7 @@ from npusim.diskcache.command import add_cache_command, add_cache_flags, store_o
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
+from npusim.step_flags import check_outputs, context, inputs, overrides, pass_options, pipeline, step_args
 
 
 def _cmd_hw(args) -> int:
@@ -53,9 +54,9 @@ def _cmd_op(args) -> int:
             tiling[key[len("tiling."):]] = value
         else:
             params[key] = value
-    _check_outputs(args)
-    overrides = _overrides(args)
-    hw = load_hw(args.hw, overrides)
+    check_outputs(args)
+    sets = overrides(args)
+    hw = load_hw(args.hw, sets)
     if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it; --profile: written as it writes it
         for flag, value in (("--trace", args.trace), ("--plot", args.plot)):
             if value:
@@ -74,8 +75,8 @@ def _cmd_op(args) -> int:
     trace = "instr" if args.trace or args.plot else "kernel"
     report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
                     lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
-    say(op_summary(report, overrides))
-    meta = provenance(args.argv, hw, overrides)
+    say(op_summary(report, sets))
+    meta = provenance(args.argv, hw, sets)
     if args.json:
         from npusim.report import op_json
 
@@ -101,118 +102,26 @@ def _wrote(out_dir: str, paths) -> None:
     say(f"plots in {out_dir}: {names} (.png, .svg)")
 
 
-def _lengths(text: str):
-    """--context 4096, or one length per sequence: 4096,1000,77."""
-    from npusim.errors import ConfigError
-
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--context: expected an integer or a comma list of integers, got '{text}'") from None
-    return values[0] if len(values) == 1 else values
-
-
-def _pipeline(text: str, flag: str = "--passes") -> str:
-    """A pipeline as run and compare take it: a name or one comma list of passes. A
-    comma list naming two pipelines (baseline,optimized) is one pipeline, their
-    union - never what was meant, so it is refused with the syntax of both commands."""
-    from npusim.errors import ConfigError
-    from npusim.passes import PIPELINES
-
-    named = [s.strip() for s in text.split(",") if s.strip() in PIPELINES]
-    if len(named) > 1:
-        raise ConfigError(f"{flag} {text}: a comma list is ONE pipeline (its passes together); to compare "
-                          f"pipelines give them as separate words: npusim compare --passes {' '.join(named)}")
-    return text
-
-
-def _overrides(args) -> dict:
-    """--set KEY=VALUE of run, compare, op and hw show: one value per --set."""
-    from npusim.errors import ConfigError
-    from npusim.hw.load import parse_set_args
-
-    overrides = parse_set_args(args.set)
-    for key, value in overrides.items():
-        if "," in value:
-            raise ConfigError(f"--set {key}={value}: takes one value here (a list of values is a sweep: "
-                              f"npusim sweep --set {key}={value} --out DIR)")
-    return overrides
-
-
-def _pass_options(args) -> dict:
-    """Options of the passes given on the command line (None: the pass's default)."""
-    from npusim.errors import ConfigError
-
-    buckets = None
-    if args.buckets:
-        try:
-            buckets = tuple(int(x) for x in args.buckets.split(","))
-        except ValueError:
-            raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
-    from npusim.passes import check_options
-
-    options = dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin,
-                   quant=args.quant, quant_layers=args.quant_layers, smooth_alpha=args.smooth_alpha)
-    check_options([args.passes] if isinstance(args.passes, str) else args.passes, options)
-    return options
-
-
-def _step_args(args) -> dict:
-    return dict(phase=args.phase, batch=args.batch, context=_lengths(args.context) if args.context else None,
-                overrides=_overrides(args), **_pass_options(args), **plan_args(args))
-
-
-def _inputs(args) -> dict:
-    """The input files of a command, by flag (None: a name that resolves to no file)."""
-    from npusim.errors import ConfigError
-    from npusim.hw.load import find_file
-
-    def path(value, kind):
-        if value is None:
-            return None
-        try:
-            return str(find_file(value, kind))
-        except ConfigError:  # unknown: the command reports it in its turn
-            return value if os.path.exists(value) else None
-
-    return {"--hw": path(getattr(args, "hw", None), "hwconfigs"),
-            "--workload": path(getattr(args, "workload", None), "workloads"),
-            "--fusion-rules": getattr(args, "fusion_rules", None)}
-
-
-def _check_outputs(args, extra: dict | None = None) -> None:
-    """Before running: no output on an input, no two outputs on one path."""
-    from npusim.outputs import check_paths
-
-    files = {"--json": getattr(args, "json", None), "--trace": getattr(args, "trace", None)}
-    folders = {"--profile": getattr(args, "profile", None), "--plot": getattr(args, "plot", None)}
-    if folders["--profile"]:
-        from npusim.report.tables import TABLE_FILES
-
-        files |= {f"--profile ({name})": os.path.join(folders["--profile"], name) for name in TABLE_FILES}
-    check_paths(files | (extra or {}), _inputs(args), folders)
-
-
 def _cmd_run(args) -> int:
     from npusim.report.contract import provenance
     from npusim.report.step import memory_timeline, step_json, summary
     from npusim.report.tables import statistic_table, write_tables
     from npusim.runtime.decoder import run_decoder
 
-    _check_outputs(args)
-    step = _step_args(args)
+    check_outputs(args)
+    step = step_args(args)
     if "pp" in step or "microbatches" in step:
         return run_pipelined(args, step)
     from npusim.progress import progress_bar
 
     with progress_bar("run", "kernels", args.progress) as bar:
-        run = run_decoder(args.workload, args.hw, passes=_pipeline(args.passes), memo=not args.no_memo,
+        run = run_decoder(args.workload, args.hw, passes=pipeline(args.passes), memo=not args.no_memo,
                           trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
                           **step)
     say(summary(run, overrides=step["overrides"]))
     say_plan(run, step)
     say(statistic_table(run.result))
-    meta = provenance(args.argv, run.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
+    meta = provenance(args.argv, run.hw, step["overrides"], args.workload, inputs(args)["--workload"])
     if args.json:
         _write_json(step_json(run) | plan_report(run) | {"provenance": meta}, args.json)
     if args.trace:
@@ -246,16 +155,16 @@ def _cmd_compare(args) -> int:
     if args.plans:
         return _cmd_compare_plans(args)
     args.passes = args.passes or list(COMPARED_PIPELINES)
-    pipelines = [_pipeline(p) for p in args.passes]
+    pipelines = [pipeline(p) for p in args.passes]
     traces = _trace_paths(args.trace, pipelines) if args.trace else {}
-    _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
-    step = _step_args(args)
+    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
         c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar,
                     store=store_of(args), counters=bool(traces), **step)
     say(comparison_table(c, overrides=step["overrides"]))
     first = next(iter(c.runs.values()))
-    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
+    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, inputs(args)["--workload"])
     if args.json:
         _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
                      "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
@@ -293,20 +202,20 @@ def _cmd_compare_plans(args) -> int:
     if len(passes) > 1:
         raise ConfigError(f"--passes {' '.join(passes)}: --plans compares plans under ONE pipeline (e.g. --passes "
                           f"{passes[-1]}); to compare pipelines under one plan: --tp N --passes {' '.join(passes)}")
-    args.passes = _pipeline(passes[0])
+    args.passes = pipeline(passes[0])
     for flag in ("tp", "sp", "devices"):
         if flag in plan_args(args):
             raise ConfigError(f"--{flag}: with --plans each plan gives its own degrees (tp2,sp2); drop --{flag}")
     names = list(parse_plans(args.plans))
     traces = _trace_paths(args.trace, names) if args.trace else {}
-    _check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
-    step = _step_args(args)
+    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
         c = compare_plans(args.workload, args.hw, passes=args.passes, plans=args.plans, memo=not args.no_memo,
                           progress=bar, store=store_of(args), counters=bool(traces), **step)
     say(plans_table(c, overrides=step["overrides"]))
     first = next(iter(c.fitted.values()))
-    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, _inputs(args)["--workload"])
+    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, inputs(args)["--workload"])
     if args.json:
         _write_json(plans_json(c) | {"provenance": meta}, args.json)
     _write_traces(c.fitted, traces, meta, "plan")
@@ -322,20 +231,20 @@ def _cmd_compare_plans(args) -> int:
 def _cmd_sweep(args) -> int:
     from npusim.sweep_command import main as sweep
 
-    step = {"phase": args.phase, "batch": args.batch, "context": _lengths(args.context) if args.context else None,
-            **_pass_options(args), **plan_args(args)}
-    return sweep(args, step, _pipeline(args.passes), _check_outputs)
+    step = {"phase": args.phase, "batch": args.batch, "context": context(args),
+            **pass_options(args), **plan_args(args)}
+    return sweep(args, step, pipeline(args.passes), check_outputs)
 
 
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
 
     if plan_args(args):  # several devices: every rank's shard with numpy
-        return validate_sharded(args, _pipeline(args.passes), _lengths(args.context) if args.context else None,
-                                _pass_options(args))
-    report = validate_passes(args.workload, _pipeline(args.passes), phase=args.phase, batch=args.batch,
-                             context=_lengths(args.context) if args.context else None, seed=args.seed,
-                             **_pass_options(args))
+        return validate_sharded(args, pipeline(args.passes), context(args),
+                                pass_options(args))
+    report = validate_passes(args.workload, pipeline(args.passes), phase=args.phase, batch=args.batch,
+                             context=context(args), seed=args.seed,
+                             **pass_options(args))
     say(report.table())
     return 0 if report.passed else 1
 
@@ -438,7 +347,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
                     "for a collective, hccl_test's output (DIR/all_reduce_test.txt ...)")
     op.add_argument("--list", action="store_true", help="list the op types")
     op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
-    op.set_defaults(func=replayed(_cmd_op, _check_outputs), parser=op)
+    op.set_defaults(func=replayed(_cmd_op, check_outputs), parser=op)
 
     run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
     _common(run, plot="roofline, hotspots, memory, timeline of the longest kernel",
@@ -458,7 +367,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.set_defaults(batch=8)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
-    run.set_defaults(func=replayed(_cmd_run, _check_outputs))
+    run.set_defaults(func=replayed(_cmd_run, check_outputs))
     compare.set_defaults(func=_cmd_compare)
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
