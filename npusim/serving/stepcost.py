@@ -253,7 +253,7 @@ class StepCost:
     def _grid(self, key: Callable[..., tuple], knots, tol: float, min_span, fixed) -> Grid:
         """A grid over the points key(*x) = (phase, *shape)."""
         return Grid(lambda *x: self.point(*key(*x)).latency_us, knots, tol, min_span, fixed,
-                    prefetch=lambda xs: self.prefetch([key(*x) for x in xs]))
+                    prefetch=(lambda xs: self.prefetch([key(*x) for x in xs])) if self.jobs > 1 else None)
 
     # ---- shapes
 
