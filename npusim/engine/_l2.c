@@ -131,12 +131,38 @@ static int cmp_int64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Mark position `pos` of the access in the write-back mask (made on first use). */
+static int mark_back(uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, Py_ssize_t pos) {
+    if (!*wb) {
+        *wb_obj = PyByteArray_FromStringAndSize(NULL, total);
+        if (!*wb_obj) return -1;
+        *wb = (uint8_t *)PyByteArray_AS_STRING(*wb_obj);
+        memset(*wb, 0, (size_t)total);
+    }
+    (*wb)[pos] = 1;
+    return 0;
+}
+
+/* A missed line takes `slot`; the line it evicts is written back if dirty (an empty slot
+   never is): marked at position `pos` of the access. */
+static inline int place(Core *c, int64_t slot, int64_t line, int64_t use, int write, int64_t fill_id,
+                        Py_ssize_t pos, uint8_t **wb, PyObject **wb_obj, Py_ssize_t total) {
+    uint8_t back = c->dirty[slot];
+    c->tags[slot] = line;
+    c->use[slot] = use;
+    c->dirty[slot] = (uint8_t)write;
+    c->fill[slot] = fill_id;
+    return back ? mark_back(wb, wb_obj, total, pos) : 0;
+}
+
 /* One piece: lines[0..n) at position `at` of the access. Returns hits, or -1 on error. */
 static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t at, int write, int64_t fill_id,
                         uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, PyObject *waits, int64_t **missed,
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
     int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
+    int64_t stamp = ++c->stamp_now;
+    int distinct = 1;  /* every line in a set of its own (a contiguous run mostly is) */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t line = lines[i];
         if (line < 0) {
@@ -144,6 +170,8 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
             return -1;
         }
         int64_t s = set_in_run(c, line, &first, &shift);
+        if (c->stamp[s] == stamp) distinct = 0;
+        c->stamp[s] = stamp;
         int64_t slot = find_slot(c, line, s);
         if (slot >= 0) {
             c->use[slot] = base + i;
@@ -171,9 +199,21 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
     if (*missed) {
         for (Py_ssize_t k = 0; k < misses; k++) (*missed)[(*n_missed)++] = at + c->miss_at[k];
     }
+    int64_t ways = c->ways;
+    if (distinct) {  /* one miss per set: it takes the set's least recently used way */
+        for (Py_ssize_t k = 0; k < misses; k++) {
+            int64_t s = c->miss_set[k], i = c->miss_at[k];
+            int64_t *row_use = c->use + s * ways, best = 0;
+            for (int64_t w = 1; w < ways; w++)
+                if (row_use[w] < row_use[best]) best = w;
+            if (place(c, s * ways + best, lines[i], base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
+                return -1;
+        }
+        return n - misses;
+    }
     /* group the misses by set, keeping their order within a set: order[g] is the g-th set
        met, start[g] where its misses begin in `sorted` (pend is free again: a cursor) */
-    int64_t stamp = ++c->stamp_now;
+    stamp = ++c->stamp_now;
     Py_ssize_t groups = 0;
     for (Py_ssize_t k = 0; k < misses; k++) {
         int64_t s = c->miss_set[k];
@@ -193,7 +233,6 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
     }
     int64_t *sorted = c->sorted;
     for (Py_ssize_t k = 0; k < misses; k++) sorted[c->pend[c->count[c->miss_set[k]]]++] = c->miss_at[k];
-    int64_t ways = c->ways;
     for (Py_ssize_t g = 0; g < groups; g++) {
         int64_t s = c->order[g];
         int64_t lo = c->start[g], cnt = (g + 1 < groups ? c->start[g + 1] : misses) - lo;
@@ -216,25 +255,11 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
         int64_t dropped = cnt > ways ? cnt - ways : 0;
         for (int64_t k = 0; k < cnt; k++) {
             int64_t i = sorted[lo + k];
-            uint8_t back;
-            if (k < dropped) {
-                back = (uint8_t)write;  /* evicted by a later miss of this piece */
-            } else {
-                int64_t slot = s * ways + c->lru[k - dropped];
-                back = c->dirty[slot];  /* an empty slot is never dirty */
-                c->tags[slot] = lines[i];
-                c->use[slot] = base + i;
-                c->dirty[slot] = (uint8_t)write;
-                c->fill[slot] = fill_id;
-            }
-            if (back) {
-                if (!*wb) {
-                    *wb_obj = PyByteArray_FromStringAndSize(NULL, total);
-                    if (!*wb_obj) return -1;
-                    *wb = (uint8_t *)PyByteArray_AS_STRING(*wb_obj);
-                    memset(*wb, 0, (size_t)total);
-                }
-                (*wb)[at + i] = 1;
+            if (k < dropped) {  /* evicted by a later miss of this piece */
+                if (write && mark_back(wb, wb_obj, total, at + i) < 0) return -1;
+            } else if (place(c, s * ways + c->lru[k - dropped], lines[i], base + i, write, fill_id, at + i, wb, wb_obj,
+                             total) < 0) {
+                return -1;
             }
         }
     }

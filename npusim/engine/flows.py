@@ -28,6 +28,7 @@ from collections.abc import Callable
 import simpy
 
 from npusim.engine.cycles import whole_cycles
+from npusim.engine.events import at_delay
 
 # A flow counts as finished when what it still has to move would take less than
 # this many cycles: completion times are rounded by whole_cycles(), which may land
@@ -122,8 +123,7 @@ class Link:
         if when == self._timer_at:
             return
         self._timer_at = when
-        timer = self.env.timeout(when - self.env.now)
-        timer.callbacks.append(lambda _ev, when=when: self._on_timer(when))
+        at_delay(self.env, when - self.env.now, lambda _ev, when=when: self._on_timer(when))
 
     def _ends_this_cycle(self, nbytes: float, rate: float) -> bool:
         """Would `nbytes` at `rate` end at the current cycle, as _reschedule rounds it?

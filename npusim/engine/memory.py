@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from npusim.engine.events import Signal
 from npusim.engine.flows import Link
 from npusim.engine.l2cache import L2Cache
 from npusim.hw import HwConfig
@@ -74,6 +75,9 @@ class MemorySystem:
         self._bursts: dict = {}
         self._patterns: dict = {}
 
+    def _new_fill(self) -> Signal:
+        return Signal(self.env)
+
     def transfer(
         self, addrs: list[int], nbytes: int, segments: int, stride: int, write: bool, cap: float,
         on_done: Callable[[], None],
@@ -97,7 +101,7 @@ class MemorySystem:
         line = self.line
         lines, member, shared = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
-        hit_lines, wb, waits, fill, missed = self.l2.access(lines, write, None if write else self.env.event,
+        hit_lines, wb, waits, fill, missed = self.l2.access(lines, write, None if write else self._new_fill,
                                                             w > 1 and not write)
         total_lines = len(lines)
         if shared:  # members sharing a line: all but the first to touch it find it in the L2
@@ -133,13 +137,13 @@ class MemorySystem:
             def filled() -> None:
                 fills_left[0] -= 1
                 if not fills_left[0]:  # the group's lines have all arrived
-                    fill.succeed()
+                    fill.fire()
                 one_done()
 
             for nbytes_each, members in fills:
                 self.hbm.add(nbytes_each, math.inf, filled, members)
         elif fill is not None:
-            fill.succeed()
+            fill.fire()
         return st
 
     def touch(self, start: int, nbytes: int, write: bool) -> None:

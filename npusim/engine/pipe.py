@@ -22,6 +22,7 @@ from npusim.engine.compile import (
     SyncAllEntry,
 )
 from npusim.engine.cycles import whole_cycles
+from npusim.engine.events import Signal, at_delay
 from npusim.engine.grouping import Diverged
 from npusim.isa.program import CoreType, at
 
@@ -32,7 +33,7 @@ def wait_flag(dev, cr, key, pipe_name: str, what: str):
     q = cr.flags[key]
     if q:
         return q.popleft()
-    ev = dev.env.event()
+    ev = Signal(dev.env)
     cr.waiters[key].append(ev)
     dev.blocked[(cr.name, pipe_name)] = what
     visible = yield ev  # the setter hands its set to the oldest waiter directly
@@ -42,7 +43,7 @@ def wait_flag(dev, cr, key, pipe_name: str, what: str):
 def post_flag(cr, key, visible_at: float) -> None:
     waiting = cr.waiters.get(key)
     if waiting:
-        waiting.popleft().succeed(visible_at)
+        waiting.popleft().fire(visible_at)
     else:
         cr.flags[key].append(visible_at)
 
@@ -96,21 +97,21 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
                 a = at(entry.gm_addr, vars)
                 issue = t
                 t += startup
-                done = env.event()
+                done = Signal(env)
                 addrs = [a + o * step for o in offsets]
                 if t > env.now:
                     # The copy starts once its start-up has passed: a callback of that timeout
                     # starts it, at the very point of the event order where this pipe would
                     # have resumed to start it, without resuming the pipe.
                     started = []
-                    env.timeout(t - env.now).callbacks.append(
-                        lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride, write=write,
-                        cap=cap, started=started, on_done=done.succeed: started.append(
-                            mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
+                    at_delay(env, t - env.now,
+                             lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride,
+                             write=write, cap=cap, started=started, on_done=done.fire: started.append(
+                                 mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
                     yield done
                     st = started[0]
                 else:
-                    st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.succeed)
+                    st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.fire)
                     yield done
                 if st.uneven:  # this run of the program is void: engine.run simulates it again
                     raise Diverged(kr.id, cr.block.index)
@@ -136,7 +137,7 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
             elif kind is FlagSet:  # _post, inlined: the most frequent entry after Fixed
                 waiting = waiters.get(entry.key)
                 if waiting:
-                    waiting.popleft().succeed(t + flag_latency)
+                    waiting.popleft().fire(t + flag_latency)
                 else:
                     flags[entry.key].append(t + flag_latency)
             elif kind is FlagWait:

@@ -11,6 +11,7 @@ from attrs import frozen
 
 from npusim.diskcache.reads import note, recording
 from npusim.engine.device import Device, KernelRecord
+from npusim.engine.events import Environment
 from npusim.engine.grouping import Diverged
 from npusim.engine.links import LinkTransfer
 from npusim.engine.host import (
@@ -78,7 +79,7 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     _check_calls(calls, hw)
 
     def attempt(lone_from: tuple[int, int] | None):
-        env = simpy.Environment()
+        env = Environment()
         tracer = Tracer(trace)
         device = Device(env, hw, tracer, dedup, counters)
         device.lone_from = lone_from
