@@ -155,8 +155,9 @@ static inline int place(Core *c, int64_t slot, int64_t line, int64_t use, int wr
     return back ? mark_back(wb, wb_obj, total, pos) : 0;
 }
 
-/* One piece: lines[0..n) at position `at` of the access. Returns hits, or -1 on error. */
-static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t at, int write, int64_t fill_id,
+/* One piece: lines[0..n) + shift_by at position `at` of the access. Returns hits, or -1 on error. */
+static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssize_t n, Py_ssize_t at, int write,
+                        int64_t fill_id,
                         uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, PyObject *waits, int64_t **missed,
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
@@ -164,7 +165,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
     int64_t stamp = ++c->stamp_now;
     int distinct = 1;  /* every line in a set of its own (a contiguous run mostly is) */
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t line = lines[i];
+        int64_t line = lines[i] + shift_by;
         if (line < 0) {
             PyErr_Format(PyExc_ValueError, "L2 core: negative line number %lld", (long long)line);
             return -1;
@@ -206,7 +207,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
             int64_t *row_use = c->use + s * ways, best = 0;
             for (int64_t w = 1; w < ways; w++)
                 if (row_use[w] < row_use[best]) best = w;
-            if (place(c, s * ways + best, lines[i], base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
+            if (place(c, s * ways + best, lines[i] + shift_by, base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
                 return -1;
         }
         return n - misses;
@@ -257,8 +258,8 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
             int64_t i = sorted[lo + k];
             if (k < dropped) {  /* evicted by a later miss of this piece */
                 if (write && mark_back(wb, wb_obj, total, at + i) < 0) return -1;
-            } else if (place(c, s * ways + c->lru[k - dropped], lines[i], base + i, write, fill_id, at + i, wb, wb_obj,
-                             total) < 0) {
+            } else if (place(c, s * ways + c->lru[k - dropped], lines[i] + shift_by, base + i, write, fill_id, at + i,
+                             wb, wb_obj, total) < 0) {
                 return -1;
             }
         }
@@ -266,14 +267,15 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, Py_ssize_t n, Py_ssize_t 
     return n - misses;
 }
 
-/* access(lines, write, fill_id, want_missed) -> (hits, write-back mask or None, fill ids to
-   wait for, positions of the missed lines or None, any line missed). fill_id: the fill
+/* access(lines, write, fill_id, want_missed, shift=0) -> (hits, write-back mask or None, fill
+   ids to wait for, positions of the missed lines or None, any line missed). The lines are
+   lines[i] + shift (a transfer's line pattern moved to its address). fill_id: the fill
    index the missed lines get (0: none), marked in flight if any line misses. */
 static PyObject *core_access(Core *c, PyObject *args) {
     PyObject *lines_obj;
     int write, want_missed;
-    long long fill_id;
-    if (!PyArg_ParseTuple(args, "OpLp", &lines_obj, &write, &fill_id, &want_missed)) return NULL;
+    long long fill_id, shift_by = 0;
+    if (!PyArg_ParseTuple(args, "OpLp|L", &lines_obj, &write, &fill_id, &want_missed, &shift_by)) return NULL;
     Py_buffer lb;
     if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (lb.itemsize != 8) {
@@ -295,8 +297,8 @@ static PyObject *core_access(Core *c, PyObject *args) {
     }
     for (Py_ssize_t lo = 0; lo < n; lo += c->sets) {
         Py_ssize_t m = n - lo < c->sets ? n - lo : c->sets;
-        Py_ssize_t h = piece(c, lines + lo, m, lo, write, fill_id, &wb, &wb_obj, n, waits, &missed, &n_missed,
-                             &any_miss);
+        Py_ssize_t h = piece(c, lines + lo, shift_by, m, lo, write, fill_id, &wb, &wb_obj, n, waits, &missed,
+                             &n_missed, &any_miss);
         if (h < 0) goto fail;
         hits += h;
     }

@@ -90,40 +90,39 @@ class Link:
                     cls.clock += cls.rate * dt
         self._t = self.env.now
 
-    def _share(self) -> None:
-        """Water-filling over cap classes, smallest cap first."""
+    def _reschedule(self) -> None:
+        """Share the link out again (water-filling over cap classes, smallest cap first)
+        and set the timer to the next completion."""
         remaining = self.capacity
+        order = self._order
         n = 0
-        for cls in self._order:  # a loop, not sum() of a generator: this runs on every flow start and end
+        for cls in order:  # loops, not sum() of a generator: this runs on every flow start and end
             n += cls.count
         used = 0.0
-        for cls in self._order:
-            if not cls.count:
+        nxt = math.inf
+        for cls in order:
+            count = cls.count
+            if not count:
                 continue
             fair = remaining / n
-            cls.rate = cls.cap if cls.cap <= fair else fair
-            remaining -= cls.rate * cls.count
-            used += cls.rate * cls.count
-            n -= cls.count
+            rate = cls.rate = cls.cap if cls.cap <= fair else fair
+            remaining -= rate * count
+            used += rate * count
+            n -= count
+            dt = (cls.heap[0][0] - cls.clock) / rate
+            if dt < nxt:
+                nxt = dt
+        env = self.env
         if self.record:
-            self.samples.append((self.env.now, used))
-
-    def _reschedule(self) -> None:
-        self._share()
-        nxt = math.inf
-        for cls in self._order:
-            if cls.count:
-                dt = (cls.heap[0][0] - cls.clock) / cls.rate
-                if dt < nxt:
-                    nxt = dt
+            self.samples.append((env.now, used))
         if nxt is math.inf:
             self._timer_at = math.inf
             return
-        when = whole_cycles(self.env.now + max(nxt, 0.0))
+        when = whole_cycles(env.now + max(nxt, 0.0))
         if when == self._timer_at:
             return
         self._timer_at = when
-        at_delay(self.env, when - self.env.now, lambda _ev, when=when: self._on_timer(when))
+        at_delay(env, when - env.now, lambda _ev, when=when: self._on_timer(when))
 
     def _ends_this_cycle(self, nbytes: float, rate: float) -> bool:
         """Would `nbytes` at `rate` end at the current cycle, as _reschedule rounds it?

@@ -67,8 +67,8 @@ class L2Cache:
     def set_of(self, lines: np.ndarray) -> np.ndarray:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
 
-    def access(self, lines: np.ndarray, write: bool, new_fill=None, missed: bool = False):
-        """Touch `lines` (line numbers, each once). `new_fill()` makes the event of
+    def access(self, lines: np.ndarray, write: bool, new_fill=None, missed: bool = False, shift: int = 0):
+        """Touch `lines` + `shift` (line numbers, each once). `new_fill()` makes the event of
         the fill bringing the missed lines of a read; it is called only if some line
         misses. Returns (lines that hit, write-back mask or None if there is none: this
         line's miss evicted a dirty line, fills to wait for (oldest first), the fill
@@ -76,7 +76,7 @@ class L2Cache:
         missed, else None)."""
         fill_id = len(self.fills) if new_fill is not None else _ARRIVED
         hits, wb, waits, at, any_miss = self._core.access(np.ascontiguousarray(lines, np.int64), write, fill_id,
-                                                          missed)
+                                                          missed, shift)
         fill = None
         if any_miss and new_fill is not None:
             fill = new_fill()

@@ -99,10 +99,10 @@ class MemorySystem:
         st.wasted = (moved - nbytes * segments) * w
 
         line = self.line
-        lines, member, shared = self._lines_of(addrs, nbytes, segments, stride)
+        lines, member, shared, first = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
         hit_lines, wb, waits, fill, missed = self.l2.access(lines, write, None if write else self._new_fill,
-                                                            w > 1 and not write)
+                                                            w > 1 and not write, first)
         total_lines = len(lines)
         if shared:  # members sharing a line: all but the first to touch it find it in the L2
             st.hit_bytes = st.moved * (hit_lines + shared) / (total_lines + shared)
@@ -113,6 +113,9 @@ class MemorySystem:
         st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
         if wb is not None:
             self._write_back(st, wb, member, w)
+        if not waits and not st.hbm_read:  # a write, or a read that hits throughout: the L2 flow is all
+            self.l2_link.add(moved, cap, on_done, w)
+            return st
 
         pending = [1 + len(waits)]
 
@@ -171,9 +174,10 @@ class MemorySystem:
             self.hbm.add(int(lines_wb) * line, math.inf, _nothing, int(members))
 
     def _lines_of(self, addrs: list[int], nbytes: int, segments: int, stride: int):
-        """The L2 lines of a transfer and the member of each (see _lines). Relative to the first member's first line they depend only on
-        the shape and on where each member starts within a line and relative to the
-        first one, so each pattern is computed once and then shifted."""
+        """The L2 lines of a transfer relative to the line of its first byte, the member of
+        each and the shared count (see _lines), and that line. Relative to it they depend
+        only on the shape and on where each member starts within a line and relative to
+        the first one, so each pattern is computed once (and shifted by the L2 walk)."""
         line = self.line
         first, within = divmod(addrs[0], line)
         if len(addrs) == 1:
@@ -184,7 +188,7 @@ class MemorySystem:
         if pattern is None:
             offsets, member, shared = _lines([a - addrs[0] + within for a in addrs], nbytes, segments, stride, line)
             pattern = self._patterns[key] = (offsets, member, shared)
-        return pattern[0] + first, pattern[1], pattern[2]
+        return (*pattern, first)
 
 
 def _member_fills(missed: np.ndarray, member: np.ndarray, w: int, line: int) -> list[tuple[float, int]]:

@@ -6,7 +6,6 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-import simpy
 from attrs import frozen
 
 from npusim.diskcache.reads import note, recording
