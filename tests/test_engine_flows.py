@@ -13,15 +13,16 @@ from hypothesis import strategies as st
 from npusim.engine.cycles import whole_cycles
 import simpy
 
+from flows_reference import ReferenceLink
 from kernels import deadline
 from npusim.engine.flows import Link
 
 
-def run_flows(capacity: float, flows: list[tuple]) -> tuple[list, Link]:
+def run_flows(capacity: float, flows: list[tuple], link_type=Link) -> tuple[list, Link]:
     """Start each (start cycle, bytes, cap, weight) flow on one link; return when each
     ended, and the link (for its rate samples)."""
     env = simpy.Environment()
-    link = Link(env, "L", capacity)
+    link = link_type(env, "L", capacity)
     ends: list = [None] * len(flows)
 
     def start(i, at, nbytes, cap, weight):
@@ -111,3 +112,20 @@ def test_whole_cycles_is_the_ceiling_of_the_value_rounded_to_six_decimals(whole,
     """whole_cycles skips round() where it cannot matter: it must agree with the rule."""
     for x in (whole + fraction, math.nextafter(whole + fraction, 0), math.nextafter(whole + fraction, math.inf)):
         assert whole_cycles(x) == math.ceil(round(x, 6))
+
+
+_flow = st.tuples(st.integers(0, 400), st.one_of(st.integers(1, 10**6), st.floats(0.5, 1e6)),
+                  st.sampled_from([math.inf, 30, 64.0, 86.0, 110.0, 1e-3]), st.integers(1, 24))
+
+
+@given(capacity=st.one_of(st.floats(1e-3, 1e5), st.sampled_from([150, 57077.620882230454, 1e30])),
+       flows=st.lists(_flow, min_size=1, max_size=12))
+def test_the_c_flow_model_is_its_python_statement_to_the_bit(capacity, flows):
+    """Link's arithmetic runs in C (_flows.c): every end time, and every rate sample with
+    the cycle it was taken at, equals what the Python statement of the model
+    (tests/flows_reference.py) gives, exactly - types too (whole cycles are ints)."""
+    with deadline(5):
+        ends, link = run_flows(capacity, flows)
+        expect, reference = run_flows(capacity, flows, ReferenceLink)
+    assert [(e, type(e)) for e in ends] == [(e, type(e)) for e in expect]
+    assert [(t, type(t), u) for t, u in link.samples] == [(t, type(t), u) for t, u in reference.samples]
