@@ -163,7 +163,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
     Py_ssize_t misses = 0, pending = 0;
     int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
     int64_t stamp = ++c->stamp_now;
-    int distinct = 1;  /* every line in a set of its own (a contiguous run mostly is) */
+    int distinct = 1;  /* every missed line in a set of its own (a contiguous run's are) */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t line = lines[i] + shift_by;
         if (line < 0) {
@@ -171,14 +171,14 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
             return -1;
         }
         int64_t s = set_in_run(c, line, &first, &shift);
-        if (c->stamp[s] == stamp) distinct = 0;
-        c->stamp[s] = stamp;
         int64_t slot = find_slot(c, line, s);
         if (slot >= 0) {
             c->use[slot] = base + i;
             if (write) c->dirty[slot] = 1;
             if (c->in_flight && !c->filled[c->fill[slot]]) c->pend[pending++] = c->fill[slot];
         } else {
+            if (c->stamp[s] == stamp) distinct = 0;
+            c->stamp[s] = stamp;
             c->miss_set[misses] = s;
             c->miss_at[misses++] = i;
         }
@@ -201,7 +201,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         for (Py_ssize_t k = 0; k < misses; k++) (*missed)[(*n_missed)++] = at + c->miss_at[k];
     }
     int64_t ways = c->ways;
-    if (distinct) {  /* one miss per set: it takes the set's least recently used way */
+    if (distinct) {  /* one miss per set: it takes the set's least recently used way (after this piece's hits) */
         for (Py_ssize_t k = 0; k < misses; k++) {
             int64_t s = c->miss_set[k], i = c->miss_at[k];
             int64_t *row_use = c->use + s * ways, best = 0;
