@@ -16,6 +16,7 @@ in one loop, as SimPy's step() does one event at a time.
 
 from __future__ import annotations
 
+import gc
 from heapq import heappop, heappush
 
 import simpy
@@ -48,12 +49,31 @@ def at_delay(env: simpy.Environment, delay: float, callback) -> None:
     heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), sig))
 
 
+# Allocations between two collections of the youngest garbage-collector generation
+# while the queue runs (CPython's default: 700). A step makes millions of short-lived
+# events, tuples and closures, few of them in reference cycles; collecting every 700
+# walked them over and over, and every tenth collection the older ones too: about a
+# tenth of a K3 decode step. It costs a few MiB of peak memory (measured by
+# benchmarks/bench_step.py).
+_GC_YOUNG_ALLOCATIONS = 50_000
+
+
 class Environment(simpy.Environment):
     """SimPy's environment with run() (no `until`) as one loop over the queue."""
 
     def run(self, until=None):
         if until is not None:
             return super().run(until)
+        young, *older = gc.get_threshold()
+        if young:  # 0: the collector is off, and stays off
+            gc.set_threshold(max(young, _GC_YOUNG_ALLOCATIONS), *older)
+        try:
+            self._run_queue()
+        finally:
+            gc.set_threshold(young, *older)
+        return None
+
+    def _run_queue(self) -> None:
         queue = self._queue
         while queue:
             self._now, _, _, event = heappop(queue)
@@ -65,4 +85,3 @@ class Environment(simpy.Environment):
                 exc = type(event._value)(*event._value.args)
                 exc.__cause__ = event._value
                 raise exc
-        return None
