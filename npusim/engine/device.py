@@ -63,6 +63,7 @@ import simpy
 from attrs import frozen
 
 from npusim.engine.compile import compile_program, count_instructions
+from npusim.engine.events import after
 from npusim.engine.grouping import Grouping, gm_accesses, groupable
 from npusim.engine.memory import MemorySystem
 from npusim.engine.pipe import run_pipe
@@ -373,7 +374,7 @@ class Device:
     def _block(self, kr: _KernelRun, blocks: list[int], cores: list[tuple[int | None, list[int]]]):
         """Run one block, or a group of identical blocks (one per entry of `cores`)."""
         env, k = self.env, kr.kernel
-        yield env.timeout(self.hw.runtime.block_start_cycles)
+        yield after(env, self.hw.runtime.block_start_cycles)
         start = env.now
         b0 = blocks[0]
         offsets = [b - b0 for b in blocks]
@@ -392,7 +393,7 @@ class Device:
             yield env.all_of(procs)
         end = max([p.value for p in procs], default=env.now)
         if end > env.now:
-            yield env.timeout(end - env.now)
+            yield after(env, end - env.now)
         for cr in runs:
             kr.acc.core_cycles[cr.kind.value] += (end - start) * cr.weight
             kr.acc.instructions += count_instructions(k.program(cr.kind, blocks[0]).body) * cr.weight

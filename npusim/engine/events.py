@@ -42,11 +42,17 @@ class Signal:
         heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
 
 
+def after(env: simpy.Environment, delay: float) -> Signal:
+    """A Signal that fires `delay` cycles from now, where a Timeout made now would (a
+    process yields it to sleep that long)."""
+    sig = Signal(env)
+    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), sig))
+    return sig
+
+
 def at_delay(env: simpy.Environment, delay: float, callback) -> None:
     """Call callback(signal) `delay` cycles from now, where a Timeout made now would fire."""
-    sig = Signal(env)
-    sig.callbacks.append(callback)
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), sig))
+    after(env, delay).callbacks.append(callback)
 
 
 # Allocations between two collections of the youngest garbage-collector generation

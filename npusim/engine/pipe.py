@@ -22,7 +22,7 @@ from npusim.engine.compile import (
     SyncAllEntry,
 )
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.events import Signal, at_delay
+from npusim.engine.events import Signal, after, at_delay
 from npusim.engine.grouping import Diverged
 from npusim.isa.program import CoreType, at
 
@@ -167,7 +167,7 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
             elif kind is CrossSet:
                 # Several pipes may set one cross flag: post in simulated-time order.
                 if t > env.now:
-                    yield env.timeout(t - env.now)
+                    yield after(env, t - env.now)
                 blk = cr.block
                 targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
                 for other in targets:
