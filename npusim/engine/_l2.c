@@ -162,6 +162,11 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
     int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
+    /* the way the previous line was found in: lines a transfer brought in together went
+       into their sets' least recently used ways, which tend to be the same way, so a
+       later run over them finds each where it found the one before (tried first; a line
+       is in at most one way, so the slot is the same as a full search gives) */
+    int64_t way = 0;
     int64_t stamp = ++c->stamp_now;
     int distinct = 1;  /* every missed line in a set of its own (a contiguous run's are) */
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -171,7 +176,11 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
             return -1;
         }
         int64_t s = set_in_run(c, line, &first, &shift);
-        int64_t slot = find_slot(c, line, s);
+        int64_t slot = s * c->ways + way;
+        if (c->tags[slot] != line) {
+            slot = find_slot(c, line, s);
+            if (slot >= 0) way = slot - s * c->ways;
+        }
         if (slot >= 0) {
             c->use[slot] = base + i;
             if (write) c->dirty[slot] = 1;
