@@ -59,6 +59,8 @@ def test_every_other_readme_python_block_runs():
 # other one is run below and must print what the README shows. NPUSIM_README_SLOW=1 runs
 # these too.
 SLOW = {"npusim sweep": "12 K3 decode steps",
+        "npusim serve --service seed-optimized --workload k3 ": "K3 serving on an empty cache prices bucketed "
+                                                                 "prefills of up to 32 x 4096 tokens (hours)",
         "npusim calibrate": "the GEMM example: four GEMMs up to 7680^3, each simulated ~20 times (minutes; "
                             "benchmarks/calibrate.py); the hccl_test example reads the files its `npusim op` "
                             "commands write (tests/test_calibrate_hccl.py runs them in order)"}
