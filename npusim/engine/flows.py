@@ -20,8 +20,8 @@ move time forward.
 
 The arithmetic runs in C (_flows.c: a K3 prefill starts and ends over a million
 flows, and in Python the sharing was a sixth of its simulation), with the same
-operations in the same order, so the same results; tests/flows_reference.py states it in
-Python and the tests hold the two to each other.
+operations in the same order, so the same results; tests/flows_reference.py
+states it in Python and the tests hold the two to each other.
 """
 
 from __future__ import annotations
