@@ -42,7 +42,6 @@ class Link:
         self.env = env
         self.name = name
         self.capacity = bytes_per_cycle
-        self.record = record
         self.samples: list[tuple[float, float]] = []  # (cycle, bytes per cycle in use)
         self._flows = Flows(bytes_per_cycle, self.samples if record else None, whole_cycles)
 

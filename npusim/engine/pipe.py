@@ -58,7 +58,7 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
     t = env.now
     busy = waited = data_wait = flops = 0.0
     local_bytes = acc.local_bytes
-    flags, waiters, blocked = cr.flags, cr.waiters, dev.blocked
+    flags, waiters = cr.flags, cr.waiters
 
     # The stream in execution order, loops walked in place (a stack of open loops:
     # the iterator to resume after the loop, the loop entry, its iteration), so an
@@ -144,12 +144,8 @@ def run_pipe(dev, kr, cr, pipe, stream: tuple):
                 pending = flags[entry.key]
                 if pending:  # already set: no need to block (the common case)
                     visible = pending.popleft()
-                else:  # wait_flag, inlined
-                    ev = Signal(env)
-                    waiters[entry.key].append(ev)
-                    blocked[(cr.name, pipe_name)] = entry.name
-                    visible = yield ev
-                    del blocked[(cr.name, pipe_name)]
+                else:
+                    visible = yield from wait_flag(dev, cr, entry.key, pipe_name, entry.name)
                 if visible > t:
                     if intervals is not None:
                         for name in names:
