@@ -1,4 +1,4 @@
-"""npusim.engine.flows.Link on its own (a bare simpy.Environment): max-min fair
+"""npusim.engine.flows.Link on its own (a bare engine Environment): max-min fair
 sharing (water-filling) with per-flow caps, weighted flows, late arrivals, and
 completions rounded up to whole cycles."""
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npusim.engine.cycles import whole_cycles
-import simpy
+from npusim.engine.events import Environment
 
 from flows_reference import ReferenceLink
 from kernels import deadline
@@ -21,7 +21,7 @@ from npusim.engine.flows import Link
 def run_flows(capacity: float, flows: list[tuple], link_type=Link) -> tuple[list, Link]:
     """Start each (start cycle, bytes, cap, weight) flow on one link; return when each
     ended, and the link (for its rate samples)."""
-    env = simpy.Environment()
+    env = Environment()
     link = link_type(env, "L", capacity)
     ends: list = [None] * len(flows)
 

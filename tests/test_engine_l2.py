@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 import pytest
-import simpy
 
 from kernels import (
     GM,
@@ -28,6 +27,7 @@ from kernels import (
     simulate_on_device,
 )
 from npusim.engine import Launch, Synchronize, run, simulate
+from npusim.engine.events import Environment
 from npusim.engine.l2cache import L2Cache
 from npusim.engine.memory import MemorySystem, _lines
 from npusim.hw import load_hw
@@ -322,7 +322,7 @@ def test_a_hit_on_filled_lines_does_not_wait_for_the_owners_next_fill():
 
 
 def test_l2cache_unit_a_hit_on_lines_being_filled_returns_that_fill():
-    env = simpy.Environment()
+    env = Environment()
     c = L2Cache(1024, 16)  # large: each access below is applied in one piece
     filling = env.event()
     assert touch(c, 0, 8, False, filling) == (0, 0, [])
@@ -333,7 +333,7 @@ def test_l2cache_unit_a_hit_on_lines_being_filled_returns_that_fill():
 
 
 def test_l2cache_unit_lines_already_filled_are_not_in_flight_again():
-    env = simpy.Environment()
+    env = Environment()
     c = L2Cache(1024, 16)
     first = env.event()
     touch(c, 0, 8, False, first)
@@ -447,7 +447,7 @@ def test_lines_of_a_group_are_its_members_lines_shifted():
     of its first byte, which the L2 walk adds): the same lines and members as computing
     them for the actual addresses."""
     hw = hw_with()
-    mem = MemorySystem(simpy.Environment(), hw, record=False)
+    mem = MemorySystem(Environment(), hw, record=False)
     line = hw.l2.line_bytes
     cases = [([GM_A + 96], 4000, 3, 5000), ([GM_A + 96 + 7 * line], 4000, 3, 5000),
              ([GM_A, GM_A + 64 * line, GM_A + 128 * line], 2048, 2, 8192),

@@ -195,7 +195,7 @@ def test_a_run_of_fixed_cost_instructions_counts_as_its_instructions():
 
     ops = [VecOp("add", 4096, dst=0), VecOp("exp", 1000, dst=0), VecOp("mul", 3000, dst=0, flops_per_elem=2)]
     kernel = aiv_kernel(HW, [Loop("i", 3, tuple(ops))])
-    ((_, stream),) = compile_program(kernel.aiv[0], CoreType.AIV, HW)
+    ((_, stream, _),) = compile_program(kernel.aiv[0], CoreType.AIV, HW)
     (entry,) = stream[0].body
     assert isinstance(entry, FixedRun) and len(entry.entries) == len(ops)
     detailed, plain = simulate(kernel, HW), simulate(kernel, HW, trace="kernel")

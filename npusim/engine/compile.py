@@ -13,6 +13,9 @@ Fixed costs come from the config (never from constants here):
 - MTE1 (L1 -> L0A/L0B/BT) and FixPipe to L1/FB: start-up + bytes / rate
 - scalar: its cycles; PipeBarrier on one pipe: sync.pipe_barrier_cycles
 GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time.
+
+Each stream is also compiled for the pipe's walk in C (code_of, _pipe.c): the
+entries a pipe does on its own clock run there, the rest in pipe.py.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 
 from attrs import define
 
+from npusim.engine._pipe import Code
 from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
 from npusim.isa.program import (
@@ -260,9 +264,37 @@ def _merge_fixed(stream: list) -> list:
     return out
 
 
-def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple], ...]:
-    """(pipe, stream) for every pipe of `core` that has work, in CORE_PIPES order."""
-    return tuple((p, tuple(s)) for p, s in _split(program.body, core, hw).items() if s)
+def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple, Code], ...]:
+    """(pipe, stream, its Code) for every pipe of `core` that has work, in CORE_PIPES order."""
+    return tuple((p, tuple(s), code_of(s)) for p, s in _split(program.body, core, hw).items() if s)
+
+
+# The local buffers, numbered for the C walk (it sums the bytes written into each).
+MEMS = tuple(m.value for m in Mem)
+_MEM_INDEX = {name: i for i, name in enumerate(MEMS)}
+
+
+def code_of(stream) -> Code:
+    """A stream compiled for the pipe's walk in C: per entry its kind (numbered as in
+    _pipe.c), the entry and its name, and what the walk reads of it."""
+    ops = []
+    for e in stream:
+        kind = e.__class__
+        if kind is Fixed:
+            local = () if e.mem is None else ((_MEM_INDEX[e.mem], e.nbytes),)
+            ops.append((0, e, e.name, e.cost, e.flops, local, ()))
+        elif kind is FixedRun:
+            ops.append((1, e, "", e.cost, e.flops, tuple((_MEM_INDEX[m], n) for m, n in e.local),
+                        tuple((x.name, x.cost) for x in e.entries)))
+        elif kind is FlagSet:
+            ops.append((2, e, e.name, e.key))
+        elif kind is FlagWait:
+            ops.append((3, e, e.name, e.key))
+        elif kind is LoopEntry:
+            ops.append((4, e, "", e.var, e.count, code_of(e.body)))
+        else:  # done in pipe.py: GM copies, barriers, SyncAll, cross-core flags
+            ops.append((5, e, e.name))
+    return Code(tuple(ops), len(MEMS))
 
 
 def count_instructions(body: tuple) -> int:

@@ -292,7 +292,7 @@ class Device:
             program = kernel.program(kind, block)
             hit = self._groupable.get(id(program))
             if hit is None or hit[0] is not program:
-                accesses = [a for _, stream in self._streams(kernel, kind, block)
+                accesses = [a for _, stream, _ in self._streams(kernel, kind, block)
                             for a in gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
                 members = sum(kernel.program(kind, b) is program for b in range(kernel.block_dim))
                 hit = self._groupable[id(program)] = (program, groupable(accesses, kernel, self.hw, block, members))
@@ -388,7 +388,7 @@ class Device:
             blk.aivs.append(_CoreRun([f"AIV{aivs[s]}" for _, aivs in cores], CoreType.AIV, {"block": b0, "sub": s},
                                      self._streams(k, CoreType.AIV, b0), blk, offsets))
         runs += blk.aivs
-        procs = [env.process(run_pipe(self, kr, cr, pipe, stream)) for cr in runs for pipe, stream in cr.streams]
+        procs = [env.process(run_pipe(self, kr, cr, pipe, code)) for cr in runs for pipe, _, code in cr.streams]
         if procs:
             yield env.all_of(procs)
         end = max([p.value for p in procs], default=env.now)

@@ -1,26 +1,31 @@
-"""Cheap events for the device's hot paths, in SimPy's own event order.
+"""The engine's SimPy environment, and cheap events for the device's hot paths, in
+SimPy's own event order.
 
 A K3 decode step schedules about 200,000 events: a DMA transfer's start after its
 start-up, the link timers of the flow model, a transfer's end, an L2 fill's
 arrival, a flag a pipe waits for. SimPy's Event and Timeout carry what a general
 simulation needs (an environment, a pending value, failure and defusing); these
-need none of it. A Signal is what Environment.step and Process._resume read of an
-event (`callbacks`, `_ok`, `_value`) and nothing else, and it is put into the
-environment's queue exactly as SimPy puts its own events (now + delay, NORMAL
-priority, the next id of the same counter), so the order of everything that
-happens - and with it every result - is the same as with SimPy's events.
+need none of it. A Signal is what the queue's loop and Process._resume read of an
+event (`callbacks`, `_ok`, `_value`) and nothing else, and it is scheduled exactly
+as SimPy schedules its own events (now + delay, NORMAL priority, after everything
+scheduled before it), so the order of everything that happens - and with it every
+result - is the same as with SimPy's events.
 
-Environment.run() without `until` (the engine's only use) steps through the queue
-in one loop, as SimPy's step() does one event at a time.
+The environment keeps its queue in C (_queue.c): the same order as SimPy's heap of
+(time, priority, id, event) tuples, compared without building or comparing tuples,
+and run() (without `until`, the engine's only use) processes it in one C loop, as
+SimPy's step() does one event at a time. schedule(), step() and peek() use that
+queue, so SimPy's own events and processes run on it unchanged.
 """
 
 from __future__ import annotations
 
 import gc
-from heapq import heappop, heappush
 
 import simpy
-from simpy.core import NORMAL
+from simpy.core import NORMAL, EmptySchedule, Infinity
+
+from npusim.engine._queue import Queue
 
 
 class Signal:
@@ -29,7 +34,7 @@ class Signal:
 
     __slots__ = ("env", "callbacks", "_ok", "_value")
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: Environment):
         self.env = env
         self.callbacks: list | None = []
         self._ok = True  # a Signal never fails
@@ -39,18 +44,18 @@ class Signal:
         """Schedule it now with `value`, as Event.succeed(value) would."""
         self._value = value
         env = self.env
-        heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
+        env._queue.push(env._now, NORMAL, self)
 
 
-def after(env: simpy.Environment, delay: float) -> Signal:
+def after(env: Environment, delay: float) -> Signal:
     """A Signal that fires `delay` cycles from now, where a Timeout made now would (a
     process yields it to sleep that long)."""
     sig = Signal(env)
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), sig))
+    env._queue.push(env._now + delay, NORMAL, sig)
     return sig
 
 
-def at_delay(env: simpy.Environment, delay: float, callback) -> None:
+def at_delay(env: Environment, delay: float, callback) -> None:
     """Call callback(signal) `delay` cycles from now, where a Timeout made now would fire."""
     after(env, delay).callbacks.append(callback)
 
@@ -65,7 +70,27 @@ _GC_YOUNG_ALLOCATIONS = 50_000
 
 
 class Environment(simpy.Environment):
-    """SimPy's environment with run() (no `until`) as one loop over the queue."""
+    """SimPy's environment on the C queue; run() without `until` is one C loop."""
+
+    def __init__(self, initial_time: float = 0):
+        super().__init__(initial_time)
+        self._queue = Queue()
+
+    def schedule(self, event, priority=NORMAL, delay=0) -> None:
+        self._queue.push(self._now + delay, priority, event)
+
+    def peek(self):
+        return self._queue.peek() if len(self._queue) else Infinity
+
+    def step(self) -> None:
+        """One event, as SimPy's step (run(until) steps with it)."""
+        if not len(self._queue):
+            raise EmptySchedule
+        self._now, event = self._queue.pop()
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        _raise_if_failed(event)
 
     def run(self, until=None):
         if until is not None:
@@ -74,20 +99,17 @@ class Environment(simpy.Environment):
         if young:  # 0: the collector is off, and stays off
             gc.set_threshold(max(young, _GC_YOUNG_ALLOCATIONS), *older)
         try:
-            self._run_queue()
+            while (failed := self._queue.run(self)) is not None:
+                _raise_if_failed(failed)
         finally:
             gc.set_threshold(young, *older)
         return None
 
-    def _run_queue(self) -> None:
-        queue = self._queue
-        while queue:
-            self._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                # as Environment.step: a process that failed ends the run with a copy of its error
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+
+def _raise_if_failed(event) -> None:
+    """As SimPy's step: a failed event nobody defused (a process that raised) ends the
+    run with a copy of its error."""
+    if not event._ok and not hasattr(event, "_defused"):
+        exc = type(event._value)(*event._value.args)
+        exc.__cause__ = event._value
+        raise exc

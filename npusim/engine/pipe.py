@@ -9,18 +9,8 @@ pipe waits for, for the deadlock message); `kr` the kernel run, `cr` the core ru
 
 from __future__ import annotations
 
-from npusim.engine.compile import (
-    BarrierAll,
-    CrossSet,
-    CrossWait,
-    Fixed,
-    FixedRun,
-    FlagSet,
-    FlagWait,
-    GmCopy,
-    LoopEntry,
-    SyncAllEntry,
-)
+from npusim.engine._pipe import Walker
+from npusim.engine.compile import MEMS, BarrierAll, CrossSet, CrossWait, FlagWait, GmCopy, SyncAllEntry
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.events import Signal, after, at_delay
 from npusim.engine.grouping import Diverged
@@ -47,160 +37,106 @@ def post_flag(cr, key, visible_at: float) -> None:
     else:
         cr.flags[key].append(visible_at)
 
-def run_pipe(dev, kr, cr, pipe, stream: tuple):
+def run_pipe(dev, kr, cr, pipe, code):
+    """The process of one pipe of core run `cr`: its Code walked in C (the entries that
+    need only the pipe's clock and its core's flags, _pipe.c) and here the ones that
+    meet simulated time: GM copies, waits that block, barriers and cross-core flags.
+    Returns the pipe's clock at its end."""
     env, hw, mem, acc = dev.env, dev.hw, dev.memory, kr.acc
     vars = dict(cr.vars)  # each pipe walks its own loops
     intervals = dev.tracer.intervals if dev.tracer.instr else None
     pipe_name, kid = pipe.value, kr.id
     names, offsets, w = cr.names, cr.offsets, cr.weight
-    flag_latency = hw.sync.flag_latency_cycles
     cross_latency = hw.sync.cross_core_flag_latency_cycles
-    t = env.now
-    busy = waited = data_wait = flops = 0.0
+    walk = Walker(code, vars, cr.flags, cr.waiters, hw.sync.flag_latency_cycles, intervals, tuple(names), pipe_name,
+                  kid, env.now)
+    data_wait = 0.0
     local_bytes = acc.local_bytes
-    flags, waiters = cr.flags, cr.waiters
 
-    # The stream in execution order, loops walked in place (a stack of open loops:
-    # the iterator to resume after the loop, the loop entry, its iteration), so an
-    # entry deep in nested loops costs one step of a for loop.
-    stack: list[tuple] = []
-    it = iter(stream)
-    while True:
-        for entry in it:
-            kind = entry.__class__
-            if kind is Fixed:
-                cost = entry.cost
-                if intervals is not None:
-                    for name in names:
-                        intervals.append((name, pipe_name, entry.name, t, t + cost, kid))
-                t += cost
-                busy += cost
-                flops += entry.flops
-                if entry.mem is not None:
-                    local_bytes[entry.mem] += entry.nbytes * w
-            elif kind is FixedRun:  # as its Fixed entries one after the other (exact: whole numbers)
-                cost = entry.cost
-                if intervals is not None:
-                    at_t = t
-                    for e in entry.entries:
-                        for name in names:
-                            intervals.append((name, pipe_name, e.name, at_t, at_t + e.cost, kid))
-                        at_t += e.cost
-                t += cost
-                busy += cost
-                flops += entry.flops
-                for mem_name, nbytes in entry.local:
-                    local_bytes[mem_name] += nbytes * w
-            elif kind is GmCopy:
-                startup, cap, write = entry.startup, entry.cap, entry.write
-                nbytes, segments, step = entry.nbytes, entry.segments, entry.step
-                a = at(entry.gm_addr, vars)
-                issue = t
-                t += startup
-                done = Signal(env)
-                addrs = [a + o * step for o in offsets]
-                if t > env.now:
-                    # The copy starts once its start-up has passed: a callback of that timeout
-                    # starts it, at the very point of the event order where this pipe would
-                    # have resumed to start it, without resuming the pipe.
-                    started = []
-                    at_delay(env, t - env.now,
-                             lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride,
-                             write=write, cap=cap, started=started, on_done=done.fire: started.append(
-                                 mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
-                    yield done
-                    st = started[0]
-                else:
-                    st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.fire)
-                    yield done
-                if st.uneven:  # this run of the program is void: engine.run simulates it again
-                    raise Diverged(kr.id, cr.block.index)
-                t = env.now
-                busy += t - issue
-                # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-                data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
-                if intervals is not None:
-                    for nm in names:
-                        intervals.append((nm, pipe_name, entry.name, issue, t, kid))
-                if write:
-                    acc.gm_write_bytes += st.moved
-                else:
-                    acc.gm_read_bytes += st.moved
-                    local_bytes[entry.local] += nbytes * segments * w
-                acc.hbm_read_bytes += st.hbm_read
-                acc.hbm_write_bytes += st.hbm_write
-                acc.l2_hit_bytes += st.hit_bytes
-                acc.l2_miss_bytes += st.miss_bytes
-                acc.wasted_burst_bytes += st.wasted
-                acc.misaligned_segments += st.misaligned
-                acc.dma_segments += segments * w
-            elif kind is FlagSet:  # _post, inlined: the most frequent entry after Fixed
-                waiting = waiters.get(entry.key)
-                if waiting:
-                    waiting.popleft().fire(t + flag_latency)
-                else:
-                    flags[entry.key].append(t + flag_latency)
-            elif kind is FlagWait:
-                pending = flags[entry.key]
-                if pending:  # already set: no need to block (the common case)
-                    visible = pending.popleft()
-                else:
-                    visible = yield from wait_flag(dev, cr, entry.key, pipe_name, entry.name)
-                if visible > t:
-                    if intervals is not None:
-                        for name in names:
-                            intervals.append((name, pipe_name, entry.name, t, visible, kid))
-                    waited += visible - t
-                    t = visible
-            elif kind is BarrierAll:
-                t, stalled = yield from barrier(dev, cr, t, entry.cost, pipe_name)
-                waited += stalled
-                busy += entry.cost
-            elif kind is SyncAllEntry:
-                t, stalled = yield from sync_all(dev, kr, cr, t, entry.cost, pipe_name)
-                waited += stalled
-                busy += entry.cost
-            elif kind is CrossSet:
-                # Several pipes may set one cross flag: post in simulated-time order.
-                if t > env.now:
-                    yield after(env, t - env.now)
-                blk = cr.block
-                targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
-                for other in targets:
-                    post_flag(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                               t + cross_latency)
-            elif kind is CrossWait:
-                blk = cr.block
-                sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
-                visible = t
-                for s in sources:
-                    v = yield from wait_flag(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
-                    visible = max(visible, v)
-                waited += visible - t
-                t = visible
-            elif kind is LoopEntry:
-                if entry.count > 0:
-                    vars[entry.var] = 0
-                    stack.append((it, entry, 0))
-                    it = iter(entry.body)
-                    break
-        else:
-            if not stack:
-                break
-            parent, loop, i = stack.pop()
-            if i + 1 < loop.count:
-                vars[loop.var] = i + 1
-                stack.append((parent, loop, i + 1))
-                it = iter(loop.body)
+    while (entry := walk.run()) is not None:
+        kind = entry.__class__
+        if kind is GmCopy:
+            startup, cap, write = entry.startup, entry.cap, entry.write
+            nbytes, segments, step = entry.nbytes, entry.segments, entry.step
+            a = at(entry.gm_addr, vars)
+            issue = walk.t
+            t = issue + startup
+            done = Signal(env)
+            addrs = [a + o * step for o in offsets]
+            if t > env.now:
+                # The copy starts once its start-up has passed: a callback of that timeout
+                # starts it, at the very point of the event order where this pipe would
+                # have resumed to start it, without resuming the pipe.
+                started = []
+                at_delay(env, t - env.now,
+                         lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride,
+                         write=write, cap=cap, started=started, on_done=done.fire: started.append(
+                             mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
+                yield done
+                st = started[0]
             else:
-                it = parent
+                st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.fire)
+                yield done
+            if st.uneven:  # this run of the program is void: engine.run simulates it again
+                raise Diverged(kr.id, cr.block.index)
+            walk.t = t = env.now
+            walk.busy += t - issue
+            # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
+            data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
+            if intervals is not None:
+                for nm in names:
+                    intervals.append((nm, pipe_name, entry.name, issue, t, kid))
+            if write:
+                acc.gm_write_bytes += st.moved
+            else:
+                acc.gm_read_bytes += st.moved
+                local_bytes[entry.local] += nbytes * segments * w
+            acc.hbm_read_bytes += st.hbm_read
+            acc.hbm_write_bytes += st.hbm_write
+            acc.l2_hit_bytes += st.hit_bytes
+            acc.l2_miss_bytes += st.miss_bytes
+            acc.wasted_burst_bytes += st.wasted
+            acc.misaligned_segments += st.misaligned
+            acc.dma_segments += segments * w
+        elif kind is FlagWait:  # not set yet (the walk takes a set that is there)
+            walk.arrive((yield from wait_flag(dev, cr, entry.key, pipe_name, entry.name)), entry.name)
+        elif kind is BarrierAll:
+            walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
+            walk.waited += stalled
+            walk.busy += entry.cost
+        elif kind is SyncAllEntry:
+            walk.t, stalled = yield from sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
+            walk.waited += stalled
+            walk.busy += entry.cost
+        elif kind is CrossSet:
+            # Several pipes may set one cross flag: post in simulated-time order.
+            t = walk.t
+            if t > env.now:
+                yield after(env, t - env.now)
+            blk = cr.block
+            targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
+            for other in targets:
+                post_flag(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
+                          t + cross_latency)
+        elif kind is CrossWait:
+            blk = cr.block
+            sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
+            t = visible = walk.t
+            for s in sources:
+                v = yield from wait_flag(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
+                visible = max(visible, v)
+            walk.waited += visible - t
+            walk.t = visible
+        else:
+            raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
 
-    acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += busy * w
-    acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += waited * w
+    walk.flush(local_bytes, MEMS, w)
+    acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.busy * w
+    acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.waited * w
     if data_wait:
         acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += data_wait * w
-    acc.flops += flops * w
-    return t
+    acc.flops += walk.flops * w
+    return walk.t
 
 def barrier(dev, cr, t: float, cost: int, pipe_name: str):
     """PipeBarrier(ALL): every pipe of the core meets here; returns (new t, cycles waited)."""

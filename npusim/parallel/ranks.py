@@ -6,9 +6,9 @@ peers send it."""
 
 from __future__ import annotations
 
-import simpy
 
 from npusim.engine.device import Device
+from npusim.engine.events import Environment
 from npusim.engine.host import Host
 from npusim.engine.links import FullFabric
 from npusim.engine.run import _check_calls, until_even
@@ -39,7 +39,7 @@ def every_rank_cycles(graph: Graph, hw: HwConfig, ranks: int) -> list[float]:
     _check_calls(calls, hw)
 
     def attempt(lone_from: tuple[int, int] | None):
-        env = simpy.Environment()
+        env = Environment()
         devices = [Device(env, hw, Tracer("kernel")) for _ in range(ranks)]
         fabric = FullFabric(env, devices)
         hosts = []
