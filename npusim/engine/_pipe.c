@@ -3,12 +3,17 @@
 
    A Code is a compiled stream: per entry its kind and the fields the walk reads,
    loops holding the Code of their body. A Walker walks one pipe's Code for one core
-   run: it does every entry that touches nothing but the pipe's own clock, its
-   counters and its core's flags (fixed-cost instructions, flag sets, flag waits
-   that find their set already there, loops) and returns the first entry it cannot
-   do without simulated time (a GM copy, a wait that must block, a barrier, a
-   cross-core flag) to pipe.py, which reads and writes the walker's clock and
-   counters around it and calls run() again.
+   run: fixed-cost instructions, flag sets, flag waits and loops, and GM copies. A
+   copy, or a wait whose flag is not set yet, hands pipe.py the event to wait for
+   (the copy's end, the waiter's signal), which the pipe's process yields; the walk
+   goes on from there when run() is called again. Barriers, SyncAll and cross-core
+   flags are returned to pipe.py as entries: it reads and writes the walker's clock
+   and counters around them.
+
+   A copy starts once its start-up has passed: if that is later than now, a timeout
+   (events.after) calls the walker, which starts it then - at the very point of the
+   event order where the pipe would have resumed to start it, without resuming the
+   pipe. Its end is a Signal the transfer fires (memory.MemorySystem.transfer).
 
    Each operation is the one pipe.py did in Python, on the same operands, in the
    same order. The clock keeps Python's number types: it is an int until a float
@@ -21,10 +26,11 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 
 /* entry kinds, as pipe.code_of numbers them */
-enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5 };
+enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5, K_COPY = 6 };
 
 /* a number as Python holds it: an int (exact) or a float */
 typedef struct {
@@ -34,6 +40,8 @@ typedef struct {
 } Num;
 
 #define EXACT (9007199254740992LL) /* 2^53: ints up to this convert to doubles exactly */
+/* cycles.whole_cycles' fast test: a ceiling this far (1 - 1e-6) above x needs no rounding */
+#define CLEAR (1e-6)
 
 static int num_from(PyObject *o, Num *out) {
     if (PyLong_CheckExact(o)) {
@@ -78,6 +86,13 @@ static int num_add(Num a, Num b, Num *out) {
     return 0;
 }
 
+static int num_sub(Num a, Num b, Num *out) {
+    Num neg = b;
+    neg.i = -b.i;
+    neg.d = -b.d;
+    return num_add(a, neg, out);  /* exact negation: a - b is a + (-b) in ints and in doubles */
+}
+
 /* a - b as Python computes it, as a double (what a float counter adds) */
 static inline double num_sub_double(Num a, Num b) {
     if (!a.is_float && !b.is_float) return (double)(a.i - b.i);
@@ -109,6 +124,21 @@ typedef struct {
     PyObject *var;     /* K_LOOP */
     int64_t count;
     Code *body;
+    /* K_COPY: start-up cycles, cap (bytes/cycle, as given and as a double), a write?, the
+       GM address base + sum(step * var), its bytes, segments, stride, how far it moves
+       per block of a group, and the local buffer it reads into (index) */
+    Num startup;
+    PyObject *cap;
+    double cap_d;
+    int write;
+    int64_t base;
+    Py_ssize_t n_terms;
+    PyObject **term_var;
+    int64_t *term_step;
+    PyObject *nbytes, *segments, *stride;
+    int64_t segments_i, nbytes_i;
+    int64_t block_step;
+    Py_ssize_t local;
 } Op;
 
 struct Code {
@@ -126,6 +156,14 @@ static void op_clear(Op *op) {
     Py_CLEAR(op->key);
     Py_CLEAR(op->var);
     Py_CLEAR(op->body);
+    Py_CLEAR(op->cap);
+    Py_CLEAR(op->nbytes);
+    Py_CLEAR(op->segments);
+    Py_CLEAR(op->stride);
+    for (Py_ssize_t i = 0; i < op->n_terms; i++) Py_CLEAR(op->term_var[i]);
+    PyMem_Free(op->term_var); op->term_var = NULL;
+    PyMem_Free(op->term_step); op->term_step = NULL;
+    op->n_terms = 0;
     for (Py_ssize_t i = 0; i < op->n_parts; i++) Py_CLEAR(op->part_name[i]);
     PyMem_Free(op->local_mem); op->local_mem = NULL;
     PyMem_Free(op->local_bytes); op->local_bytes = NULL;
@@ -168,6 +206,8 @@ static int take_local(Op *op, PyObject *pairs, Py_ssize_t n_mems, Py_ssize_t i) 
    K_FIXED / K_RUN: cost, flops, ((mem index, bytes), ...), ((name, cost), ...) of its parts
    K_SET / K_WAIT:  key
    K_LOOP:          var, count, body Code
+   K_COPY:          startup, cap, write, base, ((var, step), ...), nbytes, segments, stride,
+                    block step, local buffer index
    K_OTHER:         nothing more */
 static int code_init(Code *c, PyObject *args, PyObject *kwds) {
     PyObject *ops;
@@ -228,6 +268,42 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
             op->body = (Code *)Py_NewRef(body);
             break;
         }
+        case K_COPY: {
+            if (size != 13) return bad_op(i, "a copy is (kind, entry, name, startup, cap, write, base, terms, "
+                                             "nbytes, segments, stride, block step, local)");
+            if (num_from(PyTuple_GET_ITEM(t, 3), &op->startup) < 0) return -1;
+            op->cap = Py_NewRef(PyTuple_GET_ITEM(t, 4));
+            op->cap_d = PyFloat_AsDouble(op->cap);
+            if (op->cap_d == -1.0 && PyErr_Occurred()) return -1;
+            op->write = PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
+            if (op->write < 0) return -1;
+            op->base = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 6));
+            if (op->base == -1 && PyErr_Occurred()) return -1;
+            PyObject *terms = PyTuple_GET_ITEM(t, 7);
+            if (!PyTuple_Check(terms)) return bad_op(i, "terms must be a tuple");
+            Py_ssize_t nt = PyTuple_GET_SIZE(terms);
+            op->term_var = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(PyObject *));
+            op->term_step = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(int64_t));
+            if (!op->term_var || !op->term_step) { PyErr_NoMemory(); return -1; }
+            for (Py_ssize_t k = 0; k < nt; k++) {
+                PyObject *var;
+                long long step;
+                if (!PyArg_ParseTuple(PyTuple_GET_ITEM(terms, k), "OL", &var, &step)) return -1;
+                op->term_var[k] = Py_NewRef(var);
+                op->term_step[k] = step;
+                op->n_terms = k + 1;
+            }
+            op->nbytes = Py_NewRef(PyTuple_GET_ITEM(t, 8));
+            op->segments = Py_NewRef(PyTuple_GET_ITEM(t, 9));
+            op->stride = Py_NewRef(PyTuple_GET_ITEM(t, 10));
+            op->nbytes_i = PyLong_AsLongLong(op->nbytes);
+            op->segments_i = PyLong_AsLongLong(op->segments);
+            op->block_step = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 11));
+            op->local = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 12));
+            if (PyErr_Occurred()) return -1;
+            if (op->local < 0 || op->local >= n_mems) return bad_op(i, "local buffer index out of range");
+            break;
+        }
         case K_OTHER:
             break;
         default:
@@ -262,46 +338,96 @@ typedef struct {
     Code *root;
     Frame *stack;
     Py_ssize_t depth, cap;
-    PyObject *vars, *flags, *waiters, *intervals, *names, *pipe_name, *kid;
-    Num t, latency;
-    double busy, waited, flops;
+    /* the pipe: its loop variables, its core's flags and waiters, the flag latency */
+    PyObject *vars, *flags, *waiters;
+    Num latency;
+    /* the instruction trace (NULL: none), the names of the run's cores, the pipe's name,
+       the kernel's id */
+    PyObject *intervals, *names, *pipe_name, *kid;
+    /* the device: environment, memory.transfer, events.Signal and events.after,
+       cycles.whole_cycles, the blocked-pipes map and this pipe's key in it */
+    PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key;
+    /* the run: its members' block offsets and weight, the kernel's counters, and what
+       makes the Diverged error of the run's group */
+    PyObject *offsets, *acc, *diverged;
+    int64_t weight;
+    Num t;
+    double busy, waited, flops, data_wait;
     int64_t *local;     /* bytes per buffer, not yet weighted */
     char *touched;      /* per buffer: written into at all (its counter exists) */
+    /* what the pipe waits for: the event handed to pipe.py, the entry (a copy or a
+       wait), and for a copy its issue cycle, its addresses and its transfer stats
+       (NULL until it has started) */
+    PyObject *pending;
+    Op *pending_op;
+    Num issue;
+    PyObject *addrs, *st;
 } Walker;
 
-static PyObject *s_popleft, *s_append, *s_fire;
+static PyObject *s_popleft, *s_append, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
+static PyObject *s_gm_read, *s_gm_write, *s_hbm_read, *s_hbm_write, *s_l2_hit, *s_l2_miss, *s_wasted,
+    *s_misaligned, *s_dma_segments, *s_st_hbm_read, *s_st_hbm_write, *s_st_hit, *s_st_miss, *s_st_wasted,
+    *s_st_misaligned;
 
-static void walker_clear_refs(Walker *w) {
+static int walker_traverse(Walker *w, visitproc visit, void *arg) {
+    Py_VISIT(w->root);
+    Py_VISIT(w->vars); Py_VISIT(w->flags); Py_VISIT(w->waiters);
+    Py_VISIT(w->intervals); Py_VISIT(w->names); Py_VISIT(w->pipe_name); Py_VISIT(w->kid);
+    Py_VISIT(w->env); Py_VISIT(w->transfer); Py_VISIT(w->signal); Py_VISIT(w->after); Py_VISIT(w->whole);
+    Py_VISIT(w->blocked); Py_VISIT(w->blocked_key);
+    Py_VISIT(w->offsets); Py_VISIT(w->acc); Py_VISIT(w->diverged);
+    Py_VISIT(w->pending); Py_VISIT(w->addrs); Py_VISIT(w->st);
+    return 0;
+}
+
+static int walker_clear(Walker *w) {
     Py_CLEAR(w->root);
-    Py_CLEAR(w->vars); Py_CLEAR(w->flags); Py_CLEAR(w->waiters); Py_CLEAR(w->intervals);
-    Py_CLEAR(w->names); Py_CLEAR(w->pipe_name); Py_CLEAR(w->kid);
+    Py_CLEAR(w->vars); Py_CLEAR(w->flags); Py_CLEAR(w->waiters);
+    Py_CLEAR(w->intervals); Py_CLEAR(w->names); Py_CLEAR(w->pipe_name); Py_CLEAR(w->kid);
+    Py_CLEAR(w->env); Py_CLEAR(w->transfer); Py_CLEAR(w->signal); Py_CLEAR(w->after); Py_CLEAR(w->whole);
+    Py_CLEAR(w->blocked); Py_CLEAR(w->blocked_key);
+    Py_CLEAR(w->offsets); Py_CLEAR(w->acc); Py_CLEAR(w->diverged);
+    Py_CLEAR(w->pending); Py_CLEAR(w->addrs); Py_CLEAR(w->st);
+    return 0;
 }
 
 static void walker_dealloc(Walker *w) {
-    walker_clear_refs(w);
+    PyObject_GC_UnTrack(w);
+    walker_clear(w);
     PyMem_Free(w->stack);
     PyMem_Free(w->local);
     PyMem_Free(w->touched);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
-/* Walker(code, vars, flags, waiters, flag_latency, intervals or None, names, pipe_name, kernel id, t) */
+/* Walker(code, vars, flags, waiters, flag_latency, t,
+          intervals or None, names, pipe_name, kernel id,
+          env, transfer, Signal, after, whole_cycles, blocked, blocked_key,
+          offsets, weight, acc, diverged): see the struct */
 static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
-    PyObject *code, *vars, *flags, *waiters, *latency, *intervals, *names, *pipe_name, *kid, *t;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOO!OOO", &CodeType, &code, &PyDict_Type, &vars, &PyDict_Type, &flags,
-                          &PyDict_Type, &waiters, &latency, &intervals, &PyTuple_Type, &names, &pipe_name, &kid,
-                          &t))
+    PyObject *code, *vars, *flags, *waiters, *latency, *t, *intervals, *names, *pipe_name, *kid;
+    PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged;
+    long long weight;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!OOOOOOOO!OO!LOO", &CodeType, &code, &PyDict_Type, &vars,
+                          &PyDict_Type, &flags, &PyDict_Type, &waiters, &latency, &t, &intervals, &PyTuple_Type,
+                          &names, &pipe_name, &kid, &env, &transfer, &signal, &after, &whole, &PyDict_Type,
+                          &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged))
         return -1;
     if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already built"); return -1; }
     if (num_from(latency, &w->latency) < 0 || num_from(t, &w->t) < 0) return -1;
-    w->root = (Code *)Py_NewRef(code);
-    w->vars = Py_NewRef(vars); w->flags = Py_NewRef(flags); w->waiters = Py_NewRef(waiters);
-    w->intervals = intervals == Py_None ? NULL : Py_NewRef(intervals);
-    if (w->intervals && !PyList_Check(w->intervals)) {
+    if (intervals != Py_None && !PyList_Check(intervals)) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: intervals must be a list or None");
         return -1;
     }
+    w->root = (Code *)Py_NewRef(code);
+    w->vars = Py_NewRef(vars); w->flags = Py_NewRef(flags); w->waiters = Py_NewRef(waiters);
+    w->intervals = intervals == Py_None ? NULL : Py_NewRef(intervals);
     w->names = Py_NewRef(names); w->pipe_name = Py_NewRef(pipe_name); w->kid = Py_NewRef(kid);
+    w->env = Py_NewRef(env); w->transfer = Py_NewRef(transfer); w->signal = Py_NewRef(signal);
+    w->after = Py_NewRef(after); w->whole = Py_NewRef(whole);
+    w->blocked = Py_NewRef(blocked); w->blocked_key = Py_NewRef(blocked_key);
+    w->offsets = Py_NewRef(offsets); w->acc = Py_NewRef(acc); w->diverged = Py_NewRef(diverged);
+    w->weight = weight;
     w->cap = 8;
     w->stack = PyMem_Calloc((size_t)w->cap, sizeof(Frame));
     Py_ssize_t m = w->root->n_mems ? w->root->n_mems : 1;
@@ -310,7 +436,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     if (!w->stack || !w->local || !w->touched) { PyErr_NoMemory(); return -1; }
     w->stack[0].code = w->root;
     w->depth = 1;
-    w->busy = w->waited = w->flops = 0.0;
+    w->busy = w->waited = w->flops = w->data_wait = 0.0;
     return 0;
 }
 
@@ -399,9 +525,220 @@ static int set_var(Walker *w, PyObject *var, int64_t i) {
     return bad;
 }
 
-/* run(): do entries until one that needs pipe.py; return it, or None at the stream's end */
+
+static int now(Walker *w, Num *out) {
+    PyObject *t = PyObject_GetAttr(w->env, s_now);
+    if (!t) return -1;
+    int bad = num_from(t, out);
+    Py_DECREF(t);
+    return bad;
+}
+
+/* start the pending copy now: memory.transfer(addrs, nbytes, segments, stride, write,
+   cap, the end Signal's fire) */
+static int start_copy(Walker *w) {
+    Op *op = w->pending_op;
+    PyObject *fire = PyObject_GetAttr(w->pending, s_fire);
+    if (!fire) return -1;
+    PyObject *args[7] = {w->addrs, op->nbytes, op->segments, op->stride, op->write ? Py_True : Py_False, op->cap,
+                         fire};
+    PyObject *st = PyObject_Vectorcall(w->transfer, args, 7, NULL);
+    Py_DECREF(fire);
+    if (!st) return -1;
+    Py_XSETREF(w->st, st);
+    return 0;
+}
+
+/* the walker called by the timeout of a copy's start-up: the copy starts */
+static PyObject *walker_call(Walker *w, PyObject *args, PyObject *kwds) {
+    if (!w->pending || !w->pending_op || w->pending_op->kind != K_COPY || w->st) {
+        PyErr_SetString(PyExc_RuntimeError, "pipe Walker: called with no copy to start");
+        return NULL;
+    }
+    if (start_copy(w) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* a GM copy: its end Signal, handed to pipe.py (the copy starts now, or when its
+   start-up has passed) */
+static PyObject *begin_copy(Walker *w, Op *op) {
+    int64_t a = op->base;
+    for (Py_ssize_t k = 0; k < op->n_terms; k++) {
+        PyObject *v = PyDict_GetItemWithError(w->vars, op->term_var[k]);
+        if (!v) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "pipe walk: no loop variable %R", op->term_var[k]);
+            return NULL;
+        }
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred()) return NULL;
+        a += op->term_step[k] * x;
+    }
+    Num start, at;
+    if (num_add(w->t, op->startup, &start) < 0 || now(w, &at) < 0) return NULL;
+    PyObject *done = PyObject_CallOneArg(w->signal, w->env);
+    if (!done) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(w->offsets);
+    PyObject *addrs = PyList_New(n);
+    if (!addrs) { Py_DECREF(done); return NULL; }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        long long o = PyLong_AsLongLong(PyList_GET_ITEM(w->offsets, k));
+        PyObject *x = (o == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(a + o * op->block_step);
+        if (!x) { Py_DECREF(addrs); Py_DECREF(done); return NULL; }
+        PyList_SET_ITEM(addrs, k, x);
+    }
+    Py_XSETREF(w->pending, Py_NewRef(done));
+    Py_XSETREF(w->addrs, addrs);
+    Py_CLEAR(w->st);
+    w->pending_op = op;
+    w->issue = w->t;
+    if (num_gt(start, at)) {
+        Num delay;
+        PyObject *delay_obj = num_sub(start, at, &delay) < 0 ? NULL : num_to(delay);
+        PyObject *timeout = delay_obj ? PyObject_CallFunctionObjArgs(w->after, w->env, delay_obj, NULL) : NULL;
+        Py_XDECREF(delay_obj);
+        PyObject *callbacks = timeout ? PyObject_GetAttr(timeout, s_callbacks) : NULL;
+        Py_XDECREF(timeout);
+        int bad = !callbacks || PyList_Append(callbacks, (PyObject *)w) < 0;
+        Py_XDECREF(callbacks);
+        if (bad) { Py_DECREF(done); return NULL; }
+    } else if (start_copy(w) < 0) {
+        Py_DECREF(done);
+        return NULL;
+    }
+    return done;
+}
+
+/* counter += value on the kernel's counters (Python numbers, added as Python adds them) */
+static int acc_add(Walker *w, PyObject *counter, PyObject *value) {
+    PyObject *cur = PyObject_GetAttr(w->acc, counter);
+    if (!cur) return -1;
+    PyObject *sum = PyNumber_Add(cur, value);
+    Py_DECREF(cur);
+    if (!sum) return -1;
+    int bad = PyObject_SetAttr(w->acc, counter, sum);
+    Py_DECREF(sum);
+    return bad;
+}
+
+static int acc_add_stat(Walker *w, PyObject *counter, PyObject *stat) {
+    PyObject *v = PyObject_GetAttr(w->st, stat);
+    if (!v) return -1;
+    int bad = acc_add(w, counter, v);
+    Py_DECREF(v);
+    return bad;
+}
+
+/* whole_cycles(x) (cycles.py) as an int: its fast test here, the rest there */
+static int whole_of(Walker *w, double x, int64_t *out) {
+    double c = ceil(x);
+    if (c == x || c - x < 1.0 - CLEAR) {
+        *out = (int64_t)c;
+        return 0;
+    }
+    PyObject *r = PyObject_CallFunction(w->whole, "d", x);
+    if (!r) return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* the pending copy has ended: the pipe's clock is now, its counters and the kernel's
+   take what it did */
+static int end_copy(Walker *w) {
+    Op *op = w->pending_op;
+    if (!w->st) {
+        PyErr_SetString(PyExc_RuntimeError, "pipe walk: a copy ended before it started");
+        return -1;
+    }
+    PyObject *uneven = PyObject_GetAttr(w->st, s_uneven);
+    if (!uneven) return -1;
+    int diverged = PyObject_IsTrue(uneven);
+    Py_DECREF(uneven);
+    if (diverged < 0) return -1;
+    if (diverged) {  /* this run of the program is void: engine.run simulates it again */
+        PyObject *exc = PyObject_CallNoArgs(w->diverged);
+        if (!exc) return -1;
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+        return -1;
+    }
+    Num t, x, wc;
+    if (now(w, &t) < 0) return -1;
+    w->busy += num_sub_double(t, w->issue);
+    PyObject *moved = PyObject_GetAttr(w->st, s_moved);
+    if (!moved) return -1;
+    long long moved_i = PyLong_AsLongLong(moved);
+    if (moved_i == -1 && PyErr_Occurred()) { Py_DECREF(moved); return -1; }
+    /* beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
+       (max(0, t - issue - startup - whole_cycles(moved / weight / cap)), as Python) */
+    wc.is_float = 0; wc.d = 0.0;
+    if (whole_of(w, (double)moved_i / (double)w->weight / op->cap_d, &wc.i) < 0 ||
+        num_sub(t, w->issue, &x) < 0 || num_sub(x, op->startup, &x) < 0 || num_sub(x, wc, &x) < 0) {
+        Py_DECREF(moved);
+        return -1;
+    }
+    Num zero = {0, 0, 0.0};
+    if (num_gt(x, zero)) w->data_wait += num_double(x);
+    if (w->intervals && trace(w, op->name, w->issue, t) < 0) { Py_DECREF(moved); return -1; }
+    int bad = acc_add(w, op->write ? s_gm_write : s_gm_read, moved);
+    Py_DECREF(moved);
+    if (bad) return -1;
+    if (!op->write) {
+        w->local[op->local] += op->nbytes_i * op->segments_i;
+        w->touched[op->local] = 1;
+    }
+    PyObject *segs = PyLong_FromLongLong(op->segments_i * w->weight);
+    if (!segs) return -1;
+    bad = acc_add_stat(w, s_hbm_read, s_st_hbm_read) || acc_add_stat(w, s_hbm_write, s_st_hbm_write) ||
+          acc_add_stat(w, s_l2_hit, s_st_hit) || acc_add_stat(w, s_l2_miss, s_st_miss) ||
+          acc_add_stat(w, s_wasted, s_st_wasted) || acc_add_stat(w, s_misaligned, s_st_misaligned) ||
+          acc_add(w, s_dma_segments, segs);
+    Py_DECREF(segs);
+    if (bad) return -1;
+    w->t = t;
+    return 0;
+}
+
+/* a wait whose flag is not set yet: a Signal queued behind the core's earlier waiters
+   for that flag, which its setter fires with the cycle the set is visible at */
+static PyObject *begin_wait(Walker *w, Op *op) {
+    PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
+    if (!sig) return NULL;
+    PyObject *q = PyObject_GetItem(w->waiters, op->key);  /* a defaultdict: made if missing */
+    PyObject *res = q ? PyObject_CallMethodOneArg(q, s_append, sig) : NULL;
+    Py_XDECREF(q);
+    if (!res || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
+        Py_XDECREF(res);
+        Py_DECREF(sig);
+        return NULL;
+    }
+    Py_DECREF(res);
+    Py_XSETREF(w->pending, Py_NewRef(sig));
+    w->pending_op = op;
+    return sig;
+}
+
+static int end_wait(Walker *w) {
+    if (PyDict_DelItem(w->blocked, w->blocked_key) < 0) return -1;
+    PyObject *visible = PyObject_GetAttr(w->pending, s_value);
+    if (!visible) return -1;
+    int bad = arrive(w, visible, w->pending_op->name);
+    Py_DECREF(visible);
+    return bad;
+}
+
+/* run(): walk on until the pipe must wait (returns the event), meets an entry pipe.py
+   does (returns it) or ends (None) */
 static PyObject *walker_run(Walker *w, PyObject *unused) {
     if (!w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not built"); return NULL; }
+    if (w->pending) {  /* the event pipe.py waited for has come */
+        int bad = w->pending_op->kind == K_COPY ? end_copy(w) : end_wait(w);
+        Py_CLEAR(w->pending);
+        Py_CLEAR(w->addrs);
+        Py_CLEAR(w->st);
+        w->pending_op = NULL;
+        if (bad) return NULL;
+    }
     while (w->depth) {
         Frame *f = &w->stack[w->depth - 1];
         if (f->pos == f->code->n) {
@@ -427,10 +764,10 @@ static PyObject *walker_run(Walker *w, PyObject *unused) {
             PyObject *q = PyObject_GetItem(w->flags, op->key);
             if (!q) return NULL;
             Py_ssize_t pending = PyObject_Length(q);
-            if (pending <= 0) {  /* not set yet: pipe.py blocks on it, then calls arrive() */
+            if (pending <= 0) {  /* not set yet: pipe.py waits for it */
                 Py_DECREF(q);
                 if (pending < 0) return NULL;
-                return Py_NewRef(op->entry);
+                return begin_wait(w, op);
             }
             PyObject *visible = PyObject_CallMethodNoArgs(q, s_popleft);
             Py_DECREF(q);
@@ -453,16 +790,12 @@ static PyObject *walker_run(Walker *w, PyObject *unused) {
                 g->code = op->body; g->pos = 0; g->iter = 0; g->loop = op;
             }
             break;
+        case K_COPY:
+            return begin_copy(w, op);
         default:
             return Py_NewRef(op->entry);
         }
     }
-    Py_RETURN_NONE;
-}
-
-static PyObject *walker_arrive(Walker *w, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "arrive(visible, name)"); return NULL; }
-    if (arrive(w, args[0], args[1]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -517,11 +850,10 @@ static int walker_set_t(Walker *w, PyObject *v, void *closure) {
 DOUBLE_FIELD(busy)
 DOUBLE_FIELD(waited)
 DOUBLE_FIELD(flops)
+DOUBLE_FIELD(data_wait)
 
 static PyMethodDef walker_methods[] = {
     {"run", (PyCFunction)walker_run, METH_NOARGS, "walk on; the entry pipe.py must do, or None at the end"},
-    {"arrive", (PyCFunction)(void (*)(void))walker_arrive, METH_FASTCALL,
-     "arrive(visible, name): a flag the pipe blocked on became visible at cycle `visible`"},
     {"flush", (PyCFunction)(void (*)(void))walker_flush, METH_FASTCALL,
      "flush(local_bytes, mems, weight): add the local buffer bytes into the kernel's counters"},
     {NULL},
@@ -532,6 +864,8 @@ static PyGetSetDef walker_getset[] = {
     {"busy", (getter)walker_get_busy, (setter)walker_set_busy, "cycles busy so far", NULL},
     {"waited", (getter)walker_get_waited, (setter)walker_set_waited, "cycles waited so far", NULL},
     {"flops", (getter)walker_get_flops, (setter)walker_set_flops, "flops so far", NULL},
+    {"data_wait", (getter)walker_get_data_wait, (setter)walker_set_data_wait,
+     "cycles its copies waited for shared bandwidth or HBM so far", NULL},
     {NULL},
 };
 
@@ -539,11 +873,15 @@ static PyTypeObject WalkerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "npusim.engine._pipe.Walker",
     .tp_basicsize = sizeof(Walker),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Walker(code, vars, flags, waiters, flag_latency, intervals, names, pipe_name, kernel_id, t)",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Walker(code, vars, flags, waiters, flag_latency, t, intervals, names, pipe_name, kernel_id, env, "
+               "transfer, Signal, after, whole_cycles, blocked, blocked_key, offsets, weight, acc, diverged)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)walker_init,
     .tp_dealloc = (destructor)walker_dealloc,
+    .tp_traverse = (traverseproc)walker_traverse,
+    .tp_clear = (inquiry)walker_clear,
+    .tp_call = (ternaryfunc)walker_call,
     .tp_methods = walker_methods,
     .tp_getset = walker_getset,
 };
@@ -555,7 +893,32 @@ PyMODINIT_FUNC PyInit__pipe(void) {
     s_popleft = PyUnicode_InternFromString("popleft");
     s_append = PyUnicode_InternFromString("append");
     s_fire = PyUnicode_InternFromString("fire");
-    if (!s_popleft || !s_append || !s_fire) return NULL;
+    s_now = PyUnicode_InternFromString("_now");
+    s_value = PyUnicode_InternFromString("_value");
+    s_callbacks = PyUnicode_InternFromString("callbacks");
+    s_uneven = PyUnicode_InternFromString("uneven");
+    s_moved = PyUnicode_InternFromString("moved");
+    /* the kernel's counters (stats.StatsAccumulator) and the transfer's (memory.TransferStats) */
+    s_gm_read = PyUnicode_InternFromString("gm_read_bytes");
+    s_gm_write = PyUnicode_InternFromString("gm_write_bytes");
+    s_hbm_read = PyUnicode_InternFromString("hbm_read_bytes");
+    s_hbm_write = PyUnicode_InternFromString("hbm_write_bytes");
+    s_l2_hit = PyUnicode_InternFromString("l2_hit_bytes");
+    s_l2_miss = PyUnicode_InternFromString("l2_miss_bytes");
+    s_wasted = PyUnicode_InternFromString("wasted_burst_bytes");
+    s_misaligned = PyUnicode_InternFromString("misaligned_segments");
+    s_dma_segments = PyUnicode_InternFromString("dma_segments");
+    s_st_hbm_read = PyUnicode_InternFromString("hbm_read");
+    s_st_hbm_write = PyUnicode_InternFromString("hbm_write");
+    s_st_hit = PyUnicode_InternFromString("hit_bytes");
+    s_st_miss = PyUnicode_InternFromString("miss_bytes");
+    s_st_wasted = PyUnicode_InternFromString("wasted");
+    s_st_misaligned = PyUnicode_InternFromString("misaligned");
+    if (!s_popleft || !s_append || !s_fire || !s_now || !s_value || !s_callbacks || !s_uneven || !s_moved ||
+        !s_gm_read || !s_gm_write || !s_hbm_read || !s_hbm_write || !s_l2_hit || !s_l2_miss || !s_wasted ||
+        !s_misaligned || !s_dma_segments || !s_st_hbm_read || !s_st_hbm_write || !s_st_hit || !s_st_miss ||
+        !s_st_wasted || !s_st_misaligned)
+        return NULL;
     if (PyType_Ready(&CodeType) < 0 || PyType_Ready(&WalkerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

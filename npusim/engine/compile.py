@@ -14,8 +14,9 @@ Fixed costs come from the config (never from constants here):
 - scalar: its cycles; PipeBarrier on one pipe: sync.pipe_barrier_cycles
 GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time.
 
-Each stream is also compiled for the pipe's walk in C (code_of, _pipe.c): the
-entries a pipe does on its own clock run there, the rest in pipe.py.
+Each stream is also compiled for the pipe's walk in C (code_of, _pipe.c): what a
+pipe does on its own, its GM copies and its flags run there; barriers, SyncAll and
+cross-core flags in pipe.py.
 """
 
 from __future__ import annotations
@@ -292,7 +293,12 @@ def code_of(stream) -> Code:
             ops.append((3, e, e.name, e.key))
         elif kind is LoopEntry:
             ops.append((4, e, "", e.var, e.count, code_of(e.body)))
-        else:  # done in pipe.py: GM copies, barriers, SyncAll, cross-core flags
+        elif kind is GmCopy:
+            a = e.gm_addr
+            base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
+            ops.append((6, e, e.name, e.startup, e.cap, e.write, base, terms, e.nbytes, e.segments, e.stride,
+                        e.step, _MEM_INDEX[e.local]))
+        else:  # done in pipe.py: barriers, SyncAll, cross-core flags
             ops.append((5, e, e.name))
     return Code(tuple(ops), len(MEMS))
 

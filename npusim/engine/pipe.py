@@ -9,12 +9,14 @@ pipe waits for, for the deadlock message); `kr` the kernel run, `cr` the core ru
 
 from __future__ import annotations
 
+from functools import partial
+
 from npusim.engine._pipe import Walker
-from npusim.engine.compile import MEMS, BarrierAll, CrossSet, CrossWait, FlagWait, GmCopy, SyncAllEntry
+from npusim.engine.compile import MEMS, BarrierAll, CrossSet, CrossWait, SyncAllEntry
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.events import Signal, after, at_delay
+from npusim.engine.events import Signal, after
 from npusim.engine.grouping import Diverged
-from npusim.isa.program import CoreType, at
+from npusim.isa.program import CoreType
 
 
 def wait_flag(dev, cr, key, pipe_name: str, what: str):
@@ -38,68 +40,23 @@ def post_flag(cr, key, visible_at: float) -> None:
         cr.flags[key].append(visible_at)
 
 def run_pipe(dev, kr, cr, pipe, code):
-    """The process of one pipe of core run `cr`: its Code walked in C (the entries that
-    need only the pipe's clock and its core's flags, _pipe.c) and here the ones that
-    meet simulated time: GM copies, waits that block, barriers and cross-core flags.
-    Returns the pipe's clock at its end."""
-    env, hw, mem, acc = dev.env, dev.hw, dev.memory, kr.acc
-    vars = dict(cr.vars)  # each pipe walks its own loops
-    intervals = dev.tracer.intervals if dev.tracer.instr else None
-    pipe_name, kid = pipe.value, kr.id
-    names, offsets, w = cr.names, cr.offsets, cr.weight
+    """The process of one pipe of core run `cr`: its Code walked in C (_pipe.c), which
+    hands back each event the pipe must wait for (a GM copy's end, a flag not set yet)
+    and the entries done here (barriers, SyncAll, cross-core flags). Returns the
+    pipe's clock at its end."""
+    env, hw, acc = dev.env, dev.hw, kr.acc
+    pipe_name = pipe.value
     cross_latency = hw.sync.cross_core_flag_latency_cycles
-    walk = Walker(code, vars, cr.flags, cr.waiters, hw.sync.flag_latency_cycles, intervals, tuple(names), pipe_name,
-                  kid, env.now)
-    data_wait = 0.0
-    local_bytes = acc.local_bytes
+    # each pipe walks its own loops: its own copy of the block's variables
+    walk = Walker(code, dict(cr.vars), cr.flags, cr.waiters, hw.sync.flag_latency_cycles, env.now,
+                  dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
+                  env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
+                  cr.offsets, cr.weight, acc, partial(Diverged, kr.id, cr.block.index))
 
     while (entry := walk.run()) is not None:
         kind = entry.__class__
-        if kind is GmCopy:
-            startup, cap, write = entry.startup, entry.cap, entry.write
-            nbytes, segments, step = entry.nbytes, entry.segments, entry.step
-            a = at(entry.gm_addr, vars)
-            issue = walk.t
-            t = issue + startup
-            done = Signal(env)
-            addrs = [a + o * step for o in offsets]
-            if t > env.now:
-                # The copy starts once its start-up has passed: a callback of that timeout
-                # starts it, at the very point of the event order where this pipe would
-                # have resumed to start it, without resuming the pipe.
-                started = []
-                at_delay(env, t - env.now,
-                         lambda _ev, addrs=addrs, nbytes=nbytes, segments=segments, stride=entry.stride,
-                         write=write, cap=cap, started=started, on_done=done.fire: started.append(
-                             mem.transfer(addrs, nbytes, segments, stride, write, cap, on_done)))
-                yield done
-                st = started[0]
-            else:
-                st = mem.transfer(addrs, nbytes, segments, entry.stride, write, cap, done.fire)
-                yield done
-            if st.uneven:  # this run of the program is void: engine.run simulates it again
-                raise Diverged(kr.id, cr.block.index)
-            walk.t = t = env.now
-            walk.busy += t - issue
-            # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-            data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
-            if intervals is not None:
-                for nm in names:
-                    intervals.append((nm, pipe_name, entry.name, issue, t, kid))
-            if write:
-                acc.gm_write_bytes += st.moved
-            else:
-                acc.gm_read_bytes += st.moved
-                local_bytes[entry.local] += nbytes * segments * w
-            acc.hbm_read_bytes += st.hbm_read
-            acc.hbm_write_bytes += st.hbm_write
-            acc.l2_hit_bytes += st.hit_bytes
-            acc.l2_miss_bytes += st.miss_bytes
-            acc.wasted_burst_bytes += st.wasted
-            acc.misaligned_segments += st.misaligned
-            acc.dma_segments += segments * w
-        elif kind is FlagWait:  # not set yet (the walk takes a set that is there)
-            walk.arrive((yield from wait_flag(dev, cr, entry.key, pipe_name, entry.name)), entry.name)
+        if kind is Signal:  # a copy in flight or a flag not set yet: the walk goes on once it fires
+            yield entry
         elif kind is BarrierAll:
             walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
             walk.waited += stalled
@@ -130,11 +87,12 @@ def run_pipe(dev, kr, cr, pipe, code):
         else:
             raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
 
-    walk.flush(local_bytes, MEMS, w)
+    w = cr.weight
+    walk.flush(acc.local_bytes, MEMS, w)
     acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.busy * w
     acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.waited * w
-    if data_wait:
-        acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += data_wait * w
+    if walk.data_wait:
+        acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.data_wait * w
     acc.flops += walk.flops * w
     return walk.t
 
