@@ -9,11 +9,17 @@
    compares the numbers (a larger int - a flow at a vanishing rate ends that late -
    is compared as Python compares it where its double ties). Each entry keeps the time object itself, so env.now takes
    the very value (and type) that was scheduled. The ids are unique, so every pop
-   order is the same as SimPy's. */
+   order is the same as SimPy's.
+
+   Signal is the engine's cheap event (events.py says what it is for): the fields the
+   loop and SimPy's Process read of an event (env, callbacks, _ok, _value) and
+   fire(); the loop reads a Signal's fields directly. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <structmember.h>
 
 #define EXACT (9007199254740992.0) /* 2^53: ints up to this convert to doubles exactly */
 
@@ -69,23 +75,21 @@ static int key_of(PyObject *time, double *key, int *inexact) {
     return -1;
 }
 
-/* push(time, priority, event): schedule `event` at `time` (the next id breaks ties) */
-static PyObject *queue_push(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "push(time, priority, event)"); return NULL; }
+/* schedule `event` at `time` with `priority` (the next id breaks ties) */
+static int push(Queue *q, PyObject *time, int64_t priority, PyObject *event) {
     Entry e;
-    if (key_of(args[0], &e.key, &e.inexact) < 0) return NULL;
-    e.priority = PyLong_AsLongLong(args[1]);
-    if (e.priority == -1 && PyErr_Occurred()) return NULL;
+    if (key_of(time, &e.key, &e.inexact) < 0) return -1;
+    e.priority = priority;
     if (q->n == q->size) {
         Py_ssize_t size = q->size ? 2 * q->size : 256;
         Entry *grown = PyMem_Realloc(q->heap, (size_t)size * sizeof(Entry));
-        if (!grown) return PyErr_NoMemory();
+        if (!grown) { PyErr_NoMemory(); return -1; }
         q->heap = grown;
         q->size = size;
     }
     e.id = q->next_id++;
-    e.time = Py_NewRef(args[0]);
-    e.event = Py_NewRef(args[2]);
+    e.time = Py_NewRef(time);
+    e.event = Py_NewRef(event);
     Py_ssize_t i = q->n++;
     while (i > 0) {
         Py_ssize_t parent = (i - 1) / 2;
@@ -94,6 +98,15 @@ static PyObject *queue_push(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
         i = parent;
     }
     q->heap[i] = e;
+    return 0;
+}
+
+/* push(time, priority, event) */
+static PyObject *queue_push(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "push(time, priority, event)"); return NULL; }
+    long long priority = PyLong_AsLongLong(args[1]);
+    if (priority == -1 && PyErr_Occurred()) return NULL;
+    if (push(q, args[0], priority, args[2]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -124,6 +137,134 @@ static PyObject *queue_pop(Queue *q, PyObject *unused) {
     return out;
 }
 
+/* ------------------------------------------------------------------ Signal */
+
+/* SimPy's priorities (simpy.core): URGENT 0, NORMAL 1 */
+#define NORMAL 1
+
+static PyTypeObject QueueType;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *env;
+    PyObject *callbacks;   /* a list until the loop processes it, then None */
+    PyObject *ok;          /* always True: a Signal never fails */
+    PyObject *value;
+} Signal;
+
+static PyTypeObject SignalType;
+static PyObject *s_queue;
+
+static int signal_traverse(Signal *g, visitproc visit, void *arg) {
+    Py_VISIT(g->env);
+    Py_VISIT(g->callbacks);
+    Py_VISIT(g->value);
+    return 0;
+}
+
+static int signal_clear(Signal *g) {
+    Py_CLEAR(g->env);
+    Py_CLEAR(g->callbacks);
+    Py_CLEAR(g->value);
+    return 0;
+}
+
+static void signal_dealloc(Signal *g) {
+    PyObject_GC_UnTrack(g);
+    signal_clear(g);
+    Py_CLEAR(g->ok);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static Signal *signal_make(PyObject *env) {
+    Signal *g = PyObject_GC_New(Signal, &SignalType);
+    if (!g) return NULL;
+    g->env = Py_NewRef(env);
+    g->callbacks = PyList_New(0);
+    g->ok = Py_NewRef(Py_True);
+    g->value = Py_NewRef(Py_None);
+    if (!g->callbacks) { Py_DECREF(g); return NULL; }
+    PyObject_GC_Track(g);
+    return g;
+}
+
+static PyObject *signal_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *env;
+    if (kwds && PyDict_GET_SIZE(kwds)) { PyErr_SetString(PyExc_TypeError, "Signal(env)"); return NULL; }
+    if (!PyArg_ParseTuple(args, "O:Signal", &env)) return NULL;
+    return (PyObject *)signal_make(env);
+}
+
+/* the environment's queue (an events.Environment's) */
+static Queue *queue_of(PyObject *env) {
+    PyObject *q = PyObject_GetAttr(env, s_queue);
+    if (!q) return NULL;
+    if (!PyObject_TypeCheck(q, &QueueType)) {
+        Py_DECREF(q);
+        PyErr_SetString(PyExc_TypeError, "Signal: its environment must be an npusim.engine.events.Environment");
+        return NULL;
+    }
+    return (Queue *)q;
+}
+
+/* schedule `g` at env._now + delay (delay NULL: now) */
+static int schedule(Signal *g, PyObject *delay) {
+    Queue *q = queue_of(g->env);
+    if (!q) return -1;
+    PyObject *now = PyObject_GetAttr(g->env, s_now);
+    PyObject *at = !now ? NULL : delay ? PyNumber_Add(now, delay) : Py_NewRef(now);
+    Py_XDECREF(now);
+    int bad = !at || push(q, at, NORMAL, (PyObject *)g) < 0;
+    Py_XDECREF(at);
+    Py_DECREF(q);
+    return bad ? -1 : 0;
+}
+
+/* fire(value=None): schedule it now with `value`, as Event.succeed(value) would */
+static PyObject *signal_fire(Signal *g, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) { PyErr_SetString(PyExc_TypeError, "fire(value=None)"); return NULL; }
+    Py_XSETREF(g->value, Py_NewRef(nargs ? args[0] : Py_None));
+    if (schedule(g, NULL) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* after(env, delay): a Signal that fires `delay` from now, where a Timeout made now would */
+static PyObject *after(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "after(env, delay)"); return NULL; }
+    Signal *g = signal_make(args[0]);
+    if (!g) return NULL;
+    if (schedule(g, args[1]) < 0) { Py_DECREF(g); return NULL; }
+    return (PyObject *)g;
+}
+
+static PyMemberDef signal_members[] = {
+    {"env", T_OBJECT, offsetof(Signal, env), READONLY, "its environment"},
+    {"callbacks", T_OBJECT, offsetof(Signal, callbacks), 0, "called with it when processed; None after"},
+    {"_ok", T_OBJECT, offsetof(Signal, ok), READONLY, "True: a Signal never fails"},
+    {"_value", T_OBJECT, offsetof(Signal, value), 0, "the value it fired with"},
+    {NULL},
+};
+
+static PyMethodDef signal_methods[] = {
+    {"fire", (PyCFunction)(void (*)(void))signal_fire, METH_FASTCALL,
+     "fire(value=None): schedule it now with value, as Event.succeed(value) would"},
+    {NULL},
+};
+
+static PyTypeObject SignalType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._queue.Signal",
+    .tp_basicsize = sizeof(Signal),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Signal(env): an event a process may yield or callbacks hang on; fire() schedules it",
+    .tp_new = signal_new,
+    .tp_dealloc = (destructor)signal_dealloc,
+    .tp_traverse = (traverseproc)signal_traverse,
+    .tp_clear = (inquiry)signal_clear,
+    .tp_members = signal_members,
+    .tp_methods = signal_methods,
+};
+
 /* run(env): process the events in order until none is left, as SimPy's Environment.step
    does one at a time: env._now becomes the event's time, its callbacks are called with
    it. Returns None, or the first processed event that failed and was not defused (the
@@ -133,8 +274,19 @@ static PyObject *queue_run(Queue *q, PyObject *env) {
         Entry e = take(q);
         PyObject *callbacks = NULL, *ok = NULL;
         if (PyObject_SetAttr(env, s_now, e.time) < 0) goto fail;
-        callbacks = PyObject_GetAttr(e.event, s_callbacks);
-        if (!callbacks || PyObject_SetAttr(e.event, s_callbacks, Py_None) < 0) goto fail;
+        int is_signal = Py_IS_TYPE(e.event, &SignalType);
+        if (is_signal) {  /* its fields, directly */
+            Signal *g = (Signal *)e.event;
+            callbacks = g->callbacks;
+            g->callbacks = Py_NewRef(Py_None);
+        } else {
+            callbacks = PyObject_GetAttr(e.event, s_callbacks);
+            if (!callbacks || PyObject_SetAttr(e.event, s_callbacks, Py_None) < 0) goto fail;
+        }
+        if (!callbacks) {
+            PyErr_SetString(PyExc_RuntimeError, "event queue: an event without callbacks");
+            goto fail;
+        }
         if (!PyList_Check(callbacks)) {
             PyErr_SetString(PyExc_RuntimeError, "event queue: an event was processed twice");
             goto fail;
@@ -147,6 +299,12 @@ static PyObject *queue_run(Queue *q, PyObject *env) {
             Py_DECREF(callback);
             if (!res) goto fail;
             Py_DECREF(res);
+        }
+        if (is_signal) {  /* never fails */
+            Py_DECREF(callbacks);
+            Py_DECREF(e.time);
+            Py_DECREF(e.event);
+            continue;
         }
         ok = PyObject_GetAttr(e.event, s_ok);
         if (!ok) goto fail;
@@ -207,20 +365,26 @@ static PyTypeObject QueueType = {
     .tp_as_sequence = &queue_as_sequence,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", "The event queue and its loop, in C.", -1,
-                                    NULL};
+static PyMethodDef module_methods[] = {
+    {"after", (PyCFunction)(void (*)(void))after, METH_FASTCALL,
+     "after(env, delay): a Signal that fires delay from now, where a Timeout made now would"},
+    {NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", "The event queue, its loop and Signal, in C.",
+                                    -1, module_methods};
 
 PyMODINIT_FUNC PyInit__queue(void) {
     s_now = PyUnicode_InternFromString("_now");
     s_callbacks = PyUnicode_InternFromString("callbacks");
     s_ok = PyUnicode_InternFromString("_ok");
-    if (!s_now || !s_callbacks || !s_ok) return NULL;
-    if (PyType_Ready(&QueueType) < 0) return NULL;
+    s_queue = PyUnicode_InternFromString("_queue");
+    if (!s_now || !s_callbacks || !s_ok || !s_queue) return NULL;
+    if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&SignalType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    Py_INCREF(&QueueType);
-    if (PyModule_AddObject(m, "Queue", (PyObject *)&QueueType) < 0) {
-        Py_DECREF(&QueueType);
+    if (PyModule_AddObjectRef(m, "Queue", (PyObject *)&QueueType) < 0 ||
+        PyModule_AddObjectRef(m, "Signal", (PyObject *)&SignalType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -5,11 +5,13 @@ A K3 decode step schedules about 200,000 events: a DMA transfer's start after it
 start-up, the link timers of the flow model, a transfer's end, an L2 fill's
 arrival, a flag a pipe waits for. SimPy's Event and Timeout carry what a general
 simulation needs (an environment, a pending value, failure and defusing); these
-need none of it. A Signal is what the queue's loop and Process._resume read of an
-event (`callbacks`, `_ok`, `_value`) and nothing else, and it is scheduled exactly
-as SimPy schedules its own events (now + delay, NORMAL priority, after everything
-scheduled before it), so the order of everything that happens - and with it every
-result - is the same as with SimPy's events.
+need none of it. A Signal (Signal(env), made in C) is what the queue's loop and
+Process._resume read of an event (`env`, `callbacks`, `_ok`, `_value`) and nothing
+else; sig.fire(value) schedules it now, after(env, delay) makes one that fires
+`delay` from now. It is scheduled exactly as SimPy schedules its own events (now +
+delay, NORMAL priority, after everything scheduled before it), so the order of
+everything that happens - and with it every result - is the same as with SimPy's
+events.
 
 The environment keeps its queue in C (_queue.c): the same order as SimPy's heap of
 (time, priority, id, event) tuples, compared without building or comparing tuples,
@@ -25,34 +27,9 @@ import gc
 import simpy
 from simpy.core import NORMAL, EmptySchedule, Infinity
 
-from npusim.engine._queue import Queue
+from npusim.engine._queue import Queue, Signal, after
 
-
-class Signal:
-    """An event that a process may yield or that callbacks may hang on; fire() puts
-    it into the queue (it is processed, its callbacks called, in SimPy's order)."""
-
-    __slots__ = ("env", "callbacks", "_ok", "_value")
-
-    def __init__(self, env: Environment):
-        self.env = env
-        self.callbacks: list | None = []
-        self._ok = True  # a Signal never fails
-        self._value = None
-
-    def fire(self, value=None) -> None:
-        """Schedule it now with `value`, as Event.succeed(value) would."""
-        self._value = value
-        env = self.env
-        env._queue.push(env._now, NORMAL, self)
-
-
-def after(env: Environment, delay: float) -> Signal:
-    """A Signal that fires `delay` cycles from now, where a Timeout made now would (a
-    process yields it to sleep that long)."""
-    sig = Signal(env)
-    env._queue.push(env._now + delay, NORMAL, sig)
-    return sig
+__all__ = ["Environment", "Signal", "after", "at_delay"]
 
 
 def at_delay(env: Environment, delay: float, callback) -> None:
