@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* entry kinds, as pipe.code_of numbers them */
 enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5, K_COPY = 6 };
@@ -120,7 +121,7 @@ typedef struct {
     Py_ssize_t n_parts;      /* K_RUN: its Fixed entries, for instruction traces */
     PyObject **part_name;
     Num *part_cost;
-    PyObject *key;     /* K_SET, K_WAIT */
+    Py_ssize_t flag;   /* K_SET, K_WAIT: the flag's number in its core's Flags */
     PyObject *var;     /* K_LOOP */
     int64_t count;
     Code *body;
@@ -153,7 +154,6 @@ static PyTypeObject CodeType;
 static void op_clear(Op *op) {
     Py_CLEAR(op->entry);
     Py_CLEAR(op->name);
-    Py_CLEAR(op->key);
     Py_CLEAR(op->var);
     Py_CLEAR(op->body);
     Py_CLEAR(op->cap);
@@ -204,7 +204,7 @@ static int take_local(Op *op, PyObject *pairs, Py_ssize_t n_mems, Py_ssize_t i) 
 
 /* Code(ops, n_mems): ops a tuple of tuples, (kind, entry, name, ...) by kind:
    K_FIXED / K_RUN: cost, flops, ((mem index, bytes), ...), ((name, cost), ...) of its parts
-   K_SET / K_WAIT:  key
+   K_SET / K_WAIT:  flag number (see Flags)
    K_LOOP:          var, count, body Code
    K_COPY:          startup, cap, write, base, ((var, step), ...), nbytes, segments, stride,
                     block step, local buffer index
@@ -255,7 +255,9 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
         case K_SET:
         case K_WAIT:
             if (size != 4) return bad_op(i, "a flag entry is (kind, entry, name, key)");
-            op->key = Py_NewRef(PyTuple_GET_ITEM(t, 3));
+            op->flag = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+            if (op->flag == -1 && PyErr_Occurred()) return -1;
+            if (op->flag < 0) return bad_op(i, "a flag number must not be negative");
             break;
         case K_LOOP: {
             if (size != 6) return bad_op(i, "a loop is (kind, entry, name, var, count, body)");
@@ -324,6 +326,116 @@ static PyTypeObject CodeType = {
     .tp_dealloc = (destructor)code_dealloc,
 };
 
+/* ------------------------------------------------------------------ Flags */
+
+/* A core's SetFlag/WaitFlag flags, by number (compile.code_of numbers a program's
+   (src pipe, dst pipe, id) keys): per flag the sets not yet taken (the cycle each is
+   visible at, oldest first) and the Signals of pipes waiting for one (oldest first).
+   A set goes to the oldest waiter if there is one: flags are FIFO with a single
+   setting pipe, so the k-th wait takes the k-th set. */
+
+typedef struct {
+    PyObject **item;
+    Py_ssize_t head, n, cap;
+} Fifo;
+
+typedef struct {
+    Fifo sets, waiters;
+} Flag;
+
+typedef struct {
+    PyObject_HEAD
+    Flag *flag;
+    Py_ssize_t n;
+} Flags;
+
+static PyTypeObject FlagsType;
+
+static int fifo_push(Fifo *f, PyObject *x) {
+    if (f->n == f->cap) {
+        Py_ssize_t cap = f->cap ? 2 * f->cap : 4;
+        PyObject **grown = PyMem_Malloc((size_t)cap * sizeof(PyObject *));
+        if (!grown) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t k = 0; k < f->n; k++) grown[k] = f->item[(f->head + k) % f->cap];
+        PyMem_Free(f->item);
+        f->item = grown;
+        f->head = 0;
+        f->cap = cap;
+    }
+    f->item[(f->head + f->n++) % f->cap] = Py_NewRef(x);
+    return 0;
+}
+
+/* the oldest item (a reference handed to the caller); n > 0 */
+static PyObject *fifo_pop(Fifo *f) {
+    PyObject *x = f->item[f->head];
+    f->head = (f->head + 1) % f->cap;
+    f->n--;
+    return x;
+}
+
+static int fifo_traverse(Fifo *f, visitproc visit, void *arg) {
+    for (Py_ssize_t k = 0; k < f->n; k++) Py_VISIT(f->item[(f->head + k) % f->cap]);
+    return 0;
+}
+
+static void fifo_clear(Fifo *f) {
+    while (f->n) Py_DECREF(fifo_pop(f));
+    PyMem_Free(f->item);
+    f->item = NULL;
+    f->cap = f->head = 0;
+}
+
+static int flags_traverse(Flags *g, visitproc visit, void *arg) {
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        int r = fifo_traverse(&g->flag[i].sets, visit, arg);
+        if (r) return r;
+        r = fifo_traverse(&g->flag[i].waiters, visit, arg);
+        if (r) return r;
+    }
+    return 0;
+}
+
+static int flags_clear(Flags *g) {
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        fifo_clear(&g->flag[i].sets);
+        fifo_clear(&g->flag[i].waiters);
+    }
+    return 0;
+}
+
+static void flags_dealloc(Flags *g) {
+    PyObject_GC_UnTrack(g);
+    flags_clear(g);
+    PyMem_Free(g->flag);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+/* flag `i`, made (with every flag below it) on first use */
+static Flag *flag_at(Flags *g, Py_ssize_t i) {
+    if (i >= g->n) {
+        Py_ssize_t n = i + 1 > 2 * g->n ? i + 1 : 2 * g->n;
+        Flag *grown = PyMem_Realloc(g->flag, (size_t)n * sizeof(Flag));
+        if (!grown) { PyErr_NoMemory(); return NULL; }
+        memset(grown + g->n, 0, (size_t)(n - g->n) * sizeof(Flag));
+        g->flag = grown;
+        g->n = n;
+    }
+    return &g->flag[i];
+}
+
+static PyTypeObject FlagsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._pipe.Flags",
+    .tp_basicsize = sizeof(Flags),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Flags(): a core's SetFlag/WaitFlag flags by number, for its pipes' walks",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)flags_dealloc,
+    .tp_traverse = (traverseproc)flags_traverse,
+    .tp_clear = (inquiry)flags_clear,
+};
+
 /* ------------------------------------------------------------------ Walker */
 
 typedef struct {
@@ -338,8 +450,9 @@ typedef struct {
     Code *root;
     Frame *stack;
     Py_ssize_t depth, cap;
-    /* the pipe: its loop variables, its core's flags and waiters, the flag latency */
-    PyObject *vars, *flags, *waiters;
+    /* the pipe: its loop variables, its core's flags, the flag latency */
+    PyObject *vars;
+    Flags *flags;
     Num latency;
     /* the instruction trace (NULL: none), the names of the run's cores, the pipe's name,
        the kernel's id */
@@ -364,14 +477,14 @@ typedef struct {
     PyObject *addrs, *st;
 } Walker;
 
-static PyObject *s_popleft, *s_append, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
+static PyObject *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
 static PyObject *s_gm_read, *s_gm_write, *s_hbm_read, *s_hbm_write, *s_l2_hit, *s_l2_miss, *s_wasted,
     *s_misaligned, *s_dma_segments, *s_st_hbm_read, *s_st_hbm_write, *s_st_hit, *s_st_miss, *s_st_wasted,
     *s_st_misaligned;
 
 static int walker_traverse(Walker *w, visitproc visit, void *arg) {
     Py_VISIT(w->root);
-    Py_VISIT(w->vars); Py_VISIT(w->flags); Py_VISIT(w->waiters);
+    Py_VISIT(w->vars); Py_VISIT(w->flags);
     Py_VISIT(w->intervals); Py_VISIT(w->names); Py_VISIT(w->pipe_name); Py_VISIT(w->kid);
     Py_VISIT(w->env); Py_VISIT(w->transfer); Py_VISIT(w->signal); Py_VISIT(w->after); Py_VISIT(w->whole);
     Py_VISIT(w->blocked); Py_VISIT(w->blocked_key);
@@ -382,7 +495,7 @@ static int walker_traverse(Walker *w, visitproc visit, void *arg) {
 
 static int walker_clear(Walker *w) {
     Py_CLEAR(w->root);
-    Py_CLEAR(w->vars); Py_CLEAR(w->flags); Py_CLEAR(w->waiters);
+    Py_CLEAR(w->vars); Py_CLEAR(w->flags);
     Py_CLEAR(w->intervals); Py_CLEAR(w->names); Py_CLEAR(w->pipe_name); Py_CLEAR(w->kid);
     Py_CLEAR(w->env); Py_CLEAR(w->transfer); Py_CLEAR(w->signal); Py_CLEAR(w->after); Py_CLEAR(w->whole);
     Py_CLEAR(w->blocked); Py_CLEAR(w->blocked_key);
@@ -400,16 +513,16 @@ static void walker_dealloc(Walker *w) {
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
-/* Walker(code, vars, flags, waiters, flag_latency, t,
+/* Walker(code, vars, flags, flag_latency, t,
           intervals or None, names, pipe_name, kernel id,
           env, transfer, Signal, after, whole_cycles, blocked, blocked_key,
           offsets, weight, acc, diverged): see the struct */
 static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
-    PyObject *code, *vars, *flags, *waiters, *latency, *t, *intervals, *names, *pipe_name, *kid;
+    PyObject *code, *vars, *flags, *latency, *t, *intervals, *names, *pipe_name, *kid;
     PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged;
     long long weight;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!OOOOOOOO!OO!LOO", &CodeType, &code, &PyDict_Type, &vars,
-                          &PyDict_Type, &flags, &PyDict_Type, &waiters, &latency, &t, &intervals, &PyTuple_Type,
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOO", &CodeType, &code, &PyDict_Type, &vars,
+                          &FlagsType, &flags, &latency, &t, &intervals, &PyTuple_Type,
                           &names, &pipe_name, &kid, &env, &transfer, &signal, &after, &whole, &PyDict_Type,
                           &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged))
         return -1;
@@ -420,7 +533,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
         return -1;
     }
     w->root = (Code *)Py_NewRef(code);
-    w->vars = Py_NewRef(vars); w->flags = Py_NewRef(flags); w->waiters = Py_NewRef(waiters);
+    w->vars = Py_NewRef(vars); w->flags = (Flags *)Py_NewRef(flags);
     w->intervals = intervals == Py_None ? NULL : Py_NewRef(intervals);
     w->names = Py_NewRef(names); w->pipe_name = Py_NewRef(pipe_name); w->kid = Py_NewRef(kid);
     w->env = Py_NewRef(env); w->transfer = Py_NewRef(transfer); w->signal = Py_NewRef(signal);
@@ -478,27 +591,21 @@ static int fixed(Walker *w, Op *op) {
     return 0;
 }
 
-/* a set of `key`: to the oldest pipe waiting for it, or queued, visible at t + latency */
+/* a SetFlag: to the oldest pipe waiting for the flag, or kept, visible at t + latency */
 static int set_flag(Walker *w, Op *op) {
+    Flag *f = flag_at(w->flags, op->flag);
     Num at;
-    if (num_add(w->t, w->latency, &at) < 0) return -1;
+    if (!f || num_add(w->t, w->latency, &at) < 0) return -1;
     PyObject *visible = num_to(at);
     if (!visible) return -1;
-    PyObject *waiting = PyDict_GetItemWithError(w->waiters, op->key);  /* waiters.get(key) */
-    PyObject *res = NULL;
-    if (!waiting && PyErr_Occurred()) goto done;
-    if (waiting && PyObject_IsTrue(waiting) == 1) {
-        PyObject *sig = PyObject_CallMethodNoArgs(waiting, s_popleft);
-        if (!sig) goto done;
-        res = PyObject_CallMethodOneArg(sig, s_fire, visible);
-        Py_DECREF(sig);
-    } else {
-        PyObject *q = PyObject_GetItem(w->flags, op->key);  /* a defaultdict: made if missing */
-        if (!q) goto done;
-        res = PyObject_CallMethodOneArg(q, s_append, visible);
-        Py_DECREF(q);
+    if (!f->waiters.n) {
+        int bad = fifo_push(&f->sets, visible);
+        Py_DECREF(visible);
+        return bad;
     }
-done:
+    PyObject *sig = fifo_pop(&f->waiters);
+    PyObject *res = PyObject_CallMethodOneArg(sig, s_fire, visible);
+    Py_DECREF(sig);
     Py_DECREF(visible);
     if (!res) return -1;
     Py_DECREF(res);
@@ -701,18 +808,13 @@ static int end_copy(Walker *w) {
 
 /* a wait whose flag is not set yet: a Signal queued behind the core's earlier waiters
    for that flag, which its setter fires with the cycle the set is visible at */
-static PyObject *begin_wait(Walker *w, Op *op) {
+static PyObject *begin_wait(Walker *w, Op *op, Flag *f) {
     PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
     if (!sig) return NULL;
-    PyObject *q = PyObject_GetItem(w->waiters, op->key);  /* a defaultdict: made if missing */
-    PyObject *res = q ? PyObject_CallMethodOneArg(q, s_append, sig) : NULL;
-    Py_XDECREF(q);
-    if (!res || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
-        Py_XDECREF(res);
+    if (fifo_push(&f->waiters, sig) < 0 || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
         Py_DECREF(sig);
         return NULL;
     }
-    Py_DECREF(res);
     Py_XSETREF(w->pending, Py_NewRef(sig));
     w->pending_op = op;
     return sig;
@@ -761,17 +863,10 @@ static PyObject *walker_run(Walker *w, PyObject *unused) {
             if (set_flag(w, op) < 0) return NULL;
             break;
         case K_WAIT: {
-            PyObject *q = PyObject_GetItem(w->flags, op->key);
-            if (!q) return NULL;
-            Py_ssize_t pending = PyObject_Length(q);
-            if (pending <= 0) {  /* not set yet: pipe.py waits for it */
-                Py_DECREF(q);
-                if (pending < 0) return NULL;
-                return begin_wait(w, op);
-            }
-            PyObject *visible = PyObject_CallMethodNoArgs(q, s_popleft);
-            Py_DECREF(q);
-            if (!visible) return NULL;
+            Flag *g = flag_at(w->flags, op->flag);
+            if (!g) return NULL;
+            if (!g->sets.n) return begin_wait(w, op, g);  /* not set yet: pipe.py waits for it */
+            PyObject *visible = fifo_pop(&g->sets);
             int bad = arrive(w, visible, op->name);
             Py_DECREF(visible);
             if (bad < 0) return NULL;
@@ -890,8 +985,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pipe", "A pipe's wa
                                     NULL};
 
 PyMODINIT_FUNC PyInit__pipe(void) {
-    s_popleft = PyUnicode_InternFromString("popleft");
-    s_append = PyUnicode_InternFromString("append");
     s_fire = PyUnicode_InternFromString("fire");
     s_now = PyUnicode_InternFromString("_now");
     s_value = PyUnicode_InternFromString("_value");
@@ -914,18 +1007,19 @@ PyMODINIT_FUNC PyInit__pipe(void) {
     s_st_miss = PyUnicode_InternFromString("miss_bytes");
     s_st_wasted = PyUnicode_InternFromString("wasted");
     s_st_misaligned = PyUnicode_InternFromString("misaligned");
-    if (!s_popleft || !s_append || !s_fire || !s_now || !s_value || !s_callbacks || !s_uneven || !s_moved ||
+    if (!s_fire || !s_now || !s_value || !s_callbacks || !s_uneven || !s_moved ||
         !s_gm_read || !s_gm_write || !s_hbm_read || !s_hbm_write || !s_l2_hit || !s_l2_miss || !s_wasted ||
         !s_misaligned || !s_dma_segments || !s_st_hbm_read || !s_st_hbm_write || !s_st_hit || !s_st_miss ||
         !s_st_wasted || !s_st_misaligned)
         return NULL;
-    if (PyType_Ready(&CodeType) < 0 || PyType_Ready(&WalkerType) < 0) return NULL;
+    if (PyType_Ready(&CodeType) < 0 || PyType_Ready(&FlagsType) < 0 || PyType_Ready(&WalkerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&CodeType);
     Py_INCREF(&WalkerType);
     if (PyModule_AddObject(m, "Code", (PyObject *)&CodeType) < 0 ||
-        PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0) {
+        PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0 ||
+        PyModule_AddObjectRef(m, "Flags", (PyObject *)&FlagsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

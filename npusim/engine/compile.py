@@ -266,8 +266,10 @@ def _merge_fixed(stream: list) -> list:
 
 
 def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple, Code], ...]:
-    """(pipe, stream, its Code) for every pipe of `core` that has work, in CORE_PIPES order."""
-    return tuple((p, tuple(s), code_of(s)) for p, s in _split(program.body, core, hw).items() if s)
+    """(pipe, stream, its Code) for every pipe of `core` that has work, in CORE_PIPES order;
+    the Codes number the program's flags alike (see code_of)."""
+    flags: dict = {}
+    return tuple((p, tuple(s), code_of(s, flags)) for p, s in _split(program.body, core, hw).items() if s)
 
 
 # The local buffers, numbered for the C walk (it sums the bytes written into each).
@@ -275,9 +277,11 @@ MEMS = tuple(m.value for m in Mem)
 _MEM_INDEX = {name: i for i, name in enumerate(MEMS)}
 
 
-def code_of(stream) -> Code:
+def code_of(stream, flags: dict) -> Code:
     """A stream compiled for the pipe's walk in C: per entry its kind (numbered as in
-    _pipe.c), the entry and its name, and what the walk reads of it."""
+    _pipe.c), the entry and its name, and what the walk reads of it. A flag's key
+    (src pipe, dst pipe, id) becomes its number in `flags` (added if new): the
+    number the core's _pipe.Flags keeps it under, shared by the program's pipes."""
     ops = []
     for e in stream:
         kind = e.__class__
@@ -288,11 +292,11 @@ def code_of(stream) -> Code:
             ops.append((1, e, "", e.cost, e.flops, tuple((_MEM_INDEX[m], n) for m, n in e.local),
                         tuple((x.name, x.cost) for x in e.entries)))
         elif kind is FlagSet:
-            ops.append((2, e, e.name, e.key))
+            ops.append((2, e, e.name, flags.setdefault(e.key, len(flags))))
         elif kind is FlagWait:
-            ops.append((3, e, e.name, e.key))
+            ops.append((3, e, e.name, flags.setdefault(e.key, len(flags))))
         elif kind is LoopEntry:
-            ops.append((4, e, "", e.var, e.count, code_of(e.body)))
+            ops.append((4, e, "", e.var, e.count, code_of(e.body, flags)))
         elif kind is GmCopy:
             a = e.gm_addr
             base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)

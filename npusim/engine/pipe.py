@@ -19,25 +19,25 @@ from npusim.engine.grouping import Diverged
 from npusim.isa.program import CoreType
 
 
-def wait_flag(dev, cr, key, pipe_name: str, what: str):
-    """Take the oldest pending set of `key` on core `cr`, blocking until there is one.
-    Returns the cycle at which that set became visible."""
-    q = cr.flags[key]
+def wait_cross(dev, cr, key, pipe_name: str, what: str):
+    """Take the oldest pending set of cross-core flag `key` on core `cr`, blocking until
+    there is one. Returns the cycle at which that set became visible."""
+    q = cr.cross_flags[key]
     if q:
         return q.popleft()
     ev = Signal(dev.env)
-    cr.waiters[key].append(ev)
+    cr.cross_waiters[key].append(ev)
     dev.blocked[(cr.name, pipe_name)] = what
     visible = yield ev  # the setter hands its set to the oldest waiter directly
     del dev.blocked[(cr.name, pipe_name)]
     return visible
 
-def post_flag(cr, key, visible_at: float) -> None:
-    waiting = cr.waiters.get(key)
+def post_cross(cr, key, visible_at: float) -> None:
+    waiting = cr.cross_waiters.get(key)
     if waiting:
         waiting.popleft().fire(visible_at)
     else:
-        cr.flags[key].append(visible_at)
+        cr.cross_flags[key].append(visible_at)
 
 def run_pipe(dev, kr, cr, pipe, code):
     """The process of one pipe of core run `cr`: its Code walked in C (_pipe.c), which
@@ -48,7 +48,7 @@ def run_pipe(dev, kr, cr, pipe, code):
     pipe_name = pipe.value
     cross_latency = hw.sync.cross_core_flag_latency_cycles
     # each pipe walks its own loops: its own copy of the block's variables
-    walk = Walker(code, dict(cr.vars), cr.flags, cr.waiters, hw.sync.flag_latency_cycles, env.now,
+    walk = Walker(code, dict(cr.vars), cr.flags, hw.sync.flag_latency_cycles, env.now,
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
                   cr.offsets, cr.weight, acc, partial(Diverged, kr.id, cr.block.index))
@@ -73,14 +73,14 @@ def run_pipe(dev, kr, cr, pipe, code):
             blk = cr.block
             targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
             for other in targets:
-                post_flag(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
+                post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
                           t + cross_latency)
         elif kind is CrossWait:
             blk = cr.block
             sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
             t = visible = walk.t
             for s in sources:
-                v = yield from wait_flag(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
+                v = yield from wait_cross(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
                 visible = max(visible, v)
             walk.waited += visible - t
             walk.t = visible
