@@ -126,6 +126,13 @@ static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
     return -1;
 }
 
+/* a buffer of 8-byte signed integers (numpy int64: format "q" or "l" on LP64) */
+static int is_int64(const Py_buffer *b) {
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    return b->itemsize == 8 && (f[0] == 'q' || f[0] == 'l') && f[1] == 0;
+}
+
 static int cmp_int64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -287,9 +294,9 @@ static PyObject *core_access(Core *c, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OpLp|L", &lines_obj, &write, &fill_id, &want_missed, &shift_by)) return NULL;
     Py_buffer lb;
     if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (lb.itemsize != 8) {
+    if (!is_int64(&lb)) {
         PyBuffer_Release(&lb);
-        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be int64");
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
         return NULL;
     }
     const int64_t *lines = lb.buf;
@@ -341,9 +348,9 @@ fail:
 static PyObject *core_find(Core *c, PyObject *arg) {
     Py_buffer lb;
     if (PyObject_GetBuffer(arg, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (lb.itemsize != 8) {
+    if (!is_int64(&lb)) {
         PyBuffer_Release(&lb);
-        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be int64");
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
         return NULL;
     }
     Py_ssize_t n = lb.len / 8;

@@ -68,21 +68,22 @@ class L2Cache:
         return (lines + (lines // self.sets * _ROTATE) % self.sets) % self.sets
 
     def access(self, lines: np.ndarray, write: bool, new_fill=None, missed: bool = False, shift: int = 0):
-        """Touch `lines` + `shift` (line numbers, each once). `new_fill()` makes the event of
+        """Touch `lines` + `shift` (line numbers, each once: a contiguous int64 array). `new_fill()` makes the event of
         the fill bringing the missed lines of a read; it is called only if some line
         misses. Returns (lines that hit, write-back mask or None if there is none: this
         line's miss evicted a dirty line, fills to wait for (oldest first), the fill
         event made or None, and if `missed` the positions in `lines` of the lines that
         missed, else None)."""
         fill_id = len(self.fills) if new_fill is not None else _ARRIVED
-        hits, wb, waits, at, any_miss = self._core.access(np.ascontiguousarray(lines, np.int64), write, fill_id,
-                                                          missed, shift)
+        hits, wb, waits, at, any_miss = self._core.access(lines, write, fill_id, missed, shift)
         fill = None
         if any_miss and new_fill is not None:
             fill = new_fill()
             self.fills.append(fill)
             fill.callbacks.append(lambda _ev, i=fill_id: self._arrived(i))
-        return (hits, None if wb is None else np.frombuffer(wb, bool), [self.fills[f] for f in waits], fill,
+        if waits:
+            waits = [self.fills[f] for f in waits]
+        return (hits, None if wb is None else np.frombuffer(wb, bool), waits, fill,
                 None if at is None else np.frombuffer(at, np.int64))
 
     def find(self, lines: np.ndarray) -> np.ndarray:
