@@ -25,7 +25,7 @@
 
 typedef struct {
     double key;
-    int inexact;      /* an int beyond 2^53: its key is rounded */
+    int inexact;      /* an int of 2^53 or more: its key may be rounded */
     int64_t priority;
     int64_t id;
     PyObject *time;
@@ -64,7 +64,8 @@ static int key_of(PyObject *time, double *key, int *inexact) {
     if (PyLong_CheckExact(time) || PyFloat_Check(time)) {
         *key = PyFloat_AsDouble(time);
         if (*key == -1.0 && PyErr_Occurred()) return -1;
-        *inexact = PyLong_CheckExact(time) && (*key > EXACT || *key < -EXACT);
+        /* an int whose double is 2^53 or more may have been rounded (2^53 + 1 is) */
+        *inexact = PyLong_CheckExact(time) && (*key >= EXACT || *key <= -EXACT);
         if (*key != *key) {
             PyErr_SetString(PyExc_ValueError, "event queue: a time that is not a number");
             return -1;

@@ -1,0 +1,42 @@
+"""The event queue in C (npusim/engine/_queue.c) pops in SimPy's order: by time, then
+priority, then the order scheduled - the order of SimPy's heap of (time, priority,
+id, event) tuples - for ints, floats and ints too large for a double to hold."""
+
+from __future__ import annotations
+
+import heapq
+from itertools import count
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npusim.engine._queue import Queue
+
+TIMES = st.one_of(
+    st.integers(0, 50),
+    st.floats(0, 50, allow_nan=False).map(lambda x: round(x, 1)),  # ties between ints and floats
+    st.integers(2**53 - 3, 2**53 + 3),  # beyond 2^53 a double cannot tell them apart
+    st.just(float(2**53)),
+)
+
+
+@given(st.lists(st.tuples(TIMES, st.sampled_from([0, 1])), max_size=60))
+def test_pops_in_simpys_order(entries):
+    q, heap, ids = Queue(), [], count()
+    for i, (time, priority) in enumerate(entries):
+        q.push(time, priority, i)
+        heapq.heappush(heap, (time, priority, next(ids), i))
+    popped = [q.pop() for _ in range(len(q))]
+    expected = [(time, i) for time, _, _, i in (heapq.heappop(heap) for _ in range(len(heap)))]
+    assert [(repr(t), i) for t, i in popped] == [(repr(t), i) for t, i in expected]  # the time objects too
+
+
+def test_a_time_that_is_not_a_number_is_refused():
+    q = Queue()
+    for bad in (float("nan"), "1", None):
+        try:
+            q.push(bad, 1, object())
+        except (ValueError, TypeError) as e:
+            assert "event queue" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was queued")
