@@ -19,7 +19,7 @@
    same order. The clock keeps Python's number types: it is an int until a float
    reaches it (int + int stays int, anything with a float is a float, ints far
    below 2^53 convert to doubles exactly, as Python converts them). The busy,
-   wait and flop counters are Python floats, i.e. doubles. Bytes written into
+   wait, data-wait and flop counters are Python floats, i.e. doubles. Bytes written into
    local buffers are whole numbers, summed per buffer as integers and added into
    the kernel's counters once, at the end (flush): a float sum of whole numbers
    below 2^53 is exact in any order, so the totals are the same. */
@@ -30,7 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* entry kinds, as pipe.code_of numbers them */
+/* entry kinds, as compile.code_of numbers them */
 enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5, K_COPY = 6 };
 
 /* a number as Python holds it: an int (exact) or a float */
@@ -111,7 +111,7 @@ typedef struct Code Code;
 
 typedef struct {
     int kind;
-    PyObject *entry;   /* the stream entry (returned for K_OTHER and a blocking K_WAIT) */
+    PyObject *entry;   /* the stream entry (returned to pipe.py for K_OTHER) */
     PyObject *name;    /* its name (instruction traces) */
     Num cost;          /* K_FIXED, K_RUN */
     double flops;      /* K_FIXED, K_RUN (an int converted as Python converts it for float + int) */

@@ -1,5 +1,7 @@
 """A pipe of a core running its instruction stream: the SimPy process of each pipe
-(see device.py for the model), with the flags, barriers and SyncAll it meets.
+(see device.py for the model). Its walk through the stream - fixed-cost
+instructions, SetFlag/WaitFlag, GM copies - is in C (_pipe.c); the barriers,
+SyncAll and cross-core flags it meets are here.
 
 A pipe keeps its own clock `t` (never behind env.now) and only synchronises with
 simulated time when it touches something shared: a GM transfer or an empty flag.
@@ -74,7 +76,7 @@ def run_pipe(dev, kr, cr, pipe, code):
             targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
             for other in targets:
                 post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                          t + cross_latency)
+                           t + cross_latency)
         elif kind is CrossWait:
             blk = cr.block
             sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)

@@ -6,7 +6,6 @@ peers send it."""
 
 from __future__ import annotations
 
-
 from npusim.engine.device import Device
 from npusim.engine.events import Environment
 from npusim.engine.host import Host
