@@ -16,8 +16,10 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 typedef struct {
     PyObject_HEAD
@@ -283,24 +285,14 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
     return n - misses;
 }
 
-/* access(lines, write, fill_id, want_missed, shift=0) -> (hits, write-back mask or None, fill
-   ids to wait for, positions of the missed lines or None, any line missed). The lines are
-   lines[i] + shift (a transfer's line pattern moved to its address). fill_id: the fill
+/* Touch lines[0..n) + shift_by: the hits, the write-back mask (bytearray, or NULL if
+   none), the fill ids to wait for (a list), the positions of the missed lines (bytearray
+   of int64, if want_missed; else NULL) and whether any line missed. fill_id: the fill
    index the missed lines get (0: none), marked in flight if any line misses. */
-static PyObject *core_access(Core *c, PyObject *args) {
-    PyObject *lines_obj;
-    int write, want_missed;
-    long long fill_id, shift_by = 0;
-    if (!PyArg_ParseTuple(args, "OpLp|L", &lines_obj, &write, &fill_id, &want_missed, &shift_by)) return NULL;
-    Py_buffer lb;
-    if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (!is_int64(&lb)) {
-        PyBuffer_Release(&lb);
-        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
-        return NULL;
-    }
-    const int64_t *lines = lb.buf;
-    Py_ssize_t n = lb.len / 8, hits = 0, n_missed = 0;
+static int access_lines(Core *c, const int64_t *lines, Py_ssize_t n, int64_t shift_by, int write, long long fill_id,
+                        int want_missed, Py_ssize_t *hits_out, PyObject **wb_out, PyObject **waits_out,
+                        PyObject **missed_out, int *any_miss_out) {
+    Py_ssize_t hits = 0, n_missed = 0;
     uint8_t *wb = NULL;
     PyObject *wb_obj = NULL, *missed_obj = NULL, *waits = PyList_New(0);
     int64_t *missed = NULL;
@@ -331,17 +323,42 @@ static PyObject *core_access(Core *c, PyObject *args) {
         c->filled[fill_id] = 0;
         c->in_flight++;
     }
-    PyBuffer_Release(&lb);
-    if (missed_obj && PyByteArray_Resize(missed_obj, n_missed * 8) < 0) {
-        Py_DECREF(missed_obj); Py_XDECREF(wb_obj); Py_DECREF(waits);
+    if (missed_obj && PyByteArray_Resize(missed_obj, n_missed * 8) < 0) goto fail;
+    *hits_out = hits;
+    *wb_out = wb_obj;
+    *waits_out = waits;
+    *missed_out = missed_obj;
+    *any_miss_out = any_miss;
+    return 0;
+fail:
+    Py_XDECREF(waits); Py_XDECREF(wb_obj); Py_XDECREF(missed_obj);
+    return -1;
+}
+
+/* access(lines, write, fill_id, want_missed, shift=0) -> (hits, write-back mask or None, fill
+   ids to wait for, positions of the missed lines or None, any line missed). The lines are
+   lines[i] + shift (a transfer's line pattern moved to its address). */
+static PyObject *core_access(Core *c, PyObject *args) {
+    PyObject *lines_obj;
+    int write, want_missed;
+    long long fill_id, shift_by = 0;
+    if (!PyArg_ParseTuple(args, "OpLp|L", &lines_obj, &write, &fill_id, &want_missed, &shift_by)) return NULL;
+    Py_buffer lb;
+    if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (!is_int64(&lb)) {
+        PyBuffer_Release(&lb);
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
         return NULL;
     }
-    return Py_BuildValue("nNNNO", hits, wb_obj ? wb_obj : (Py_INCREF(Py_None), Py_None), waits,
-                         missed_obj ? missed_obj : (Py_INCREF(Py_None), Py_None), any_miss ? Py_True : Py_False);
-fail:
+    Py_ssize_t hits;
+    PyObject *wb, *waits, *missed;
+    int any_miss;
+    int bad = access_lines(c, lb.buf, lb.len / 8, shift_by, write, fill_id, want_missed, &hits, &wb, &waits, &missed,
+                           &any_miss);
     PyBuffer_Release(&lb);
-    Py_XDECREF(waits); Py_XDECREF(wb_obj); Py_XDECREF(missed_obj);
-    return NULL;
+    if (bad) return NULL;
+    return Py_BuildValue("nNNNO", hits, wb ? wb : Py_NewRef(Py_None), waits, missed ? missed : Py_NewRef(Py_None),
+                         any_miss ? Py_True : Py_False);
 }
 
 /* find(lines) -> bytes of int64: the slot holding each line, -1 where it is not cached. */
@@ -405,15 +422,314 @@ static PyTypeObject CoreType = {
     .tp_new = PyType_GenericNew,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_l2", "The L2's line walk in C.", -1, NULL};
+/* ------------------------------------------------------------------ transfers
+
+   memory.MemorySystem's transfers (memory.py holds the rules): the burst rounding,
+   the transfer's line pattern (computed once per shape by memory.py, kept in its
+   dict), the L2 walk and, for a transfer that leaves nothing behind - a write that
+   evicts nothing dirty, a read that hits throughout with no line still being
+   filled - the start of its flow on the L2 link; every other transfer is finished
+   by memory.py (MemorySystem._finish) from what the walk found. The stats are the
+   Python numbers the Python made: the arithmetic on them is Python's. */
+
+static inline int64_t floor_div(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+static inline int64_t floor_mod(int64_t a, int64_t b) { return a - floor_div(a, b) * b; }
+
+static int64_t gcd(int64_t a, int64_t b) {
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+/* burst_cost: (bytes moved after rounding every segment out to bursts, misaligned
+   segments), as memory.burst_cost states it */
+static void bursts(int64_t addr, int64_t nbytes, int64_t segments, int64_t stride, int64_t b, int64_t *moved,
+                   int64_t *misaligned) {
+    /* the rounding of a segment depends only on its start modulo the burst, and those
+       residues repeat with period burst / gcd(stride, burst) */
+    int64_t r = floor_mod(stride, b);
+    int64_t period = b / gcd(r ? r : b, b);
+    *moved = *misaligned = 0;
+    for (int64_t i = 0; i < period && i < segments; i++) {
+        int64_t a = addr + i * stride;
+        int64_t lo = a - floor_mod(a, b), hi = -floor_div(-(a + nbytes), b) * b;
+        int64_t reps = (segments - i + period - 1) / period;
+        *moved += (hi - lo) * reps;
+        if (floor_mod(a, b) || floor_mod(a + nbytes, b)) *misaligned += reps;
+    }
+}
+
+static PyObject *py_burst_cost(PyObject *module, PyObject *args) {
+    long long addr, nbytes, segments, stride, b;
+    if (!PyArg_ParseTuple(args, "LLLLL", &addr, &nbytes, &segments, &stride, &b)) return NULL;
+    if (b < 1) { PyErr_SetString(PyExc_ValueError, "burst_cost: the burst must be at least 1 byte"); return NULL; }
+    int64_t moved, misaligned;
+    bursts(addr, nbytes, segments, stride, b, &moved, &misaligned);
+    return Py_BuildValue("LL", (long long)moved, (long long)misaligned);
+}
+
+/* What a transfer did (memory.py adds it into its kernel's counters) */
+typedef struct {
+    PyObject_HEAD
+    PyObject *moved, *wasted, *misaligned, *hit_bytes, *miss_bytes, *hbm_read, *hbm_write, *uneven;
+} Stats;
+
+static PyTypeObject StatsType;
+
+static void stats_dealloc(Stats *st) {
+    Py_XDECREF(st->moved); Py_XDECREF(st->wasted); Py_XDECREF(st->misaligned); Py_XDECREF(st->hit_bytes);
+    Py_XDECREF(st->miss_bytes); Py_XDECREF(st->hbm_read); Py_XDECREF(st->hbm_write); Py_XDECREF(st->uneven);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static Stats *stats_make(void) {
+    Stats *st = PyObject_New(Stats, &StatsType);
+    if (!st) return NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    st->moved = zero; st->wasted = Py_XNewRef(zero); st->misaligned = Py_XNewRef(zero);
+    st->hit_bytes = PyFloat_FromDouble(0.0); st->miss_bytes = Py_XNewRef(st->hit_bytes);
+    st->hbm_read = Py_XNewRef(st->hit_bytes); st->hbm_write = Py_XNewRef(st->hit_bytes);
+    st->uneven = Py_NewRef(Py_False);
+    if (!zero || !st->hit_bytes) { Py_DECREF(st); return NULL; }
+    return st;
+}
+
+static PyObject *stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "TransferStats() takes no arguments");
+        return NULL;
+    }
+    return (PyObject *)stats_make();
+}
+
+static PyMemberDef stats_members[] = {
+    {"moved", T_OBJECT, offsetof(Stats, moved), 0, "bytes moved, bursts rounded out (all members)"},
+    {"wasted", T_OBJECT, offsetof(Stats, wasted), 0, "bytes of burst rounding beyond the data"},
+    {"misaligned", T_OBJECT, offsetof(Stats, misaligned), 0, "segments with an unaligned start or end"},
+    {"hit_bytes", T_OBJECT, offsetof(Stats, hit_bytes), 0, "moved bytes the L2 held"},
+    {"miss_bytes", T_OBJECT, offsetof(Stats, miss_bytes), 0, "moved bytes it did not"},
+    {"hbm_read", T_OBJECT, offsetof(Stats, hbm_read), 0, "bytes read from HBM (whole lines)"},
+    {"hbm_write", T_OBJECT, offsetof(Stats, hbm_write), 0, "bytes written back to HBM"},
+    {"uneven", T_OBJECT, offsetof(Stats, uneven), 0, "a group's members read different numbers of lines from HBM"},
+    {NULL},
+};
+
+static PyTypeObject StatsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._l2.TransferStats",
+    .tp_basicsize = sizeof(Stats),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What a transfer did; added into its kernel's counters by the caller",
+    .tp_new = stats_new,
+    .tp_dealloc = (destructor)stats_dealloc,
+    .tp_members = stats_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    Core *core;
+    int64_t line, burst;
+    /* memory.py's pattern dict, its _lines_of, the L2 link's add, the L2's fills and _finish */
+    PyObject *patterns, *lines_of, *l2_add, *fills, *finish;
+} Mover;
+
+/* the Mover holds bound methods of its MemorySystem, which holds it: a cycle the
+   garbage collector must see */
+static int mover_traverse(Mover *m, visitproc visit, void *arg) {
+    Py_VISIT(m->core); Py_VISIT(m->patterns); Py_VISIT(m->lines_of); Py_VISIT(m->l2_add);
+    Py_VISIT(m->fills); Py_VISIT(m->finish);
+    return 0;
+}
+
+static int mover_clear(Mover *m) {
+    Py_CLEAR(m->core); Py_CLEAR(m->patterns); Py_CLEAR(m->lines_of); Py_CLEAR(m->l2_add);
+    Py_CLEAR(m->fills); Py_CLEAR(m->finish);
+    return 0;
+}
+
+static void mover_dealloc(Mover *m) {
+    PyObject_GC_UnTrack(m);
+    mover_clear(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+/* Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish) */
+static int mover_init(Mover *m, PyObject *args, PyObject *kwds) {
+    PyObject *core, *patterns, *lines_of, *l2_add, *fills, *finish;
+    long long line, burst;
+    if (!PyArg_ParseTuple(args, "O!LLO!OOO!O", &CoreType, &core, &line, &burst, &PyDict_Type, &patterns, &lines_of,
+                          &l2_add, &PyList_Type, &fills, &finish))
+        return -1;
+    if (line < 1 || burst < 1) { PyErr_SetString(PyExc_ValueError, "Mover: line and burst must be positive"); return -1; }
+    Py_XSETREF(m->core, (Core *)Py_NewRef(core));
+    m->line = line; m->burst = burst;
+    Py_XSETREF(m->patterns, Py_NewRef(patterns));
+    Py_XSETREF(m->lines_of, Py_NewRef(lines_of));
+    Py_XSETREF(m->l2_add, Py_NewRef(l2_add));
+    Py_XSETREF(m->fills, Py_NewRef(fills));
+    Py_XSETREF(m->finish, Py_NewRef(finish));
+    return 0;
+}
+
+static int set_long(PyObject **field, int64_t v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (!x) return -1;
+    Py_XSETREF(*field, x);
+    return 0;
+}
+
+/* transfer(addrs, nbytes, segments, stride, write, cap, on_done) -> TransferStats */
+static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "transfer(addrs, nbytes, segments, stride, write, cap, on_done)");
+        return NULL;
+    }
+    PyObject *addrs = args[0], *cap = args[5], *on_done = args[6];
+    if (!m->core) { PyErr_SetString(PyExc_TypeError, "Mover: not built"); return NULL; }
+    if (!PyList_Check(addrs) || !PyList_GET_SIZE(addrs)) {
+        PyErr_SetString(PyExc_TypeError, "transfer: addrs must be a non-empty list");
+        return NULL;
+    }
+    Py_ssize_t w = PyList_GET_SIZE(addrs);
+    long long a0 = PyLong_AsLongLong(PyList_GET_ITEM(addrs, 0));
+    long long nbytes = PyLong_AsLongLong(args[1]), segments = PyLong_AsLongLong(args[2]);
+    long long stride = PyLong_AsLongLong(args[3]);
+    int write = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || write < 0) return NULL;
+
+    /* the line pattern: memory.py's, by shape and members' offsets */
+    PyObject *key = PyTuple_New(w > 1 ? 4 + w : 4);
+    if (!key) return NULL;
+    int64_t first = floor_div(a0, m->line);
+    PyObject *x = PyLong_FromLongLong(floor_mod(a0, m->line));
+    if (!x) { Py_DECREF(key); return NULL; }
+    PyTuple_SET_ITEM(key, 0, x);
+    PyTuple_SET_ITEM(key, 1, Py_NewRef(args[1]));
+    PyTuple_SET_ITEM(key, 2, Py_NewRef(args[2]));
+    PyTuple_SET_ITEM(key, 3, Py_NewRef(args[3]));
+    for (Py_ssize_t k = 0; w > 1 && k < w; k++) {
+        long long a = PyLong_AsLongLong(PyList_GET_ITEM(addrs, k));
+        x = (a == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(a - a0);
+        if (!x) { Py_DECREF(key); return NULL; }
+        PyTuple_SET_ITEM(key, 4 + k, x);
+    }
+    PyObject *pattern = PyDict_GetItemWithError(m->patterns, key);
+    Py_DECREF(key);
+    if (pattern) {
+        Py_INCREF(pattern);
+    } else {
+        if (PyErr_Occurred()) return NULL;
+        pattern = PyObject_CallFunctionObjArgs(m->lines_of, addrs, args[1], args[2], args[3], NULL);
+        if (!pattern) return NULL;
+    }
+    if (!PyTuple_Check(pattern) || PyTuple_GET_SIZE(pattern) < 3) {
+        Py_DECREF(pattern);
+        PyErr_SetString(PyExc_TypeError, "transfer: a line pattern is (lines, member, shared, ...)");
+        return NULL;
+    }
+    PyObject *member = PyTuple_GET_ITEM(pattern, 1);
+    long long shared = PyLong_AsLongLong(PyTuple_GET_ITEM(pattern, 2));
+    Py_buffer lb;
+    if (PyErr_Occurred() || PyObject_GetBuffer(PyTuple_GET_ITEM(pattern, 0), &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        Py_DECREF(pattern);
+        return NULL;
+    }
+    if (!is_int64(&lb)) {
+        PyBuffer_Release(&lb);
+        Py_DECREF(pattern);
+        PyErr_SetString(PyExc_ValueError, "transfer: a line pattern must be a contiguous int64 array");
+        return NULL;
+    }
+
+    int64_t moved, misaligned;
+    bursts(a0, nbytes, segments, stride, m->burst, &moved, &misaligned);
+    Stats *st = stats_make();
+    long long fill_id = write ? 0 : PyList_GET_SIZE(m->fills);
+    Py_ssize_t hits, total = lb.len / 8;
+    PyObject *wb = NULL, *waits = NULL, *missed = NULL, *res = NULL;
+    int any_miss;
+    if (!st || set_long(&st->moved, moved * w) || set_long(&st->misaligned, misaligned * w) ||
+        set_long(&st->wasted, (moved - nbytes * segments) * w) ||
+        access_lines(m->core, lb.buf, total, first, write, fill_id, w > 1 && !write, &hits, &wb, &waits, &missed,
+                     &any_miss) < 0)
+        goto done;
+    /* hit_bytes = moved * (hits + shared) / (lines + shared); miss_bytes = moved - hit_bytes */
+    PyObject *num = PyLong_FromLongLong(hits + shared), *den = PyLong_FromLongLong(total + shared);
+    PyObject *prod = num && den ? PyNumber_Multiply(st->moved, num) : NULL;
+    PyObject *hit = prod ? PyNumber_TrueDivide(prod, den) : NULL;
+    Py_XDECREF(num); Py_XDECREF(den); Py_XDECREF(prod);
+    if (!hit) goto done;
+    Py_XSETREF(st->hit_bytes, hit);
+    PyObject *miss = PyNumber_Subtract(st->moved, st->hit_bytes);
+    if (!miss) goto done;
+    Py_XSETREF(st->miss_bytes, miss);
+    double hbm_read = write ? 0.0 : (double)((total - hits) * m->line);  /* a read miss fills whole lines */
+    PyObject *hr = PyFloat_FromDouble(hbm_read);
+    if (!hr) goto done;
+    Py_XSETREF(st->hbm_read, hr);
+    if (!wb && !PyList_GET_SIZE(waits) && hbm_read == 0.0) {  /* the L2 flow is all */
+        PyObject *mv = PyLong_FromLongLong(moved), *wo = PyLong_FromSsize_t(w);
+        PyObject *r = mv && wo ? PyObject_CallFunctionObjArgs(m->l2_add, mv, cap, on_done, wo, NULL) : NULL;
+        Py_XDECREF(mv); Py_XDECREF(wo);
+        if (!r) goto done;
+        Py_DECREF(r);
+        res = Py_NewRef((PyObject *)st);
+    } else {
+        /* _finish(st, member, wb, waits, missed, any_miss, w, moved, cap, on_done, write) */
+        PyObject *fin[11] = {(PyObject *)st, member, wb ? wb : Py_None, waits, missed ? missed : Py_None,
+                             any_miss ? Py_True : Py_False, NULL, NULL, cap, on_done, write ? Py_True : Py_False};
+        fin[6] = PyLong_FromSsize_t(w);
+        fin[7] = PyLong_FromLongLong(moved);
+        if (fin[6] && fin[7]) res = PyObject_Vectorcall(m->finish, fin, 11, NULL);
+        Py_XDECREF(fin[6]); Py_XDECREF(fin[7]);
+    }
+done:
+    PyBuffer_Release(&lb);
+    Py_DECREF(pattern);
+    Py_XDECREF(st); Py_XDECREF(wb); Py_XDECREF(waits); Py_XDECREF(missed);
+    return res;
+}
+
+static PyMethodDef mover_methods[] = {
+    {"transfer", (PyCFunction)(void (*)(void))mover_transfer, METH_FASTCALL,
+     "transfer(addrs, nbytes, segments, stride, write, cap, on_done) -> TransferStats (see memory.py)"},
+    {NULL},
+};
+
+static PyTypeObject MoverType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._l2.Mover",
+    .tp_basicsize = sizeof(Mover),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)mover_traverse,
+    .tp_clear = (inquiry)mover_clear,
+    .tp_doc = "Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish): memory.py's transfers",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)mover_init,
+    .tp_dealloc = (destructor)mover_dealloc,
+    .tp_methods = mover_methods,
+};
+
+static PyMethodDef module_methods[] = {
+    {"burst_cost", py_burst_cost, METH_VARARGS,
+     "burst_cost(addr, nbytes, segments, stride, burst) -> (bytes moved after rounding every segment out to "
+     "bursts, misaligned segments)"},
+    {NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_l2", "The L2's line walk and transfers in C.", -1,
+                                    module_methods};
 
 PyMODINIT_FUNC PyInit__l2(void) {
-    if (PyType_Ready(&CoreType) < 0) return NULL;
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&StatsType) < 0 || PyType_Ready(&MoverType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    Py_INCREF(&CoreType);
-    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
-        Py_DECREF(&CoreType);
+    if (PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0 ||
+        PyModule_AddObjectRef(m, "TransferStats", (PyObject *)&StatsType) < 0 ||
+        PyModule_AddObjectRef(m, "Mover", (PyObject *)&MoverType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -76,15 +76,24 @@ class L2Cache:
         missed, else None)."""
         fill_id = len(self.fills) if new_fill is not None else _ARRIVED
         hits, wb, waits, at, any_miss = self._core.access(lines, write, fill_id, missed, shift)
+        fill, waits = self.after_access(any_miss and new_fill is not None, new_fill, waits)
+        return (hits, None if wb is None else np.frombuffer(wb, bool), waits, fill,
+                None if at is None else np.frombuffer(at, np.int64))
+
+    def after_access(self, filling: bool, new_fill, waits: list) -> tuple:
+        """After the walk of an access (here or in memory.py's C transfer start): the event of
+        its fill, made by new_fill() if `filling` (a read that missed; its fill id is the
+        one the walk was given, len(fills)), or None; and the events of the fill ids it
+        waits for."""
         fill = None
-        if any_miss and new_fill is not None:
+        if filling:
+            fill_id = len(self.fills)
             fill = new_fill()
             self.fills.append(fill)
             fill.callbacks.append(lambda _ev, i=fill_id: self._arrived(i))
         if waits:
             waits = [self.fills[f] for f in waits]
-        return (hits, None if wb is None else np.frombuffer(wb, bool), waits, fill,
-                None if at is None else np.frombuffer(at, np.int64))
+        return fill, waits
 
     def find(self, lines: np.ndarray) -> np.ndarray:
         """The slot holding each line (distinct line numbers), -1 where it is not cached;

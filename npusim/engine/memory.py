@@ -14,9 +14,14 @@ A GM transfer of `segments` pieces of `nbytes` (start addresses `stride` apart):
 - dirty lines its accesses evict are written back to HBM as a background flow:
   it takes its share of HBM bandwidth but nobody waits for it.
 
-Transfers repeat their shapes (a tile loop, the members of a group), so the burst
-cost and the line pattern of each shape are computed once and then shifted to the
-transfer's address.
+Transfers repeat their shapes (a tile loop, the members of a group), so the line
+pattern of each shape is computed once and then shifted to the transfer's address.
+
+A transfer's start runs in C (_l2.c, Mover): the burst rounding, the line pattern
+(_lines_of), the L2 walk, and for a transfer that leaves nothing behind - a write
+that evicts nothing dirty, a read that hits throughout, no line still being filled
+(most of them) - its flow on the L2 link; _finish does the rest of the others. The
+stats hold the Python numbers the Python made (its int and float arithmetic).
 """
 
 from __future__ import annotations
@@ -27,39 +32,13 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from npusim.engine._l2 import Mover, TransferStats, burst_cost
 from npusim.engine.events import Signal
 from npusim.engine.flows import Link
 from npusim.engine.l2cache import L2Cache
 from npusim.hw import HwConfig
 
-
-def burst_cost(addr: int, nbytes: int, segments: int, stride: int, burst: int) -> tuple[int, int]:
-    """(bytes moved after rounding every segment out to bursts, misaligned segments)."""
-    # The rounding of a segment depends only on its start address modulo the burst;
-    # those residues repeat with period burst / gcd(stride, burst).
-    period = burst // math.gcd(stride % burst or burst, burst)
-    moved = misaligned = 0
-    for i in range(min(period, segments)):
-        a = addr + i * stride
-        lo = a - a % burst
-        hi = -(-(a + nbytes) // burst) * burst
-        reps = len(range(i, segments, period))
-        moved += (hi - lo) * reps
-        if a % burst or (a + nbytes) % burst:
-            misaligned += reps
-    return moved, misaligned
-
-
-class TransferStats:
-    """What a transfer did; added into its kernel's counters by the caller."""
-
-    __slots__ = ("moved", "wasted", "misaligned", "hit_bytes", "miss_bytes", "hbm_read", "hbm_write", "uneven")
-
-    def __init__(self):
-        self.moved = self.wasted = self.misaligned = 0
-        self.hit_bytes = self.miss_bytes = 0.0
-        self.hbm_read = self.hbm_write = 0.0
-        self.uneven = False  # a group's members missed different numbers of lines (see transfer)
+__all__ = ["MemorySystem", "TransferStats", "burst_cost"]  # burst_cost: the burst rule, in C (grouping reads it)
 
 
 class MemorySystem:
@@ -71,48 +50,32 @@ class MemorySystem:
         self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes, hw.l2.ways)
         self.line = hw.l2.line_bytes
         self.burst = hw.dma.burst_bytes
-        # Per transfer shape: burst cost, and line pattern (see _lines_of).
-        self._bursts: dict = {}
-        self._patterns: dict = {}
+        self._patterns: dict = {}  # per transfer shape: its line pattern (see _lines_of)
+        # transfer(addrs, nbytes, segments, stride, write, cap, on_done) -> TransferStats: start
+        # a GM read (write=False) or write now, one per address in `addrs` (the identical blocks
+        # of a group, see device.py); on_done() fires when they have all moved. Burst rounding is
+        # the same for every address of a group (they differ by whole lines). The stats say
+        # `uneven` if the members of a group read different numbers of lines from HBM: one by
+        # one they would not have kept together, so the group's timing is not theirs (the
+        # device runs it again). In C (see the module doc), with _finish.
+        self.transfer = Mover(self.l2._core, self.line, self.burst, self._patterns, self._lines_of,
+                              self.l2_link.add, self.l2.fills, self._finish).transfer
 
     def _new_fill(self) -> Signal:
         return Signal(self.env)
 
-    def transfer(
-        self, addrs: list[int], nbytes: int, segments: int, stride: int, write: bool, cap: float,
-        on_done: Callable[[], None],
-    ) -> TransferStats:
-        """Start a GM read (write=False) or write now, one per address in `addrs` (the
-        identical blocks of a group, see device.py); on_done() fires when they have
-        all moved. Burst rounding is the same for every address of a group (they
-        differ by whole lines). The stats say `uneven` if the members of a group read
-        different numbers of lines from HBM: one by one they would not have kept
-        together, so the group's timing is not theirs (the device runs it again)."""
-        w = len(addrs)
-        st = TransferStats()
-        key = (addrs[0] % self.burst, nbytes, segments, stride)
-        cost = self._bursts.get(key)
-        if cost is None:
-            cost = self._bursts[key] = burst_cost(addrs[0], nbytes, segments, stride, self.burst)
-        moved, misaligned = cost
-        st.moved, st.misaligned = moved * w, misaligned * w
-        st.wasted = (moved - nbytes * segments) * w
-
+    def _finish(self, st: TransferStats, member: np.ndarray, wb, waits: list, missed, any_miss: bool, w: int,
+                moved: int, cap: float, on_done: Callable[[], None], write: bool) -> TransferStats:
+        """The rest of a transfer the C start left (see the module doc), from what its L2
+        walk found: the write-back mask `wb` and the positions of the missed lines `missed`
+        (bytes, or None), the fill ids it waits for, whether any line missed."""
         line = self.line
-        lines, member, shared, first = self._lines_of(addrs, nbytes, segments, stride)
         # A read that misses gets a fill event: it fires when the missed lines have arrived.
-        hit_lines, wb, waits, fill, missed = self.l2.access(lines, write, None if write else self._new_fill,
-                                                            w > 1 and not write, first)
-        total_lines = len(lines)
-        if shared:  # members sharing a line: all but the first to touch it find it in the L2
-            st.hit_bytes = st.moved * (hit_lines + shared) / (total_lines + shared)
-        else:
-            st.hit_bytes = st.moved * hit_lines / total_lines
-        st.miss_bytes = st.moved - st.hit_bytes
-        # A read miss fills whole lines from HBM.
-        st.hbm_read = 0.0 if write else float((total_lines - hit_lines) * line)
+        fill, waits = self.l2.after_access(any_miss and not write, self._new_fill, waits)
+        if missed is not None:
+            missed = np.frombuffer(missed, np.int64)
         if wb is not None:
-            self._write_back(st, wb, member, w)
+            self._write_back(st, np.frombuffer(wb, bool), member, w)
         if not waits and not st.hbm_read:  # a write, or a read that hits throughout: the L2 flow is all
             self.l2_link.add(moved, cap, on_done, w)
             return st
