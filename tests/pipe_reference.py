@@ -1,6 +1,6 @@
 """The pipe process in Python, as it ran before its walk moved to C (npusim/engine/
 _pipe.c): the statement the C walk is held to (tests/test_engine_pipe_walk.py swaps
-it in for npusim.engine.device.run_pipe and compares whole runs, value and type).
+it in for npusim.engine.device.start_pipe and compares whole runs, value and type).
 Barriers, SyncAll and cross-core flags are the engine's own (pipe.py); a core's
 SetFlag/WaitFlag flags are kept here, per core run, as the Python kept them."""
 
@@ -205,3 +205,8 @@ def run_pipe(dev, kr, cr, pipe, code):
         acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += data_wait * w
     acc.flops += flops * w
     return t
+
+
+def start_pipe(dev, kr, cr, pipe, code):
+    """The pipe's process, a SimPy process of the generator above (its value: the clock)."""
+    return dev.env.process(run_pipe(dev, kr, cr, pipe, code))

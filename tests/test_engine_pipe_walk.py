@@ -1,9 +1,10 @@
-"""The pipe's walk in C (npusim/engine/_pipe.c) against the Python it replaced
-(tests/pipe_reference.py): whole runs with an instruction trace must agree in every
-kernel record and counter, trace interval, block span and link sample - value and
-type (the C walk keeps Python's ints and floats). Covers flags without GM traffic,
-single and double buffering, a group of identical blocks, lowered operators (loops,
-split-K, causal flash attention, the KV cache write) and a k3-tiny decode step."""
+"""The pipe's walk and process in C (npusim/engine/_pipe.c) against the Python it
+replaced, a SimPy process (tests/pipe_reference.py): whole runs with an instruction
+trace must agree in every kernel record and counter, trace interval, block span and
+link sample - value and type (the C walk keeps Python's ints and floats). Covers
+flags without GM traffic, single and double buffering, a group of identical blocks,
+lowered operators (loops, split-K, causal flash attention, the KV cache write) and a
+k3-tiny decode step."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _whole(result) -> str:
 def _walked_and_reference(monkeypatch, simulate) -> tuple[str, str]:
     walked = _whole(simulate())
     with monkeypatch.context() as m:
-        m.setattr(device, "run_pipe", pipe_reference.run_pipe)
+        m.setattr(device, "start_pipe", pipe_reference.start_pipe)
         reference = _whole(simulate())
     return walked, reference
 
@@ -95,7 +96,7 @@ def test_a_kernel_on_a_bare_device_keeps_whole_cycles_as_ints(monkeypatch):
 
     walked = simulate()
     with monkeypatch.context() as m:
-        m.setattr(device, "run_pipe", pipe_reference.run_pipe)
+        m.setattr(device, "start_pipe", pipe_reference.start_pipe)
         reference = simulate()
     assert "'GM->UB', 54, 253," in walked  # int clocks, through a transfer
     assert walked == reference

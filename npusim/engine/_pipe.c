@@ -3,12 +3,11 @@
 
    A Code is a compiled stream: per entry its kind and the fields the walk reads,
    loops holding the Code of their body. A Walker walks one pipe's Code for one core
-   run: fixed-cost instructions, flag sets, flag waits and loops, and GM copies. A
-   copy, or a wait whose flag is not set yet, hands pipe.py the event to wait for
-   (the copy's end, the waiter's signal), which the pipe's process yields; the walk
-   goes on from there when run() is called again. Barriers, SyncAll and cross-core
-   flags are returned to pipe.py as entries: it reads and writes the walker's clock
-   and counters around them.
+   run: fixed-cost instructions, flag sets, flag waits and loops, and GM copies; and
+   it is the pipe's process (start, resume: see walker_resume). A copy, or a wait
+   whose flag is not set yet, is an event the process waits for. Barriers, SyncAll
+   and cross-core flags are pipe.py's meet(walk, entry), a generator the process
+   runs, which reads and writes the walker's clock and counters.
 
    A copy starts once its start-up has passed: if that is later than now, a timeout
    (events.after) calls the walker, which starts it then - at the very point of the
@@ -43,6 +42,8 @@ typedef struct {
 #define EXACT (9007199254740992LL) /* 2^53: ints up to this convert to doubles exactly */
 /* cycles.whole_cycles' fast test: a ceiling this far (1 - 1e-6) above x needs no rounding */
 #define CLEAR (1e-6)
+/* SimPy's priority of a process's initialisation (simpy.core.URGENT) */
+#define URGENT 0
 
 static int num_from(PyObject *o, Num *out) {
     if (PyLong_CheckExact(o)) {
@@ -475,9 +476,13 @@ typedef struct {
     Op *pending_op;
     Num issue;
     PyObject *addrs, *st;
+    /* the process: its resume (a bound method, added to what it waits for), pipe.py's
+       meet(walk, entry) and the generator it returned while one is running, end(walk),
+       and the Signal that fires with the clock when the pipe ends */
+    PyObject *resume_cb, *meet, *gen, *end, *done;
 } Walker;
 
-static PyObject *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
+static PyObject *s_queue, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
 static PyObject *s_gm_read, *s_gm_write, *s_hbm_read, *s_hbm_write, *s_l2_hit, *s_l2_miss, *s_wasted,
     *s_misaligned, *s_dma_segments, *s_st_hbm_read, *s_st_hbm_write, *s_st_hit, *s_st_miss, *s_st_wasted,
     *s_st_misaligned;
@@ -490,6 +495,7 @@ static int walker_traverse(Walker *w, visitproc visit, void *arg) {
     Py_VISIT(w->blocked); Py_VISIT(w->blocked_key);
     Py_VISIT(w->offsets); Py_VISIT(w->acc); Py_VISIT(w->diverged);
     Py_VISIT(w->pending); Py_VISIT(w->addrs); Py_VISIT(w->st);
+    Py_VISIT(w->resume_cb); Py_VISIT(w->meet); Py_VISIT(w->gen); Py_VISIT(w->end); Py_VISIT(w->done);
     return 0;
 }
 
@@ -501,6 +507,7 @@ static int walker_clear(Walker *w) {
     Py_CLEAR(w->blocked); Py_CLEAR(w->blocked_key);
     Py_CLEAR(w->offsets); Py_CLEAR(w->acc); Py_CLEAR(w->diverged);
     Py_CLEAR(w->pending); Py_CLEAR(w->addrs); Py_CLEAR(w->st);
+    Py_CLEAR(w->resume_cb); Py_CLEAR(w->meet); Py_CLEAR(w->gen); Py_CLEAR(w->end); Py_CLEAR(w->done);
     return 0;
 }
 
@@ -516,16 +523,17 @@ static void walker_dealloc(Walker *w) {
 /* Walker(code, vars, flags, flag_latency, t,
           intervals or None, names, pipe_name, kernel id,
           env, transfer, Signal, after, whole_cycles, blocked, blocked_key,
-          offsets, weight, acc, diverged): see the struct */
+          offsets, weight, acc, diverged, meet, end): see the struct */
 static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     PyObject *code, *vars, *flags, *latency, *t, *intervals, *names, *pipe_name, *kid;
-    PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged;
+    PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged, *meet, *end;
     long long weight;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOO", &CodeType, &code, &PyDict_Type, &vars,
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOOOO", &CodeType, &code, &PyDict_Type, &vars,
                           &FlagsType, &flags, &latency, &t, &intervals, &PyTuple_Type,
                           &names, &pipe_name, &kid, &env, &transfer, &signal, &after, &whole, &PyDict_Type,
-                          &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged))
+                          &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged, &meet, &end))
         return -1;
+    if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
     if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already built"); return -1; }
     if (num_from(latency, &w->latency) < 0 || num_from(t, &w->t) < 0) return -1;
     if (intervals != Py_None && !PyList_Check(intervals)) {
@@ -540,6 +548,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     w->after = Py_NewRef(after); w->whole = Py_NewRef(whole);
     w->blocked = Py_NewRef(blocked); w->blocked_key = Py_NewRef(blocked_key);
     w->offsets = Py_NewRef(offsets); w->acc = Py_NewRef(acc); w->diverged = Py_NewRef(diverged);
+    w->meet = Py_NewRef(meet); w->end = Py_NewRef(end);
     w->weight = weight;
     w->cap = 8;
     w->stack = PyMem_Calloc((size_t)w->cap, sizeof(Frame));
@@ -829,11 +838,10 @@ static int end_wait(Walker *w) {
     return bad;
 }
 
-/* run(): walk on until the pipe must wait (returns the event), meets an entry pipe.py
-   does (returns it) or ends (None) */
-static PyObject *walker_run(Walker *w, PyObject *unused) {
-    if (!w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not built"); return NULL; }
-    if (w->pending) {  /* the event pipe.py waited for has come */
+/* Walk on until the pipe must wait (returns the event), meets an entry pipe.py does
+   (returns it) or ends (None). */
+static PyObject *walk_on(Walker *w) {
+    if (w->pending) {  /* the event the pipe waited for has come */
         int bad = w->pending_op->kind == K_COPY ? end_copy(w) : end_wait(w);
         Py_CLEAR(w->pending);
         Py_CLEAR(w->addrs);
@@ -865,7 +873,7 @@ static PyObject *walker_run(Walker *w, PyObject *unused) {
         case K_WAIT: {
             Flag *g = flag_at(w->flags, op->flag);
             if (!g) return NULL;
-            if (!g->sets.n) return begin_wait(w, op, g);  /* not set yet: pipe.py waits for it */
+            if (!g->sets.n) return begin_wait(w, op, g);  /* not set yet: the pipe waits for it */
             PyObject *visible = fifo_pop(&g->sets);
             int bad = arrive(w, visible, op->name);
             Py_DECREF(visible);
@@ -892,6 +900,100 @@ static PyObject *walker_run(Walker *w, PyObject *unused) {
         }
     }
     Py_RETURN_NONE;
+}
+
+/* wait for `ev`: the pipe's resume goes onto its callbacks. 1 if it has been
+   processed already (nothing to wait for: its value is to be used now), else 0. */
+static int wait_for(Walker *w, PyObject *ev) {
+    PyObject *callbacks = PyObject_GetAttr(ev, s_callbacks);
+    if (!callbacks) return -1;
+    int r = callbacks == Py_None ? 1 : PyList_Append(callbacks, w->resume_cb);
+    Py_DECREF(callbacks);
+    return r;
+}
+
+/* resume(event): the pipe's process goes on from `event` (what it waited for, or its
+   start) until it must wait again or ends, as SimPy's Process._resume runs a process's
+   generator: what it waits for gets this resume as a callback, and at its end its
+   Signal is scheduled with its clock as a finished Process is. A barrier, SyncAll or
+   cross-core flag is pipe.py's meet(walk, entry), a generator driven the same way. */
+static PyObject *walker_resume(Walker *w, PyObject *event) {
+    if (!w->root || !w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not started"); return NULL; }
+    PyObject *value = NULL;  /* to send into the meet generator */
+    if (w->gen) {
+        value = PyObject_GetAttr(event, s_value);
+        if (!value) return NULL;
+    }
+    for (;;) {
+        if (w->gen) {
+            PyObject *ev;
+            PySendResult r = PyIter_Send(w->gen, value, &ev);
+            Py_CLEAR(value);
+            if (r == PYGEN_ERROR) return NULL;
+            if (r == PYGEN_RETURN) {  /* the meeting is over: walk on */
+                Py_DECREF(ev);
+                Py_CLEAR(w->gen);
+                continue;
+            }
+            int done = wait_for(w, ev);
+            if (done == 1) value = PyObject_GetAttr(ev, s_value);
+            Py_DECREF(ev);
+            if (done < 0 || (done == 1 && !value)) return NULL;
+            if (done == 1) continue;
+            Py_RETURN_NONE;
+        }
+        PyObject *x = walk_on(w);
+        if (!x) return NULL;
+        if (x == Py_None) {  /* the end: the counters, then the end Signal with the clock */
+            Py_DECREF(x);
+            PyObject *r = PyObject_CallOneArg(w->end, (PyObject *)w);
+            if (!r) return NULL;
+            Py_DECREF(r);
+            PyObject *t = num_to(w->t);
+            r = t ? PyObject_CallMethodOneArg(w->done, s_fire, t) : NULL;
+            Py_XDECREF(t);
+            if (!r) return NULL;
+            Py_DECREF(r);
+            Py_RETURN_NONE;
+        }
+        if (PyObject_TypeCheck(x, (PyTypeObject *)w->signal)) {  /* a copy's end or a flag's set */
+            int done = wait_for(w, x);
+            Py_DECREF(x);
+            if (done != 0) {
+                if (done == 1) PyErr_SetString(PyExc_RuntimeError, "pipe walk: waits for an event already processed");
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+        w->gen = PyObject_CallFunctionObjArgs(w->meet, (PyObject *)w, x, NULL);  /* a barrier, SyncAll, cross flag */
+        Py_DECREF(x);
+        if (!w->gen) return NULL;
+        value = Py_NewRef(Py_None);
+    }
+}
+
+/* start(): the pipe's process starts where a SimPy process made now would (its
+   initialisation is scheduled now, before anything of normal priority); returns the
+   Signal that fires with the pipe's clock when it ends */
+static PyObject *walker_start(Walker *w, PyObject *unused) {
+    if (!w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not built"); return NULL; }
+    if (w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: started twice"); return NULL; }
+    w->resume_cb = PyObject_GetAttrString((PyObject *)w, "resume");
+    w->done = w->resume_cb ? PyObject_CallOneArg(w->signal, w->env) : NULL;
+    PyObject *init = w->done ? PyObject_CallOneArg(w->signal, w->env) : NULL;
+    if (!init) return NULL;
+    PyObject *queue = NULL, *now = NULL, *res = NULL;
+    if (wait_for(w, init) != 0) goto done;
+    queue = PyObject_GetAttr(w->env, s_queue);
+    now = queue ? PyObject_GetAttr(w->env, s_now) : NULL;
+    if (now) res = PyObject_CallMethod(queue, "push", "OiO", now, URGENT, init);
+done:
+    Py_DECREF(init);
+    Py_XDECREF(queue);
+    Py_XDECREF(now);
+    if (!res) return NULL;
+    Py_DECREF(res);
+    return Py_NewRef(w->done);
 }
 
 /* flush(local_bytes, weight): add the bytes written into each buffer (times the run's
@@ -948,7 +1050,8 @@ DOUBLE_FIELD(flops)
 DOUBLE_FIELD(data_wait)
 
 static PyMethodDef walker_methods[] = {
-    {"run", (PyCFunction)walker_run, METH_NOARGS, "walk on; the entry pipe.py must do, or None at the end"},
+    {"start", (PyCFunction)walker_start, METH_NOARGS, "start the pipe's process; the Signal of its end"},
+    {"resume", (PyCFunction)walker_resume, METH_O, "resume(event): the process goes on (a callback)"},
     {"flush", (PyCFunction)(void (*)(void))walker_flush, METH_FASTCALL,
      "flush(local_bytes, mems, weight): add the local buffer bytes into the kernel's counters"},
     {NULL},
@@ -986,6 +1089,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pipe", "A pipe's wa
 
 PyMODINIT_FUNC PyInit__pipe(void) {
     s_fire = PyUnicode_InternFromString("fire");
+    s_queue = PyUnicode_InternFromString("_queue");
     s_now = PyUnicode_InternFromString("_now");
     s_value = PyUnicode_InternFromString("_value");
     s_callbacks = PyUnicode_InternFromString("callbacks");
@@ -1007,7 +1111,7 @@ PyMODINIT_FUNC PyInit__pipe(void) {
     s_st_miss = PyUnicode_InternFromString("miss_bytes");
     s_st_wasted = PyUnicode_InternFromString("wasted");
     s_st_misaligned = PyUnicode_InternFromString("misaligned");
-    if (!s_fire || !s_now || !s_value || !s_callbacks || !s_uneven || !s_moved ||
+    if (!s_fire || !s_queue || !s_now || !s_value || !s_callbacks || !s_uneven || !s_moved ||
         !s_gm_read || !s_gm_write || !s_hbm_read || !s_hbm_write || !s_l2_hit || !s_l2_miss || !s_wasted ||
         !s_misaligned || !s_dma_segments || !s_st_hbm_read || !s_st_hbm_write || !s_st_hit || !s_st_miss ||
         !s_st_wasted || !s_st_misaligned)

@@ -1,6 +1,7 @@
 """The device: AI cores running blocks, their pipes, flags and barriers.
 
-Each pipe of a core is a SimPy process that runs its stream in order (pipe.py). A pipe keeps
+Each pipe of a core is a process that runs its stream in order (pipe.py; its walk and
+its process in C, in SimPy's event order: a SimPy process would do the same). A pipe keeps
 its own clock `t` (never behind env.now) and only synchronises with simulated time
 when it touches something shared: a GM transfer (bandwidth and L2 depend on what
 else is in flight at that moment) or an empty flag it must wait for. Fixed-cost
@@ -67,7 +68,7 @@ from npusim.engine.compile import compile_program, count_instructions
 from npusim.engine.events import after
 from npusim.engine.grouping import Grouping, gm_accesses, groupable
 from npusim.engine.memory import MemorySystem
-from npusim.engine.pipe import run_pipe
+from npusim.engine.pipe import start_pipe
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
 from npusim.hw import HwConfig
 from npusim.isa.program import CoreType, Kernel
@@ -392,10 +393,10 @@ class Device:
             blk.aivs.append(_CoreRun([f"AIV{aivs[s]}" for _, aivs in cores], CoreType.AIV, {"block": b0, "sub": s},
                                      self._streams(k, CoreType.AIV, b0), blk, offsets))
         runs += blk.aivs
-        procs = [env.process(run_pipe(self, kr, cr, pipe, code)) for cr in runs for pipe, _, code in cr.streams]
-        if procs:
-            yield env.all_of(procs)
-        end = max([p.value for p in procs], default=env.now)
+        ends = [start_pipe(self, kr, cr, pipe, code) for cr in runs for pipe, _, code in cr.streams]
+        if ends:
+            yield env.all_of(ends)
+        end = max([e._value for e in ends], default=env.now)
         if end > env.now:
             yield after(env, end - env.now)
         for cr in runs:

@@ -1,7 +1,8 @@
-"""A pipe of a core running its instruction stream: the SimPy process of each pipe
-(see device.py for the model). Its walk through the stream - fixed-cost
-instructions, SetFlag/WaitFlag, GM copies - is in C (_pipe.c); the barriers,
-SyncAll and cross-core flags it meets are here.
+"""A pipe of a core running its instruction stream: the process of each pipe (see
+device.py for the model). Its walk through the stream - fixed-cost instructions,
+SetFlag/WaitFlag, GM copies - and its process are in C (_pipe.c: scheduled and
+resumed as SimPy schedules and resumes a process); the barriers, SyncAll and
+cross-core flags it meets are here (meet), as generators the process runs.
 
 A pipe keeps its own clock `t` (never behind env.now) and only synchronises with
 simulated time when it touches something shared: a GM transfer or an empty flag.
@@ -41,62 +42,65 @@ def post_cross(cr, key, visible_at: float) -> None:
     else:
         cr.cross_flags[key].append(visible_at)
 
-def run_pipe(dev, kr, cr, pipe, code):
-    """The process of one pipe of core run `cr`: its Code walked in C (_pipe.c), which
-    hands back each event the pipe must wait for (a GM copy's end, a flag not set yet)
-    and the entries done here (barriers, SyncAll, cross-core flags). Returns the
-    pipe's clock at its end."""
-    env, hw, acc = dev.env, dev.hw, kr.acc
+def start_pipe(dev, kr, cr, pipe, code) -> Signal:
+    """Start the process of one pipe of core run `cr`: its Code walked in C (_pipe.c), which
+    waits for GM copies and flags itself and hands barriers, SyncAll and cross-core flags
+    to meet(); the Signal returned fires with the pipe's clock at its end."""
+    env, hw = dev.env, dev.hw
     pipe_name = pipe.value
-    cross_latency = hw.sync.cross_core_flag_latency_cycles
     # each pipe walks its own loops: its own copy of the block's variables
-    walk = Walker(code, dict(cr.vars), cr.flags, hw.sync.flag_latency_cycles, env.now,
+    return Walker(code, dict(cr.vars), cr.flags, hw.sync.flag_latency_cycles, env.now,
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
-                  cr.offsets, cr.weight, acc, partial(Diverged, kr.id, cr.block.index))
+                  cr.offsets, cr.weight, kr.acc, partial(Diverged, kr.id, cr.block.index),
+                  partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name)).start()
 
-    while (entry := walk.run()) is not None:
-        kind = entry.__class__
-        if kind is Signal:  # a copy in flight or a flag not set yet: the walk goes on once it fires
-            yield entry
-        elif kind is BarrierAll:
-            walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
-            walk.waited += stalled
-            walk.busy += entry.cost
-        elif kind is SyncAllEntry:
-            walk.t, stalled = yield from sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
-            walk.waited += stalled
-            walk.busy += entry.cost
-        elif kind is CrossSet:
-            # Several pipes may set one cross flag: post in simulated-time order.
-            t = walk.t
-            if t > env.now:
-                yield after(env, t - env.now)
-            blk = cr.block
-            targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
-            for other in targets:
-                post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                           t + cross_latency)
-        elif kind is CrossWait:
-            blk = cr.block
-            sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
-            t = visible = walk.t
-            for s in sources:
-                v = yield from wait_cross(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
-                visible = max(visible, v)
-            walk.waited += visible - t
-            walk.t = visible
-        else:
-            raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
 
-    w = cr.weight
+def meet(dev, kr, cr, pipe_name: str, walk, entry):
+    """A barrier, SyncAll or cross-core flag the walk met: a generator its process runs
+    (it yields what the pipe waits for), as the pipe's own code."""
+    env = dev.env
+    kind = entry.__class__
+    if kind is BarrierAll:
+        walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
+        walk.waited += stalled
+        walk.busy += entry.cost
+    elif kind is SyncAllEntry:
+        walk.t, stalled = yield from sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
+        walk.waited += stalled
+        walk.busy += entry.cost
+    elif kind is CrossSet:
+        # Several pipes may set one cross flag: post in simulated-time order.
+        t = walk.t
+        if t > env.now:
+            yield after(env, t - env.now)
+        blk = cr.block
+        targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
+        for other in targets:
+            post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
+                       t + dev.hw.sync.cross_core_flag_latency_cycles)
+    elif kind is CrossWait:
+        blk = cr.block
+        sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
+        t = visible = walk.t
+        for s in sources:
+            v = yield from wait_cross(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
+            visible = max(visible, v)
+        walk.waited += visible - t
+        walk.t = visible
+    else:
+        raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
+
+
+def end(kr, cr, pipe_name: str, walk) -> None:
+    """The pipe has ended: its counters go into its kernel's (weighted by the run's members)."""
+    acc, w = kr.acc, cr.weight
     walk.flush(acc.local_bytes, MEMS, w)
     acc.busy_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.busy * w
     acc.wait_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.waited * w
     if walk.data_wait:
         acc.data_wait_cycles[f"{cr.kind.value}.{pipe_name}"] += walk.data_wait * w
     acc.flops += walk.flops * w
-    return walk.t
 
 def barrier(dev, cr, t: float, cost: int, pipe_name: str):
     """PipeBarrier(ALL): every pipe of the core meets here; returns (new t, cycles waited)."""
