@@ -1,8 +1,8 @@
 """The pipe process in Python, as it ran before its walk moved to C (npusim/engine/
 _pipe.c): the statement the C walk is held to (tests/test_engine_pipe_walk.py swaps
 it in for npusim.engine.device.start_pipe and compares whole runs, value and type).
-Barriers, SyncAll and cross-core flags are the engine's own (pipe.py); a core's
-SetFlag/WaitFlag flags are kept here, per core run, as the Python kept them."""
+Barriers and SyncAll are the engine's own (pipe.py); a core's SetFlag/WaitFlag and
+cross-core flags are kept here, per core run, as the Python kept them."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from npusim.engine.compile import (
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.events import Signal, after, at_delay
 from npusim.engine.grouping import Diverged
-from npusim.engine.pipe import barrier, post_cross, sync_all, wait_cross
+from npusim.engine.pipe import barrier, sync_all
 from npusim.isa.program import CoreType, at
 
 
@@ -33,6 +33,15 @@ def _flags_of(dev, cr) -> tuple[dict, dict]:
     if id(cr) not in runs:
         runs[id(cr)] = (cr, defaultdict(deque), defaultdict(deque))  # cr kept: its id is not reused
     return runs[id(cr)][1:]
+
+
+def _post(dev, cr, key, visible_at) -> None:
+    flags, waiters = _flags_of(dev, cr)
+    waiting = waiters.get(key)
+    if waiting:
+        waiting.popleft().fire(visible_at)
+    else:
+        flags[key].append(visible_at)
 
 
 def _wait_flag(dev, cr, key, pipe_name: str, what: str):
@@ -171,14 +180,14 @@ def run_pipe(dev, kr, cr, pipe, code):
                 blk = cr.block
                 targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
                 for other in targets:
-                    post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                               t + cross_latency)
+                    _post(dev, other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
+                          t + cross_latency)
             elif kind is CrossWait:
                 blk = cr.block
                 sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
                 visible = t
                 for s in sources:
-                    v = yield from wait_cross(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
+                    v = yield from _wait_flag(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
                     visible = max(visible, v)
                 waited += visible - t
                 t = visible

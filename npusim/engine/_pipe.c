@@ -30,7 +30,8 @@
 #include <string.h>
 
 /* entry kinds, as compile.code_of numbers them */
-enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5, K_COPY = 6 };
+enum { K_FIXED = 0, K_RUN = 1, K_SET = 2, K_WAIT = 3, K_LOOP = 4, K_OTHER = 5, K_COPY = 6, K_CROSS_SET = 7,
+       K_CROSS_WAIT = 8 };
 
 /* a number as Python holds it: an int (exact) or a float */
 typedef struct {
@@ -122,7 +123,7 @@ typedef struct {
     Py_ssize_t n_parts;      /* K_RUN: its Fixed entries, for instruction traces */
     PyObject **part_name;
     Num *part_cost;
-    Py_ssize_t flag;   /* K_SET, K_WAIT: the flag's number in its core's Flags */
+    Py_ssize_t flag;   /* K_SET, K_WAIT: the flag's number in its core's Flags; K_CROSS_*: its id */
     PyObject *var;     /* K_LOOP */
     int64_t count;
     Code *body;
@@ -206,6 +207,7 @@ static int take_local(Op *op, PyObject *pairs, Py_ssize_t n_mems, Py_ssize_t i) 
 /* Code(ops, n_mems): ops a tuple of tuples, (kind, entry, name, ...) by kind:
    K_FIXED / K_RUN: cost, flops, ((mem index, bytes), ...), ((name, cost), ...) of its parts
    K_SET / K_WAIT:  flag number (see Flags)
+   K_CROSS_SET / K_CROSS_WAIT: the cross-core flag's id
    K_LOOP:          var, count, body Code
    K_COPY:          startup, cap, write, base, ((var, step), ...), nbytes, segments, stride,
                     block step, local buffer index
@@ -255,7 +257,9 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
         }
         case K_SET:
         case K_WAIT:
-            if (size != 4) return bad_op(i, "a flag entry is (kind, entry, name, key)");
+        case K_CROSS_SET:
+        case K_CROSS_WAIT:
+            if (size != 4) return bad_op(i, "a flag entry is (kind, entry, name, flag)");
             op->flag = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
             if (op->flag == -1 && PyErr_Occurred()) return -1;
             if (op->flag < 0) return bad_op(i, "a flag number must not be negative");
@@ -480,6 +484,17 @@ typedef struct {
        meet(walk, entry) and the generator it returned while one is running, end(walk),
        and the Signal that fires with the clock when the pipe ends */
     PyObject *resume_cb, *meet, *gen, *end, *done;
+    /* cross-core flags (CrossSetFlag/CrossWaitFlag between a block's AIC and AIVs): this
+       core's (flag id * per + source), the cores a set goes to and the source it sets
+       as, how many sources a wait waits for (the AIC: every AIV; an AIV: the AIC), the
+       AIVs per AIC, the latency; and a wait under way: the source it waits for, the
+       clock before it and the latest set so far */
+    Flags *cross;
+    PyObject *cross_targets;
+    Py_ssize_t cross_from, cross_sources, cross_per;
+    Num cross_latency;
+    Py_ssize_t cross_k;
+    Num cross_t0, cross_visible;
 } Walker;
 
 static PyObject *s_queue, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
@@ -496,6 +511,7 @@ static int walker_traverse(Walker *w, visitproc visit, void *arg) {
     Py_VISIT(w->offsets); Py_VISIT(w->acc); Py_VISIT(w->diverged);
     Py_VISIT(w->pending); Py_VISIT(w->addrs); Py_VISIT(w->st);
     Py_VISIT(w->resume_cb); Py_VISIT(w->meet); Py_VISIT(w->gen); Py_VISIT(w->end); Py_VISIT(w->done);
+    Py_VISIT(w->cross); Py_VISIT(w->cross_targets);
     return 0;
 }
 
@@ -508,6 +524,7 @@ static int walker_clear(Walker *w) {
     Py_CLEAR(w->offsets); Py_CLEAR(w->acc); Py_CLEAR(w->diverged);
     Py_CLEAR(w->pending); Py_CLEAR(w->addrs); Py_CLEAR(w->st);
     Py_CLEAR(w->resume_cb); Py_CLEAR(w->meet); Py_CLEAR(w->gen); Py_CLEAR(w->end); Py_CLEAR(w->done);
+    Py_CLEAR(w->cross); Py_CLEAR(w->cross_targets);
     return 0;
 }
 
@@ -523,16 +540,31 @@ static void walker_dealloc(Walker *w) {
 /* Walker(code, vars, flags, flag_latency, t,
           intervals or None, names, pipe_name, kernel id,
           env, transfer, Signal, after, whole_cycles, blocked, blocked_key,
-          offsets, weight, acc, diverged, meet, end): see the struct */
+          offsets, weight, acc, diverged, meet, end,
+          (cross Flags, target Flags, source index, sources, AIVs per AIC, cross latency)): see the struct */
 static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     PyObject *code, *vars, *flags, *latency, *t, *intervals, *names, *pipe_name, *kid;
     PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged, *meet, *end;
+    PyObject *cross, *cross_targets, *cross_latency;
+    Py_ssize_t cross_from, cross_sources, cross_per;
     long long weight;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOOOO", &CodeType, &code, &PyDict_Type, &vars,
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOOOO(O!O!nnnO)", &CodeType, &code, &PyDict_Type, &vars,
                           &FlagsType, &flags, &latency, &t, &intervals, &PyTuple_Type,
                           &names, &pipe_name, &kid, &env, &transfer, &signal, &after, &whole, &PyDict_Type,
-                          &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged, &meet, &end))
+                          &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged, &meet, &end,
+                          &FlagsType, &cross, &PyTuple_Type, &cross_targets, &cross_from, &cross_sources, &cross_per,
+                          &cross_latency))
         return -1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(cross_targets); k++)
+        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(cross_targets, k), &FlagsType)) {
+            PyErr_SetString(PyExc_TypeError, "pipe Walker: cross-core targets must be Flags");
+            return -1;
+        }
+    if (cross_per < 1 || cross_from < 0 || cross_from >= cross_per || cross_sources < 0 || cross_sources > cross_per) {
+        PyErr_SetString(PyExc_ValueError, "pipe Walker: cross-core sources out of range");
+        return -1;
+    }
+    if (num_from(cross_latency, &w->cross_latency) < 0) return -1;
     if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
     if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already built"); return -1; }
     if (num_from(latency, &w->latency) < 0 || num_from(t, &w->t) < 0) return -1;
@@ -549,6 +581,8 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     w->blocked = Py_NewRef(blocked); w->blocked_key = Py_NewRef(blocked_key);
     w->offsets = Py_NewRef(offsets); w->acc = Py_NewRef(acc); w->diverged = Py_NewRef(diverged);
     w->meet = Py_NewRef(meet); w->end = Py_NewRef(end);
+    w->cross = (Flags *)Py_NewRef(cross); w->cross_targets = Py_NewRef(cross_targets);
+    w->cross_from = cross_from; w->cross_sources = cross_sources; w->cross_per = cross_per;
     w->weight = weight;
     w->cap = 8;
     w->stack = PyMem_Calloc((size_t)w->cap, sizeof(Frame));
@@ -838,16 +872,119 @@ static int end_wait(Walker *w) {
     return bad;
 }
 
+/* the cross-core flag `id` from `source` on core flags `g` */
+static Flag *cross_flag(Walker *w, Flags *g, Py_ssize_t id, Py_ssize_t source) {
+    if (id < 0 || id > (PY_SSIZE_T_MAX - source) / w->cross_per - 1) {
+        PyErr_Format(PyExc_ValueError, "pipe walk: cross-core flag id %zd out of range", id);
+        return NULL;
+    }
+    return flag_at(g, id * w->cross_per + source);
+}
+
+/* a CrossSetFlag posted now (its clock has been reached): to the oldest pipe of each
+   target core waiting for it, or kept, visible at t + the cross-core latency */
+static int post_cross(Walker *w, Op *op) {
+    Num at;
+    if (num_add(w->t, w->cross_latency, &at) < 0) return -1;
+    PyObject *visible = num_to(at);
+    if (!visible) return -1;
+    int bad = 0;
+    for (Py_ssize_t k = 0; !bad && k < PyTuple_GET_SIZE(w->cross_targets); k++) {
+        Flag *f = cross_flag(w, (Flags *)PyTuple_GET_ITEM(w->cross_targets, k), op->flag, w->cross_from);
+        if (!f) { bad = 1; break; }
+        if (!f->waiters.n) {
+            bad = fifo_push(&f->sets, visible) < 0;
+            continue;
+        }
+        PyObject *sig = fifo_pop(&f->waiters);
+        PyObject *res = PyObject_CallMethodOneArg(sig, s_fire, visible);
+        Py_DECREF(sig);
+        bad = !res;
+        Py_XDECREF(res);
+    }
+    Py_DECREF(visible);
+    return bad ? -1 : 0;
+}
+
+/* CrossSetFlag: several pipes may set one cross flag, so it is posted in simulated-time
+   order: once the clock has been reached (a timeout to it, if it is ahead of now) */
+static PyObject *begin_cross_set(Walker *w, Op *op) {
+    Num at;
+    if (now(w, &at) < 0) return NULL;
+    if (!num_gt(w->t, at)) return post_cross(w, op) < 0 ? NULL : Py_NewRef(Py_None);
+    Num delay;
+    PyObject *delay_obj = num_sub(w->t, at, &delay) < 0 ? NULL : num_to(delay);
+    PyObject *timeout = delay_obj ? PyObject_CallFunctionObjArgs(w->after, w->env, delay_obj, NULL) : NULL;
+    Py_XDECREF(delay_obj);
+    if (!timeout) return NULL;
+    Py_XSETREF(w->pending, Py_NewRef(timeout));
+    w->pending_op = op;
+    return timeout;
+}
+
+/* CrossWaitFlag: the latest of a set from each source, taken in source order; returns
+   the Signal to wait for if one is not set yet, None when all are taken (the clock
+   then moves to the latest), NULL on error */
+static PyObject *cross_wait(Walker *w, Op *op) {
+    for (; w->cross_k < w->cross_sources; w->cross_k++) {
+        Flag *f = cross_flag(w, w->cross, op->flag, w->cross_k);
+        if (!f) return NULL;
+        if (!f->sets.n) {  /* not set yet: wait for it (as a flag wait) */
+            PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
+            if (!sig) return NULL;
+            if (fifo_push(&f->waiters, sig) < 0 || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
+                Py_DECREF(sig);
+                return NULL;
+            }
+            Py_XSETREF(w->pending, Py_NewRef(sig));
+            w->pending_op = op;
+            return sig;
+        }
+        PyObject *v_obj = fifo_pop(&f->sets);
+        Num v;
+        int bad = num_from(v_obj, &v);
+        Py_DECREF(v_obj);
+        if (bad < 0) return NULL;
+        if (num_gt(v, w->cross_visible)) w->cross_visible = v;  /* max(visible, v) */
+    }
+    w->waited += num_sub_double(w->cross_visible, w->cross_t0);
+    w->t = w->cross_visible;
+    Py_RETURN_NONE;
+}
+
+/* a cross wait's signal has come: the set it brings, then the next source */
+static int end_cross_wait(Walker *w) {
+    if (PyDict_DelItem(w->blocked, w->blocked_key) < 0) return -1;
+    PyObject *v_obj = PyObject_GetAttr(w->pending, s_value);
+    if (!v_obj) return -1;
+    Num v;
+    int bad = num_from(v_obj, &v);
+    Py_DECREF(v_obj);
+    if (bad < 0) return -1;
+    if (num_gt(v, w->cross_visible)) w->cross_visible = v;
+    w->cross_k++;
+    return 0;
+}
+
 /* Walk on until the pipe must wait (returns the event), meets an entry pipe.py does
    (returns it) or ends (None). */
 static PyObject *walk_on(Walker *w) {
     if (w->pending) {  /* the event the pipe waited for has come */
-        int bad = w->pending_op->kind == K_COPY ? end_copy(w) : end_wait(w);
+        Op *op = w->pending_op;
+        int bad = op->kind == K_COPY ? end_copy(w)
+                  : op->kind == K_WAIT ? end_wait(w)
+                  : op->kind == K_CROSS_SET ? post_cross(w, op)
+                  : end_cross_wait(w);
         Py_CLEAR(w->pending);
         Py_CLEAR(w->addrs);
         Py_CLEAR(w->st);
         w->pending_op = NULL;
         if (bad) return NULL;
+        if (op->kind == K_CROSS_WAIT) {  /* the next source, if any */
+            PyObject *r = cross_wait(w, op);
+            if (r != Py_None) return r;
+            Py_DECREF(r);
+        }
     }
     while (w->depth) {
         Frame *f = &w->stack[w->depth - 1];
@@ -895,6 +1032,20 @@ static PyObject *walk_on(Walker *w) {
             break;
         case K_COPY:
             return begin_copy(w, op);
+        case K_CROSS_SET: {
+            PyObject *r = begin_cross_set(w, op);
+            if (r != Py_None) return r;
+            Py_DECREF(r);
+            break;
+        }
+        case K_CROSS_WAIT: {
+            w->cross_k = 0;
+            w->cross_t0 = w->cross_visible = w->t;
+            PyObject *r = cross_wait(w, op);
+            if (r != Py_None) return r;
+            Py_DECREF(r);
+            break;
+        }
         default:
             return Py_NewRef(op->entry);
         }

@@ -15,8 +15,8 @@ Fixed costs come from the config (never from constants here):
 GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time.
 
 Each stream is also compiled for the pipe's walk in C (code_of, _pipe.c): what a
-pipe does on its own, its GM copies and its flags run there; barriers, SyncAll and
-cross-core flags in pipe.py.
+pipe does on its own, its GM copies and its flags (cross-core ones too) run there;
+barriers and SyncAll in pipe.py.
 """
 
 from __future__ import annotations
@@ -302,7 +302,11 @@ def code_of(stream, flags: dict) -> Code:
             base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
             ops.append((6, e, e.name, e.startup, e.cap, e.write, base, terms, e.nbytes, e.segments, e.stride,
                         e.step, _MEM_INDEX[e.local]))
-        else:  # done in pipe.py: barriers, SyncAll, cross-core flags
+        elif kind is CrossSet:
+            ops.append((7, e, e.name, e.flag))
+        elif kind is CrossWait:
+            ops.append((8, e, e.name, e.flag))
+        else:  # done in pipe.py: barriers and SyncAll
             ops.append((5, e, e.name))
     return Code(tuple(ops), len(MEMS))
 

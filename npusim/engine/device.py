@@ -56,7 +56,6 @@ find the cache as it would be. Anything else runs in full.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -121,17 +120,14 @@ class _CoreRun:
     """One core executing its program for one block - or for a group of w identical
     blocks on w cores, as their representative."""
 
-    __slots__ = ("name", "names", "kind", "vars", "streams", "flags", "cross_flags", "cross_waiters", "bar_n",
-                 "bar_t", "bar_ev", "block", "offsets")
+    __slots__ = ("name", "names", "kind", "vars", "streams", "flags", "cross", "bar_n", "bar_t", "bar_ev", "block",
+                 "offsets")
 
     def __init__(self, names: list[str], kind: CoreType, vars: dict, streams: tuple, block, offsets: list[int]):
         self.name, self.names, self.kind, self.vars, self.streams = names[0], names, kind, vars, streams
         self.offsets = offsets  # block index of each member minus the representative's
         self.flags = Flags()  # SetFlag/WaitFlag, by the number compile.code_of gives each key
-        # cross-core flags: key -> cycles at which each pending set is visible, and the
-        # events of pipes blocked on it (FIFO)
-        self.cross_flags: dict = defaultdict(deque)
-        self.cross_waiters: dict = defaultdict(deque)
+        self.cross = Flags()  # cross-core flags, by id and source (see pipe.start_pipe)
         self.bar_n, self.bar_t, self.bar_ev = 0, 0.0, None
         self.block = block
 

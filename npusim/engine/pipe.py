@@ -1,8 +1,8 @@
 """A pipe of a core running its instruction stream: the process of each pipe (see
 device.py for the model). Its walk through the stream - fixed-cost instructions,
-SetFlag/WaitFlag, GM copies - and its process are in C (_pipe.c: scheduled and
-resumed as SimPy schedules and resumes a process); the barriers, SyncAll and
-cross-core flags it meets are here (meet), as generators the process runs.
+SetFlag/WaitFlag and cross-core flags, GM copies - and its process are in C
+(_pipe.c: scheduled and resumed as SimPy schedules and resumes a process); the
+barriers and SyncAll it meets are here (meet), as generators the process runs.
 
 A pipe keeps its own clock `t` (never behind env.now) and only synchronises with
 simulated time when it touches something shared: a GM transfer or an empty flag.
@@ -15,51 +15,39 @@ from __future__ import annotations
 from functools import partial
 
 from npusim.engine._pipe import Walker
-from npusim.engine.compile import MEMS, BarrierAll, CrossSet, CrossWait, SyncAllEntry
+from npusim.engine.compile import MEMS, BarrierAll, SyncAllEntry
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.events import Signal, after
 from npusim.engine.grouping import Diverged
 from npusim.isa.program import CoreType
 
 
-def wait_cross(dev, cr, key, pipe_name: str, what: str):
-    """Take the oldest pending set of cross-core flag `key` on core `cr`, blocking until
-    there is one. Returns the cycle at which that set became visible."""
-    q = cr.cross_flags[key]
-    if q:
-        return q.popleft()
-    ev = Signal(dev.env)
-    cr.cross_waiters[key].append(ev)
-    dev.blocked[(cr.name, pipe_name)] = what
-    visible = yield ev  # the setter hands its set to the oldest waiter directly
-    del dev.blocked[(cr.name, pipe_name)]
-    return visible
-
-def post_cross(cr, key, visible_at: float) -> None:
-    waiting = cr.cross_waiters.get(key)
-    if waiting:
-        waiting.popleft().fire(visible_at)
-    else:
-        cr.cross_flags[key].append(visible_at)
-
 def start_pipe(dev, kr, cr, pipe, code) -> Signal:
     """Start the process of one pipe of core run `cr`: its Code walked in C (_pipe.c), which
-    waits for GM copies and flags itself and hands barriers, SyncAll and cross-core flags
-    to meet(); the Signal returned fires with the pipe's clock at its end."""
+    waits for GM copies and flags itself and hands barriers and SyncAll to meet(); the
+    Signal returned fires with the pipe's clock at its end.
+
+    Cross-core flags go between a block's AIC and its AIVs: the AIC's set reaches every
+    AIV as from source 0, an AIV's reaches the AIC as from its `sub`; the AIC's wait
+    takes a set from every AIV, an AIV's one from the AIC (cr.cross keeps them by flag
+    id and source)."""
     env, hw = dev.env, dev.hw
     pipe_name = pipe.value
+    blk, aic = cr.block, cr.kind is CoreType.AIC
+    cross = (cr.cross, tuple(other.cross for other in blk.aivs) if aic else
+             (() if blk.aic is None else (blk.aic.cross,)), 0 if aic else cr.vars["sub"],
+             len(blk.aivs) if aic else 1, hw.chip.aiv_per_aic, hw.sync.cross_core_flag_latency_cycles)
     # each pipe walks its own loops: its own copy of the block's variables
     return Walker(code, dict(cr.vars), cr.flags, hw.sync.flag_latency_cycles, env.now,
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
                   cr.offsets, cr.weight, kr.acc, partial(Diverged, kr.id, cr.block.index),
-                  partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name)).start()
+                  partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name), cross).start()
 
 
 def meet(dev, kr, cr, pipe_name: str, walk, entry):
-    """A barrier, SyncAll or cross-core flag the walk met: a generator its process runs
-    (it yields what the pipe waits for), as the pipe's own code."""
-    env = dev.env
+    """A barrier or SyncAll the walk met: a generator its process runs (it yields what
+    the pipe waits for), as the pipe's own code."""
     kind = entry.__class__
     if kind is BarrierAll:
         walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
@@ -69,25 +57,6 @@ def meet(dev, kr, cr, pipe_name: str, walk, entry):
         walk.t, stalled = yield from sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
         walk.waited += stalled
         walk.busy += entry.cost
-    elif kind is CrossSet:
-        # Several pipes may set one cross flag: post in simulated-time order.
-        t = walk.t
-        if t > env.now:
-            yield after(env, t - env.now)
-        blk = cr.block
-        targets = blk.aivs if cr.kind is CoreType.AIC else [blk.aic]
-        for other in targets:
-            post_cross(other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
-                       t + dev.hw.sync.cross_core_flag_latency_cycles)
-    elif kind is CrossWait:
-        blk = cr.block
-        sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
-        t = visible = walk.t
-        for s in sources:
-            v = yield from wait_cross(dev, cr, ("cross", s, entry.flag), pipe_name, entry.name)
-            visible = max(visible, v)
-        walk.waited += visible - t
-        walk.t = visible
     else:
         raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
 
