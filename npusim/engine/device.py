@@ -229,13 +229,18 @@ class Device:
         if self.on_finish is not None:
             self.on_finish(len(self.records))
 
-    def _streams(self, kernel: Kernel, kind: CoreType, block: int) -> tuple:
+    def _compile(self, kernel: Kernel, kind: CoreType, block: int) -> tuple:
+        """(program, its streams, the instructions it executes) of a block's program, compiled once."""
         program = kernel.program(kind, block)
         key = (id(program), kind)
         hit = self._compiled.get(key)
         if hit is None or hit[0] is not program:
-            hit = self._compiled[key] = (program, compile_program(program, kind, self.hw))
-        return hit[1]
+            hit = self._compiled[key] = (program, compile_program(program, kind, self.hw),
+                                         count_instructions(program.body))
+        return hit
+
+    def _streams(self, kernel: Kernel, kind: CoreType, block: int) -> tuple:
+        return self._compile(kernel, kind, block)[1]
 
     def _parties(self, kernel: Kernel, block: int) -> int:
         """Pipe processes of one block (they all meet at a SyncAll)."""
@@ -397,7 +402,7 @@ class Device:
             yield after(env, end - env.now)
         for cr in runs:
             kr.acc.core_cycles[cr.kind.value] += (end - start) * cr.weight
-            kr.acc.instructions += count_instructions(k.program(cr.kind, blocks[0]).body) * cr.weight
+            kr.acc.instructions += self._compile(k, cr.kind, blocks[0])[2] * cr.weight
             if self.tracer.block:
                 for name, b in zip(cr.names, blocks):
                     self.tracer.block_spans.append((name, k.name, b, start, end, kr.id))
