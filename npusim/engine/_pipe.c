@@ -634,25 +634,27 @@ static int fixed(Walker *w, Op *op) {
     return 0;
 }
 
-/* a SetFlag: to the oldest pipe waiting for the flag, or kept, visible at t + latency */
+/* a set of flag `f`, visible at `visible`: to its oldest waiting pipe, or kept */
+static int hand_over(Flag *f, PyObject *visible) {
+    if (!f->waiters.n) return fifo_push(&f->sets, visible);
+    PyObject *sig = fifo_pop(&f->waiters);
+    PyObject *res = PyObject_CallMethodOneArg(sig, s_fire, visible);
+    Py_DECREF(sig);
+    if (!res) return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+/* a SetFlag: visible at t + latency */
 static int set_flag(Walker *w, Op *op) {
     Flag *f = flag_at(w->flags, op->flag);
     Num at;
     if (!f || num_add(w->t, w->latency, &at) < 0) return -1;
     PyObject *visible = num_to(at);
     if (!visible) return -1;
-    if (!f->waiters.n) {
-        int bad = fifo_push(&f->sets, visible);
-        Py_DECREF(visible);
-        return bad;
-    }
-    PyObject *sig = fifo_pop(&f->waiters);
-    PyObject *res = PyObject_CallMethodOneArg(sig, s_fire, visible);
-    Py_DECREF(sig);
+    int bad = hand_over(f, visible);
     Py_DECREF(visible);
-    if (!res) return -1;
-    Py_DECREF(res);
-    return 0;
+    return bad;
 }
 
 /* the pipe had to wait until `visible` for a flag */
@@ -849,8 +851,9 @@ static int end_copy(Walker *w) {
     return 0;
 }
 
-/* a wait whose flag is not set yet: a Signal queued behind the core's earlier waiters
-   for that flag, which its setter fires with the cycle the set is visible at */
+/* a wait whose flag is not set yet: a Signal queued behind the flag's earlier waiters,
+   which its setter fires with the cycle the set is visible at; the pipe is blocked on
+   `op` (for the deadlock message) until it fires */
 static PyObject *begin_wait(Walker *w, Op *op, Flag *f) {
     PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
     if (!sig) return NULL;
@@ -881,8 +884,8 @@ static Flag *cross_flag(Walker *w, Flags *g, Py_ssize_t id, Py_ssize_t source) {
     return flag_at(g, id * w->cross_per + source);
 }
 
-/* a CrossSetFlag posted now (its clock has been reached): to the oldest pipe of each
-   target core waiting for it, or kept, visible at t + the cross-core latency */
+/* a CrossSetFlag posted now (its clock has been reached) to each target core, visible
+   at t + the cross-core latency */
 static int post_cross(Walker *w, Op *op) {
     Num at;
     if (num_add(w->t, w->cross_latency, &at) < 0) return -1;
@@ -891,16 +894,7 @@ static int post_cross(Walker *w, Op *op) {
     int bad = 0;
     for (Py_ssize_t k = 0; !bad && k < PyTuple_GET_SIZE(w->cross_targets); k++) {
         Flag *f = cross_flag(w, (Flags *)PyTuple_GET_ITEM(w->cross_targets, k), op->flag, w->cross_from);
-        if (!f) { bad = 1; break; }
-        if (!f->waiters.n) {
-            bad = fifo_push(&f->sets, visible) < 0;
-            continue;
-        }
-        PyObject *sig = fifo_pop(&f->waiters);
-        PyObject *res = PyObject_CallMethodOneArg(sig, s_fire, visible);
-        Py_DECREF(sig);
-        bad = !res;
-        Py_XDECREF(res);
+        bad = !f || hand_over(f, visible) < 0;
     }
     Py_DECREF(visible);
     return bad ? -1 : 0;
@@ -929,17 +923,7 @@ static PyObject *cross_wait(Walker *w, Op *op) {
     for (; w->cross_k < w->cross_sources; w->cross_k++) {
         Flag *f = cross_flag(w, w->cross, op->flag, w->cross_k);
         if (!f) return NULL;
-        if (!f->sets.n) {  /* not set yet: wait for it (as a flag wait) */
-            PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
-            if (!sig) return NULL;
-            if (fifo_push(&f->waiters, sig) < 0 || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
-                Py_DECREF(sig);
-                return NULL;
-            }
-            Py_XSETREF(w->pending, Py_NewRef(sig));
-            w->pending_op = op;
-            return sig;
-        }
+        if (!f->sets.n) return begin_wait(w, op, f);  /* not set yet: wait for it */
         PyObject *v_obj = fifo_pop(&f->sets);
         Num v;
         int bad = num_from(v_obj, &v);
