@@ -162,6 +162,12 @@ def simulate_on_device(kernel: Kernel, hw: HwConfig, dedup: bool = True, trace: 
     return run_on_device([Launch(kernel, 0), Synchronize()], hw, dedup, trace)
 
 
+def whole_run(result: RunResult) -> str:
+    """Everything a run gives, written with its types (repr tells 3 from 3.0): what the
+    tests holding C code to the Python it replaced compare."""
+    return repr((result.cycles, result.host_launch_cycles, result.host_wait_cycles, result.kernels, result.trace))
+
+
 def intervals(result: RunResult, core: str | None = None, pipe: str | None = None,
               name: str | None = None) -> list[tuple]:
     """Instruction intervals (core, pipe, name, start, end, kernel id), filtered, in start order."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pipe_reference
 import pytest
-from kernels import MTE3, V, aiv_kernel, pipeline_kernel, simulate_on_device
+from kernels import MTE3, V, aiv_kernel, pipeline_kernel, simulate_on_device, whole_run
 
 from npusim.engine import device
 from npusim.hw import load_hw
@@ -28,16 +28,12 @@ OPS = [
 ]
 
 
-def _whole(result) -> str:
-    """Everything a run gives, written with its types (repr tells 3 from 3.0)."""
-    return repr((result.cycles, result.host_launch_cycles, result.host_wait_cycles, result.kernels, result.trace))
-
-
-def _walked_and_reference(monkeypatch, simulate) -> tuple[str, str]:
-    walked = _whole(simulate())
+def _walked_and_reference(monkeypatch, simulate, written=whole_run) -> tuple[str, str]:
+    """What simulate() gives (written out by `written`) with the C walk and with the Python."""
+    walked = written(simulate())
     with monkeypatch.context() as m:
         m.setattr(device, "start_pipe", pipe_reference.start_pipe)
-        reference = _whole(simulate())
+        reference = written(simulate())
     return walked, reference
 
 
@@ -92,11 +88,8 @@ def test_a_kernel_on_a_bare_device_keeps_whole_cycles_as_ints(monkeypatch):
         tracer = Tracer("instr")
         done = Device(env, HW, tracer).run_kernel(pipeline_kernel(HW, 4096, 4, True, block_dim=2, block_step=16384))
         env.run()
-        return repr((done.value, tracer.intervals, tracer.block_spans))
+        return done.value, tracer.intervals, tracer.block_spans
 
-    walked = simulate()
-    with monkeypatch.context() as m:
-        m.setattr(device, "start_pipe", pipe_reference.start_pipe)
-        reference = simulate()
+    walked, reference = _walked_and_reference(monkeypatch, simulate, repr)
     assert "'GM->UB', 54, 253," in walked  # int clocks, through a transfer
     assert walked == reference

@@ -12,7 +12,7 @@ import memory_reference
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kernels import pipeline_kernel, simulate_on_device
+from kernels import pipeline_kernel, simulate_on_device, whole_run
 
 from npusim.engine import memory
 from npusim.engine.memory import burst_cost
@@ -38,11 +38,6 @@ def test_burst_rounding_is_the_python_rule(addr, nbytes, segments, stride, burst
         addr, nbytes, segments, stride, burst)
 
 
-def _whole(result) -> str:
-    """Everything a run gives, written with its types (repr tells 3 from 3.0)."""
-    return repr((result.cycles, result.host_launch_cycles, result.host_wait_cycles, result.kernels, result.trace))
-
-
 def _started_and_reference(monkeypatch, simulate, finished: list | None = None) -> tuple[str, str]:
     """The run with the C start and with the Python one; `finished` gets how many of the
     C run's transfers memory.py finished (a write-back, a miss, a wait)."""
@@ -55,12 +50,12 @@ def _started_and_reference(monkeypatch, simulate, finished: list | None = None) 
             return finish(self, *args)
 
         m.setattr(memory.MemorySystem, "_finish", counted)
-        started = _whole(simulate())
+        started = whole_run(simulate())
     if finished is not None:
         finished.append(count[0])
     with monkeypatch.context() as m:
         m.setattr(memory, "Mover", memory_reference.Mover)
-        reference = _whole(simulate())
+        reference = whole_run(simulate())
     return started, reference
 
 

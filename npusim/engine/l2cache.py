@@ -70,10 +70,10 @@ class L2Cache:
     def access(self, lines: np.ndarray, write: bool, new_fill=None, missed: bool = False, shift: int = 0):
         """Touch `lines` + `shift` (line numbers, each once; a contiguous int64 array).
         `new_fill()` makes the event of the fill bringing the missed lines of a read; it
-        is called only if some line misses. Returns (lines that hit, write-back mask or None if there is none: this
-        line's miss evicted a dirty line, fills to wait for (oldest first), the fill
-        event made or None, and if `missed` the positions in `lines` of the lines that
-        missed, else None)."""
+        is called only if some line misses. Returns (lines that hit, write-back mask or
+        None if there is none: this line's miss evicted a dirty line, fills to wait for
+        (oldest first), the fill event made or None, and if `missed` the positions in
+        `lines` of the lines that missed, else None)."""
         fill_id = len(self.fills) if new_fill is not None else _ARRIVED
         hits, wb, waits, at, any_miss = self._core.access(lines, write, fill_id, missed, shift)
         fill, waits = self.after_access(any_miss and new_fill is not None, new_fill, waits)
