@@ -161,7 +161,8 @@ def main() -> None:
     p.add_argument("--passes", action="append", help="default baseline and optimized,buckets")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--train", type=int, default=20, help="random steps of each kind the model is built from")
-    p.add_argument("--test", type=int, default=45, help="random unseen steps it is checked on (a third of each kind)")
+    p.add_argument("--test", type=int, default=45,
+                   help="random unseen steps, of distinct shapes, it is checked on as served (the kinds in turn)")
     p.add_argument("--max-len", type=int, help="longest context / prompt drawn (default the model's)")
     p.add_argument("--budget", type=int, help="token budget of a mixed step (default min(512, max len))")
     p.add_argument("--seed", type=int, default=1)
