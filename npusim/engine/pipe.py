@@ -50,15 +50,14 @@ def meet(dev, kr, cr, pipe_name: str, walk, entry):
     the pipe waits for), as the pipe's own code."""
     kind = entry.__class__
     if kind is BarrierAll:
-        walk.t, stalled = yield from barrier(dev, cr, walk.t, entry.cost, pipe_name)
-        walk.waited += stalled
-        walk.busy += entry.cost
+        meeting = barrier(dev, cr, walk.t, entry.cost, pipe_name)
     elif kind is SyncAllEntry:
-        walk.t, stalled = yield from sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
-        walk.waited += stalled
-        walk.busy += entry.cost
+        meeting = sync_all(dev, kr, cr, walk.t, entry.cost, pipe_name)
     else:
         raise TypeError(f"pipe {pipe_name}: not a stream entry: {entry!r}")
+    walk.t, stalled = yield from meeting
+    walk.waited += stalled
+    walk.busy += entry.cost
 
 
 def end(kr, cr, pipe_name: str, walk) -> None:
