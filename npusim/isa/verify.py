@@ -23,6 +23,7 @@ per sub-core with `sub` fixed, so an error can name the sub-core at fault.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -141,7 +142,8 @@ class _Walk:
     kernel: Kernel
     hw: HwConfig
     site: _Site
-    buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)
+    buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)  # sorted by address
+    starts: dict[Mem, list[int]] = attrs.Factory(dict)  # the addresses of `buffers`, for bisect
     sets: Counter = attrs.Factory(Counter)  # (src, dst, id) -> SetFlags issued
     waits: Counter = attrs.Factory(Counter)  # (src, dst, id) -> WaitFlags issued
     first_flag: dict = attrs.Factory(dict)  # (src, dst, id) -> (path, instr) of its first use
@@ -168,6 +170,7 @@ def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site:
     program = progs[site.index]
     w = _Walk(kernel, hw, site)
     w.buffers = _check_buffers(w, program.buffers, capacity)
+    w.starts = {mem: [b.addr for b in bufs] for mem, bufs in w.buffers.items()}
     _walk(w, program.body, (), site.scope, 1)
     _check_flag_balance(w)
     return w
@@ -384,18 +387,32 @@ def _check_local(
     if mem not in CORE_MEMS[core]:
         w.fail(f"{role} in {mem!r}: {core.value} has no {mem!r} (has {_names(CORE_MEMS[core])})", path, instr)
     align = ALIGN_BYTES[mem]
-    parts = [("base", a)] if a.__class__ is int else [("base", a.base)] + [(f"step of {v!r}", s) for v, s in a.terms]
-    if segments > 1:
-        parts.append(("segment stride", stride))
-    for what, value in parts:
-        if value % align:
-            w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
-                   f"({mem!r} alignment)", path, instr)
+    if a.__class__ is int:
+        misaligned = a % align
+    else:
+        misaligned = a.base % align or any(s % align for _, s in a.terms)
+    if misaligned or (segments > 1 and stride % align):
+        _fail_alignment(w, instr, path, role, mem, a, segments, stride, align)
+    # the buffers of a memory are sorted by address and disjoint: only the last one
+    # starting at or before `start` can hold the access
     bufs = w.buffers.get(mem, ())
-    if not any(b.addr <= start and end <= b.addr + b.nbytes for b in bufs):
+    i = bisect.bisect_right(w.starts[mem], start) - 1 if bufs else -1
+    if i < 0 or end > bufs[i].addr + bufs[i].nbytes:
         have = ", ".join(f"{b.name!r} {_range(b)}" for b in bufs) or "none declared"
         w.fail(f"{role} {mem!r} [{start:#x}, {end:#x}) over all blocks and iterations is not inside one "
                f"declared {mem!r} buffer (have {have})", path, instr)
+
+
+def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
+                    align: int) -> None:
+    """The error of a misaligned local access: its first part (base, a step, the
+    segment stride) that is not a multiple of the memory's alignment."""
+    parts = [("base", a)] if a.__class__ is int else [("base", a.base)] + [(f"step of {v!r}", s) for v, s in a.terms]
+    if segments > 1:
+        parts.append(("segment stride", stride))
+    what, value = next((what, value) for what, value in parts if value % align)
+    w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
+           f"({mem!r} alignment)", path, instr)
 
 
 def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
