@@ -221,17 +221,20 @@ def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, object]]:
     raise TypeError(f"not an instruction: {instr!r}")
 
 
-def _split(body: tuple, core: CoreType, hw: HwConfig) -> dict[Pipe, list]:
+def _split(body: tuple, core: CoreType, hw: HwConfig, lowered: dict) -> dict[Pipe, list]:
     streams: dict[Pipe, list] = {p: [] for p in CORE_PIPES[core]}
     for item in body:
         if item.__class__ is Loop:
-            for pipe, sub in _split(item.body, core, hw).items():
+            for pipe, sub in _split(item.body, core, hw, lowered).items():
                 if sub:
                     streams[pipe].append(LoopEntry(item, item.var, item.count, tuple(sub)))
         else:
-            for pipe, entry in lower(item, core, hw):
+            entries = lowered.get(item)
+            if entries is None:
+                entries = lowered[item] = lower(item, core, hw)
+            for pipe, entry in entries:
                 streams[pipe].append(entry)
-    return {p: _merge_fixed(s) for p, s in streams.items()}
+    return {p: _merge_fixed(s) if len(s) > 1 else s for p, s in streams.items()}
 
 
 def _merge_fixed(stream: list) -> list:
@@ -259,17 +262,24 @@ def _merge_fixed(stream: list) -> list:
                 and float(e.nbytes).is_integer():
             run.append(e)
         else:
-            close()
+            if run:
+                close()
             out.append(e)
     close()
     return out
 
 
-def compile_program(program: Program, core: CoreType, hw: HwConfig) -> tuple[tuple[Pipe, tuple, Code], ...]:
+def compile_program(program: Program, core: CoreType, hw: HwConfig,
+                    lowered: dict | None = None) -> tuple[tuple[Pipe, tuple, Code], ...]:
     """(pipe, stream, its Code) for every pipe of `core` that has work, in CORE_PIPES order;
-    the Codes number the program's flags alike (see code_of)."""
+    the Codes number the program's flags alike (see code_of). `lowered`: the stream
+    entries of instructions already lowered for this core type and config, by value
+    (instructions are frozen records; programs repeat most of theirs: other blocks,
+    other layers), filled as it goes; entries are never changed once built, so
+    programs may share them."""
     flags: dict = {}
-    return tuple((p, tuple(s), code_of(s, flags)) for p, s in _split(program.body, core, hw).items() if s)
+    streams = _split(program.body, core, hw, {} if lowered is None else lowered)
+    return tuple((p, tuple(s), code_of(s, flags)) for p, s in streams.items() if s)
 
 
 # The local buffers, numbered for the C walk (it sums the bytes written into each).

@@ -171,6 +171,7 @@ class Device:
         self.blocked: dict[tuple[str, str], str] = {}  # (core, pipe) -> what it waits for
         self.records: list[KernelRecord] = []
         self._compiled: dict = {}
+        self._lowered: dict = {CoreType.AIC: {}, CoreType.AIV: {}}  # per core type: see compile_program
         self._groupable: dict = {}
         self._next_id = 0
         self.dedup = dedup
@@ -235,7 +236,7 @@ class Device:
         key = (id(program), kind)
         hit = self._compiled.get(key)
         if hit is None or hit[0] is not program:
-            hit = self._compiled[key] = (program, compile_program(program, kind, self.hw),
+            hit = self._compiled[key] = (program, compile_program(program, kind, self.hw, self._lowered[kind]),
                                          count_instructions(program.body))
         return hit
 
