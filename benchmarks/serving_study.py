@@ -71,7 +71,7 @@ def _row(name: str, m: dict) -> str:
     e, t = m["e2e"], m["ttft"]
     failed = m["failed_oom"] + m["timed_out"]
     return (f"{name:25s} {m['completed']:6d} {failed:6d} {m['rejected']:5d} {m['requests_per_s']:7.2f} "
-            f"{m['output_tokens_per_s']:8.0f}  " + " ".join(f"{(v or 0):7.0f}" for v in
+            f"{m['output_tokens_per_s']:8.0f} {m['compile_s']:9.0f}  " + " ".join(f"{(v or 0):7.0f}" for v in
                                                         (e["p50_ms"], e["p90_ms"], e["p99_ms"],
                                                          t["p50_ms"], t["p90_ms"], t["p99_ms"])))
 
@@ -119,7 +119,7 @@ def main() -> None:
           f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts "
           f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}; step costs within {100 * a.tol:g}% "
           "at each grid cell's checked midpoints")
-    print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s}  "
+    print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s} {'compile s':>9s}  "
           f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)", flush=True)
     rows: dict = {}
 
