@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Callable
 
@@ -143,7 +144,6 @@ class _Walk:
     hw: HwConfig
     site: _Site
     buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)  # sorted by address
-    starts: dict[Mem, list[int]] = attrs.Factory(dict)  # the addresses of `buffers`, for bisect
     sets: Counter = attrs.Factory(Counter)  # (src, dst, id) -> SetFlags issued
     waits: Counter = attrs.Factory(Counter)  # (src, dst, id) -> WaitFlags issued
     first_flag: dict = attrs.Factory(dict)  # (src, dst, id) -> (path, instr) of its first use
@@ -170,7 +170,6 @@ def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site:
     program = progs[site.index]
     w = _Walk(kernel, hw, site)
     w.buffers = _check_buffers(w, program.buffers, capacity)
-    w.starts = {mem: [b.addr for b in bufs] for mem, bufs in w.buffers.items()}
     _walk(w, program.body, (), site.scope, 1)
     _check_flag_balance(w)
     return w
@@ -396,11 +395,14 @@ def _check_local(
     # the buffers of a memory are sorted by address and disjoint: only the last one
     # starting at or before `start` can hold the access
     bufs = w.buffers.get(mem, ())
-    i = bisect.bisect_right(w.starts[mem], start) - 1 if bufs else -1
+    i = bisect.bisect_right(bufs, start, key=_ADDR) - 1
     if i < 0 or end > bufs[i].addr + bufs[i].nbytes:
         have = ", ".join(f"{b.name!r} {_range(b)}" for b in bufs) or "none declared"
         w.fail(f"{role} {mem!r} [{start:#x}, {end:#x}) over all blocks and iterations is not inside one "
                f"declared {mem!r} buffer (have {have})", path, instr)
+
+
+_ADDR = operator.attrgetter("addr")
 
 
 def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
