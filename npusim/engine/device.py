@@ -301,7 +301,7 @@ class Device:
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream, _ in self._streams(kernel, kind, block)
                             for a in gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
-                members = sum(kernel.program(kind, b) is program for b in range(kernel.block_dim))
+                members = kernel.blocks_running(kind, program)
                 hit = self._groupable[id(program)] = (program, groupable(accesses, kernel, self.hw, block, members))
             # blocks sharing lines are grouped only while their kernel is alone on the device
             # (another kernel touching those lines would reach the blocks unevenly), and

@@ -337,3 +337,8 @@ class Kernel:
         if not progs:
             return None
         return progs[0] if len(progs) == 1 else progs[block]
+
+    def blocks_running(self, core: CoreType, program: Program) -> int:
+        """How many blocks run this Program object on `core` (see program)."""
+        progs = self.aic if core is CoreType.AIC else self.aiv
+        return self.block_dim if len(progs) == 1 else sum(p is program for p in progs)
