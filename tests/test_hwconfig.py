@@ -297,6 +297,19 @@ def test_set_value_bad_yaml():
         load_hw("ascend910b2", {"chip.aic_count": "[24"})
 
 
+def test_fast_yaml_loader_reads_every_shipped_file_as_the_reference_loader():
+    """Configs are read with libyaml's parser when PyYAML has it; the pure-Python
+    loader, whose errors the messages quote, must give the same data."""
+    from npusim.hw.parse import _FastLoader, _Loader
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(p for d in ("npusim", "hwconfigs", "workloads", "benchmarks") for p in (root / d).rglob("*.y*ml"))
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text()
+        assert yaml.load(text, Loader=_FastLoader) == yaml.load(text, Loader=_Loader), path
+
+
 # ---- every field: a unit in its name, a help text, a source comment ----
 
 UNIT_SUFFIXES = ("_bytes", "_hz", "_cycles", "_us", "_per_s", "_per_cycle", "_count", "_ids", "_per_aic")
