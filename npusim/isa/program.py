@@ -176,6 +176,12 @@ class Copy:
         s = self.src_stride if mem is self.src else self.dst_stride
         return self.nbytes if s is None else s
 
+    def moved(self, src_addr: Addr, dst_addr: Addr) -> Copy:
+        """This copy between other addresses (attrs.evolve's result, built directly:
+        lowerings move tens of thousands of instructions)."""
+        return Copy(self.src, self.dst, src_addr, dst_addr, self.nbytes, self.segments, self.src_stride,
+                    self.dst_stride)
+
 
 @frozen
 class Mmad:
@@ -209,6 +215,10 @@ class VecOp:
     out_n: int | None = None
     flops_per_elem: int = 1
     pipe = Pipe.V
+
+    def moved(self, dst: Addr, srcs: tuple[Addr, ...]) -> VecOp:
+        """This instruction on other operands (see Copy.moved)."""
+        return VecOp(self.op, self.n, self.dtype, dst, srcs, self.out_dtype, self.out_n, self.flops_per_elem)
 
 
 @frozen

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import attrs
 from attrs import frozen
 
 from npusim.errors import ProgramError
@@ -250,9 +249,9 @@ def _map_addrs(items, fn) -> list:
         if cls is Loop:
             out.append(Loop(it.var, it.count, _map_addrs(it.body, fn)))
         elif cls is Copy:
-            out.append(attrs.evolve(it, src_addr=fn(it.src_addr), dst_addr=fn(it.dst_addr)))
+            out.append(it.moved(fn(it.src_addr), fn(it.dst_addr)))
         elif cls is VecOp:
-            out.append(attrs.evolve(it, dst=fn(it.dst), srcs=tuple(fn(s) for s in it.srcs)))
+            out.append(it.moved(fn(it.dst), tuple(fn(s) for s in it.srcs)))
         else:
             out.append(it)
     return out

@@ -190,7 +190,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     def with_buffers(ops: list, x: int) -> list:
         """tile_ops written for buffer set 0, moved to set x."""
         moves = {ub["k"][0]: ub["k"][x], ub["v"][0]: ub["v"][x]}
-        return [attrs.evolve(o, srcs=tuple(moves.get(s, s) for s in o.srcs)) for o in ops]
+        return [o.moved(o.dst, tuple(moves.get(s, s) for s in o.srcs)) for o in ops]
 
     def loads(kv: dict, b: int, h: int, x: int, pos: int, nk: int, j_tokens: int) -> list:
         """MTE2 copies of tile (pos, nk keys) of KV head (b, h) into buffer set x; the
