@@ -1,9 +1,24 @@
-"""Reports of a run: the JSON contract, Chrome traces, the step summary and comparison."""
+"""Reports of a run: the JSON contract, Chrome traces, the step summary and comparison.
 
-from npusim.report.contract import op_json, run_json
-from npusim.report.step import comparison_table, floor_of, memory_in_use, memory_timeline, step_json, summary
-from npusim.report.tables import statistic_table, stalls, write_tables
-from npusim.report.trace import chrome_trace, write_chrome_trace
+The names below are imported from their modules on first use (a command imports
+only the reports it prints: `npusim op` needs no step report, nor the runtime it reads)."""
 
-__all__ = ["chrome_trace", "comparison_table", "floor_of", "memory_in_use", "memory_timeline", "op_json", "run_json", "stalls",
-           "statistic_table", "step_json", "summary", "write_chrome_trace", "write_tables"]
+import importlib
+
+_HOME = {
+    "op_json": "contract", "run_json": "contract",
+    "comparison_table": "step", "floor_of": "step", "memory_in_use": "step", "memory_timeline": "step",
+    "step_json": "step", "summary": "step",
+    "statistic_table": "tables", "stalls": "tables", "write_tables": "tables",
+    "chrome_trace": "trace", "write_chrome_trace": "trace",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
