@@ -23,13 +23,15 @@ class progress_bar:
         self.bar = None
 
     def __call__(self, done: int, total: int | None, failed: int = 0, note: str = "") -> None:
+        stream = self.stream or sys.stderr
+        if not (self.force if self.force is not None else not hasattr(stream, "isatty") or stream.isatty()):
+            return  # not shown (tqdm's rule for disable=None): tqdm is not even imported
         from tqdm import tqdm
 
         if self.bar is None:
             shape = ("{desc}: {n_fmt}/{total_fmt}{unit} |{bar}| [{elapsed}<{remaining}]{postfix}" if total is not None
                      else "{desc}: {n_fmt}{unit} [{elapsed}{postfix}]")
-            self.bar = tqdm(total=total, desc=self.what, unit=f" {self.unit}", file=self.stream or sys.stderr,
-                            disable=None if self.force is None else not self.force, dynamic_ncols=True,
+            self.bar = tqdm(total=total, desc=self.what, unit=f" {self.unit}", file=stream, dynamic_ncols=True,
                             bar_format=shape, **({} if total is not None else {"miniters": 1, "mininterval": 0}))
             # a count without a total (serve's engine steps) redraws at every call: its steps
             # are few and long, and tqdm's throttling, tuned to fast loops, left the count of
