@@ -512,3 +512,26 @@ def test_error_is_a_single_line():
         with pytest.raises(ProgramError) as e:
             verify(kernel, HW)
         assert "\n" not in str(e.value) and re.match(r"kernel 'bad'", str(e.value))
+
+
+# ------------------------------------------------------------------ checked once
+
+
+def test_an_instruction_that_passed_is_checked_again_under_other_buffers():
+    """verify() skips a var-free instruction it already passed on the same core with the
+    same buffers; the same instruction in a block whose buffer is too small still fails."""
+    op = VecOp("add", 1024, "fp16", 0, (0,))
+    ok = Program([op], (Buffer("x", UB, 0, 4096),))
+    small = Program([op], (Buffer("x", UB, 0, 1024),))
+    verify(Kernel("k", CoreType.AIV, 2, aiv=[ok, ok]), HW)
+    with pytest.raises(ProgramError, match=r"^kernel 'k', block 1, AIV: instr 0 VecOp.*not inside one declared"):
+        verify(Kernel("k", CoreType.AIV, 2, aiv=[ok, small]), HW)
+
+
+def test_a_numpy_address_equal_to_a_passed_int_still_fails():
+    np = pytest.importorskip("numpy")
+    buffers = (Buffer("x", UB, 0, 4096),)
+    first, second = VecOp("add", 8, "fp16", 64, (0,)), VecOp("add", 8, "fp16", np.int64(64), (0,))
+    assert first == second  # equal, so only the address's type tells them apart
+    with pytest.raises(ProgramError, match=r"block 1, AIV: instr 0 .*is a int64, expected an int or Affine"):
+        verify(Kernel("k", CoreType.AIV, 2, aiv=[Program([first], buffers), Program([second], buffers)]), HW)

@@ -19,6 +19,12 @@ its enclosing loops). An Affine address is linear, so its extremes sit at the
 corners of those ranges. A shared program is checked once with `block` over
 [0, block_dim-1]; a per-block program with `block` fixed; a MIX AIV program once
 per sub-core with `sub` fixed, so an error can name the sub-core at fault.
+
+An instruction whose addresses are all plain ints reads no var, so its check
+depends only on itself, its core and its program's buffers: one that passed is not
+checked again on a core of that kind with those buffers (the per-block programs of
+a kernel repeat most of their local instructions). A failing one is met first
+where it would be met anyway, so the error is the same line.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
     _check_shape(kernel)
     capacity = _mem_capacity(hw)
     walks = {}
+    passed: dict[tuple, set] = {}  # (core, program buffers) -> var-free instructions that passed
     for site, indices in _sites(kernel, hw):
-        walk = _check_program(kernel, hw, capacity, site)
+        walk = _check_program(kernel, hw, capacity, site, passed)
         for index in indices:  # blocks sharing one Program object are checked once
             walks[(site.core, index, site.sub)] = walk
     if kernel.core_type is CoreType.MIX:
@@ -144,6 +151,7 @@ class _Walk:
     hw: HwConfig
     site: _Site
     buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)  # sorted by address
+    passed: set = attrs.Factory(set)  # var-free instructions checked with these buffers on this core
     sets: Counter = attrs.Factory(Counter)  # (src, dst, id) -> SetFlags issued
     waits: Counter = attrs.Factory(Counter)  # (src, dst, id) -> WaitFlags issued
     first_flag: dict = attrs.Factory(dict)  # (src, dst, id) -> (path, instr) of its first use
@@ -164,11 +172,13 @@ class _Walk:
             self.fail(f"pipe {pipe!r} does not exist on {core} (has {_names(have)})", path, instr)
 
 
-def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site) -> _Walk:
-    """Check one program as it runs on `site`; return the walk with its flag counts."""
+def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site,
+                   passed: dict[tuple, set]) -> _Walk:
+    """Check one program as it runs on `site`; return the walk with its flag counts.
+    `passed`: the var-free instructions already checked, by core and buffers (see the module doc)."""
     progs = kernel.aic if site.core is CoreType.AIC else kernel.aiv
     program = progs[site.index]
-    w = _Walk(kernel, hw, site)
+    w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()))
     w.buffers = _check_buffers(w, program.buffers, capacity)
     _walk(w, program.body, (), site.scope, 1)
     _check_flag_balance(w)
@@ -206,12 +216,18 @@ def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, in
 def _walk(w: _Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
     """Check each instruction of `body`, which runs `mult` times, with vars in `scope`."""
     for i, instr in enumerate(body):
+        addresses = _ADDRESSES.get(instr.__class__)
+        free = addresses is not None and all(a.__class__ is int for a in addresses(instr))
+        if free and instr in w.passed:
+            continue
         path = prefix + (i,)
         check = _CHECKS.get(instr.__class__)
         if check is None:
             kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
             w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
         check(w, instr, path, scope, mult)
+        if free:
+            w.passed.add(instr)
 
 
 def _check_loop(w: _Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> None:
@@ -340,6 +356,14 @@ _CHECKS: dict[type, Callable] = {
     SyncAll: _check_sync_all,
     CrossSetFlag: _check_cross,
     CrossWaitFlag: _check_cross,
+}
+
+
+# The addresses of the instructions whose check counts nothing (see the module doc).
+_ADDRESSES: dict[type, Callable] = {
+    Copy: lambda c: (c.src_addr, c.dst_addr),
+    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
+    VecOp: lambda v: (v.dst, *v.srcs),
 }
 
 
