@@ -27,6 +27,7 @@ import attrs
 from attrs import frozen
 
 from npusim.engine import KernelRecord, Owner, RunResult, run
+from npusim.engine.events import fewer_collections
 from npusim.engine.host import Launch, host_cost_cycles
 from npusim.graph.ir import Graph, Node
 from npusim.hw import HwConfig
@@ -131,6 +132,7 @@ def _alike(graph: Graph, layers: Sequence[int]) -> bool:
     return all([n.op_type for n in graph.layer_nodes(i)] == first for i in layers[1:])
 
 
+@fewer_collections()  # lowering and verify allocate as the simulation does
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
               cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
               counters: bool = True) -> GraphRun:
