@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -52,7 +53,7 @@ class RunResult:
     def us(self) -> float:
         return self.hw.us(self.cycles)
 
-    @property
+    @functools.cached_property  # a step's report reads it several times; a step has over a thousand kernels
     def stats(self) -> KernelStats:
         return sum((k.stats for k in self.kernels), KernelStats())
 

@@ -44,11 +44,10 @@ class Floor:
 
 
 def floor_weight_bytes(graph) -> int:
-    """Weight bytes a step must read in full: every weight but a table only gathered
-    from (the embedding reads one row per token, not the table)."""
-    gathered_only = {t for t, spec in graph.tensors.items() if spec.kind == "weight"
-                     and all(n.op_type == "embedding" for n in graph.consumers(t))}
-    return sum(spec.nbytes for t, spec in graph.tensors.items() if spec.kind == "weight" and t not in gathered_only)
+    """Weight bytes a step must read in full: every weight a node other than an embedding
+    reads (an embedding gathers one row of its table per token, not the table)."""
+    read = {t for n in graph.nodes if n.op_type != "embedding" for t in n.inputs.values()}
+    return sum(spec.nbytes for t, spec in graph.tensors.items() if spec.kind == "weight" and t in read)
 
 
 def floor_of(run: GraphRun) -> Floor:
