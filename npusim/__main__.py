@@ -1,5 +1,5 @@
 import sys
 
-from npusim.cli import main
+from npusim.cli import program
 
-sys.exit(main())
+sys.exit(program())
