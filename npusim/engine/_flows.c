@@ -45,7 +45,19 @@ typedef struct {
     Py_ssize_t n_classes;
     PyObject *samples;    /* list of (cycle, bytes per cycle in use), or NULL */
     PyObject *whole;      /* npusim.engine.cycles.whole_cycles */
+    PyObject *env;        /* the link's environment (an events.Environment) */
+    PyObject *after;      /* npusim.engine.events.after: a Signal `delay` from now */
 } Flows;
+
+static PyTypeObject FlowsType, TimerType;
+static PyObject *s_now, *s_callbacks;
+
+/* A link's timer: set for cycle `when`, called with the Signal when it fires */
+typedef struct {
+    PyObject_HEAD
+    Flows *flows;
+    PyObject *when;
+} Timer;
 
 static int flow_before(const Flow *a, const Flow *b) {
     return a->key < b->key || (a->key == b->key && a->seq < b->seq);
@@ -139,37 +151,56 @@ static PyObject *reschedule(Flows *f, PyObject *now_obj, double now) {
 }
 
 static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
-    PyObject *samples, *whole_fn;
-    if (!PyArg_ParseTuple(args, "dOO", &f->capacity, &samples, &whole_fn)) return -1;
+    PyObject *samples, *whole_fn, *env, *after;
+    if (!PyArg_ParseTuple(args, "dOOOO", &f->capacity, &samples, &whole_fn, &env, &after)) return -1;
     f->t = 0.0;
     f->timer_at = INFINITY;
     f->seq = 0;
     Py_CLEAR(f->samples);
     Py_CLEAR(f->whole);
+    Py_CLEAR(f->env);
+    Py_CLEAR(f->after);
     f->samples = samples == Py_None ? NULL : Py_NewRef(samples);
     f->whole = Py_NewRef(whole_fn);
+    f->env = Py_NewRef(env);
+    f->after = Py_NewRef(after);
+    return 0;
+}
+
+/* the flows' callbacks hold what holds the link (its memory system, ...), and the
+   environment's queue holds the link's timers: cycles the garbage collector must see */
+static int flows_traverse(Flows *f, visitproc visit, void *arg) {
+    for (Py_ssize_t i = 0; i < f->n_classes; i++)
+        for (Py_ssize_t k = 0; k < f->classes[i].n; k++) Py_VISIT(f->classes[i].heap[k].on_done);
+    Py_VISIT(f->samples); Py_VISIT(f->whole); Py_VISIT(f->env); Py_VISIT(f->after);
+    return 0;
+}
+
+static int flows_clear(Flows *f) {
+    for (Py_ssize_t i = 0; i < f->n_classes; i++) {
+        CapClass *c = &f->classes[i];
+        Py_ssize_t n = c->n;
+        c->n = 0;
+        c->count = 0;
+        for (Py_ssize_t k = 0; k < n; k++) Py_DECREF(c->heap[k].on_done);
+    }
+    Py_CLEAR(f->samples); Py_CLEAR(f->whole); Py_CLEAR(f->env); Py_CLEAR(f->after);
     return 0;
 }
 
 static void flows_dealloc(Flows *f) {
-    for (Py_ssize_t i = 0; i < f->n_classes; i++) {
-        for (Py_ssize_t k = 0; k < f->classes[i].n; k++) Py_DECREF(f->classes[i].heap[k].on_done);
-        PyMem_Free(f->classes[i].heap);
-    }
+    PyObject_GC_UnTrack(f);
+    flows_clear(f);
+    for (Py_ssize_t i = 0; i < f->n_classes; i++) PyMem_Free(f->classes[i].heap);
     PyMem_Free(f->classes);
-    Py_XDECREF(f->samples);
-    Py_XDECREF(f->whole);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
-/* add(now, nbytes, cap, on_done, weight) -> the new timer cycle or None */
-static PyObject *flows_add(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "Flows.add(now, nbytes, cap, on_done, weight)");
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(args[0]), nbytes = PyFloat_AsDouble(args[1]), cap = PyFloat_AsDouble(args[2]);
-    int64_t weight = PyLong_AsLongLong(args[4]);
+/* Start a flow at `now_obj`: the new timer cycle (a new reference), Py_None, or NULL */
+static PyObject *add_flow(Flows *f, PyObject *now_obj, PyObject *nbytes_obj, PyObject *cap_obj, PyObject *on_done,
+                          PyObject *weight_obj) {
+    double now = PyFloat_AsDouble(now_obj), nbytes = PyFloat_AsDouble(nbytes_obj), cap = PyFloat_AsDouble(cap_obj);
+    int64_t weight = PyLong_AsLongLong(weight_obj);
     if (PyErr_Occurred()) return NULL;
     advance(f, now);
     Py_ssize_t i = 0;
@@ -185,20 +216,65 @@ static PyObject *flows_add(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
         f->classes[i] = (CapClass){.cap = cap, .rate = 0.0, .clock = 0.0, .count = 0, .heap = NULL, .n = 0, .size = 0};
     }
     CapClass *c = &f->classes[i];
-    Flow flow = {.key = c->clock + nbytes, .seq = ++f->seq, .weight = weight, .on_done = Py_NewRef(args[3])};
+    Flow flow = {.key = c->clock + nbytes, .seq = ++f->seq, .weight = weight, .on_done = Py_NewRef(on_done)};
     if (heap_push(c, flow) < 0) { Py_DECREF(flow.on_done); return NULL; }
     c->count += weight;
-    return reschedule(f, args[0], now);
+    return reschedule(f, now_obj, now);
 }
 
-/* timer(now, when) -> None if a later reschedule superseded this timer, else
-   (callbacks of the flows that ended, in order; the new timer cycle or None) */
-static PyObject *flows_timer(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "Flows.timer(now, when)");
+/* Set the link's timer for cycle `when`: a Signal `when - env.now` from now (an earlier
+   timer still set finds itself superseded when it fires) */
+static int set_timer(Flows *f, PyObject *when) {
+    PyObject *now = PyObject_GetAttr(f->env, s_now);
+    PyObject *delay = now ? PyNumber_Subtract(when, now) : NULL;
+    Py_XDECREF(now);
+    if (!delay) return -1;
+    PyObject *call[2] = {f->env, delay};
+    PyObject *signal = PyObject_Vectorcall(f->after, call, 2, NULL);
+    Py_DECREF(delay);
+    if (!signal) return -1;
+    Timer *t = PyObject_GC_New(Timer, &TimerType);
+    PyObject *callbacks = t ? PyObject_GetAttr(signal, s_callbacks) : NULL;
+    int bad = !callbacks || !PyList_Check(callbacks);
+    if (t) {
+        t->flows = (Flows *)Py_NewRef(f);
+        t->when = Py_NewRef(when);
+        PyObject_GC_Track(t);
+        if (!bad) bad = PyList_Append(callbacks, (PyObject *)t) < 0;
+        else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a link's timer: the Signal has no callbacks list");
+        Py_DECREF(t);
+    }
+    Py_XDECREF(callbacks);
+    Py_DECREF(signal);
+    return bad ? -1 : 0;
+}
+
+/* start(nbytes, cap, on_done, weight=1): a flow of `nbytes` capped at `cap` bytes/cycle
+   from now; on_done() when it ends */
+static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "add(nbytes, cap, on_done, weight=1)");
         return NULL;
     }
-    double now = PyFloat_AsDouble(args[0]), when = PyFloat_AsDouble(args[1]);
+    if (!f->env) { PyErr_SetString(PyExc_TypeError, "Flows: not built"); return NULL; }
+    PyObject *now = PyObject_GetAttr(f->env, s_now);
+    if (!now) return NULL;
+    PyObject *one = NULL;
+    if (nargs == 3 && !(one = PyLong_FromLong(1))) { Py_DECREF(now); return NULL; }
+    PyObject *when = add_flow(f, now, args[0], args[1], args[2], nargs == 4 ? args[3] : one);
+    Py_DECREF(now);
+    Py_XDECREF(one);
+    if (!when) return NULL;
+    int bad = when != Py_None && set_timer(f, when) < 0;
+    Py_DECREF(when);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The timer set for `when_obj` fired at `now_obj`: None if a later reschedule superseded
+   it, else (callbacks of the flows that ended, in order; the new timer cycle or None) */
+static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj) {
+    double now = PyFloat_AsDouble(now_obj), when = PyFloat_AsDouble(when_obj);
     if (PyErr_Occurred()) return NULL;
     if (when != f->timer_at) Py_RETURN_NONE;
     f->timer_at = INFINITY;
@@ -223,10 +299,59 @@ static PyObject *flows_timer(Flows *f, PyObject *const *args, Py_ssize_t nargs) 
         }
         if (!c->count) c->clock = 0.0;  /* keep the clocks small; the class is empty */
     }
-    PyObject *next = reschedule(f, args[0], now);
+    PyObject *next = reschedule(f, now_obj, now);
     if (!next) { Py_DECREF(finished); return NULL; }
     return Py_BuildValue("(NN)", finished, next);
 }
+
+/* The timer fired: end the flows that have moved all their bytes, set the next timer,
+   then call the ended flows' on_done() in the order they ended */
+static PyObject *timer_call(Timer *t, PyObject *args, PyObject *kwds) {
+    Flows *f = t->flows;
+    if (!f->env) { PyErr_SetString(PyExc_TypeError, "Flows: not built"); return NULL; }
+    PyObject *now = PyObject_GetAttr(f->env, s_now);
+    if (!now) return NULL;
+    PyObject *res = ended(f, now, t->when);
+    Py_DECREF(now);
+    if (!res || res == Py_None) return res;
+    PyObject *finished = PyTuple_GET_ITEM(res, 0), *next = PyTuple_GET_ITEM(res, 1);
+    if (next != Py_None && set_timer(f, next) < 0) { Py_DECREF(res); return NULL; }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(finished); i++) {
+        PyObject *r = PyObject_CallNoArgs(PyList_GET_ITEM(finished, i));
+        if (!r) { Py_DECREF(res); return NULL; }
+        Py_DECREF(r);
+    }
+    Py_DECREF(res);
+    Py_RETURN_NONE;
+}
+
+static int timer_traverse(Timer *t, visitproc visit, void *arg) {
+    Py_VISIT(t->flows); Py_VISIT(t->when);
+    return 0;
+}
+
+static int timer_clear(Timer *t) {
+    Py_CLEAR(t->flows); Py_CLEAR(t->when);
+    return 0;
+}
+
+static void timer_dealloc(Timer *t) {
+    PyObject_GC_UnTrack(t);
+    timer_clear(t);
+    PyObject_GC_Del(t);
+}
+
+static PyTypeObject TimerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npusim.engine._flows.Timer",
+    .tp_basicsize = sizeof(Timer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "a link's timer, called with its Signal when it fires",
+    .tp_call = (ternaryfunc)timer_call,
+    .tp_traverse = (traverseproc)timer_traverse,
+    .tp_clear = (inquiry)timer_clear,
+    .tp_dealloc = (destructor)timer_dealloc,
+};
 
 static PyObject *flows_get_active(Flows *f, void *closure) {
     int64_t n = 0;
@@ -235,8 +360,8 @@ static PyObject *flows_get_active(Flows *f, void *closure) {
 }
 
 static PyMethodDef flows_methods[] = {
-    {"add", (PyCFunction)(void (*)(void))flows_add, METH_FASTCALL, "start a flow; the new timer cycle or None"},
-    {"timer", (PyCFunction)(void (*)(void))flows_timer, METH_FASTCALL, "a timer fired: the ended flows' callbacks"},
+    {"start", (PyCFunction)(void (*)(void))flows_start, METH_FASTCALL,
+     "start(nbytes, cap, on_done, weight=1): a flow from now; on_done() when it ends"},
     {NULL},
 };
 
@@ -249,8 +374,10 @@ static PyTypeObject FlowsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "npusim.engine._flows.Flows",
     .tp_basicsize = sizeof(Flows),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Flows(capacity, samples list or None, whole_cycles): a link's flows",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)flows_traverse,
+    .tp_clear = (inquiry)flows_clear,
+    .tp_doc = "Flows(capacity, samples list or None, whole_cycles, env, after): a link's flows and its timers",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)flows_init,
     .tp_dealloc = (destructor)flows_dealloc,
@@ -261,7 +388,9 @@ static PyTypeObject FlowsType = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_flows", "The flow model's arithmetic in C.", -1, NULL};
 
 PyMODINIT_FUNC PyInit__flows(void) {
-    if (PyType_Ready(&FlowsType) < 0) return NULL;
+    if (PyType_Ready(&FlowsType) < 0 || PyType_Ready(&TimerType) < 0) return NULL;
+    if (!(s_now = PyUnicode_InternFromString("_now")) || !(s_callbacks = PyUnicode_InternFromString("callbacks")))
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&FlowsType);

@@ -18,10 +18,11 @@ found it: at a very slow rate the clock reaches values where a fraction of a
 cycle no longer changes it (floats), and waiting for that fraction would never
 move time forward.
 
-The arithmetic runs in C (_flows.c: a K3 prefill starts and ends over a million
-flows, and in Python the sharing was a sixth of its simulation), with the same
-operations in the same order, so the same results; tests/flows_reference.py
-states it in Python and the tests hold the two to each other.
+The arithmetic and the timers run in C (_flows.c: a K3 prefill starts and ends
+over a million flows, and in Python the sharing was a sixth of its simulation),
+with the same operations in the same order, so the same results;
+tests/flows_reference.py states it in Python and the tests hold the two to each
+other.
 """
 
 from __future__ import annotations
@@ -32,40 +33,25 @@ import simpy
 
 from npusim.engine._flows import Flows
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.events import at_delay
+from npusim.engine.events import after
 
 
 class Link:
-    """A bandwidth-limited link (HBM, L2, PCIe) shared by all transfers in flight."""
+    """A bandwidth-limited link (HBM, L2, PCIe) shared by all transfers in flight.
+
+    add(nbytes, cap, on_done, weight=1) starts a flow of `nbytes` capped at `cap`
+    bytes/cycle (standing for `weight` alike flows); on_done() is called when it ends.
+    It is the C Flows' start: the arithmetic and the link's timer (one Signal per
+    reschedule, events.after) run without a Python frame."""
 
     def __init__(self, env: simpy.Environment, name: str, bytes_per_cycle: float, record: bool = True):
         self.env = env
         self.name = name
         self.capacity = bytes_per_cycle
         self.samples: list[tuple[float, float]] = []  # (cycle, bytes per cycle in use)
-        self._flows = Flows(bytes_per_cycle, self.samples if record else None, whole_cycles)
-
-    def add(self, nbytes: float, cap: float, on_done: Callable[[], None], weight: int = 1) -> None:
-        """Start a flow of `nbytes` capped at `cap` bytes/cycle; call on_done when it ends."""
-        when = self._flows.add(self.env._now, nbytes, cap, on_done, weight)
-        if when is not None:
-            self._set_timer(when)
+        self._flows = Flows(bytes_per_cycle, self.samples if record else None, whole_cycles, env, after)
+        self.add: Callable[..., None] = self._flows.start
 
     @property
     def active(self) -> int:
         return self._flows.active
-
-    def _set_timer(self, when: int) -> None:
-        """The next completion is at cycle `when` (an earlier timer still set finds itself superseded)."""
-        env = self.env
-        at_delay(env, when - env.now, lambda _ev, when=when: self._on_timer(when))
-
-    def _on_timer(self, when: int) -> None:
-        ended = self._flows.timer(self.env._now, when)
-        if ended is None:
-            return  # superseded by a later reschedule
-        finished, nxt = ended
-        if nxt is not None:
-            self._set_timer(nxt)
-        for on_done in finished:
-            on_done()
