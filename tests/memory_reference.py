@@ -1,5 +1,5 @@
 """A GM transfer's start in Python (npusim/engine/_l2.c, Mover, runs it in C): the
-statement the C start is held to (tests/test_engine_transfer.py swaps it in for every
+statement the C transfer is held to (tests/test_engine_transfer.py swaps it in for every
 MemorySystem's transfer and compares whole runs, value and type). The burst rule is
 the Python that ran before; the L2 walk, the line patterns, the rest of a transfer
 (memory.py's _finish) and the links are the engine's own."""
@@ -70,5 +70,5 @@ class Mover:
     """Stands in for _l2.Mover: its transfer is the Python above, on the MemorySystem
     whose bound methods it is given."""
 
-    def __init__(self, core, line, burst, patterns, lines_of, l2_add, fills, finish):
+    def __init__(self, core, line, burst, patterns, lines_of, l2_add, fills, finish, *finish_one):
         self.transfer = partial(transfer, lines_of.__self__)

@@ -534,19 +534,101 @@ typedef struct {
     int64_t line, burst;
     /* memory.py's pattern dict, its _lines_of, the L2 link's add, the L2's fills and _finish */
     PyObject *patterns, *lines_of, *l2_add, *fills, *finish;
+    /* for the rest of a one-member transfer (finish_one): the environment, events.Signal,
+       the HBM link's add, memory._nothing and math.inf */
+    PyObject *env, *signal, *hbm_add, *nothing, *inf;
 } Mover;
+
+static PyObject *s_callbacks, *s_fire;
+
+/* ------------------------------------------------------------------ completions
+
+   What memory.py's _finish made as closures, for the rest of a one-member transfer
+   done here (finish_one): Join(n, on_done) calls on_done() at its n-th call (the L2
+   flow, the HBM flow, the fills waited for); Then(fill, join) fires the fill, then
+   calls join (the HBM flow that brought the missed lines); Arrived(mover, fill_id) is
+   l2cache.L2Cache._arrived for one fill (the fill's event no longer needed, its
+   lines no longer in flight). */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t left;
+    PyObject *a, *b;   /* Join: on_done; Then: the fill, the join; Arrived: the mover */
+    int64_t fill_id;
+} Completion;
+
+static int completion_traverse(Completion *c, visitproc visit, void *arg) {
+    Py_VISIT(c->a); Py_VISIT(c->b);
+    return 0;
+}
+
+static int completion_clear(Completion *c) {
+    Py_CLEAR(c->a); Py_CLEAR(c->b);
+    return 0;
+}
+
+static void completion_dealloc(Completion *c) {
+    PyObject_GC_UnTrack(c);
+    completion_clear(c);
+    PyObject_GC_Del(c);
+}
+
+static PyObject *join_call(Completion *c, PyObject *args, PyObject *kwds) {
+    if (--c->left || !c->a) Py_RETURN_NONE;
+    return PyObject_CallNoArgs(c->a);
+}
+
+static PyObject *then_call(Completion *c, PyObject *args, PyObject *kwds) {
+    if (!c->a || !c->b) Py_RETURN_NONE;
+    PyObject *r = PyObject_CallMethodNoArgs(c->a, s_fire);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    return PyObject_CallNoArgs(c->b);
+}
+
+static PyObject *arrived_call(Completion *c, PyObject *args, PyObject *kwds);
+
+#define COMPLETION_TYPE(NAME, CALL, DOC)                                   \
+    static PyTypeObject NAME = {                                          \
+        PyVarObject_HEAD_INIT(NULL, 0)                                    \
+        .tp_name = "npusim.engine._l2." #NAME,                            \
+        .tp_basicsize = sizeof(Completion),                               \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,              \
+        .tp_doc = DOC,                                                    \
+        .tp_call = (ternaryfunc)CALL,                                     \
+        .tp_traverse = (traverseproc)completion_traverse,                 \
+        .tp_clear = (inquiry)completion_clear,                            \
+        .tp_dealloc = (destructor)completion_dealloc,                     \
+    };
+
+COMPLETION_TYPE(JoinType, join_call, "calls on_done() at its n-th call")
+COMPLETION_TYPE(ThenType, then_call, "fires a fill, then calls a join")
+COMPLETION_TYPE(ArrivedType, arrived_call, "a fill has arrived (L2Cache._arrived)")
+
+static PyObject *completion(PyTypeObject *type, Py_ssize_t left, PyObject *a, PyObject *b, int64_t fill_id) {
+    Completion *c = PyObject_GC_New(Completion, type);
+    if (!c) return NULL;
+    c->left = left;
+    c->a = Py_XNewRef(a);
+    c->b = Py_XNewRef(b);
+    c->fill_id = fill_id;
+    PyObject_GC_Track(c);
+    return (PyObject *)c;
+}
 
 /* the Mover holds bound methods of its MemorySystem, which holds it: a cycle the
    garbage collector must see */
 static int mover_traverse(Mover *m, visitproc visit, void *arg) {
     Py_VISIT(m->core); Py_VISIT(m->patterns); Py_VISIT(m->lines_of); Py_VISIT(m->l2_add);
     Py_VISIT(m->fills); Py_VISIT(m->finish);
+    Py_VISIT(m->env); Py_VISIT(m->signal); Py_VISIT(m->hbm_add); Py_VISIT(m->nothing); Py_VISIT(m->inf);
     return 0;
 }
 
 static int mover_clear(Mover *m) {
     Py_CLEAR(m->core); Py_CLEAR(m->patterns); Py_CLEAR(m->lines_of); Py_CLEAR(m->l2_add);
     Py_CLEAR(m->fills); Py_CLEAR(m->finish);
+    Py_CLEAR(m->env); Py_CLEAR(m->signal); Py_CLEAR(m->hbm_add); Py_CLEAR(m->nothing); Py_CLEAR(m->inf);
     return 0;
 }
 
@@ -556,13 +638,20 @@ static void mover_dealloc(Mover *m) {
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
-/* Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish) */
+/* Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish, env, signal, hbm_add, nothing) */
 static int mover_init(Mover *m, PyObject *args, PyObject *kwds) {
-    PyObject *core, *patterns, *lines_of, *l2_add, *fills, *finish;
+    PyObject *core, *patterns, *lines_of, *l2_add, *fills, *finish, *env, *signal, *hbm_add, *nothing;
     long long line, burst;
-    if (!PyArg_ParseTuple(args, "O!LLO!OOO!O", &CoreType, &core, &line, &burst, &PyDict_Type, &patterns, &lines_of,
-                          &l2_add, &PyList_Type, &fills, &finish))
+    if (!PyArg_ParseTuple(args, "O!LLO!OOO!OOOOO", &CoreType, &core, &line, &burst, &PyDict_Type, &patterns,
+                          &lines_of, &l2_add, &PyList_Type, &fills, &finish, &env, &signal, &hbm_add, &nothing))
         return -1;
+    PyObject *inf = PyFloat_FromDouble(Py_HUGE_VAL);
+    if (!inf) return -1;
+    Py_XSETREF(m->inf, inf);
+    Py_XSETREF(m->env, Py_NewRef(env));
+    Py_XSETREF(m->signal, Py_NewRef(signal));
+    Py_XSETREF(m->hbm_add, Py_NewRef(hbm_add));
+    Py_XSETREF(m->nothing, Py_NewRef(nothing));
     if (line < 1 || burst < 1) { PyErr_SetString(PyExc_ValueError, "Mover: line and burst must be positive"); return -1; }
     Py_XSETREF(m->core, (Core *)Py_NewRef(core));
     m->line = line; m->burst = burst;
@@ -579,6 +668,93 @@ static int set_long(PyObject **field, int64_t v) {
     if (!x) return -1;
     Py_XSETREF(*field, x);
     return 0;
+}
+
+static PyObject *arrived_call(Completion *c, PyObject *args, PyObject *kwds) {
+    Mover *m = (Mover *)c->a;
+    if (!m || !m->core) Py_RETURN_NONE;
+    if (PyList_SetItem(m->fills, c->fill_id, Py_NewRef(Py_None)) < 0) return NULL;  /* nobody needs the event */
+    PyObject *id = PyLong_FromLongLong(c->fill_id);
+    PyObject *r = id ? core_arrived(m->core, id) : NULL;
+    Py_XDECREF(id);
+    return r;
+}
+
+/* add(nbytes, cap, on_done, weight) on a link (its C Flows' start) */
+static int link_add(PyObject *add, PyObject *nbytes, PyObject *cap, PyObject *on_done, PyObject *weight) {
+    PyObject *call[4] = {nbytes, cap, on_done, weight};
+    PyObject *r = PyObject_Vectorcall(add, call, 4, NULL);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+/* The rest of a one-member transfer, as memory.py's _finish does it for w = 1 (every
+   step in its order): the fill event of a read that missed (l2cache's after_access),
+   the write-back of the dirty lines it evicted, the L2 flow, and the HBM flow of the
+   missed lines; on_done() once the flows and the fills it waits for have all ended. */
+static PyObject *finish_one(Mover *m, Stats *st, PyObject *wb, PyObject *waits, int any_miss, int64_t moved,
+                            PyObject *cap, PyObject *on_done, int write) {
+    PyObject *fill = NULL, *join = NULL, *x = NULL, *one = PyLong_FromLong(1), *mv = PyLong_FromLongLong(moved);
+    PyObject *res = NULL;
+    if (!one || !mv) goto done;
+    if (any_miss && !write) {
+        Py_ssize_t fill_id = PyList_GET_SIZE(m->fills);
+        fill = PyObject_CallOneArg(m->signal, m->env);
+        if (!fill || PyList_Append(m->fills, fill) < 0) goto done;
+        PyObject *cbs = PyObject_GetAttr(fill, s_callbacks);
+        x = cbs ? completion(&ArrivedType, 0, (PyObject *)m, NULL, fill_id) : NULL;
+        int bad = !x || !PyList_Check(cbs) || PyList_Append(cbs, x) < 0;
+        Py_XDECREF(cbs);
+        Py_CLEAR(x);
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a fill's event has no callbacks list");
+            goto done;
+        }
+    }
+    if (wb) {  /* memory.py's _write_back for one member */
+        Py_ssize_t n = PyByteArray_GET_SIZE(wb), lines_wb = 0;
+        const char *mask = PyByteArray_AS_STRING(wb);
+        for (Py_ssize_t i = 0; i < n; i++) lines_wb += mask[i] != 0;
+        PyObject *nb = PyLong_FromLongLong((long long)lines_wb * m->line);
+        x = nb ? PyNumber_Add(st->hbm_write, nb) : NULL;
+        if (!x || link_add(m->hbm_add, nb, m->inf, m->nothing, one) < 0) { Py_XDECREF(nb); goto done; }
+        Py_DECREF(nb);
+        Py_SETREF(st->hbm_write, x);
+        x = NULL;
+    }
+    Py_ssize_t n_waits = PyList_GET_SIZE(waits);
+    double hbm_read = PyFloat_AS_DOUBLE(st->hbm_read);
+    if (!n_waits && !hbm_read) {  /* a write, or a read that hits throughout: the L2 flow is all */
+        if (link_add(m->l2_add, mv, cap, on_done, one) < 0) goto done;
+        res = Py_NewRef((PyObject *)st);
+        goto done;
+    }
+    join = completion(&JoinType, 1 + n_waits + (hbm_read > 0), on_done, NULL, 0);
+    if (!join) goto done;
+    for (Py_ssize_t k = 0; k < n_waits; k++) {  /* lines another transfer is still bringing in */
+        Py_ssize_t f = PyLong_AsSsize_t(PyList_GET_ITEM(waits, k));
+        if (f == -1 && PyErr_Occurred()) goto done;
+        PyObject *ev = PyList_GetItem(m->fills, f);
+        PyObject *cbs = ev ? PyObject_GetAttr(ev, s_callbacks) : NULL;
+        int bad = !cbs || !PyList_Check(cbs) || PyList_Append(cbs, join) < 0;
+        Py_XDECREF(cbs);
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a fill waited for has no callbacks list");
+            goto done;
+        }
+    }
+    if (link_add(m->l2_add, mv, cap, join, one) < 0) goto done;
+    if (hbm_read > 0) {  /* HBM -> L2 does not cross the core's port: uncapped */
+        x = completion(&ThenType, 0, fill, join, 0);
+        if (!x || link_add(m->hbm_add, st->hbm_read, m->inf, x, one) < 0) goto done;
+    } else if (fill) {
+        x = PyObject_CallMethodNoArgs(fill, s_fire);
+        if (!x) goto done;
+    }
+    res = Py_NewRef((PyObject *)st);
+done:
+    Py_XDECREF(fill); Py_XDECREF(join); Py_XDECREF(x); Py_XDECREF(one); Py_XDECREF(mv);
+    return res;
 }
 
 /* transfer(addrs, nbytes, segments, stride, write, cap, on_done) -> TransferStats */
@@ -677,6 +853,8 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
         if (!r) goto done;
         Py_DECREF(r);
         res = Py_NewRef((PyObject *)st);
+    } else if (w == 1) {
+        res = finish_one(m, st, wb, waits, any_miss, moved, cap, on_done, write);
     } else {
         /* _finish(st, member, wb, waits, missed, any_miss, w, moved, cap, on_done, write) */
         PyObject *fin[11] = {(PyObject *)st, member, wb ? wb : Py_None, waits, missed ? missed : Py_None,
@@ -706,7 +884,8 @@ static PyTypeObject MoverType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)mover_traverse,
     .tp_clear = (inquiry)mover_clear,
-    .tp_doc = "Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish): memory.py's transfers",
+    .tp_doc = "Mover(core, line, burst, patterns, lines_of, l2_add, fills, finish, env, signal, hbm_add, nothing): "
+              "memory.py's transfers",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)mover_init,
     .tp_dealloc = (destructor)mover_dealloc,
@@ -724,7 +903,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_l2", "The L2's line
                                     module_methods};
 
 PyMODINIT_FUNC PyInit__l2(void) {
-    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&StatsType) < 0 || PyType_Ready(&MoverType) < 0) return NULL;
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&StatsType) < 0 || PyType_Ready(&MoverType) < 0 ||
+        PyType_Ready(&JoinType) < 0 || PyType_Ready(&ThenType) < 0 || PyType_Ready(&ArrivedType) < 0)
+        return NULL;
+    if (!(s_callbacks = PyUnicode_InternFromString("callbacks")) || !(s_fire = PyUnicode_InternFromString("fire")))
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0 ||

@@ -17,10 +17,11 @@ A GM transfer of `segments` pieces of `nbytes` (start addresses `stride` apart):
 Transfers repeat their shapes (a tile loop, the members of a group), so the line
 pattern of each shape is computed once and then shifted to the transfer's address.
 
-A transfer's start runs in C (_l2.c, Mover): the burst rounding, the line pattern
-(_lines_of), the L2 walk, and for a transfer that leaves nothing behind - a write
-that evicts nothing dirty, a read that hits throughout, no line still being filled
-(most of them) - its flow on the L2 link; _finish does the rest of the others. The
+A transfer runs in C (_l2.c, Mover): the burst rounding, the line pattern
+(_lines_of), the L2 walk and its flows; _finish states the rest of a transfer after
+its walk (fill events, write-backs, the HBM flow, waiting for fills), and does it
+for a group (two or more members); for one member the C does it, step for step
+(tests/test_engine_transfer.py holds whole runs to _finish doing it all). The
 stats hold the Python numbers the Python made (its int and float arithmetic).
 """
 
@@ -57,9 +58,10 @@ class MemorySystem:
         # the same for every address of a group (they differ by whole lines). The stats say
         # `uneven` if the members of a group read different numbers of lines from HBM: one by
         # one they would not have kept together, so the group's timing is not theirs (the
-        # device runs it again). In C (see the module doc), with _finish.
+        # device runs it again). In C (see the module doc), with _finish for a group's.
         self.transfer = Mover(self.l2._core, self.line, self.burst, self._patterns, self._lines_of,
-                              self.l2_link.add, self.l2.fills, self._finish).transfer
+                              self.l2_link.add, self.l2.fills, self._finish, env, Signal, self.hbm.add,
+                              _nothing).transfer
 
     def _new_fill(self) -> Signal:
         return Signal(self.env)
