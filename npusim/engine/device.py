@@ -167,6 +167,11 @@ class Device:
         self.tracer = tracer
         self.memory = MemorySystem(env, hw, record=counters)  # counters: the links' bandwidth samples
         self.free = {CoreType.AIC: list(range(hw.chip.aic_count)), CoreType.AIV: list(range(hw.aiv_count))}
+        # config values read per block or per pipe started, read once (a tracked config's
+        # reads cost a Python call each: diskcache.reads)
+        self.aiv_per_aic = hw.chip.aiv_per_aic
+        self.flag_cycles = hw.sync.flag_latency_cycles
+        self.cross_flag_cycles = hw.sync.cross_core_flag_latency_cycles
         self.pending: list[_KernelRun] = []  # kernels with blocks still to dispatch, in arrival order
         self.blocked: dict[tuple[str, str], str] = {}  # (core, pipe) -> what it waits for
         self.records: list[KernelRecord] = []
@@ -251,12 +256,12 @@ class Device:
         if kernel.core_type is CoreType.AIV:
             n += len(self._streams(kernel, CoreType.AIV, block))
         if kernel.core_type is CoreType.MIX:
-            n += self.hw.chip.aiv_per_aic * len(self._streams(kernel, CoreType.AIV, block))
+            n += self.aiv_per_aic * len(self._streams(kernel, CoreType.AIV, block))
         return n
 
     def _take_cores(self, core_type: CoreType) -> tuple[int | None, list[int]]:
         """Free cores for one block of `core_type` (AIC id, AIV ids), or None if none fit."""
-        per = self.hw.chip.aiv_per_aic
+        per = self.aiv_per_aic
         if core_type is CoreType.AIC:
             return (heapq.heappop(self.free[CoreType.AIC]), []) if self.free[CoreType.AIC] else None
         if core_type is CoreType.AIV:
@@ -300,7 +305,7 @@ class Device:
             hit = self._groupable.get(id(program))
             if hit is None or hit[0] is not program:
                 accesses = [a for _, stream, _ in self._streams(kernel, kind, block)
-                            for a in gm_accesses(stream, {"sub": self.hw.chip.aiv_per_aic})]
+                            for a in gm_accesses(stream, {"sub": self.aiv_per_aic})]
                 members = kernel.blocks_running(kind, program)
                 hit = self._groupable[id(program)] = (program, groupable(accesses, kernel, self.hw, block, members))
             # blocks sharing lines are grouped only while their kernel is alone on the device

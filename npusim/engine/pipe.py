@@ -31,14 +31,14 @@ def start_pipe(dev, kr, cr, pipe, code) -> Signal:
     AIV as from source 0, an AIV's reaches the AIC as from its `sub`; the AIC's wait
     takes a set from every AIV, an AIV's one from the AIC (cr.cross keeps them by flag
     id and source)."""
-    env, hw = dev.env, dev.hw
+    env = dev.env
     pipe_name = pipe.value
     blk, aic = cr.block, cr.kind is CoreType.AIC
     cross = (cr.cross, tuple(other.cross for other in blk.aivs) if aic else
              (() if blk.aic is None else (blk.aic.cross,)), 0 if aic else cr.vars["sub"],
-             len(blk.aivs) if aic else 1, hw.chip.aiv_per_aic, hw.sync.cross_core_flag_latency_cycles)
+             len(blk.aivs) if aic else 1, dev.aiv_per_aic, dev.cross_flag_cycles)
     # each pipe walks its own loops: its own copy of the block's variables
-    return Walker(code, dict(cr.vars), cr.flags, hw.sync.flag_latency_cycles, env.now,
+    return Walker(code, dict(cr.vars), cr.flags, dev.flag_cycles, env.now,
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
                   cr.offsets, cr.weight, kr.acc, partial(Diverged, kr.id, cr.block.index),
