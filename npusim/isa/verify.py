@@ -158,6 +158,9 @@ class _Walk:
     cross_sets: Counter = attrs.Factory(Counter)  # id -> CrossSetFlags issued
     cross_waits: Counter = attrs.Factory(Counter)  # id -> CrossWaitFlags issued
     first_cross: dict = attrs.Factory(dict)  # (is_set, id) -> (path, instr) of its first use
+    # hw.sync.flag_ids, read on the first flag checked (once: a cached step's config
+    # records each read with a Python call)
+    flag_ids: int | None = None
 
     def fail(self, msg: str, path: Path | None = None, instr=None):
         """Raise the one-line error: kernel, block, core, instruction, what was expected."""
@@ -339,7 +342,9 @@ def _check_cross(w: _Walk, f: CrossSetFlag | CrossWaitFlag, path: Path, scope: S
 
 def _check_flag_id(w: _Walk, flag_id: int, path: Path, instr) -> None:
     """Flag ids are 0 .. hw.sync.flag_ids-1."""
-    n = w.hw.sync.flag_ids
+    n = w.flag_ids
+    if n is None:
+        n = w.flag_ids = w.hw.sync.flag_ids
     if not 0 <= flag_id < n:
         w.fail(f"flag id {flag_id} outside [0, {n})", path, instr)
 
