@@ -35,6 +35,7 @@ typedef struct {
     int64_t *miss_set, *miss_at, *pend, *start, *order, *sorted;
     int64_t *count, *stamp, stamp_now;
     int64_t *lru;               /* `ways` entries */
+    int64_t *hint;              /* per set: the way of its line last hit or placed */
 } Core;
 
 static void core_release(Core *c) {
@@ -50,6 +51,7 @@ static void core_release(Core *c) {
     PyMem_Free(c->count); c->count = NULL;
     PyMem_Free(c->stamp); c->stamp = NULL;
     PyMem_Free(c->lru); c->lru = NULL;
+    PyMem_Free(c->hint); c->hint = NULL;
 }
 
 static void core_dealloc(Core *c) {
@@ -92,8 +94,9 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->start = PyMem_Malloc(s); c->order = PyMem_Malloc(s); c->sorted = PyMem_Malloc(s);
     c->count = PyMem_Malloc(s); c->stamp = PyMem_Calloc((size_t)sets, sizeof(int64_t));
     c->lru = PyMem_Malloc((size_t)ways * sizeof(int64_t));
+    c->hint = PyMem_Calloc((size_t)sets, sizeof(int64_t));
     if (!c->filled || !c->miss_set || !c->miss_at || !c->pend || !c->start || !c->order || !c->sorted || !c->count ||
-        !c->stamp || !c->lru) {
+        !c->stamp || !c->lru || !c->hint) {
         core_release(c);
         PyErr_NoMemory();
         return -1;
@@ -121,11 +124,27 @@ static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, in
     return r >= c->sets ? r - c->sets : r;
 }
 
+/* the slot of `line` in `set`, -1 if it is not cached: every way compared, without a
+   branch per way (where a line sits is data; mispredicted exits cost more than the
+   compares) */
 static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
     const int64_t *row = c->tags + set * c->ways;
-    for (int64_t w = 0; w < c->ways; w++)
-        if (row[w] == line) return set * c->ways + w;
-    return -1;
+    int64_t found = -1;
+    for (int64_t w = c->ways - 1; w >= 0; w--) found = row[w] == line ? w : found;
+    return found < 0 ? -1 : set * c->ways + found;
+}
+
+/* the least recently used way of a set (the lowest among equals), without a branch
+   per way (which way is oldest is data) */
+static inline int64_t lru_way(const int64_t *row_use, int64_t ways) {
+    int64_t best = 0, oldest = row_use[0];
+    for (int64_t w = 1; w < ways; w++) {
+        int64_t u = row_use[w];
+        int older = u < oldest;
+        best = older ? w : best;
+        oldest = older ? u : oldest;
+    }
+    return best;
 }
 
 /* a buffer of 8-byte signed integers (numpy int64: format "q" or "l" on LP64) */
@@ -171,11 +190,6 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
     int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
-    /* the way the previous line was found in: lines a transfer brought in together went
-       into their sets' least recently used ways, which tend to be the same way, so a
-       later run over them finds each where it found the one before (tried first; a line
-       is in at most one way, so the slot is the same as a full search gives) */
-    int64_t way = 0;
     int64_t stamp = ++c->stamp_now;
     int distinct = 1;  /* every missed line in a set of its own (a contiguous run's are) */
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -185,10 +199,13 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
             return -1;
         }
         int64_t s = set_in_run(c, line, &first, &shift);
-        int64_t slot = s * c->ways + way;
+        /* tried first: the way of the set's line last hit or placed (a tile read again
+           finds its lines where it left them more often than not); a line is in at most
+           one way, so the slot is the one a full search gives */
+        int64_t slot = s * c->ways + c->hint[s];
         if (c->tags[slot] != line) {
             slot = find_slot(c, line, s);
-            if (slot >= 0) way = slot - s * c->ways;
+            if (slot >= 0) c->hint[s] = slot - s * c->ways;
         }
         if (slot >= 0) {
             c->use[slot] = base + i;
@@ -222,11 +239,10 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
     if (distinct) {  /* one miss per set: it takes the set's least recently used way (after this piece's hits) */
         for (Py_ssize_t k = 0; k < misses; k++) {
             int64_t s = c->miss_set[k], i = c->miss_at[k];
-            int64_t *row_use = c->use + s * ways, best = 0;
-            for (int64_t w = 1; w < ways; w++)
-                if (row_use[w] < row_use[best]) best = w;
+            int64_t best = lru_way(c->use + s * ways, ways);
             if (place(c, s * ways + best, lines[i] + shift_by, base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
                 return -1;
+            c->hint[s] = best;
         }
         return n - misses;
     }
@@ -260,10 +276,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
            among equals): one pass for a single miss, the usual case */
         int64_t need = cnt < ways ? cnt : ways;
         if (need == 1) {
-            int64_t best = 0;
-            for (int64_t w = 1; w < ways; w++)
-                if (row_use[w] < row_use[best]) best = w;
-            c->lru[0] = best;
+            c->lru[0] = lru_way(row_use, ways);
         } else {
             for (int64_t w = 0; w < ways; w++) {
                 int64_t j = w;
@@ -279,6 +292,8 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
             } else if (place(c, s * ways + c->lru[k - dropped], lines[i] + shift_by, base + i, write, fill_id, at + i,
                              wb, wb_obj, total) < 0) {
                 return -1;
+            } else {
+                c->hint[s] = c->lru[k - dropped];
             }
         }
     }
