@@ -69,7 +69,8 @@ def groupable(accesses: list[tuple], kernel: Kernel, hw: HwConfig, block: int, m
       device (Device._grouping).
     None: blocks reading lines another block reaches in another transfer would hit
     or miss differently, and are not grouped."""
-    if not all(_rounds_alike(a, hw.dma.burst_bytes) for a in accesses):
+    burst = hw.dma.burst_bytes
+    if not all(_rounds_alike(a, burst) for a in accesses):
         return None
     tensors: dict = {}
     for a in accesses:

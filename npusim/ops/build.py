@@ -11,11 +11,17 @@ from npusim.hw import HwConfig
 from npusim.isa.program import ALIGN_BYTES, Buffer, Loop, Mem
 
 
+# the config field (section, name) of each local memory's size
+_CAPACITY = {
+    Mem.L1: ("aic", "l1_bytes"), Mem.L0A: ("aic", "l0a_bytes"), Mem.L0B: ("aic", "l0b_bytes"),
+    Mem.L0C: ("aic", "l0c_bytes"), Mem.BT: ("aic", "bt_bytes"), Mem.FB: ("aic", "fb_bytes"), Mem.UB: ("aiv", "ub_bytes"),
+}
+
+
 def capacity(hw: HwConfig, mem: Mem) -> int:
-    return {
-        Mem.L1: hw.aic.l1_bytes, Mem.L0A: hw.aic.l0a_bytes, Mem.L0B: hw.aic.l0b_bytes,
-        Mem.L0C: hw.aic.l0c_bytes, Mem.BT: hw.aic.bt_bytes, Mem.FB: hw.aic.fb_bytes, Mem.UB: hw.aiv.ub_bytes,
-    }[mem]
+    """The size of local memory `mem` (reads that one field: a cached step is keyed on the fields it read)."""
+    section, name = _CAPACITY[mem]
+    return getattr(getattr(hw, section), name)
 
 
 def align_up(n: int, a: int) -> int:
