@@ -340,7 +340,8 @@ class Device:
         line = self.hw.l2.line_bytes
         for step, lo, hi, _ in g.shared:
             a, b = lo + step * first, hi + step * first
-            if not (self.memory.l2.find(np.unique([a // line, (b - 1) // line])) >= 0).all():
+            ends = sorted({a // line, (b - 1) // line})  # the first and last line, each once
+            if not (self.memory.l2.find(np.array(ends, np.int64)) >= 0).all():
                 return 1
             if step == 0:
                 continue

@@ -191,7 +191,8 @@ def _lines(addrs: list[int], nbytes: int, segments: int, stride: int, line: int)
     shared = 0
     if len(lines) > 1 and not (lines[1:] > lines[:-1]).all():
         if len(addrs) > 1:
-            shared = len(np.unique(lines * len(addrs) + members))
+            pairs = np.sort(lines * len(addrs) + members)  # (line, member), counted once each
+            shared = 1 + int(np.count_nonzero(pairs[1:] != pairs[:-1]))
         lines, idx = np.unique(lines, return_index=True)  # segments closer than a line share lines
         members = members[idx]
         shared = max(0, shared - len(lines))
