@@ -441,9 +441,9 @@ def program() -> int:
     Before the interpreter exits, everything still alive - the lowered kernels, the
     simulators' caches, hundreds of thousands of objects - is moved out of the cyclic
     garbage collector's sight (gc.freeze): the collection the interpreter runs at exit
-    would traverse all of it for nothing. They are
-    freed by reference counting as usual; outputs are closed and renamed before main()
-    returns. Not in main(), which the tests and notebooks call in a process that goes on."""
+    would traverse all of it for nothing. They are freed by reference counting as
+    usual; outputs are closed and renamed before main() returns. Not in main(), which
+    the tests and notebooks call in a process that goes on."""
     code = main()
     gc.freeze()
     return code
