@@ -124,14 +124,39 @@ static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, in
     return r >= c->sets ? r - c->sets : r;
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+static int have_avx2;  /* set at import: the CPU has AVX2 */
+
+/* the lowest way of `row` (ways <= 64, a multiple of 4) holding `line`, -1 if none:
+   four ways per compare, the matches gathered into one mask (no branch per way).
+   A prefill's L2 walk searches a set's ways for 46 of its 81 million lines. */
+__attribute__((target("avx2"))) static int64_t find_way_avx2(const int64_t *row, int64_t ways, int64_t line) {
+    const __m256i key = _mm256_set1_epi64x(line);
+    uint64_t match = 0;
+    for (int64_t w = 0; w < ways; w += 4) {
+        __m256i eq = _mm256_cmpeq_epi64(_mm256_loadu_si256((const __m256i *)(row + w)), key);
+        match |= (uint64_t)_mm256_movemask_pd(_mm256_castsi256_pd(eq)) << w;
+    }
+    return match ? __builtin_ctzll(match) : -1;
+}
+#endif
+
 /* the slot of `line` in `set`, -1 if it is not cached: every way compared, without a
    branch per way (where a line sits is data; mispredicted exits cost more than the
-   compares) */
+   compares); with AVX2 when the CPU has it and the ways allow */
 static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
-    const int64_t *row = c->tags + set * c->ways;
+    const int64_t ways = c->ways, *row = c->tags + set * ways;
     int64_t found = -1;
-    for (int64_t w = c->ways - 1; w >= 0; w--) found = row[w] == line ? w : found;
-    return found < 0 ? -1 : set * c->ways + found;
+#ifdef HAVE_AVX2_PATH
+    if (have_avx2 && ways <= 64 && !(ways & 3)) {
+        found = find_way_avx2(row, ways, line);
+        return found < 0 ? -1 : set * ways + found;
+    }
+#endif
+    for (int64_t w = ways - 1; w >= 0; w--) found = row[w] == line ? w : found;
+    return found < 0 ? -1 : set * ways + found;
 }
 
 /* the least recently used way of a set (the lowest among equals), without a branch
@@ -918,6 +943,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_l2", "The L2's line
                                     module_methods};
 
 PyMODINIT_FUNC PyInit__l2(void) {
+#ifdef HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2");
+#endif
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&StatsType) < 0 || PyType_Ready(&MoverType) < 0 ||
         PyType_Ready(&JoinType) < 0 || PyType_Ready(&ThenType) < 0 || PyType_Ready(&ArrivedType) < 0)
         return NULL;
