@@ -46,11 +46,11 @@ typedef struct {
     PyObject *samples;    /* list of (cycle, bytes per cycle in use), or NULL */
     PyObject *whole;      /* npusim.engine.cycles.whole_cycles */
     PyObject *env;        /* the link's environment (an events.Environment) */
-    PyObject *after;      /* npusim.engine.events.after: a Signal `delay` from now */
+    PyObject *at_delay;   /* npusim.engine.events.at_delay: a callback `delay` from now */
 } Flows;
 
 static PyTypeObject FlowsType, TimerType;
-static PyObject *s_now, *s_callbacks;
+static PyObject *s_now;
 
 /* A link's timer: set for cycle `when`, called with the Signal when it fires */
 typedef struct {
@@ -151,19 +151,19 @@ static PyObject *reschedule(Flows *f, PyObject *now_obj, double now) {
 }
 
 static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
-    PyObject *samples, *whole_fn, *env, *after;
-    if (!PyArg_ParseTuple(args, "dOOOO", &f->capacity, &samples, &whole_fn, &env, &after)) return -1;
+    PyObject *samples, *whole_fn, *env, *at_delay;
+    if (!PyArg_ParseTuple(args, "dOOOO", &f->capacity, &samples, &whole_fn, &env, &at_delay)) return -1;
     f->t = 0.0;
     f->timer_at = INFINITY;
     f->seq = 0;
     Py_CLEAR(f->samples);
     Py_CLEAR(f->whole);
     Py_CLEAR(f->env);
-    Py_CLEAR(f->after);
+    Py_CLEAR(f->at_delay);
     f->samples = samples == Py_None ? NULL : Py_NewRef(samples);
     f->whole = Py_NewRef(whole_fn);
     f->env = Py_NewRef(env);
-    f->after = Py_NewRef(after);
+    f->at_delay = Py_NewRef(at_delay);
     return 0;
 }
 
@@ -172,7 +172,7 @@ static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
 static int flows_traverse(Flows *f, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; i < f->n_classes; i++)
         for (Py_ssize_t k = 0; k < f->classes[i].n; k++) Py_VISIT(f->classes[i].heap[k].on_done);
-    Py_VISIT(f->samples); Py_VISIT(f->whole); Py_VISIT(f->env); Py_VISIT(f->after);
+    Py_VISIT(f->samples); Py_VISIT(f->whole); Py_VISIT(f->env); Py_VISIT(f->at_delay);
     return 0;
 }
 
@@ -184,7 +184,7 @@ static int flows_clear(Flows *f) {
         c->count = 0;
         for (Py_ssize_t k = 0; k < n; k++) Py_DECREF(c->heap[k].on_done);
     }
-    Py_CLEAR(f->samples); Py_CLEAR(f->whole); Py_CLEAR(f->env); Py_CLEAR(f->after);
+    Py_CLEAR(f->samples); Py_CLEAR(f->whole); Py_CLEAR(f->env); Py_CLEAR(f->at_delay);
     return 0;
 }
 
@@ -222,31 +222,23 @@ static PyObject *add_flow(Flows *f, PyObject *now_obj, PyObject *nbytes_obj, PyO
     return reschedule(f, now_obj, now);
 }
 
-/* Set the link's timer for cycle `when`: a Signal `when - env.now` from now (an earlier
-   timer still set finds itself superseded when it fires) */
+/* Set the link's timer for cycle `when`: a Timer called `when - env.now` from now (an
+   earlier timer still set finds itself superseded when it fires) */
 static int set_timer(Flows *f, PyObject *when) {
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     PyObject *delay = now ? PyNumber_Subtract(when, now) : NULL;
     Py_XDECREF(now);
-    if (!delay) return -1;
-    PyObject *call[2] = {f->env, delay};
-    PyObject *signal = PyObject_Vectorcall(f->after, call, 2, NULL);
+    Timer *t = delay ? PyObject_GC_New(Timer, &TimerType) : NULL;
+    if (!t) { Py_XDECREF(delay); return -1; }
+    t->flows = (Flows *)Py_NewRef(f);
+    t->when = Py_NewRef(when);
+    PyObject_GC_Track(t);
+    PyObject *call[3] = {f->env, delay, (PyObject *)t};
+    PyObject *r = PyObject_Vectorcall(f->at_delay, call, 3, NULL);
     Py_DECREF(delay);
-    if (!signal) return -1;
-    Timer *t = PyObject_GC_New(Timer, &TimerType);
-    PyObject *callbacks = t ? PyObject_GetAttr(signal, s_callbacks) : NULL;
-    int bad = !callbacks || !PyList_Check(callbacks);
-    if (t) {
-        t->flows = (Flows *)Py_NewRef(f);
-        t->when = Py_NewRef(when);
-        PyObject_GC_Track(t);
-        if (!bad) bad = PyList_Append(callbacks, (PyObject *)t) < 0;
-        else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a link's timer: the Signal has no callbacks list");
-        Py_DECREF(t);
-    }
-    Py_XDECREF(callbacks);
-    Py_DECREF(signal);
-    return bad ? -1 : 0;
+    Py_DECREF(t);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 /* start(nbytes, cap, on_done, weight=1): a flow of `nbytes` capped at `cap` bytes/cycle
@@ -272,8 +264,9 @@ static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 /* The timer set for `when_obj` fired at `now_obj`: None if a later reschedule superseded
-   it, else (callbacks of the flows that ended, in order; the new timer cycle or None) */
-static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj) {
+   it, else the callbacks of the flows that ended, in order, with the new timer cycle or
+   None in *next (new references) */
+static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj, PyObject **next) {
     double now = PyFloat_AsDouble(now_obj), when = PyFloat_AsDouble(when_obj);
     if (PyErr_Occurred()) return NULL;
     if (when != f->timer_at) Py_RETURN_NONE;
@@ -299,9 +292,9 @@ static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj) {
         }
         if (!c->count) c->clock = 0.0;  /* keep the clocks small; the class is empty */
     }
-    PyObject *next = reschedule(f, now_obj, now);
-    if (!next) { Py_DECREF(finished); return NULL; }
-    return Py_BuildValue("(NN)", finished, next);
+    *next = reschedule(f, now_obj, now);
+    if (!*next) { Py_DECREF(finished); return NULL; }
+    return finished;
 }
 
 /* The timer fired: end the flows that have moved all their bytes, set the next timer,
@@ -311,17 +304,18 @@ static PyObject *timer_call(Timer *t, PyObject *args, PyObject *kwds) {
     if (!f->env) { PyErr_SetString(PyExc_TypeError, "Flows: not built"); return NULL; }
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     if (!now) return NULL;
-    PyObject *res = ended(f, now, t->when);
+    PyObject *next = NULL, *finished = ended(f, now, t->when, &next);
     Py_DECREF(now);
-    if (!res || res == Py_None) return res;
-    PyObject *finished = PyTuple_GET_ITEM(res, 0), *next = PyTuple_GET_ITEM(res, 1);
-    if (next != Py_None && set_timer(f, next) < 0) { Py_DECREF(res); return NULL; }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(finished); i++) {
+    if (!finished || finished == Py_None) return finished;
+    int bad = next != Py_None && set_timer(f, next) < 0;
+    Py_DECREF(next);
+    for (Py_ssize_t i = 0; !bad && i < PyList_GET_SIZE(finished); i++) {
         PyObject *r = PyObject_CallNoArgs(PyList_GET_ITEM(finished, i));
-        if (!r) { Py_DECREF(res); return NULL; }
-        Py_DECREF(r);
+        bad = !r;
+        Py_XDECREF(r);
     }
-    Py_DECREF(res);
+    Py_DECREF(finished);
+    if (bad) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -377,7 +371,7 @@ static PyTypeObject FlowsType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)flows_traverse,
     .tp_clear = (inquiry)flows_clear,
-    .tp_doc = "Flows(capacity, samples list or None, whole_cycles, env, after): a link's flows and its timers",
+    .tp_doc = "Flows(capacity, samples list or None, whole_cycles, env, at_delay): a link's flows and its timers",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)flows_init,
     .tp_dealloc = (destructor)flows_dealloc,
@@ -389,8 +383,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_flows", "The flow m
 
 PyMODINIT_FUNC PyInit__flows(void) {
     if (PyType_Ready(&FlowsType) < 0 || PyType_Ready(&TimerType) < 0) return NULL;
-    if (!(s_now = PyUnicode_InternFromString("_now")) || !(s_callbacks = PyUnicode_InternFromString("callbacks")))
-        return NULL;
+    if (!(s_now = PyUnicode_InternFromString("_now"))) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&FlowsType);

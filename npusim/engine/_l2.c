@@ -720,6 +720,15 @@ static PyObject *arrived_call(Completion *c, PyObject *args, PyObject *kwds) {
     return r;
 }
 
+/* put `callback` on event `ev`'s callbacks (a Signal's list) */
+static int add_callback(PyObject *ev, PyObject *callback) {
+    PyObject *cbs = PyObject_GetAttr(ev, s_callbacks);
+    int bad = !cbs || !PyList_Check(cbs) || PyList_Append(cbs, callback) < 0;
+    if (bad && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a fill's event has no callbacks list");
+    Py_XDECREF(cbs);
+    return bad ? -1 : 0;
+}
+
 /* add(nbytes, cap, on_done, weight) on a link (its C Flows' start) */
 static int link_add(PyObject *add, PyObject *nbytes, PyObject *cap, PyObject *on_done, PyObject *weight) {
     PyObject *call[4] = {nbytes, cap, on_done, weight};
@@ -741,15 +750,9 @@ static PyObject *finish_one(Mover *m, Stats *st, PyObject *wb, PyObject *waits, 
         Py_ssize_t fill_id = PyList_GET_SIZE(m->fills);
         fill = PyObject_CallOneArg(m->signal, m->env);
         if (!fill || PyList_Append(m->fills, fill) < 0) goto done;
-        PyObject *cbs = PyObject_GetAttr(fill, s_callbacks);
-        x = cbs ? completion(&ArrivedType, 0, (PyObject *)m, NULL, fill_id) : NULL;
-        int bad = !x || !PyList_Check(cbs) || PyList_Append(cbs, x) < 0;
-        Py_XDECREF(cbs);
+        x = completion(&ArrivedType, 0, (PyObject *)m, NULL, fill_id);
+        if (!x || add_callback(fill, x) < 0) goto done;
         Py_CLEAR(x);
-        if (bad) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a fill's event has no callbacks list");
-            goto done;
-        }
     }
     if (wb) {  /* memory.py's _write_back for one member */
         Py_ssize_t n = PyByteArray_GET_SIZE(wb), lines_wb = 0;
@@ -775,13 +778,7 @@ static PyObject *finish_one(Mover *m, Stats *st, PyObject *wb, PyObject *waits, 
         Py_ssize_t f = PyLong_AsSsize_t(PyList_GET_ITEM(waits, k));
         if (f == -1 && PyErr_Occurred()) goto done;
         PyObject *ev = PyList_GetItem(m->fills, f);
-        PyObject *cbs = ev ? PyObject_GetAttr(ev, s_callbacks) : NULL;
-        int bad = !cbs || !PyList_Check(cbs) || PyList_Append(cbs, join) < 0;
-        Py_XDECREF(cbs);
-        if (bad) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a fill waited for has no callbacks list");
-            goto done;
-        }
+        if (!ev || add_callback(ev, join) < 0) goto done;
     }
     if (link_add(m->l2_add, mv, cap, join, one) < 0) goto done;
     if (hbm_read > 0) {  /* HBM -> L2 does not cross the core's port: uncapped */

@@ -238,6 +238,18 @@ static PyObject *after(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return (PyObject *)g;
 }
 
+/* at_delay(env, delay, callback): callback(signal) `delay` from now, where a Timeout
+   made now would fire (after(env, delay) with the callback on it) */
+static PyObject *at_delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "at_delay(env, delay, callback)"); return NULL; }
+    Signal *g = signal_make(args[0]);
+    if (!g) return NULL;
+    int bad = PyList_Append(g->callbacks, args[2]) < 0 || schedule(g, args[1]) < 0;
+    Py_DECREF(g);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMemberDef signal_members[] = {
     {"env", T_OBJECT, offsetof(Signal, env), READONLY, "its environment"},
     {"callbacks", T_OBJECT, offsetof(Signal, callbacks), 0, "called with it when processed; None after"},
@@ -369,6 +381,8 @@ static PyTypeObject QueueType = {
 static PyMethodDef module_methods[] = {
     {"after", (PyCFunction)(void (*)(void))after, METH_FASTCALL,
      "after(env, delay): a Signal that fires delay from now, where a Timeout made now would"},
+    {"at_delay", (PyCFunction)(void (*)(void))at_delay, METH_FASTCALL,
+     "at_delay(env, delay, callback): callback(signal) delay from now, where a Timeout made now would fire"},
     {NULL},
 };
 

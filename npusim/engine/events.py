@@ -8,7 +8,8 @@ simulation needs (an environment, a pending value, failure and defusing); these
 need none of it. A Signal (Signal(env), made in C) is what the queue's loop and
 Process._resume read of an event (`env`, `callbacks`, `_ok`, `_value`) and nothing
 else; sig.fire(value) schedules it now, after(env, delay) makes one that fires
-`delay` from now. It is scheduled exactly as SimPy schedules its own events (now +
+`delay` from now and at_delay(env, delay, callback) one that calls callback. It is
+scheduled exactly as SimPy schedules its own events (now +
 delay, NORMAL priority, after everything scheduled before it), so the order of
 everything that happens - and with it every result - is the same as with SimPy's
 events.
@@ -29,14 +30,9 @@ from contextlib import contextmanager
 import simpy
 from simpy.core import NORMAL, EmptySchedule, Infinity
 
-from npusim.engine._queue import Queue, Signal, after
+from npusim.engine._queue import Queue, Signal, after, at_delay
 
 __all__ = ["Environment", "Signal", "after", "at_delay", "fewer_collections"]
-
-
-def at_delay(env: Environment, delay: float, callback) -> None:
-    """Call callback(signal) `delay` cycles from now, where a Timeout made now would fire."""
-    after(env, delay).callbacks.append(callback)
 
 
 # Allocations between two collections of the youngest garbage-collector generation

@@ -33,7 +33,7 @@ import simpy
 
 from npusim.engine._flows import Flows
 from npusim.engine.cycles import whole_cycles
-from npusim.engine.events import after
+from npusim.engine.events import at_delay
 
 
 class Link:
@@ -41,15 +41,15 @@ class Link:
 
     add(nbytes, cap, on_done, weight=1) starts a flow of `nbytes` capped at `cap`
     bytes/cycle (standing for `weight` alike flows); on_done() is called when it ends.
-    It is the C Flows' start: the arithmetic and the link's timer (one Signal per
-    reschedule, events.after) run without a Python frame."""
+    It is the C Flows' start: the arithmetic and the link's timer (one per reschedule,
+    set with events.at_delay) run without a Python frame."""
 
     def __init__(self, env: simpy.Environment, name: str, bytes_per_cycle: float, record: bool = True):
         self.env = env
         self.name = name
         self.capacity = bytes_per_cycle
         self.samples: list[tuple[float, float]] = []  # (cycle, bytes per cycle in use)
-        self._flows = Flows(bytes_per_cycle, self.samples if record else None, whole_cycles, env, after)
+        self._flows = Flows(bytes_per_cycle, self.samples if record else None, whole_cycles, env, at_delay)
         self.add: Callable[..., None] = self._flows.start
 
     @property
