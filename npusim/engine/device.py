@@ -359,17 +359,21 @@ class Device:
             k = kr.kernel
             while kr.next_block < k.block_dim:
                 first = kr.next_block
-                g = self._grouping(kr, first)
-                held = None if g is None else self._held(g.reads, first)
+                g = held = None
                 taken = []
                 while first + len(taken) < k.block_dim:
                     b = first + len(taken)
-                    if taken and (g is None or self._lone(kr, b) or not self._same_programs(k, first, b)
-                                  or self._held(g.reads, b) != held):
-                        break
                     cores = self._take_cores(k.core_type)
                     if cores is None:
                         break
+                    if taken:
+                        if len(taken) == 1:  # a second block could start with the first: may it join?
+                            g = self._grouping(kr, first)
+                            held = None if g is None else self._held(g.reads, first)
+                        if (g is None or self._lone(kr, b) or not self._same_programs(k, first, b)
+                                or self._held(g.reads, b) != held):
+                            self._free_cores(cores)  # back as they were: the heaps give the same cores next
+                            break
                     taken.append(cores)
                 if not taken:
                     break
