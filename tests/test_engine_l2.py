@@ -352,6 +352,18 @@ def test_l2cache_unit_one_access_twice_the_capacity_misses_every_line_the_second
     assert c.dirty_lines() == 64
 
 
+def test_l2cache_unit_lines_a_32_bit_tag_cannot_name_are_refused():
+    """A slot keeps its line's tag (the line divided by the sets) in 32 bits: the last
+    line is 2^31 x sets - 1, and one past it is an error, not a silently wrong hit."""
+    c = L2Cache(64, 16)  # 4 sets
+    last = (1 << 31) * c.sets - 1
+    assert touch(c, last, last + 1, False)[0] == 0 and touch(c, last, last + 1, False)[0] == 1
+    assert c.find(np.array([last, last + 1], np.int64)).tolist()[1] == -1
+    for line in (last + 1, -1):
+        with pytest.raises(ValueError, match="L2 core: line number"):
+            c.access(np.array([line], np.int64), False)
+
+
 # ------------------------------------------------------------------ the array L2 against a plain one
 
 
@@ -426,7 +438,7 @@ def random_accesses(rng: np.random.Generator, capacity: int, far: int, count: in
         yield lines.astype(np.int64), bool(rng.random() < 0.3)
 
 
-# ways a multiple of 4 up to 64 take the C walk's AVX2 search (on a CPU with AVX2); 1, 6 and 75 the plain one
+# ways a multiple of 8 up to 64 take the C walk's AVX2 search (on a CPU with AVX2); 1, 4, 6 and 75 the plain one
 @pytest.mark.parametrize("capacity, ways", [(4, 16), (48, 16), (64, 8), (256, 16), (100, 4), (1024, 16), (512, 1),
                                             (60, 6), (600, 72)])
 def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
@@ -439,7 +451,8 @@ def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
         plain_hits, plain_wb = plain.access(lines.tolist(), write)
         assert hits == plain_hits
         assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
-    assert c.tags.tolist() == [t for row in plain.tag for t in row]
+    # a slot's tag is its line divided by the number of sets (-1: empty)
+    assert c.tags.tolist() == [t // c.sets if t >= 0 else -1 for row in plain.tag for t in row]
     assert c.last_use.tolist() == [u for row in plain.use for u in row]
     assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
 

@@ -9,10 +9,14 @@
    if written). Line i of a piece is used at clock + 1 + i; the clock then moves
    on by the piece's length.
 
-   The state lives in numpy arrays owned by the Python object (tags, last use,
+   The state lives in numpy arrays owned by the Python object (tag, last use,
    dirty, fill index per slot; slot = set * ways + way), so Python code and tests
    read it directly; the core keeps its own scratch space and the per-fill
-   "arrived" flags. */
+   "arrived" flags. A slot's tag is its line divided by the number of sets (the set
+   and the tag give the line back), and tags and fill indices are 32-bit: a set's
+   ways then lie in one 64-byte host cache line, and the three arrays a line's
+   lookup touches take a third less of the host's caches (-7% on a 4096-token
+   prefill). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,9 +29,11 @@ typedef struct {
     PyObject_HEAD
     Py_buffer bufs[4];          /* tags, last use, dirty, fill: the caller's arrays */
     int held;                   /* how many of bufs are held */
-    int64_t *tags, *use, *fill;
+    int32_t *tags, *fill;       /* -1: an empty slot; 0: no fill pending */
+    int64_t *use;
     uint8_t *dirty;
     int64_t sets, ways, rotate, clock;
+    int64_t line_end;           /* lines below it have a 32-bit tag */
     uint8_t *filled;            /* per fill index: has it arrived? (index 0: arrived) */
     Py_ssize_t filled_cap;
     int64_t in_flight;
@@ -80,13 +86,14 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
         return -1;
     }
     Py_ssize_t n = (Py_ssize_t)(sets * ways);
-    if (take(c, tags, 8, n, "tags") || take(c, use, 8, n, "last_use") || take(c, dirty, 1, n, "dirty") ||
-        take(c, fill, 8, n, "fill")) {
+    if (take(c, tags, 4, n, "tags") || take(c, use, 8, n, "last_use") || take(c, dirty, 1, n, "dirty") ||
+        take(c, fill, 4, n, "fill")) {
         core_release(c);
         return -1;
     }
     c->tags = c->bufs[0].buf; c->use = c->bufs[1].buf; c->dirty = c->bufs[2].buf; c->fill = c->bufs[3].buf;
     c->sets = sets; c->ways = ways; c->rotate = rotate; c->clock = 0; c->in_flight = 0; c->stamp_now = 0;
+    c->line_end = sets <= INT32_MAX ? ((int64_t)INT32_MAX + 1) * sets : INT64_MAX;
     c->filled_cap = 1024;
     c->filled = PyMem_Malloc(c->filled_cap);
     size_t s = (size_t)sets * sizeof(int64_t);
@@ -111,13 +118,15 @@ static inline int64_t set_of(const Core *c, int64_t line) {
 
 /* set_of for a run of lines: the block of `sets` consecutive line numbers a line is in
    (and that block's rotation) is kept from the previous line, so a transfer's lines,
-   which come in runs, need no division each. *first is the block's first line. */
-static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, int64_t *shift) {
+   which come in runs, need no division each. *first is the block's first line and
+   *tag the tag of its lines (the block's number). */
+static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, int64_t *shift, int32_t *tag) {
     int64_t r = line - *first;
     if (r < 0 || r >= c->sets) {
         int64_t q = line / c->sets;
         *first = q * c->sets;
         *shift = (q * c->rotate) % c->sets;
+        *tag = (int32_t)q;
         r = line - *first;
     }
     r += *shift;
@@ -129,33 +138,34 @@ static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, in
 #define HAVE_AVX2_PATH 1
 static int have_avx2;  /* set at import: the CPU has AVX2 */
 
-/* the lowest way of `row` (ways <= 64, a multiple of 4) holding `line`, -1 if none:
-   four ways per compare, the matches gathered into one mask (no branch per way).
+/* the lowest way of `row` (ways <= 64, a multiple of 8) holding `tag`, -1 if none:
+   eight ways per compare, the matches gathered into one mask (no branch per way).
    A prefill's L2 walk searches a set's ways for 46 of its 81 million lines. */
-__attribute__((target("avx2"))) static int64_t find_way_avx2(const int64_t *row, int64_t ways, int64_t line) {
-    const __m256i key = _mm256_set1_epi64x(line);
+__attribute__((target("avx2"))) static int64_t find_way_avx2(const int32_t *row, int64_t ways, int32_t tag) {
+    const __m256i key = _mm256_set1_epi32(tag);
     uint64_t match = 0;
-    for (int64_t w = 0; w < ways; w += 4) {
-        __m256i eq = _mm256_cmpeq_epi64(_mm256_loadu_si256((const __m256i *)(row + w)), key);
-        match |= (uint64_t)_mm256_movemask_pd(_mm256_castsi256_pd(eq)) << w;
+    for (int64_t w = 0; w < ways; w += 8) {
+        __m256i eq = _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)(row + w)), key);
+        match |= (uint64_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq)) << w;
     }
     return match ? __builtin_ctzll(match) : -1;
 }
 #endif
 
-/* the slot of `line` in `set`, -1 if it is not cached: every way compared, without a
-   branch per way (where a line sits is data; mispredicted exits cost more than the
-   compares); with AVX2 when the CPU has it and the ways allow */
-static inline int64_t find_slot(const Core *c, int64_t line, int64_t set) {
-    const int64_t ways = c->ways, *row = c->tags + set * ways;
+/* the slot of the line with `tag` in `set`, -1 if it is not cached: every way
+   compared, without a branch per way (where a line sits is data; mispredicted exits
+   cost more than the compares); with AVX2 when the CPU has it and the ways allow */
+static inline int64_t find_slot(const Core *c, int32_t tag, int64_t set) {
+    const int64_t ways = c->ways;
+    const int32_t *row = c->tags + set * ways;
     int64_t found = -1;
 #ifdef HAVE_AVX2_PATH
-    if (have_avx2 && ways <= 64 && !(ways & 3)) {
-        found = find_way_avx2(row, ways, line);
+    if (have_avx2 && ways <= 64 && !(ways & 7)) {
+        found = find_way_avx2(row, ways, tag);
         return found < 0 ? -1 : set * ways + found;
     }
 #endif
-    for (int64_t w = ways - 1; w >= 0; w--) found = row[w] == line ? w : found;
+    for (int64_t w = ways - 1; w >= 0; w--) found = row[w] == tag ? w : found;
     return found < 0 ? -1 : set * ways + found;
 }
 
@@ -201,10 +211,10 @@ static int mark_back(uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, Py_ssize
 static inline int place(Core *c, int64_t slot, int64_t line, int64_t use, int write, int64_t fill_id,
                         Py_ssize_t pos, uint8_t **wb, PyObject **wb_obj, Py_ssize_t total) {
     uint8_t back = c->dirty[slot];
-    c->tags[slot] = line;
+    c->tags[slot] = (int32_t)(line / c->sets);
     c->use[slot] = use;
     c->dirty[slot] = (uint8_t)write;
-    c->fill[slot] = fill_id;
+    c->fill[slot] = (int32_t)fill_id;
     return back ? mark_back(wb, wb_obj, total, pos) : 0;
 }
 
@@ -215,21 +225,23 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
                         Py_ssize_t *n_missed, int *any_miss) {
     Py_ssize_t misses = 0, pending = 0;
     int64_t base = c->clock + 1, first = -c->sets - 1, shift = 0;
+    int32_t tag = 0;
     int64_t stamp = ++c->stamp_now;
     int distinct = 1;  /* every missed line in a set of its own (a contiguous run's are) */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t line = lines[i] + shift_by;
-        if (line < 0) {
-            PyErr_Format(PyExc_ValueError, "L2 core: negative line number %lld", (long long)line);
+        if (line < 0 || line >= c->line_end) {
+            PyErr_Format(PyExc_ValueError, "L2 core: line number %lld is %s", (long long)line,
+                         line < 0 ? "negative" : "past the last one a 32-bit tag can name");
             return -1;
         }
-        int64_t s = set_in_run(c, line, &first, &shift);
+        int64_t s = set_in_run(c, line, &first, &shift, &tag);
         /* tried first: the way of the set's line last hit or placed (a tile read again
            finds its lines where it left them more often than not); a line is in at most
            one way, so the slot is the one a full search gives */
         int64_t slot = s * c->ways + c->hint[s];
-        if (c->tags[slot] != line) {
-            slot = find_slot(c, line, s);
+        if (c->tags[slot] != tag) {
+            slot = find_slot(c, tag, s);
             if (slot >= 0) c->hint[s] = slot - s * c->ways;
         }
         if (slot >= 0) {
@@ -338,6 +350,10 @@ static int access_lines(Core *c, const int64_t *lines, Py_ssize_t n, int64_t shi
     int64_t *missed = NULL;
     int any_miss = 0;
     if (!waits) goto fail;
+    if (fill_id < 0 || fill_id > INT32_MAX) {  /* a slot keeps its fill index in 32 bits */
+        PyErr_Format(PyExc_ValueError, "L2 core: fill index %lld is outside 0..2^31-1", fill_id);
+        goto fail;
+    }
     if (want_missed) {
         missed_obj = PyByteArray_FromStringAndSize(NULL, n * 8);
         if (!missed_obj) goto fail;
@@ -416,7 +432,8 @@ static PyObject *core_find(Core *c, PyObject *arg) {
     int64_t *slots = (int64_t *)PyBytes_AS_STRING(out);
     const int64_t *lines = lb.buf;
     for (Py_ssize_t i = 0; i < n; i++)
-        slots[i] = lines[i] < 0 ? -1 : find_slot(c, lines[i], set_of(c, lines[i]));
+        slots[i] = lines[i] < 0 || lines[i] >= c->line_end ? -1
+                   : find_slot(c, (int32_t)(lines[i] / c->sets), set_of(c, lines[i]));
     PyBuffer_Release(&lb);
     return out;
 }

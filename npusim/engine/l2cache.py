@@ -3,7 +3,10 @@ write-allocate), counted in lines of hw.l2.line_bytes.
 
 State is held in flat numpy arrays of sets x ways slots (tag, last use, dirty,
 pending fill), and one access handles all the lines of a transfer (every segment
-of a strided copy, every block of a group).
+of a strided copy, every block of a group). A slot's tag is its line number divided
+by the number of sets (with the set, it names the line; -1: empty); tags and fill
+indices are 32-bit (_l2.c says why), so lines go up to 2^31 x sets - 1: with
+512-byte lines and 24,576 sets, 2^31 x 12 MiB of addresses.
 
 - The set of a line is its address modulo the sets, rotated by a hash of the
   higher address bits (real L2s hash the index so that power-of-two strides do
@@ -47,10 +50,10 @@ class L2Cache:
         self.sets = max(1, capacity_lines // ways)
         self.ways = max(1, capacity_lines // self.sets)
         size = self.sets * self.ways  # slot = set * ways + way
-        self.tags = np.full(size, -1, np.int64)
+        self.tags = np.full(size, -1, np.int32)  # line // sets
         self.last_use = np.zeros(size, np.int64)
         self.dirty = np.zeros(size, bool)
-        self.fill = np.full(size, _ARRIVED, np.int64)  # index into self.fills
+        self.fill = np.full(size, _ARRIVED, np.int32)  # index into self.fills
         self.fills: list = [None]  # per fill index: its event, None once it has fired
         self._core = Core(self.tags, self.last_use, self.dirty.view(np.uint8), self.fill, self.sets, self.ways,
                           _ROTATE)
