@@ -23,39 +23,13 @@ queue, so SimPy's own events and processes run on it unchanged.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import simpy
 from simpy.core import NORMAL, EmptySchedule, Infinity
 
+from npusim.collector import fewer_collections
 from npusim.engine._queue import Queue, Signal, after, at_delay
 
-__all__ = ["Environment", "Signal", "after", "at_delay", "fewer_collections"]
-
-
-# Allocations between two collections of the youngest garbage-collector generation
-# while the engine works (CPython's default: 700). A step makes millions of
-# short-lived events, tuples and closures, and its lowering hundreds of thousands of
-# instruction records, few of them in reference cycles; collecting every 700 walked
-# them over and over, and every tenth collection the older ones too: about a tenth
-# of a K3 decode step's simulation, a quarter of a 4096-token prefill's lowering. It
-# costs a few MiB of peak memory (measured by benchmarks/bench_step.py).
-_GC_YOUNG_ALLOCATIONS = 50_000
-
-
-@contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Collect the youngest generation every _GC_YOUNG_ALLOCATIONS allocations at
-    most, within the block (a collector turned off stays off)."""
-    young, *older = gc.get_threshold()
-    if young:
-        gc.set_threshold(max(young, _GC_YOUNG_ALLOCATIONS), *older)
-    try:
-        yield
-    finally:
-        gc.set_threshold(young, *older)
+__all__ = ["Environment", "Signal", "after", "at_delay"]
 
 
 class Environment(simpy.Environment):

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import attrs
 from attrs import frozen
 
+from npusim.collector import fewer_collections
 from npusim.engine import KernelRecord, Owner, RunResult, run
-from npusim.engine.events import fewer_collections
 from npusim.engine.host import Launch, host_cost_cycles
 from npusim.graph.ir import Graph, Node
 from npusim.hw import HwConfig
