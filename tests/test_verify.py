@@ -396,6 +396,9 @@ PIPE_CASES = {
         rf"flag id {HW.sync.flag_ids} outside \[0, {HW.sync.flag_ids}\)",
     ),
     "flag id negative": (aiv([WaitFlag(MTE2, V, -1)]), r"flag id -1 outside \[0, 8\)"),
+    # a flag is checked at the first use of its (src, dst, id): the error names that one
+    "bad flag used twice": (aiv([Scalar(1), WaitFlag(MTE2, V, 9), SetFlag(MTE2, V, 9)]),
+                            r"instr 1 WaitFlag\(.*\): flag id 9 outside"),
     "cross flag id": (mix([CrossSetFlag(FIX, 9)], []), r"AIC: instr 0 CrossSetFlag\(pipe=FIX, id=9\): flag id 9 outside"),
     "cross flag outside MIX": (aiv([CrossSetFlag(MTE3)]), r"cross-core flag in a AIV kernel: only MIX kernels"),
     "cross flag pipe": (mix([], [CrossWaitFlag(FIX)]), r"AIV sub 0: instr 0 CrossWaitFlag\(pipe=FIX\): pipe FIX does not exist on AIV"),

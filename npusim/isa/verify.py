@@ -220,7 +220,7 @@ def _walk(w: _Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
     """Check each instruction of `body`, which runs `mult` times, with vars in `scope`."""
     for i, instr in enumerate(body):
         addresses = _ADDRESSES.get(instr.__class__)
-        free = addresses is not None and all(a.__class__ is int for a in addresses(instr))
+        free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
         if free and instr in w.passed:
             continue
         path = prefix + (i,)
@@ -299,15 +299,18 @@ def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> N
 
 
 def _check_flag(w: _Walk, f: SetFlag | WaitFlag, path: Path, scope: Scope, mult: int) -> None:
-    """Two different pipes of this core, an id in range; counted for the balance check."""
-    if f.src is f.dst:
-        w.fail(f"src and dst are both {f.src!r}: a flag orders two different pipes", path, f)
-    w.need_pipe(f.src, path, f)
-    w.need_pipe(f.dst, path, f)
-    _check_flag_id(w, f.id, path, f)
+    """Two different pipes of this core, an id in range; counted for the balance check.
+    Checked at the first use of its (src, dst, id) in the program: a later use of the
+    same three passes or fails alike (a program uses each flag hundreds of times)."""
     key = (f.src, f.dst, f.id)
+    if key not in w.first_flag:
+        if f.src is f.dst:
+            w.fail(f"src and dst are both {f.src!r}: a flag orders two different pipes", path, f)
+        w.need_pipe(f.src, path, f)
+        w.need_pipe(f.dst, path, f)
+        _check_flag_id(w, f.id, path, f)
+        w.first_flag[key] = (path, f)
     (w.sets if f.__class__ is SetFlag else w.waits)[key] += mult
-    w.first_flag.setdefault(key, (path, f))
 
 
 def _check_barrier(w: _Walk, b: PipeBarrier, path: Path, scope: Scope, mult: int) -> None:
@@ -365,6 +368,7 @@ _CHECKS: dict[type, Callable] = {
 
 
 # The addresses of the instructions whose check counts nothing (see the module doc).
+_ONLY_INTS = {int}.issuperset  # of the addresses' types: every one a plain int (no Affine, no bool)
 _ADDRESSES: dict[type, Callable] = {
     Copy: lambda c: (c.src_addr, c.dst_addr),
     Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
