@@ -29,7 +29,7 @@ typedef struct {
     PyObject_HEAD
     Py_buffer bufs[4];          /* tags, last use, dirty, fill: the caller's arrays */
     int held;                   /* how many of bufs are held */
-    int32_t *tags, *fill;       /* -1: an empty slot; 0: no fill pending */
+    int32_t *tags, *fill;       /* tag -1: an empty slot; fill index 0: none pending */
     int64_t *use;
     uint8_t *dirty;
     int64_t sets, ways, rotate, clock;
