@@ -457,6 +457,33 @@ def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
     assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
 
 
+def _order(values) -> list[int]:
+    """Each value's rank among the distinct values (equal values, equal ranks)."""
+    distinct = sorted(set(values))
+    return [distinct.index(v) for v in values]
+
+
+@pytest.mark.parametrize("capacity, ways", [(48, 16), (64, 8), (60, 6), (4, 16)])
+def test_l2cache_re_ranking_last_uses_changes_no_choice(capacity, ways):
+    """Last uses are 32-bit, each set's re-ranked when the clock outgrows them: with the
+    smallest bound allowed (re-ranked every access or two) every hit and write-back is
+    the plain rules', and each set's last uses are in the plain model's order."""
+    sets = max(1, capacity // ways)
+    use_max = sets + capacity // sets
+    c = L2Cache(capacity, ways, use_max=use_max)
+    plain = PlainL2(c)
+    rng = np.random.default_rng(capacity * 10 + ways)
+    for lines, write in random_accesses(rng, capacity, 1 << 20, 150):
+        hits, wb, _, _, _ = c.access(lines, write)
+        plain_hits, plain_wb = plain.access(lines.tolist(), write)
+        assert hits == plain_hits
+        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    assert c.clock > 10 * use_max and c.last_use.max() <= use_max  # it re-ranked, many times
+    for s in range(c.sets):
+        assert _order(c.last_use[s * c.ways:(s + 1) * c.ways].tolist()) == _order(plain.use[s])
+    assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
+
+
 def test_lines_of_a_group_are_its_members_lines_shifted():
     """MemorySystem computes a transfer shape's lines once and shifts them (by the line
     of its first byte, which the L2 walk adds): the same lines and members as computing

@@ -6,7 +6,10 @@ pending fill), and one access handles all the lines of a transfer (every segment
 of a strided copy, every block of a group). A slot's tag is its line number divided
 by the number of sets (with the set, it names the line; -1: empty); tags and fill
 indices are 32-bit (_l2.c says why), so lines go up to 2^31 x sets - 1: with
-512-byte lines and 24,576 sets, 2^31 x 12 MiB of addresses.
+512-byte lines and 24,576 sets, 2^31 x 12 MiB of addresses. Last uses are 32-bit
+values whose order within a set is the LRU order: when the clock outgrows them,
+each set's are replaced by their ranks (`use_max`: the largest value kept; tests
+make it small to re-rank often).
 
 - The set of a line is its address modulo the sets, rotated by a hash of the
   higher address bits (real L2s hash the index so that power-of-two strides do
@@ -44,19 +47,19 @@ _ARRIVED = 0
 
 
 class L2Cache:
-    def __init__(self, capacity_lines: int, ways: int):
+    def __init__(self, capacity_lines: int, ways: int, use_max: int = (1 << 31) - 1):
         # A capacity that is not a whole number of sets gives its extra lines to the
         # ways (a small test L2 becomes fully associative rather than smaller).
         self.sets = max(1, capacity_lines // ways)
         self.ways = max(1, capacity_lines // self.sets)
         size = self.sets * self.ways  # slot = set * ways + way
         self.tags = np.full(size, -1, np.int32)  # line // sets
-        self.last_use = np.zeros(size, np.int64)
+        self.last_use = np.zeros(size, np.int32)  # its order within a set is the LRU order
         self.dirty = np.zeros(size, bool)
         self.fill = np.full(size, _ARRIVED, np.int32)  # index into self.fills
         self.fills: list = [None]  # per fill index: its event, None once it has fired
         self._core = Core(self.tags, self.last_use, self.dirty.view(np.uint8), self.fill, self.sets, self.ways,
-                          _ROTATE)
+                          _ROTATE, use_max)
 
     @property
     def clock(self) -> int:
