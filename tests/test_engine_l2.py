@@ -438,7 +438,8 @@ def random_accesses(rng: np.random.Generator, capacity: int, far: int, count: in
         yield lines.astype(np.int64), bool(rng.random() < 0.3)
 
 
-# ways a multiple of 8 up to 64 take the C walk's AVX2 search (on a CPU with AVX2); 1, 4, 6 and 75 the plain one
+# ways a multiple of 8 up to 64 take the C walk's AVX2 search and LRU scan (on a CPU with AVX2); 1, 4, 6 and 75
+# the plain loops
 @pytest.mark.parametrize("capacity, ways", [(4, 16), (48, 16), (64, 8), (256, 16), (100, 4), (1024, 16), (512, 1),
                                             (60, 6), (600, 72)])
 def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
