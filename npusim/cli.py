@@ -74,9 +74,10 @@ def _cmd_op(args) -> int:
             name, table = hccl_test_output(reports, hw)
             say(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
         return 0
-    trace = "instr" if args.trace or args.plot else "kernel"
-    report = cached(store_of(args), "op", (args.type, params, tiling, trace), hw,
-                    lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace))
+    trace, counters = "instr" if args.trace or args.plot else "kernel", bool(args.trace)
+    report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters), hw,
+                    lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace,
+                                           counters=counters))
     say(op_summary(report, sets))
     meta = provenance(args.argv, hw, sets)
     if args.json:

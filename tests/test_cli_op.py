@@ -39,6 +39,7 @@ def test_run_prints_summary_and_writes_json_and_trace(tmp_path, capsys):
     assert report["ops"][-1]["flops"] == 2 * 256**3
     events = json.loads(t.read_text())["traceEvents"]
     assert any(e["ph"] == "X" and e.get("cat") == "M" for e in events)  # cube instructions
+    assert any(e["ph"] == "C" for e in events)  # the links' bandwidth, sampled only when a trace is asked for
 
 
 @pytest.mark.parametrize(("argv", "message"), [
