@@ -8,7 +8,8 @@ readable line instead of a wrong number or a hang. Checked, against the config:
 - every buffer: its core has that memory, it fits, it is aligned, no two overlap;
 - every instruction: its pipe exists on the core, its operands fall inside one
   declared buffer (or GM tensor) for *every* block, sub-core and loop iteration
-  and are aligned, Mmad and vector dtypes/ops are ones the config knows;
+  and are aligned (verify_addresses.py), Mmad and vector dtypes/ops are ones the
+  config knows;
 - synchronisation: flag ids in range, SetFlag/WaitFlag counts balance per
   program, cross-core flags balance between the AIC and AIV sides of a MIX block,
   SyncAll only when every block can be resident at once.
@@ -29,9 +30,7 @@ where it would be met anyway, so the error is the same line.
 
 from __future__ import annotations
 
-import bisect
 import itertools
-import operator
 from collections import Counter
 from collections.abc import Callable
 
@@ -40,10 +39,11 @@ import attrs
 from npusim.errors import ProgramError
 from npusim.hw.config import HwConfig
 from npusim.isa.program import (
-    ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Addr, Affine, Buffer, Copy,
-    CoreType, CrossSetFlag, CrossWaitFlag, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag,
-    SyncAll, VecOp, WaitFlag,
+    ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Buffer, Copy, CoreType,
+    CrossSetFlag, CrossWaitFlag, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag, SyncAll,
+    VecOp, WaitFlag,
 )
+from npusim.isa.verify_addresses import check_access, hex_range, names
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
 ACC_DTYPE = "fp32"
@@ -172,7 +172,7 @@ class _Walk:
         have = CORE_PIPES[self.site.core]
         if pipe not in have:
             core = self.site.core.value
-            self.fail(f"pipe {pipe!r} does not exist on {core} (has {_names(have)})", path, instr)
+            self.fail(f"pipe {pipe!r} does not exist on {core} (has {names(have)})", path, instr)
 
 
 def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site,
@@ -196,7 +196,7 @@ def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, in
     by_mem: dict[Mem, list[Buffer]] = {}
     for b in buffers:
         if b.mem not in CORE_MEMS[core]:
-            w.fail(f"buffer {b.name!r} in {b.mem!r}: {core.value} has no {b.mem!r} (has {_names(CORE_MEMS[core])})")
+            w.fail(f"buffer {b.name!r} in {b.mem!r}: {core.value} has no {b.mem!r} (has {names(CORE_MEMS[core])})")
         if b.nbytes < 1 or b.addr < 0:
             w.fail(f"buffer {b.name!r} in {b.mem!r}: addr {b.addr} must be >= 0 and nbytes {b.nbytes} >= 1")
         align = ALIGN_BYTES[b.mem]
@@ -212,7 +212,7 @@ def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, in
         # sorted by address, the first overlap is always between neighbours
         for a, b in itertools.pairwise(bufs):
             if b.addr < a.addr + a.nbytes:
-                w.fail(f"buffers {a.name!r} {_range(a)} and {b.name!r} {_range(b)} overlap in {mem!r}")
+                w.fail(f"buffers {a.name!r} {hex_range(a)} and {b.name!r} {hex_range(b)} overlap in {mem!r}")
     return {mem: tuple(bufs) for mem, bufs in by_mem.items()}
 
 
@@ -255,8 +255,8 @@ def _check_copy(w: _Walk, c: Copy, path: Path, scope: Scope, mult: int) -> None:
     if pipe is None:
         w.fail(f"no copy path {c.src!r} -> {c.dst!r} (not in COPY_PIPE)", path, c)
     w.need_pipe(pipe, path, c)
-    _check_access(w, c, path, scope, "src", c.src, c.src_addr, c.nbytes, c.segments, c.src_stride)
-    _check_access(w, c, path, scope, "dst", c.dst, c.dst_addr, c.nbytes, c.segments, c.dst_stride)
+    check_access(w, c, path, scope, "src", c.src, c.src_addr, c.nbytes, c.segments, c.src_stride)
+    check_access(w, c, path, scope, "dst", c.dst, c.dst_addr, c.nbytes, c.segments, c.dst_stride)
 
 
 def _check_mmad(w: _Walk, mm: Mmad, path: Path, scope: Scope, mult: int) -> None:
@@ -268,9 +268,9 @@ def _check_mmad(w: _Walk, mm: Mmad, path: Path, scope: Scope, mult: int) -> None
     if mm.dtype not in fractals or mm.dtype not in DTYPE_BYTES:
         w.fail(f"Mmad dtype {mm.dtype!r} has no cube fractal (have {', '.join(fractals)})", path, mm)
     elem = DTYPE_BYTES[mm.dtype]
-    _check_access(w, mm, path, scope, "A", Mem.L0A, mm.a_addr, mm.m * mm.k * elem)
-    _check_access(w, mm, path, scope, "B", Mem.L0B, mm.b_addr, mm.k * mm.n * elem)
-    _check_access(w, mm, path, scope, "C", Mem.L0C, mm.c_addr, mm.m * mm.n * DTYPE_BYTES[ACC_DTYPE])
+    check_access(w, mm, path, scope, "A", Mem.L0A, mm.a_addr, mm.m * mm.k * elem)
+    check_access(w, mm, path, scope, "B", Mem.L0B, mm.b_addr, mm.k * mm.n * elem)
+    check_access(w, mm, path, scope, "C", Mem.L0C, mm.c_addr, mm.m * mm.n * DTYPE_BYTES[ACC_DTYPE])
 
 
 def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
@@ -286,9 +286,9 @@ def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
             w.fail(f"dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}", path, v)
     out_n = v.n if v.out_n is None else v.out_n
     out_dtype = v.dtype if v.out_dtype is None else v.out_dtype
-    _check_access(w, v, path, scope, "dst", Mem.UB, v.dst, out_n * DTYPE_BYTES[out_dtype])
+    check_access(w, v, path, scope, "dst", Mem.UB, v.dst, out_n * DTYPE_BYTES[out_dtype])
     for i, src in enumerate(v.srcs):
-        _check_access(w, v, path, scope, f"src {i}", Mem.UB, src, v.n * DTYPE_BYTES[v.dtype])
+        check_access(w, v, path, scope, f"src {i}", Mem.UB, src, v.n * DTYPE_BYTES[v.dtype])
 
 
 def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> None:
@@ -376,89 +376,6 @@ _ADDRESSES: dict[type, Callable] = {
 }
 
 
-# ------------------------------------------------------------------ addresses
-
-
-def _check_access(
-    w: _Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
-    nbytes: int, segments: int = 1, stride: int | None = None,
-) -> None:
-    """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned;
-    for GM, inside one of the kernel's GmTensors when it declares any."""
-    lo, hi = _span(w, instr, path, scope, role, a)
-    step = nbytes if stride is None else stride
-    reach = (segments - 1) * step  # offset of the last segment from the first
-    start, end = lo + min(0, reach), hi + max(0, reach) + nbytes
-    if mem is Mem.GM:
-        _check_gm(w, instr, path, role, start, end)
-    else:
-        _check_local(w, instr, path, role, mem, a, start, end, segments, step)
-
-
-def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int]:
-    """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners)."""
-    if a.__class__ is int:
-        return a, a
-    if a.__class__ is not Affine:  # e.g. a numpy int: program.at() would fail on it in the engine
-        w.fail(f"{role} address {a!r} is a {type(a).__name__}, expected an int or Affine", path, instr)
-    lo = hi = a.base
-    for var, step in a.terms:
-        r = scope.get(var)
-        if r is None:
-            w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
-        lo += step * (r[0] if step > 0 else r[1])
-        hi += step * (r[1] if step > 0 else r[0])
-    return lo, hi
-
-
-def _check_local(
-    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int
-) -> None:
-    """A local access: a memory of this core, aligned base/steps/stride, inside ONE buffer."""
-    core = w.site.core
-    if mem not in CORE_MEMS[core]:
-        w.fail(f"{role} in {mem!r}: {core.value} has no {mem!r} (has {_names(CORE_MEMS[core])})", path, instr)
-    align = ALIGN_BYTES[mem]
-    if a.__class__ is int:
-        misaligned = a % align
-    else:
-        misaligned = a.base % align or any(s % align for _, s in a.terms)
-    if misaligned or (segments > 1 and stride % align):
-        _fail_alignment(w, instr, path, role, mem, a, segments, stride, align)
-    # the buffers of a memory are sorted by address and disjoint: only the last one
-    # starting at or before `start` can hold the access
-    bufs = w.buffers.get(mem, ())
-    i = bisect.bisect_right(bufs, start, key=_ADDR) - 1
-    if i < 0 or end > bufs[i].addr + bufs[i].nbytes:
-        have = ", ".join(f"{b.name!r} {_range(b)}" for b in bufs) or "none declared"
-        w.fail(f"{role} {mem!r} [{start:#x}, {end:#x}) over all blocks and iterations is not inside one "
-               f"declared {mem!r} buffer (have {have})", path, instr)
-
-
-_ADDR = operator.attrgetter("addr")
-
-
-def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
-                    align: int) -> None:
-    """The error of a misaligned local access: its first part (base, a step, the
-    segment stride) that is not a multiple of the memory's alignment."""
-    parts = [("base", a)] if a.__class__ is int else [("base", a.base)] + [(f"step of {v!r}", s) for v, s in a.terms]
-    if segments > 1:
-        parts.append(("segment stride", stride))
-    what, value = next((what, value) for what, value in parts if value % align)
-    w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
-           f"({mem!r} alignment)", path, instr)
-
-
-def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
-    """A GM access lands inside one declared GmTensor (checked only when the kernel declares some)."""
-    gm = w.kernel.gm
-    if gm and not any(t.addr <= start and end <= t.addr + t.nbytes for t in gm):
-        have = ", ".join(f"{t.name!r} {_range(t)}" for t in gm)
-        w.fail(f"{role} GM [{start:#x}, {end:#x}) over all blocks and iterations is outside every "
-               f"GmTensor (have {have})", path, instr)
-
-
 # ------------------------------------------------------------------ flag balance
 
 
@@ -512,13 +429,3 @@ def _short(instr) -> str:
     fields = attrs.fields(instr.__class__)
     shown = [f"{f.name}={getattr(instr, f.name)!r}" for f in fields if getattr(instr, f.name) != f.default]
     return f"{instr.__class__.__name__}({', '.join(shown)})"
-
-
-def _range(x) -> str:
-    """[addr, end) of a Buffer or GmTensor, in hex."""
-    return f"[{x.addr:#x}, {x.addr + x.nbytes:#x})"
-
-
-def _names(items) -> str:
-    """'MTE2, V, MTE3, S': the pipes or memories a core has, for messages."""
-    return ", ".join(repr(i) for i in items)

@@ -1,0 +1,118 @@
+"""verify(): where an instruction's operands land (npusim/isa/verify.py walks the
+program and calls check_access for each address an instruction reads or writes).
+
+An address is an int or an Affine of the loop vars in scope; over every value of
+those vars (the corners of their ranges: the form is linear) and every segment, the
+access lands inside one declared buffer of its memory, on a memory its core has,
+aligned - or, for GM, inside one of the kernel's GmTensors when it declares any.
+`w` is verify's walk of one program on one site: its fail(), site, buffers (per
+memory, sorted by address) and kernel. hex_range and names format both modules'
+messages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from typing import TYPE_CHECKING
+
+from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, Addr, Affine, Mem
+
+if TYPE_CHECKING:
+    from npusim.isa.verify import Path, Scope, _Walk
+
+
+def check_access(
+    w: _Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
+    nbytes: int, segments: int = 1, stride: int | None = None,
+) -> None:
+    """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned;
+    for GM, inside one of the kernel's GmTensors when it declares any."""
+    lo, hi = _span(w, instr, path, scope, role, a)
+    step = nbytes if stride is None else stride
+    reach = (segments - 1) * step  # offset of the last segment from the first
+    start, end = lo + min(0, reach), hi + max(0, reach) + nbytes
+    if mem is Mem.GM:
+        _check_gm(w, instr, path, role, start, end)
+    else:
+        _check_local(w, instr, path, role, mem, a, start, end, segments, step)
+
+
+def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int]:
+    """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners)."""
+    if a.__class__ is int:
+        return a, a
+    if a.__class__ is not Affine:  # e.g. a numpy int: program.at() would fail on it in the engine
+        w.fail(f"{role} address {a!r} is a {type(a).__name__}, expected an int or Affine", path, instr)
+    lo = hi = a.base
+    for var, step in a.terms:
+        r = scope.get(var)
+        if r is None:
+            w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
+        lo += step * (r[0] if step > 0 else r[1])
+        hi += step * (r[1] if step > 0 else r[0])
+    return lo, hi
+
+
+def _check_local(
+    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int
+) -> None:
+    """A local access: a memory of this core, aligned base/steps/stride, inside ONE buffer."""
+    core = w.site.core
+    if mem not in CORE_MEMS[core]:
+        w.fail(f"{role} in {mem!r}: {core.value} has no {mem!r} (has {names(CORE_MEMS[core])})", path, instr)
+    align = ALIGN_BYTES[mem]
+    if a.__class__ is int:
+        misaligned = a % align
+    else:
+        misaligned = a.base % align or any(s % align for _, s in a.terms)
+    if misaligned or (segments > 1 and stride % align):
+        _fail_alignment(w, instr, path, role, mem, a, segments, stride, align)
+    # the buffers of a memory are sorted by address and disjoint: only the last one
+    # starting at or before `start` can hold the access
+    bufs = w.buffers.get(mem, ())
+    i = bisect.bisect_right(bufs, start, key=_ADDR) - 1
+    if i < 0 or end > bufs[i].addr + bufs[i].nbytes:
+        have = ", ".join(f"{b.name!r} {hex_range(b)}" for b in bufs) or "none declared"
+        w.fail(f"{role} {mem!r} [{start:#x}, {end:#x}) over all blocks and iterations is not inside one "
+               f"declared {mem!r} buffer (have {have})", path, instr)
+
+
+_ADDR = operator.attrgetter("addr")
+
+
+def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
+                    align: int) -> None:
+    """The error of a misaligned local access: its first part (base, a step, the
+    segment stride) that is not a multiple of the memory's alignment."""
+    parts = [("base", a)] if a.__class__ is int else [("base", a.base)] + [(f"step of {v!r}", s) for v, s in a.terms]
+    if segments > 1:
+        parts.append(("segment stride", stride))
+    what, value = next((what, value) for what, value in parts if value % align)
+    w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
+           f"({mem!r} alignment)", path, instr)
+
+
+def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
+    """A GM access lands inside one declared GmTensor (checked only when the kernel declares some)."""
+    gm = w.kernel.gm
+    if gm and not any(t.addr <= start and end <= t.addr + t.nbytes for t in gm):
+        have = ", ".join(f"{t.name!r} {hex_range(t)}" for t in gm)
+        w.fail(f"{role} GM [{start:#x}, {end:#x}) over all blocks and iterations is outside every "
+               f"GmTensor (have {have})", path, instr)
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def hex_range(x) -> str:
+    """[addr, end) of a Buffer or GmTensor, in hex."""
+    return f"[{x.addr:#x}, {x.addr + x.nbytes:#x})"
+
+
+def names(items) -> str:
+    """'MTE2, V, MTE3, S': the pipes or memories a core has, for messages."""
+    return ", ".join(repr(i) for i in items)
+
+
+__all__ = ["check_access", "hex_range", "names"]
