@@ -61,12 +61,15 @@ def _reason(e: OSError) -> str:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_args) -> Iterator[IO]:
     """Open a temporary file beside `path` for writing (mode "w" or "wb"); when the
     block ends without an error it becomes `path`, otherwise it is removed. The
     folder is created if missing; a path that is a device or a pipe (/dev/stdout)
     is written in place, as it cannot be replaced. An OSError is raised as OutputError naming `path`
-    and the reason (the OS gives no file name for a write that hits a full disk)."""
+    and the reason (the OS gives no file name for a write that hits a full disk).
+    durable: the bytes reach the disk before the rename (after a crash of the machine,
+    the old file or the new one, never an empty one); False for a file whose reader
+    checks it anyway (a cache entry: its digest)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode {mode!r} (expected 'w' or 'wb')")
     path = Path(path)
@@ -87,7 +90,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Itera
         with os.fdopen(fd, mode, **open_args) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; an output is an ordinary file
         os.replace(tmp, path)
         tmp = None

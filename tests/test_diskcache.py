@@ -149,6 +149,20 @@ def test_no_cache_writes_nothing(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_objects_stored_by_name_are_the_readers_own():
+    from npusim.diskcache.store import dumps, loads
+
+    hw, other = load_hw(), load_hw("ascend910b2", {"l2.ways": "8"})
+    payload = dumps({"mine": hw, "l2": hw.l2, "other": other}, {"hw": hw, "hw.l2": hw.l2})
+    reader = load_hw()
+    assert reader == hw and reader is not hw
+    back = loads(payload, {"hw": reader, "hw.l2": reader.l2})
+    assert back["mine"] is reader and back["l2"] is reader.l2
+    assert back["other"] == other and back["other"] is not other  # same type, not named: stored by value
+    with pytest.raises(KeyError):  # the reader lacks a name the entry uses: a damaged entry, recomputed
+        loads(payload, {"hw": reader})
+
+
 def test_warm_run_is_bit_identical_and_served_from_the_cache(tmp_path, capsys, monkeypatch):
     from npusim.diskcache import replay
 

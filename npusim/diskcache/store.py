@@ -23,6 +23,7 @@ the user's own cache folder).
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import hashlib
 import io
 import json
@@ -143,7 +144,8 @@ class DiskCache:
         head = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload),
                 "sha256": hashlib.sha256(payload).hexdigest()}
         try:
-            with atomic_write(self.entry_path(key), "wb") as f:
+            # not durable: an entry a machine crash leaves empty or short fails its digest, and is recomputed
+            with atomic_write(self.entry_path(key), "wb", durable=False) as f:
                 f.write(MAGIC + b" " + json.dumps(head, sort_keys=True).encode() + b"\n")
                 f.write(payload)
         except OutputError as e:
@@ -224,21 +226,45 @@ class DiskCache:
 
 
 def dumps(value: Any, refs: Mapping[str, Any] | None = None) -> bytes:
-    """A pickle of `value` in which the objects of `refs` appear by name only."""
+    """A pickle of `value` in which the objects of `refs` appear by name only: each
+    as a call of `_named` (see loads). The pickler asks for a reduction only for
+    objects of their types (a table lookup in C), not for each of the hundreds of
+    thousands of objects of a step."""
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
     if refs:
         names = {id(obj): name for name, obj in refs.items()}
-        pickler.persistent_id = lambda obj: names.get(id(obj))
+
+        def by_name(obj):
+            name = names.get(id(obj))  # another object of a named one's type: pickled as usual
+            return (_named, (name,)) if name is not None else obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+        pickler.dispatch_table = copyreg.dispatch_table | {type(obj): by_name for obj in refs.values()}
     pickler.dump(value)
     return out.getvalue()
 
 
+def _named(name: str) -> Any:
+    """Where a pickle of dumps holds an object by name; loads() puts the reader's object there."""
+    raise pickle.UnpicklingError(f"cache entry: object '{name}' is stored by name; read it with loads()")
+
+
+class _Unpickler(pickle.Unpickler):
+    """Reads a pickle of dumps, its named objects taken from `refs`."""
+
+    def __init__(self, payload: bytes, refs: Mapping[str, Any] | None):
+        super().__init__(io.BytesIO(payload))
+        self.refs = refs or {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == _named.__name__:
+            return self.refs.__getitem__  # a name refs lacks: KeyError, a damaged entry
+        return super().find_class(module, name)
+
+
 def loads(payload: bytes, refs: Mapping[str, Any] | None = None) -> Any:
     """The value of a pickle made by dumps, its named objects taken from `refs`."""
-    unpickler = pickle.Unpickler(io.BytesIO(payload))
-    unpickler.persistent_load = lambda name: refs[name]  # a name refs lacks: KeyError, a damaged entry
-    return unpickler.load()
+    return _Unpickler(payload, refs).load()
 
 
 __all__ = ["DEFAULT_MAX_BYTES", "DiskCache", "dumps", "loads"]
