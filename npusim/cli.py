@@ -35,7 +35,7 @@ def _cmd_op(args) -> int:
     from npusim.diskcache.compute import cached
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
-    from npusim.ops import OPS, lower, simulate_op
+    from npusim.ops import lower, simulate_op
     from npusim.ops.collectives import KINDS as COLLECTIVE_KINDS
     from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
     from npusim.report.contract import provenance
@@ -45,6 +45,8 @@ def _cmd_op(args) -> int:
         say(args.parser.format_help().rstrip() + ("\n\n" + op_help(args.type) if args.type else ""))
         return 0
     if args.list or not args.type:
+        from npusim.ops import OPS
+
         say("op types: " + ", ".join(sorted(OPS)))
         return 0
     params, tiling = {}, {}

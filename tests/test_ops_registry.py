@@ -1,6 +1,11 @@
 """The operator descriptors: every registered op is complete, and the tables passes
 and the executor use are derived from the descriptors."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import attrs
 import numpy as np
 import pytest
@@ -9,7 +14,7 @@ from npusim import ops
 from npusim.graph import build_decoder
 from npusim.ops import OPS
 from npusim.ops.reference import RefContext
-from npusim.ops.registry import Operands, lower, ops_where
+from npusim.ops.registry import OP_MODULES, Operands, lower, ops_where
 from npusim.passes import memplan
 from npusim.workload import load_workload
 
@@ -36,6 +41,20 @@ def test_pass_tables_are_derived_from_the_descriptors():
         assert "rope" in ops_where(lambda s: s.in_place)
     finally:
         OPS["rope"] = old
+
+
+def test_every_module_that_registers_an_op_is_one_spec_imports():
+    root = Path(ops.__file__).parent
+    registering = {p.relative_to(root).parts[0].removesuffix(".py") for p in root.rglob("*.py")
+                   if re.search(r"^from npusim\.ops\.registry import .*\bregister\b", p.read_text(), re.M)}
+    assert registering == set(OP_MODULES)
+
+
+def test_looking_up_an_op_type_imports_only_the_op_modules_up_to_its_own():
+    code = ("import sys; from npusim.ops.registry import spec; spec('matmul'); "
+            "print(sorted(m for m in sys.modules if m.startswith('npusim.ops.attention')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_nodes_carry_typed_params():

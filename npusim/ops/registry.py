@@ -9,6 +9,7 @@ states the op's analytic FLOPs and minimum GM bytes.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -135,7 +136,30 @@ class OpSpec:
     in_place: bool = False
 
 
-OPS: dict[str, OpSpec] = {}
+# The modules whose import registers op types (with @register). Importing npusim.ops
+# imports none of them: spec() imports them in this order until it finds the op type it
+# is asked for (`npusim op matmul` loads no attention kernels); reading OPS (here or in
+# npusim.ops) or calling ops_where() imports them all. OPS lists op types in the order
+# they were registered, which depends on what a process imported first: sort it to show it.
+OP_MODULES = ("copy", "matmul", "vector", "rowwise", "sampling", "layout", "kv_cache", "attention", "geglu",
+              "logit_softcap", "quant", "collectives")
+_REGISTERED: dict[str, OpSpec] = {}
+
+
+def _registered(until: str | None = None) -> dict[str, OpSpec]:
+    """The registry, once the op modules are imported in order until `until` is in it (None: all of them)."""
+    if until not in _REGISTERED:
+        for name in OP_MODULES:
+            importlib.import_module(f"{__package__}.{name}")
+            if until in _REGISTERED:
+                break
+    return _REGISTERED
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OPS":  # op type -> OpSpec, every op module imported
+        return _registered()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(op_type: str, params: type, tiling: type | None = None, choose: Callable | None = None, *,
@@ -146,21 +170,20 @@ def register(op_type: str, params: type, tiling: type | None = None, choose: Cal
     (ins, outs, kv) and whether it may run in place."""
 
     def deco(fn):
-        if op_type in OPS:
+        if op_type in _REGISTERED:
             raise ValueError(f"op type '{op_type}' registered twice")
-        OPS[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0], choose,
-                              reference, Operands(ins, outs, kv), in_place)
+        _REGISTERED[op_type] = OpSpec(op_type, params, tiling, fn, (fn.__doc__ or op_type).strip().splitlines()[0],
+                                      choose, reference, Operands(ins, outs, kv), in_place)
         return fn
 
     return deco
 
 
 def ops_where(pred: Callable[[OpSpec], bool]) -> tuple[str, ...]:
-    """Registered op types whose descriptor satisfies `pred`, in registration order:
-    how a pass derives the table it needs (in-place ops, KV readers) from the descriptors."""
-    from npusim import ops  # noqa: F401  (importing the package registers every lowering)
-
-    return tuple(op for op, s in OPS.items() if pred(s))
+    """Registered op types whose descriptor satisfies `pred`, by name (the order op
+    modules register in depends on which one a process imported first): how a pass
+    derives the table it needs (in-place ops, KV readers) from the descriptors."""
+    return tuple(sorted(op for op, s in _registered().items() if pred(s)))
 
 
 def param(default, help: str, **kw):
@@ -169,11 +192,10 @@ def param(default, help: str, **kw):
 
 
 def spec(op_type: str) -> OpSpec:
-    from npusim import ops  # noqa: F401  (importing the package registers every lowering)
-
-    if op_type not in OPS:
-        raise ConfigError(f"op: unknown op type '{op_type}' (known: {', '.join(sorted(OPS))})")
-    return OPS[op_type]
+    ops = _registered(op_type)
+    if op_type not in ops:  # every op module imported
+        raise ConfigError(f"op: unknown op type '{op_type}' (known: {', '.join(sorted(ops))})")
+    return ops[op_type]
 
 
 def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:

@@ -6,12 +6,11 @@ import math
 
 import numpy as np
 
-from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel, VecOp
 from npusim.ops.build import align_up, cdiv, line_quantum
 from npusim.ops.reference import attention, group_heads
-from npusim.ops.registry import OPS, GmArena, Lowered, lower, register
+from npusim.ops.registry import GmArena, Lowered, lower, register
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 from npusim.ops.attention.common import AttentionParams, _io
 
@@ -86,11 +85,8 @@ def lower_attention_unfused(p: AttentionParams, hw: HwConfig, gm: GmArena, tilin
                gm=_Renamed(gm, {"a": "q", "b": "k", "c": "scores"}))
     scale = lower("scale", dict(shape=(rows, p.seq_kv), dtype=p.dtype, scale=1.0 / math.sqrt(p.head_dim)), hw,
                   gm=_Renamed(gm, {"x": "scores", "y": "scores"}))
-    if "softmax" in OPS:
-        softmax = lower("softmax", dict(shape=(rows, p.seq_kv), dtype=p.dtype), hw,
-                        gm=_Renamed(gm, {"x": "scores", "y": "probs"})).kernels
-    else:  # pragma: no cover - the vector ops module registers softmax
-        raise ProgramError("op attention_unfused: needs the 'softmax' op")
+    softmax = lower("softmax", dict(shape=(rows, p.seq_kv), dtype=p.dtype), hw,
+                    gm=_Renamed(gm, {"x": "scores", "y": "probs"})).kernels
     pv = lower("batch_matmul", dict(mm, n=p.head_dim, k=p.seq_kv), hw,
                gm=_Renamed(gm, {"a": "probs", "b": "v", "c": "o"}))
     kernels = [*qk.kernels, *scale.kernels, _mask_kernel(p, hw, S), *softmax, *pv.kernels]
