@@ -57,7 +57,7 @@ def _command(args: list[str] | None) -> list[str]:
     if args is None:
         return [sys.executable, "-c", "import npusim.cli"]
     exe = shutil.which("npusim", path=os.path.dirname(sys.executable)) or shutil.which("npusim")
-    return [exe, *args] if exe else [sys.executable, "-m", "npusim.cli", *args]
+    return [exe, *args] if exe else [sys.executable, "-m", "npusim", *args]
 
 
 def _one(cmd: list[str], cache_dir: str | None = None) -> tuple[float, float, int]:

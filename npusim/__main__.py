@@ -1,5 +1,36 @@
+"""The `npusim` program: its console script and `python -m npusim`. It sets up the
+process for a run, then runs cli.main() on sys.argv."""
+
+import gc
+import os
 import sys
 
-from npusim.cli import program
+# OpenBLAS (numpy's BLAS) starts its worker threads when numpy loads, and each spins for
+# 2^THREAD_TIMEOUT cycles (28 by default: about 0.1 s) waiting for work before it sleeps.
+# npusim's engine makes no BLAS call, so the spinning only takes cycles from the simulation:
+# 7% of a `npusim op` on a 2-core machine. 4, the least OpenBLAS accepts, lets them sleep
+# at once; the next BLAS call wakes them all. It must be set before numpy loads (npusim.cli
+# loads it); a value the user set is kept, and sweep workers inherit it.
+BLAS_IDLE_SPIN = ("OPENBLAS_THREAD_TIMEOUT", "4")
 
-sys.exit(program())
+
+def program() -> int:
+    """main() on sys.argv, with the cyclic garbage collector run rarely (npusim.collector).
+    Before the interpreter exits, everything still alive - the lowered kernels, the
+    simulators' caches, hundreds of thousands of objects - is moved out of the
+    collector's sight (gc.freeze): the collection the interpreter runs at exit would
+    traverse all of it for nothing. They are freed by reference counting as usual;
+    outputs are closed and renamed before main() returns. Not in main(), which the tests
+    and notebooks call in a process that goes on."""
+    os.environ.setdefault(*BLAS_IDLE_SPIN)
+    from npusim.cli import main
+    from npusim.collector import fewer_collections
+
+    with fewer_collections():
+        code = main()
+    gc.freeze()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(program())

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 
-from npusim.collector import fewer_collections
 from npusim.errors import NpusimError
 from npusim.outputs import err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
@@ -438,22 +436,3 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # an output folder that cannot be made, ...
             err(f"npusim: error: {e.filename or 'output'}: {e.strerror or e}")
             return 2
-
-
-def program() -> int:
-    """The `npusim` program (its console script and `python -m npusim`): main() on sys.argv,
-    with the cyclic garbage collector run rarely (npusim.collector). Before the
-    interpreter exits, everything still alive - the lowered kernels, the simulators'
-    caches, hundreds of thousands of objects - is moved out of the collector's sight
-    (gc.freeze): the collection the interpreter runs at exit would traverse all of it
-    for nothing. They are freed by reference counting as usual; outputs are closed and
-    renamed before main() returns. Not in main(), which the tests and notebooks call
-    in a process that goes on."""
-    with fewer_collections():
-        code = main()
-    gc.freeze()
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(program())

@@ -11,7 +11,7 @@ it leaves alive a little longer: a few MiB of peak memory (benchmarks/bench_step
 prints the peak).
 
 fewer_collections() is used around the engine's run and a step's lowering (for
-library callers: notebooks, tests) and around the whole `npusim` program (cli.program),
+library callers: notebooks, tests) and around the whole `npusim` program (npusim.__main__),
 whose start-up, graph passes and cache reads allocate as much.
 """
 
