@@ -34,8 +34,7 @@ def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import lower, simulate_op
-    from npusim.ops.collectives import KINDS as COLLECTIVE_KINDS
-    from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
+    from npusim.ops.registry import spec
     from npusim.report.contract import provenance
     from npusim.report.op_text import op_help, op_summary
 
@@ -59,7 +58,11 @@ def _cmd_op(args) -> int:
     check_outputs(args)
     sets = overrides(args)
     hw = load_hw(args.hw, sets)
-    if args.type in COLLECTIVE_KINDS:  # printed as hccl_test prints it; --profile: written as it writes it
+    spec(args.type)  # imports the op modules up to the one registering it: a collective's is the collectives package
+    collectives = sys.modules.get("npusim.ops.collectives")
+    if collectives is not None and args.type in collectives.KINDS:  # printed as hccl_test prints it (--profile: writes)
+        from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
+
         for flag, value in (("--trace", args.trace), ("--plot", args.plot)):
             if value:
                 raise ConfigError(f"op {args.type}: {flag} is for kernels; a collective prints hccl_test's table "
