@@ -94,9 +94,10 @@ RESERVED_VARS = ("block", "sub")
 
 
 def record(cls: type) -> type:
-    """attrs.frozen, and pickled as cls(*field values): under two thirds of the bytes of
-    attrs' own form (the class, then a dict of the fields) and about twice as fast both
-    ways; an op's entry in the disk cache holds its lowered programs, thousands of records."""
+    """attrs.frozen, and pickled as cls(*field values) rather than in attrs' own form (the
+    class, then a dict of the fields): an op's entry in the disk cache, which holds its
+    lowered programs (thousands of records), takes 60% of the bytes and is written and
+    read back in 55% of the time (matmul 4096^3)."""
     cls = frozen(cls)
     names = [a.name for a in attrs.fields(cls)]
     values = operator.attrgetter(*names) if len(names) > 1 else lambda r: tuple(getattr(r, n) for n in names)
