@@ -438,20 +438,25 @@ def random_accesses(rng: np.random.Generator, capacity: int, far: int, count: in
         yield lines.astype(np.int64), bool(rng.random() < 0.3)
 
 
+def _alike_on_random_accesses(c: L2Cache, capacity: int, seed: int) -> PlainL2:
+    """150 random accesses (some to another tensor, far away) on `c` and on the plain
+    rules: the same hits and write-backs each time. Returns the plain model, to compare states."""
+    plain = PlainL2(c)
+    for lines, write in random_accesses(np.random.default_rng(seed), capacity, 1 << 20, 150):
+        hits, wb, _, _, _ = c.access(lines, write)
+        plain_hits, plain_wb = plain.access(lines.tolist(), write)
+        assert hits == plain_hits
+        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    return plain
+
+
 # ways a multiple of 8 up to 64 take the C walk's AVX2 search and LRU scan (on a CPU with AVX2); 1, 4, 6 and 75
 # the plain loops
 @pytest.mark.parametrize("capacity, ways", [(4, 16), (48, 16), (64, 8), (256, 16), (100, 4), (1024, 16), (512, 1),
                                             (60, 6), (600, 72)])
 def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
     c = L2Cache(capacity, ways)
-    plain = PlainL2(c)
-    far = 1 << 20  # another tensor, far away
-    rng = np.random.default_rng(capacity * 100 + ways)
-    for lines, write in random_accesses(rng, capacity, far, 150):
-        hits, wb, _, _, _ = c.access(lines, write)
-        plain_hits, plain_wb = plain.access(lines.tolist(), write)
-        assert hits == plain_hits
-        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    plain = _alike_on_random_accesses(c, capacity, seed=capacity * 100 + ways)
     # a slot's tag is its line divided by the number of sets (-1: empty)
     assert c.tags.tolist() == [t // c.sets if t >= 0 else -1 for row in plain.tag for t in row]
     assert c.last_use.tolist() == [u for row in plain.use for u in row]
@@ -472,13 +477,7 @@ def test_l2cache_re_ranking_last_uses_changes_no_choice(capacity, ways):
     sets = max(1, capacity // ways)
     use_max = sets + capacity // sets
     c = L2Cache(capacity, ways, use_max=use_max)
-    plain = PlainL2(c)
-    rng = np.random.default_rng(capacity * 10 + ways)
-    for lines, write in random_accesses(rng, capacity, 1 << 20, 150):
-        hits, wb, _, _, _ = c.access(lines, write)
-        plain_hits, plain_wb = plain.access(lines.tolist(), write)
-        assert hits == plain_hits
-        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    plain = _alike_on_random_accesses(c, capacity, seed=capacity * 10 + ways)
     assert c.clock > 10 * use_max and c.last_use.max() <= use_max  # it re-ranked, many times
     for s in range(c.sets):
         assert _order(c.last_use[s * c.ways:(s + 1) * c.ways].tolist()) == _order(plain.use[s])

@@ -150,6 +150,9 @@ static inline int64_t set_in_run(const Core *c, int64_t line, int64_t *first, in
 #define HAVE_AVX2_PATH 1
 static int have_avx2;  /* set at import: the CPU has AVX2 */
 
+/* the AVX2 paths take a row of `ways`: eight at a time, at most 64 (one bit each in a mask) */
+static inline int avx2_row(int64_t ways) { return have_avx2 && ways <= 64 && !(ways & 7); }
+
 /* the lowest way of `row` (ways <= 64, a multiple of 8) holding `tag`, -1 if none:
    eight ways per compare, the matches gathered into one mask (no branch per way).
    A prefill's L2 walk searches a set's ways for 46 of its 81 million lines. */
@@ -172,7 +175,7 @@ static inline int64_t find_slot(const Core *c, int32_t tag, int64_t set) {
     const int32_t *row = c->tags + set * ways;
     int64_t found = -1;
 #ifdef HAVE_AVX2_PATH
-    if (have_avx2 && ways <= 64 && !(ways & 7)) {
+    if (avx2_row(ways)) {
         found = find_way_avx2(row, ways, tag);
         return found < 0 ? -1 : set * ways + found;
     }
@@ -190,13 +193,7 @@ __attribute__((target("avx2"))) static int64_t lru_way_avx2(const int32_t *row, 
     __m128i h = _mm_min_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
     h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0x4E));
     h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-    __m256i key = _mm256_broadcastd_epi32(h);
-    uint64_t match = 0;
-    for (int64_t w = 0; w < ways; w += 8) {
-        __m256i eq = _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)(row + w)), key);
-        match |= (uint64_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq)) << w;
-    }
-    return __builtin_ctzll(match);
+    return find_way_avx2(row, ways, _mm_cvtsi128_si32(h));  /* the least value is in the row */
 }
 #endif
 
@@ -204,7 +201,7 @@ __attribute__((target("avx2"))) static int64_t lru_way_avx2(const int32_t *row, 
    per way (which way is oldest is data); with AVX2 when the CPU has it and the ways allow */
 static inline int64_t lru_way(const int32_t *row_use, int64_t ways) {
 #ifdef HAVE_AVX2_PATH
-    if (have_avx2 && ways <= 64 && !(ways & 7)) return lru_way_avx2(row_use, ways);
+    if (avx2_row(ways)) return lru_way_avx2(row_use, ways);
 #endif
     int64_t best = 0, oldest = row_use[0];
     for (int64_t w = 1; w < ways; w++) {
@@ -252,19 +249,25 @@ static inline int place(Core *c, int64_t slot, int64_t line, int64_t use, int wr
     return back ? mark_back(wb, wb_obj, total, pos) : 0;
 }
 
+/* c->lru[0..ways): the ways of a set in the order of their last uses in `row_use`,
+   least recent first, the lowest way first among equals (an insertion sort: stable) */
+static void order_ways(Core *c, const int32_t *row_use) {
+    for (int64_t w = 0; w < c->ways; w++) {
+        int64_t j = w;
+        while (j > 0 && row_use[c->lru[j - 1]] > row_use[w]) { c->lru[j] = c->lru[j - 1]; j--; }
+        c->lru[j] = w;
+    }
+}
+
 /* Every set's last uses replaced by their ranks within the set (equal values, equal
-   ranks; the ways sorted by insertion, as a piece's misses sort them), and the epoch
+   ranks; the ways ordered by order_ways, as for a piece's misses), and the epoch
    moved so that the next use, `ways`, lies above every rank: each set's order - all
    that the walk compares - is what it was. */
 static void rerank(Core *c) {
     const int64_t ways = c->ways;
     for (int64_t s = 0; s < c->sets; s++) {
         int32_t *row = c->use + s * ways;
-        for (int64_t w = 0; w < ways; w++) {
-            int64_t j = w;
-            while (j > 0 && row[c->lru[j - 1]] > row[w]) { c->lru[j] = c->lru[j - 1]; j--; }
-            c->lru[j] = w;
-        }
+        order_ways(c, row);
         int32_t rank = 0, prev = row[c->lru[0]];
         for (int64_t k = 0; k < ways; k++) {  /* row[w] is read before it is overwritten */
             int64_t w = c->lru[k];
@@ -373,11 +376,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         if (need == 1) {
             c->lru[0] = lru_way(row_use, ways);
         } else {
-            for (int64_t w = 0; w < ways; w++) {
-                int64_t j = w;
-                while (j > 0 && row_use[c->lru[j - 1]] > row_use[w]) { c->lru[j] = c->lru[j - 1]; j--; }
-                c->lru[j] = w;
-            }
+            order_ways(c, row_use);
         }
         int64_t dropped = cnt > ways ? cnt - ways : 0;
         for (int64_t k = 0; k < cnt; k++) {
