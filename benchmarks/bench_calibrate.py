@@ -19,7 +19,7 @@ from npusim.calibrate.report import overall
 from npusim.calibrate.synth import decoder_mix, synthetic_rows, write_profile
 from npusim.hw import load_hw
 
-HIDDEN = {"hbm.bw_efficiency": 0.55, "runtime.kernel_start_cycles": 11000, "dma.startup_cycles": 200}
+HIDDEN = {"hbm.bw_efficiency": 0.55, "runtime.kernel_start_aiv_cycles": 11000, "dma.startup_cycles": 200}
 
 
 def main():

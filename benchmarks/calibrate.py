@@ -18,7 +18,7 @@ from npusim.ops.calibration import evaluate, table
 
 # what the GEMMs identify, less HBM efficiency: the 256 MiB copy calibrates that, and
 # this profile does not hold it (README, "Calibrate to your hardware")
-FIELDS = "dma.startup_cycles,dma.segment_cycles,runtime.kernel_start_cycles"
+FIELDS = "dma.startup_cycles,dma.segment_cycles,runtime.kernel_start_aic_cycles"
 GEMM_CSV = Path(__file__).resolve().parents[1] / "npusim" / "data" / "calibration" / "gemm_op_summary.csv"
 
 

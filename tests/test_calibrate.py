@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "npusim" / "data" / "calibration"
 # Hidden from the fit: three assumed fields moved by 24-40%. The decoder mix below
 # identifies them: kernel start cost is in every op, DMA start-ups scale with the
 # transfers an op makes, HBM efficiency with its bytes (the LM head, Cast, big GEMMs).
-HIDDEN = {"hbm.bw_efficiency": 0.50, "runtime.kernel_start_cycles": 12600, "dma.startup_cycles": 220}
+HIDDEN = {"hbm.bw_efficiency": 0.50, "runtime.kernel_start_aiv_cycles": 12600, "dma.startup_cycles": 220}
 # Not claimed: fields this mix does not identify (the calibration reports them as not
 # fitted, with the reason): dma.segment_cycles is an integer of 1 (too coarse to fit by
 # relative steps); vector/cube/fixpipe/MTE1 start-ups and flag latencies move no op by
@@ -67,7 +67,7 @@ def test_unmappable_rows_say_why(spec, reason):
 
 def test_fittable_fields_are_assumed_costs_only():
     fields = fittable_fields("ascend910b2")
-    assert {"hbm.bw_efficiency", "dma.startup_cycles", "runtime.kernel_start_cycles"} <= set(fields)
+    assert {"hbm.bw_efficiency", "dma.startup_cycles", "runtime.kernel_start_aiv_cycles"} <= set(fields)
     assert all("assumed" in c for c in fields.values())
     assert "l2.ways" not in fields  # assumed, but a structure, not a cost
     assert "chip.freq_hz" not in fields and "hbm.peak_bw_bytes_per_s" not in fields  # sourced
@@ -145,16 +145,16 @@ def test_the_command_writes_config_json_and_plot_and_run_uses_the_config(tmp_pat
     x = Tensor((16, 512))
     specs = [OpSpec("RmsNorm", (Tensor((n, 512)), Tensor((512,))), (Tensor((n, 512)),), "AI_VECTOR_CORE")
              for n in (1, 64, 256)] + [OpSpec("Add", (x, x), (x,), "AI_VECTOR_CORE")]
-    write_profile(synthetic_rows(specs, load_hw("ascend910b2", {"runtime.kernel_start_cycles": 7000}), repeats=3),
+    write_profile(synthetic_rows(specs, load_hw("ascend910b2", {"runtime.kernel_start_aiv_cycles": 7000}), repeats=3),
                   tmp_path / "op_summary.csv")
     monkeypatch.chdir(tmp_path)
     assert main(["calibrate", "--profile", "op_summary.csv", "--out", "mine.yaml", "--json", "c.json",
                  "--plot", "plots", "--folds", "2"]) == 0
     out = capsys.readouterr().out
-    assert "runtime.kernel_start_cycles  9000 -> " in out and "held-out median" in out
+    assert "runtime.kernel_start_aiv_cycles  9000 -> " in out and "held-out median" in out
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["rows_mapped"] == 12 and data["folds"] == 2
-    assert [f["field"] for f in data["fields"]] == ["runtime.kernel_start_cycles"]
+    assert [f["field"] for f in data["fields"]] == ["runtime.kernel_start_aiv_cycles"]
     assert abs(data["fields"][0]["after"] / 7000 - 1) < 0.05
     assert (tmp_path / "plots" / "calibration.png").stat().st_size > 0
     assert main(["run", "--hw", "mine.yaml", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]) == 0
@@ -188,7 +188,7 @@ def test_npusim_op_profile_feeds_calibrate_and_maps_back_to_the_same_op(tmp_path
         "8,256;512,256;512", "DT_FLOAT16;DT_FLOAT16;DT_FLOAT", "ND;FRACTAL_NZ;ND")
     assert (row["Output Shapes"], row["Output Data Types"], row["Output Formats"]) == ("8,512", "DT_FLOAT", "ND")
     capsys.readouterr()
-    assert main(["calibrate", "--profile", "prof", "--fields", "runtime.kernel_start_cycles", "--out", "my.yaml",
+    assert main(["calibrate", "--profile", "prof", "--fields", "runtime.kernel_start_aiv_cycles", "--out", "my.yaml",
                  "--json", "c.json", "--folds", "2"]) == 0
     assert f"{len(ROUND_TRIP)} rows read, {len(ROUND_TRIP)} mapped" in capsys.readouterr().out
     data = json.loads((tmp_path / "c.json").read_text())

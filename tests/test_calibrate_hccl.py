@@ -142,13 +142,13 @@ def test_op_summary_and_hccl_rows_fit_together(tmp_path):
     """An 8-rank all_reduce alone cannot tell the link's start-up from the kernel start
     (every size pays both once per step); a profile of kernels pins the kernel start,
     and the two together recover both."""
-    hidden = {"topology.link_latency_us": 3.0, "runtime.kernel_start_cycles": 12000}
+    hidden = {"topology.link_latency_us": 3.0, "runtime.kernel_start_aiv_cycles": 12000}
     hw = load_hw("ascend910b2", hidden)
     name, text = synthetic_hccl("all_reduce", [8 << 10 << i for i in range(8)], 8, hw, seed=1)
     (tmp_path / name).write_text(text)
     specs = [s for s in decoder_mix(decode_batches=(1,), prompts=()) if s.op_type in ("RmsNorm", "Add", "Swiglu")]
     write_profile(synthetic_rows(specs, hw, repeats=2, seed=2), tmp_path / "op_summary.csv")
-    fields = ["runtime.kernel_start_cycles", "topology.link_latency_us", "topology.link_bw_bytes_per_s"]
+    fields = ["runtime.kernel_start_aiv_cycles", "topology.link_latency_us", "topology.link_bw_bytes_per_s"]
     alone = calibrate(None, "ascend910b2", fields, hccl=[tmp_path / name])
     assert any("mimicked" in e.reason for e in alone.excluded), alone.excluded
     both = calibrate(tmp_path / "op_summary.csv", "ascend910b2", fields, hccl=[tmp_path / name])

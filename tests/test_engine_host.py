@@ -16,6 +16,7 @@ from kernels import (
     MTE2,
     UB,
     M,
+    aic_kernel,
     aiv_kernel,
     ceil_div,
     mix_kernel,
@@ -27,7 +28,7 @@ from kernels import (
 from npusim.engine import HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent, run
 from npusim.errors import ProgramError
 from npusim.hw import load_hw
-from npusim.isa import Copy, CrossSetFlag, CrossWaitFlag, Mem, Mmad, addr
+from npusim.isa import Copy, CrossSetFlag, CrossWaitFlag, Mem, Mmad, VecOp, addr
 
 # A small chip (4 AIC, 8 AIV) keeps the tests fast; round host costs.
 SMALL = {"chip.aic_count": 4, "runtime.eager_launch_us": 10.0, "runtime.graph_launch_us": 1.0,
@@ -61,7 +62,7 @@ def test_one_stream_with_a_sync_after_each_launch_is_the_sum():
     k1, c = compute_kernel(hw, "k1")
     k2, _ = compute_kernel(hw, "k2")
     L, S, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.synchronize_us), \
-        hw.runtime.kernel_start_cycles
+        hw.runtime.kernel_start_aiv_cycles
     assert K + c > S  # the host really waits
     r = run([Launch(k1, 0), Synchronize(), Launch(k2, 0), Synchronize()], hw)
     assert [k.cycles for k in r.kernels] == [c, c]
@@ -79,7 +80,7 @@ def test_two_streams_without_syncs_overlap():
     k2, _ = compute_kernel(hw, "k2")
     assert 2 * k1.block_dim <= hw.aiv_count  # they fit on the cores together
     L, S, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.synchronize_us), \
-        hw.runtime.kernel_start_cycles
+        hw.runtime.kernel_start_aiv_cycles
     serial = run([Launch(k1, 0), Synchronize(), Launch(k2, 0), Synchronize()], hw)
     r = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
     a, b = sorted(r.kernels, key=lambda k: k.stream)
@@ -95,7 +96,7 @@ def test_two_streams_that_do_not_fit_together_run_one_after_the_other():
     hw = HW
     k1, c = compute_kernel(hw, "k1", block_dim=hw.aiv_count)
     k2, _ = compute_kernel(hw, "k2", block_dim=hw.aiv_count)
-    L, K = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_cycles
+    L, K = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_aiv_cycles
     assert c > L  # k2 reaches the device while k1 still holds every core
     r = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
     a, b = sorted(r.kernels, key=lambda k: k.stream)
@@ -107,7 +108,7 @@ def test_graph_mode_lowers_host_launch_time():
     hw = HW
     k1, c = compute_kernel(hw, "k1")
     k2, _ = compute_kernel(hw, "k2")
-    G, K = host_cycles(hw, hw.runtime.graph_launch_us), hw.runtime.kernel_start_cycles
+    G, K = host_cycles(hw, hw.runtime.graph_launch_us), hw.runtime.kernel_start_aiv_cycles
     eager = run([Launch(k1, 0), Launch(k2, 1), Synchronize()], hw)
     graph = run([Launch(k1, 0, "graph"), Launch(k2, 1, "graph"), Synchronize()], hw)
     assert graph.host_launch_cycles == 2 * G < eager.host_launch_cycles
@@ -116,7 +117,7 @@ def test_graph_mode_lowers_host_launch_time():
 
 def test_host_costs_follow_the_runtime_config():
     hw = load_hw("ascend910b2", overrides={**SMALL, "runtime.eager_launch_us": 7.5, "runtime.synchronize_us": 0.5,
-                                           "runtime.kernel_start_cycles": 0})
+                                           "runtime.kernel_start_aiv_cycles": 0})
     k, c = compute_kernel(hw, "k", count=1)
     L, S = host_cycles(hw, 7.5), host_cycles(hw, 0.5)
     r = run([Launch(k, 0), Launch(k, 0), Launch(k, 0), Synchronize()], hw)
@@ -129,13 +130,26 @@ def test_event_orders_a_kernel_after_another_stream():
     k1, c = compute_kernel(hw, "k1", count=80)
     k2, _ = compute_kernel(hw, "k2", count=80)
     L, E, K = host_cycles(hw, hw.runtime.eager_launch_us), host_cycles(hw, hw.runtime.event_us), \
-        hw.runtime.kernel_start_cycles
+        hw.runtime.kernel_start_aiv_cycles
     r = run([Launch(k1, 0), RecordEvent("e", 0), WaitEvent("e", 1), Launch(k2, 1), Synchronize()], hw)
     a, b = sorted(r.kernels, key=lambda k: k.stream)
     assert a.end == L + K + c
     assert 2 * L + 2 * E < a.end  # k2 reached stream 1 before the record: the wait is what holds it
     assert b.start == a.end + K
     assert r.cycles == b.end == L + 2 * K + 2 * c
+
+
+def test_kernel_start_follows_the_kernels_kind():
+    """Each kind of kernel (cube only, vector only, mixed) pays its own start: the time
+    from reaching the stream's head to the first block."""
+    hw = load_hw("ascend910b2", overrides={**SMALL, "runtime.kernel_start_aic_cycles": 700,
+                                           "runtime.kernel_start_aiv_cycles": 300,
+                                           "runtime.kernel_start_mix_cycles": 1100})
+    kernels = {700: aic_kernel(hw, [Mmad(64, 64, 64)]), 300: vec_kernel(hw, "add", 128),
+               1100: mix_kernel(hw, [Mmad(64, 64, 64)], [VecOp("add", 128, dst=0, srcs=(0,))])}
+    for start, k in kernels.items():
+        (rec,) = run([Launch(k, 0, "graph"), Synchronize()], hw).kernels
+        assert rec.start - rec.queued == start, k.core_type
 
 
 def test_memcpy_over_pcie():
@@ -153,7 +167,7 @@ def test_memcpy_over_pcie():
 def test_host_work_delays_the_next_launch():
     hw = HW
     k, c = compute_kernel(hw, "k", count=1)
-    L, K, S = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_cycles, \
+    L, K, S = host_cycles(hw, hw.runtime.eager_launch_us), hw.runtime.kernel_start_aiv_cycles, \
         host_cycles(hw, hw.runtime.synchronize_us)
     H = host_cycles(hw, 20.0)
     r = run([HostWork(20.0), Launch(k, 0), Synchronize()], hw)
@@ -314,7 +328,7 @@ def test_host_cost_in_us_converts_without_float_overshoot():
 def test_host_time_is_not_rounded_to_chip_cycles():
     """At a 1 kHz clock a cycle is 1 ms: 30 launches of 1 µs still take 30 µs of host
     time (0.03 cycles), and 30 µs of host work delays the first kernel by 30 µs."""
-    hw = load_hw("ascend910b2", overrides={**SMALL, "chip.freq_hz": 1000, "runtime.kernel_start_cycles": 0})
+    hw = load_hw("ascend910b2", overrides={**SMALL, "chip.freq_hz": 1000, "runtime.kernel_start_aiv_cycles": 0})
     k, _ = compute_kernel(hw, "k", count=1)
     r = run([Launch(k, 0, "graph") for _ in range(30)] + [Synchronize()], hw)
     assert hw.us(r.host_launch_cycles) == pytest.approx(30.0, rel=1e-9)

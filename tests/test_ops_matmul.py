@@ -2,15 +2,20 @@
 efficiency targets hold on the default config, bad tilings fail in one line."""
 
 import attrs
+import numpy as np
 import pytest
 
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import load_hw
 from npusim.hw.derived import cube_peak_flops_per_s
 from npusim.isa.program import Copy, Loop, Mem
-from npusim.ops import lower, simulate_op
+from npusim.isa.verify import verify
+from npusim.ops import OPS, lower, simulate_op
+from npusim.ops.build import cdiv
+from npusim.ops.reference import RefContext
 
 HW = load_hw("ascend910b2")
+CTX = RefContext((1,), "prefill", lambda x, dtype: np.asarray(x, dtype=np.float32))
 
 GRID = [
     ("matmul", dict(m=1, n=16, k=16)),
@@ -180,3 +185,90 @@ def test_bad_n_parts(n_parts):
     with pytest.raises(ConfigError, match=r"^op matmul: 'n_parts' must be positive column widths summing to "
                                           r"n=6144, got \([0-9, ]+\)$"):
         lower("matmul", dict(m=8, n=6144, k=4096, n_parts=n_parts), HW)
+
+
+# ---- fp32 on the cube: A and B fp32, the fp32 fractal (16 x 16 x 8: half the fp16 MACs per cycle) ----
+
+
+def test_fp32_takes_twice_the_cube_cycles_of_fp16():
+    """The M pipe's cycles summed over cores, in closed form: ceil(m/m0) * ceil(n/n0) *
+    ceil(k/k0) fractal cycles (the tiles are whole fractals) plus one start-up per Mmad
+    (one per base_k slice of each tile); k0 is 16 for fp16, 8 for fp32."""
+    m = n = k = 1024
+    runs = {}
+    for dtype in ("fp16", "fp32"):
+        low = lower("matmul", dict(m=m, n=n, k=k, dtype=dtype), HW)
+        t, f = low.tiling, HW.aic.mmad_fractals[dtype]
+        assert t.split_k == 1
+        runs[dtype] = r = simulate_op(low, HW, trace="kernel")
+        mmads = cdiv(m, t.base_m) * cdiv(n, t.base_n) * cdiv(k, t.base_k)
+        fractals = cdiv(m, 16) * cdiv(n, 16) * cdiv(k, f.k0)
+        assert (f.m0, f.n0) == (16, 16)
+        assert r.stats.busy_cycles["AIC.M"] == fractals + mmads * HW.aic.mmad_startup_cycles
+    fp16, fp32 = runs["fp16"], runs["fp32"]
+    print(f"\n1024^3: fp16 {fp16.us:.2f} us, fp32 {fp32.us:.2f} us; cube cycles x"
+          f"{fp32.stats.busy_cycles['AIC.M'] / fp16.stats.busy_cycles['AIC.M']:.3f}")
+    assert fp32.stats.busy_cycles["AIC.M"] == pytest.approx(2 * fp16.stats.busy_cycles["AIC.M"], rel=0.01)
+    assert fp32.roofline.compute_s == pytest.approx(2 * fp16.roofline.compute_s)  # the fp32 cube peak is half
+    assert 1.5 * fp16.us < fp32.us < 2.2 * fp16.us  # twice the cube work and twice the bytes
+
+
+FP32_SHAPES = [
+    dict(m=1, n=4096, k=4096),
+    dict(m=16, n=1000, k=4099, bias=True),
+    dict(m=128, n=8448, k=4096, trans_b=True),
+    dict(m=100, n=300, k=200, out_dtype="fp32"),
+    dict(m=4096, n=4096, k=512, out_dtype="bf16"),
+    dict(m=2048, n=256, k=65536),  # the largest A panel that may stay resident
+    dict(m=512, n=512, k=512, format_a="NZ", format_b="NZ"),
+    dict(m=8, n=6144, k=4096, n_parts=(4096, 1024, 1024)),
+]
+
+
+@pytest.mark.parametrize("params", FP32_SHAPES, ids=str)
+def test_fp32_chosen_tiles_fit_and_kernels_verify(params):
+    """The chooser's tiles hold 4-byte elements: base_k is 4 fp32 fractals deep (32), so a
+    slice takes the bytes an fp16 one does; Buffers would refuse a tile that does not fit."""
+    low = lower("matmul", dict(params, dtype="fp32"), HW)
+    t = low.tiling
+    assert t.base_k == 4 * HW.aic.mmad_fractals["fp32"].k0 == 32
+    used = {}
+    for b in low.kernels[-1].aic[0].buffers:
+        used[b.mem] = max(used.get(b.mem, 0), b.addr + b.nbytes)
+    assert used[Mem.L0A] <= HW.aic.l0a_bytes and used[Mem.L0B] <= HW.aic.l0b_bytes and used[Mem.L1] <= HW.aic.l1_bytes
+    for k in low.kernels:
+        verify(k, HW)
+
+
+def test_fp32_kernels_verify_and_never_beat_the_roofline():
+    r = simulate_op(lower("matmul", dict(m=100, n=300, k=200, dtype="fp32", bias=True, out_dtype="fp32"), HW), HW,
+                    trace="kernel")  # runs verify() on every kernel
+    assert r.seconds >= r.roofline.time_s
+    assert r.stats.flops == pytest.approx(r.lowered.flops)
+    assert r.stats.hbm_read_bytes >= sum(t.nbytes for t in r.lowered.inputs)
+    assert [t.dtype for t in r.lowered.inputs[:2]] == ["fp32", "fp32"]
+
+
+def test_fp32_reference_matches_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((37, 70), np.float32), rng.standard_normal((50, 70), np.float32)
+    bias = rng.standard_normal(50, np.float32)
+    p = OPS["matmul"].params(m=37, n=50, k=70, dtype="fp32", trans_b=True, bias=True, out_dtype="fp32")
+    c = OPS["matmul"].reference(p, {"a": a, "b": b, "bias": bias}, {}, CTX)["c"]
+    assert c.dtype == np.float32
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.T.astype(np.float64) + bias, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    (dict(dtype="fp32", weight_dtype="int8"), r"dtype=fp32 takes an fp32 weight"),
+    (dict(dtype="fp32", weight_dtype="fp16"), r"dtype=fp32 takes an fp32 weight"),
+])
+def test_fp32_refuses_mixed_weights(params, message):
+    with pytest.raises(ConfigError, match=message):
+        lower("matmul", params, HW)
+
+
+def test_fp32_nz_a_needs_16_wide_k_slices():
+    with pytest.raises(ProgramError, match=r"base_k=8 is not a multiple of 16, the column blocks of an NZ A"):
+        lower("matmul", dict(m=64, n=64, k=64, dtype="fp32", format_a="NZ"), HW, tiling=dict(base_k=8))
+    lower("matmul", dict(m=64, n=64, k=64, dtype="fp32"), HW, tiling=dict(base_k=8))  # ND: any fractal multiple

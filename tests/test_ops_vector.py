@@ -6,6 +6,7 @@ one-line errors. Expected numbers come from the config, never from constants."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from npusim.errors import NpusimError
@@ -17,13 +18,20 @@ from npusim.ops.vector_kernels import Stream, streaming_kernel
 
 HW = load_hw("ascend910b2")
 
-ELEMENTWISE = ("add", "mul", "relu", "scale", "scale_add", "silu", "gelu")
+ELEMENTWISE = ("add", "mul", "relu", "scale", "scale_add", "silu", "gelu", "sigmoid", "exp", "maximum")
 NORMS = ("rms_norm", "add_rms_norm", "layer_norm", "softmax")
 
 # (op type, params): tiny (one element / row, odd sizes that need padding) to large.
 CASES = [
     *[(op, {"shape": s}) for op in ELEMENTWISE for s in [(1,), (7, 33), (8, 4096), (1024, 4096)]],
     *[(op, {"shape": (8, 4096), "dtype": dt}) for op in ELEMENTWISE for dt in ("bf16", "fp32")],
+    ("exp", {"shape": (3, 1000), "base": 10.0, "scale": 2.0, "shift": 0.5}),
+    *[("maximum", {"shape": (1024, 1024), "dtype": dt}) for dt in ("int8", "int32", "int64")],
+    # x2 broadcast: a row vector (2-D and across ranks), one value per row (5-D)
+    *[("maximum", {"shape": s, "shape2": s2, "dtype": dt}) for s, s2 in [
+        ((2049, 513), (1, 513)), ((255, 8193), (8193,)), ((2, 3, 5, 1024, 256), (1, 1, 1, 1024, 1)),
+        ((2, 3, 17, 1024, 101), (1, 1, 1, 1024, 1)), ((7, 33), (1,))] for dt in ("fp16", "bf16", "int8", "int32")],
+    ("maximum", {"shape": (2049, 513), "shape2": (1, 513), "dtype": "int64"}),
     ("cast", {"shape": (1,)}), ("cast", {"shape": (3, 1000), "dtype": "fp32", "out_dtype": "bf16"}),
     ("cast", {"shape": (1024, 4096), "dtype": "fp16", "out_dtype": "int8"}),
     ("swiglu", {"shape": (1, 32)}), ("swiglu", {"shape": (7, 2000)}), ("swiglu", {"shape": (8, 16896)}),
@@ -83,7 +91,7 @@ def test_every_op_type_is_registered():
     spec("add")  # imports the package
     mine = {"add", "mul", "scale", "scale_add", "silu", "gelu", "swiglu", "cast", "relu", "rms_norm",
             "layer_norm", "softmax", "add_rms_norm", "rope", "trans_data", "kv_cache_write", "embedding",
-            "argmax", "top_k"}
+            "argmax", "top_k", "sigmoid", "exp", "maximum"}
     assert mine <= set(OPS)
     assert {c[0] for c in CASES} == mine
 
@@ -243,6 +251,12 @@ def test_shared_block_programs_simulate_as_every_block_alone(op, params):
     ("top_k", {"shape": (8, 40), "k": 50}, "k=50"),
     ("argmax", {"shape": (8, 100003)}, "shape[-1]"),
     ("add", {"shape": "8x4096", "dtype": "fp8"}, "dtype"),
+    ("exp", {"base": 0.0}, "base"),
+    ("maximum", {"shape": (4, 5), "shape2": (2, 5)}, "(2, 5)"),
+    ("maximum", {"shape": (4, 5), "shape2": (3, 4, 5)}, "(3, 4, 5)"),
+    ("maximum", {"shape": (3, 4, 5), "shape2": (3, 1, 5)}, "(3, 1, 5)"),
+    ("maximum", {"shape": (8, 7), "shape2": (8, 1), "dtype": "int64"}, "(8, 1)"),
+    ("maximum", {"shape": (2, 300000), "shape2": (300000,), "dtype": "fp32"}, "(300000,)"),
 ])
 def test_bad_shapes_are_one_line_errors(op, params, names):
     with pytest.raises(NpusimError) as err:
@@ -250,3 +264,94 @@ def test_bad_shapes_are_one_line_errors(op, params, names):
     msg = str(err.value)
     print(f"\n{op} {params}: {msg}")
     assert "\n" not in msg and op in msg and names in msg
+
+
+# ------------------------------------------------------------------ sigmoid, exp, maximum
+
+RNG = np.random.default_rng(0)
+
+
+def _ref(op: str, params: dict, **x) -> np.ndarray:
+    from npusim.ops import OPS
+
+    p = OPS[op].params(**params)
+    return OPS[op].reference(p, {k: v.astype(np.float32).reshape(-1) for k, v in x.items()}, {}, None)["y"]
+
+
+def test_sigmoid_reference_is_the_logistic_function():
+    x = RNG.normal(0, 4, (7, 33)).astype(np.float32)
+    y = _ref("sigmoid", {"shape": (7, 33)}, x=x)
+    assert np.allclose(y.reshape(x.shape), 0.5 * (1 + np.tanh(x / 2)), atol=1e-6)
+
+
+@pytest.mark.parametrize("base, scale, shift", [(-1.0, 1.0, 0.0), (-1.0, 1.5, 0.0), (10.0, 1.0, 0.0),
+                                                (2.0, 0.5, 1.0), (1.0, 2.0, 0.0)])
+def test_exp_reference_is_base_to_the_power(base, scale, shift):
+    x = RNG.uniform(-3, 3, (5, 17)).astype(np.float32)
+    y = _ref("exp", {"shape": (5, 17), "base": base, "scale": scale, "shift": shift}, x=x)
+    want = np.power(np.e if base == -1.0 else base, scale * x.astype(np.float64) + shift)
+    assert np.allclose(y.reshape(x.shape), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape, shape2", [((7, 33), ()), ((7, 33), (1, 33)), ((255, 17), (17,)),
+                                           ((2, 3, 5, 16, 4), (1, 1, 1, 16, 1)), ((7, 33), (1,))])
+def test_maximum_reference_broadcasts_x2(shape, shape2):
+    x1 = RNG.normal(size=shape)
+    x2 = RNG.normal(size=shape2 or shape)
+    y = _ref("maximum", {"shape": shape, "shape2": shape2}, x1=x1, x2=x2)
+    want = np.array([max(a, b) for a, b in zip(x1.ravel(), np.broadcast_to(x2, shape).ravel())])
+    assert np.array_equal(y.reshape(-1), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("params, steps", [
+    ({}, ["exp"]), ({"scale": 1.5}, ["muls", "exp"]), ({"base": 10.0}, ["muls", "exp"]),
+    ({"shift": 1.0}, ["adds", "exp"]), ({"base": 2.0, "scale": 0.5, "shift": 1.0}, ["muls", "adds", "exp"]),
+    ({"base": 1.0, "scale": 2.0}, ["muls", "exp"]),  # ln(1) = 0: one Muls by 0, no Adds of 0
+])
+def test_exp_issues_muls_and_adds_only_for_attributes_that_change_x(params, steps):
+    (kernel,) = lower("exp", {"shape": (8, 4096), "dtype": "fp32", **params}, HW).kernels
+    assert [v.op for v in _vec_ops(kernel.aiv[0].body)][:len(steps)] == steps
+    assert {v.op for v in _vec_ops(kernel.aiv[0].body)} == set(steps)
+
+
+def _vec_ops(body) -> list:
+    from npusim.isa.program import Loop
+
+    out = []
+    for it in body:
+        out += _vec_ops(it.body) if isinstance(it, Loop) else [it] if isinstance(it, VecOp) else []
+    return out
+
+
+@pytest.mark.parametrize("op, params", [
+    ("sigmoid", {"dtype": "fp16"}), ("sigmoid", {"dtype": "bf16"}), ("exp", {"dtype": "fp32", "scale": 1.5}),
+    ("maximum", {"dtype": "fp32"}), ("maximum", {"dtype": "int64"}),
+    ("maximum", {"dtype": "fp32", "shape2": (1, 513)}),
+])
+def test_time_is_at_least_the_roofline_and_grows_with_size(op, params):
+    times = []
+    for rows in (512, 2048):
+        lowered = lower(op, {"shape": (rows, 513), **params}, HW)
+        report = simulate_op(lowered, HW, trace="kernel")
+        hbm = (sum(t.nbytes for t in lowered.inputs) / (HW.hbm.peak_bw_bytes_per_s * HW.hbm.bw_efficiency))
+        assert report.seconds >= report.roofline.time_s >= hbm  # every input byte comes from HBM at least once
+        times.append(report.seconds)
+    assert times[1] > times[0]
+
+
+def test_broadcast_maximum_reads_fewer_gm_bytes_than_two_full_inputs():
+    full = simulate_op(lower("maximum", {"shape": (2049, 513), "dtype": "fp32"}, HW), HW, trace="kernel")
+    row = simulate_op(lower("maximum", {"shape": (2049, 513), "shape2": (1, 513), "dtype": "fp32"}, HW), HW,
+                      trace="kernel")
+    x1 = 2049 * 513 * 4
+    # full: both inputs once; broadcast: x1 once, the row once per core at most
+    assert full.stats.gm_read_bytes >= 2 * x1
+    assert row.stats.gm_read_bytes < 2 * x1
+    assert row.stats.gm_read_bytes - x1 <= HW.aiv_count * 513 * 4 + row.stats.wasted_burst_bytes
+
+
+def test_int64_maximum_costs_more_vector_cycles_than_int32():
+    v = {dt: simulate_op(lower("maximum", {"shape": (64, 4096), "dtype": dt}, HW), HW, trace="kernel")
+         .stats.busy_cycles["AIV.V"] for dt in ("int32", "int64")}
+    # no 64-bit ALU: compares and selects over twice the 32-bit words, against one Max
+    assert v["int64"] > 2 * v["int32"]

@@ -333,8 +333,8 @@ ACCESS_CASES = {
         r"B L0B \[0x0, 0x4a00\)",
     ),
     "Mmad dtype without fractal": (
-        aic([Mmad(16, 16, 16, dtype="fp32")]),
-        r"Mmad dtype 'fp32' has no cube fractal \(have fp16, bf16, int8\)",
+        aic([Mmad(16, 16, 16, dtype="int16")]),
+        r"Mmad dtype 'int16' has no cube fractal \(have fp16, bf16, int8, fp32\)",
     ),
     "vector op without cost": (
         aiv([VecOp("frobnicate", 16)]),

@@ -66,15 +66,17 @@ def scalar_fields(hw: HwConfig) -> list[str]:
     return out
 
 
-def fittable_fields(hw_name_or_path: str | Path) -> dict[str, str]:
-    """{dotted field: its source comment} of the fields calibration may fit, in config order."""
+def fittable_fields(hw_name_or_path: str | Path, host: bool = False) -> dict[str, str]:
+    """{dotted field: its source comment} of the fields calibration may fit, in config
+    order; host-side costs too if `host` (measurements timed around host calls: an
+    event-timed loop of eager calls contains the host's cost per call)."""
     path = find_file(hw_name_or_path, "hwconfigs")
     _, origins = raw_config(path)
     comments: dict[Path, dict[str, str]] = {}
     hw = load_hw(path)
     out = {}
     for dotted in scalar_fields(hw):
-        if not dotted.endswith(COST_SUFFIXES) or host_side(dotted) or dotted not in origins:
+        if not dotted.endswith(COST_SUFFIXES) or (host_side(dotted) and not host) or dotted not in origins:
             continue
         file = origins[dotted]
         comment = comments.setdefault(file, field_comments(file)).get(dotted, "")

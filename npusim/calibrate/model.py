@@ -17,31 +17,31 @@ import numpy as np
 
 from npusim.hw import HwConfig, load_hw
 from npusim.calibrate.fields import value_of
+from npusim.calibrate.timing import time_us
 from npusim.ops.collectives import KINDS as COLLECTIVES
 from npusim.ops.collectives.simulate import simulate_collective
 from npusim.ops.registry import lower
-from npusim.ops.roofline import simulate_op
 
-OpKey = tuple  # (npusim op type, ((param, value), ...))
+OpKey = tuple  # Mapped.key: (npusim op type, ((param, value), ...), further ops, timing)
 
 
 def op_time_us(key: OpKey, hw: HwConfig) -> float:
-    """An op's simulated time, compared with msprof's Task Duration: from its first
-    kernel reaching the head of its stream (the kernel start cost, which msprof's
-    duration includes as scheduling) to its last kernel's end. A collective's,
-    compared with hccl_test's aveg_time, is the same span over its kernels and
-    transfer steps (npusim.ops.collectives.simulate)."""
-    op, params = key
+    """A measured row's simulated time, timed as its method measures it
+    (npusim.calibrate.timing; msprof's Task Duration: from the first kernel reaching
+    the head of its stream, the kernel start cost included, to the last kernel's end).
+    A collective's, compared with hccl_test's aveg_time, is the same span over its
+    kernels and transfer steps (npusim.ops.collectives.simulate)."""
+    op, params, more, timing = key
     if op in COLLECTIVES:
         p = dict(params)
         return simulate_collective(op, p["bytes"], p["devices"], hw, dtype=p["dtype"]).us
-    return simulate_op(lower(op, dict(params), hw), hw, trace="kernel").us
+    return time_us(((op, params), *more), timing, hw)
 
 
 def kernel_count(key: OpKey, hw: HwConfig) -> int:
-    """How many kernels npusim lowers a (non-collective) op to."""
-    op, params = key
-    return len(lower(op, dict(params), hw).kernels)
+    """How many kernels npusim lowers a row's (non-collective) ops to."""
+    op, params, more, _ = key
+    return sum(len(lower(o, dict(p), hw).kernels) for o, p in ((op, params), *more))
 
 
 class Model:

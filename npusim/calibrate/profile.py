@@ -21,7 +21,9 @@ from npusim.errors import NpusimError
 
 REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
                     "Input Data Types", "Input Formats", "Output Shapes")
-OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats")
+# Method and Note: not msprof's; the public measurements (npusim/data/measured) give how
+# each row was timed and the call's attributes (causal mask, layout, group list) there
+OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats", "Method", "Note")
 # a header with neither of these is not an op_summary table at all (op_statistic, a trace...)
 IDENTIFYING_COLUMNS = ("OP Type", "Task Duration(us)")
 PROFILE_GLOB = "op_summary*.csv"
@@ -48,6 +50,8 @@ class ProfileRow:
     output_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[str, ...] = ()
     output_formats: tuple[str, ...] = ()
+    method: str = ""  # how it was timed (npusim.calibrate.timing.METHODS); "" = a kernel time
+    note: str = ""  # the source's description of the call (attributes msprof does not list)
 
     @property
     def where(self) -> str:
@@ -131,7 +135,8 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
         input_shapes=parse_shapes(cell("Input Shapes"), f"{path}: row {line}, column 'Input Shapes'"),
         input_dtypes=_list(cell("Input Data Types")), input_formats=_list(cell("Input Formats")),
         output_shapes=parse_shapes(cell("Output Shapes"), f"{path}: row {line}, column 'Output Shapes'"),
-        output_dtypes=_list(cell("Output Data Types")), output_formats=_list(cell("Output Formats")))
+        output_dtypes=_list(cell("Output Data Types")), output_formats=_list(cell("Output Formats")),
+        method=cell("Method"), note=cell("Note"))
 
 
 def _list(text: str) -> tuple[str, ...]:

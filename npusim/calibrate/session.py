@@ -20,6 +20,7 @@ from npusim.calibrate.hccl import HcclRow, map_hccl, read_hccl
 from npusim.calibrate.model import Model, kernel_count
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
+from npusim.calibrate.timing import KERNELS
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import find_file
@@ -114,14 +115,18 @@ def _simulation_problem(m: Mapped, own: bool, model: Model) -> str | None:
         return f"{m.op} does not simulate on {model.base.name}: {e}"
 
 
-def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
-    """The measured rows of the op_summary profile and the hccl_test files, and how the
+Profiles = str | Path | Sequence[str | Path] | None  # an op_summary CSV or folder, or several
+
+
+def _read(profile: Profiles, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
+    """The measured rows of the op_summary profiles and the hccl_test files, and how the
     report names them."""
-    if profile is None and not hccl:
+    profiles = [] if profile is None else [profile] if isinstance(profile, (str, Path)) else list(profile)
+    if not profiles and not hccl:
         raise ConfigError("calibrate: nothing to fit: give --profile (msprof's op_summary) and/or --hccl "
                           "(hccl_test's output)")
-    rows = list(read_profile(profile)) if profile is not None else []
-    names = [str(profile)] if profile is not None else []
+    rows = [r for p in profiles for r in read_profile(p)]
+    names = [str(p) for p in profiles]
     for item in hccl:
         path, options = (item, {}) if isinstance(item, (str, Path)) else item
         rows += read_hccl(path, options)
@@ -129,23 +134,30 @@ def _read(profile: str | Path | None, hccl: Sequence[HcclInput]) -> tuple[list, 
     return rows, tuple(names)
 
 
-def calibrate(profile: str | Path | None = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
+def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
               folds: int = DEFAULT_FOLDS, hccl: Sequence[HcclInput] = ()) -> Calibration:
     """Fit the assumed fields of `hw` (all of them the measurements identify, or only
-    `fields`) to the measured op times of `profile` (an op_summary CSV or a folder)
+    `fields`) to the measured op times of `profile` (op_summary CSVs or folders)
     and of `hccl` (hccl_test output files), together."""
     rows, sources = _read(profile, hccl)
     hw_path = find_file(hw, "hwconfigs")
     base = load_hw(hw_path)
-    fittable = fittable_fields(hw_path)
-    if fields:
-        for f in fields:
+    fittable = fittable_fields(hw_path, host=True)
+    for f in fields or ():
+        if f not in fittable:
+            raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit "
+                              f"(fittable: {', '.join(fittable)})")
+    mapping = Model(base, ())
+    mapped, unmapped = _map_rows(rows, mapping)
+    # host-side costs are in a row's time only if it was timed around host calls
+    if not any(m.timing != KERNELS for m in mapped):
+        fittable = fittable_fields(hw_path)
+        for f in fields or ():
             if f not in fittable:
-                raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit "
-                                  f"(fittable: {', '.join(fittable)})")
+                raise ConfigError(f"--fields {f}: a host-side cost, and no row of the measurements was timed "
+                                  "around host calls (only kernel times)")
     candidates = list(fields or fittable)
-    model = Model(base, candidates)
-    mapped, unmapped = _map_rows(rows, model)
+    model = mapping.with_fields(candidates)
     if not mapped:
         listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
         first = next(r for r in rows if r.where == unmapped[0].where)

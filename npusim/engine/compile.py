@@ -12,7 +12,9 @@ Fixed costs come from the config (never from constants here):
   (bytes counted at the wider of the input and output dtype)
 - MTE1 (L1 -> L0A/L0B/BT) and FixPipe to L1/FB: start-up + bytes / rate
 - scalar: its cycles; PipeBarrier on one pipe: sync.pipe_barrier_cycles
-GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time.
+GM copies (MTE2, MTE3, FixPipe -> GM) are timed by the memory system at run time:
+start-up, then the bytes as a flow capped by the core's port rate and by one segment
+per dma.segment_cycles.
 
 Each stream is also compiled for the pipe's walk in C (code_of, _pipe.c): what a
 pipe does on its own, its GM copies and its flags (cross-core ones too) run there;
@@ -162,7 +164,12 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
         nbytes, segments, stride = c.nbytes, c.segments, c.stride(Mem.GM)
         if stride == nbytes:  # back-to-back segments are one contiguous segment
             nbytes, segments, stride = nbytes * segments, 1, nbytes * segments
-        startup = hw.dma.startup_cycles + segments * hw.dma.segment_cycles
+        startup = hw.dma.startup_cycles
+        # each segment takes segment_cycles of the DMA engine, while the data of the
+        # ones before it moves: a transfer of many short segments is held to one
+        # (burst-rounded) segment per segment_cycles, a long one is not slowed
+        if hw.dma.segment_cycles > 0:
+            cap = min(cap, -(-nbytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles)
         if pipe is Pipe.FIX:
             cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
             startup += hw.aic.fixpipe_startup_cycles

@@ -13,7 +13,7 @@ A host program is a list of calls, executed in order by one host thread:
   drained; the blocked time is host wait;
 - HostWork(us): host-side compute (framework, sampling on the CPU).
 
-A stream runs its queue in order; a kernel at its head pays kernel_start_cycles,
+A stream runs its queue in order; a kernel at its head pays its kind's start cost,
 then its blocks go to the device. Kernels of different streams overlap when cores
 are free.
 
@@ -220,7 +220,7 @@ class Host:
             item = yield s.queue.get()
             start = env.now
             if isinstance(item, Launch):
-                yield env.timeout(rt.kernel_start_cycles)
+                yield env.timeout(rt.kernel_start_cycles(item.kernel.core_type.value))
                 yield self.device.run_kernel(item.kernel, s.index, start, item.reuse, item.owner)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, LinkTransfer):

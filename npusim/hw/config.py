@@ -153,20 +153,28 @@ class Hbm:
 class Dma:
     burst_bytes: int = _pos("GM traffic moves in aligned bursts of this size (the 64-byte rule)")
     startup_cycles: int = _nonneg("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
-    segment_cycles: int = _nonneg("extra fixed cost per segment of a strided transfer")
+    segment_cycles: float = _nonneg("DMA engine time per segment of a strided transfer, overlapped with the data "
+                                    "of the segments before it: a transfer takes at least segments x this")
 
 
 @frozen
 class Runtime:
     eager_launch_us: float = _nonneg("host time to launch one kernel op by op (eager mode)")
     graph_launch_us: float = _nonneg("host time per kernel when replaying a captured graph")
-    kernel_start_cycles: int = _nonneg("device-side cost from a kernel reaching the head of its stream to its first block")
+    kernel_start_aic_cycles: int = _nonneg("device-side cost from a cube-only (AIC) kernel reaching the head of its "
+                                           "stream to its first block")
+    kernel_start_aiv_cycles: int = _nonneg("the same for a vector-only (AIV) kernel")
+    kernel_start_mix_cycles: int = _nonneg("the same for a mixed kernel (AIC and AIVs with cross-core flags)")
     block_start_cycles: int = _nonneg("device-side cost to start one block on a free core")
     synchronize_us: float = _nonneg("host cost of one synchronize call, on top of the wait")
     event_us: float = _nonneg("host cost of one event record or stream-wait call")
     pcie_bw_bytes_per_s: float = _pos("host <-> device memcpy bandwidth")
     memcpy_startup_us: float = _nonneg("fixed latency of one host <-> device memcpy")
     kernel_compile_us: float = _nonneg("host time to compile one distinct kernel the first time a shape runs")
+
+    def kernel_start_cycles(self, core_type: str) -> int:
+        """The start cost of a kernel of `core_type` ("AIC", "AIV" or "MIX")."""
+        return getattr(self, f"kernel_start_{core_type.lower()}_cycles")
 
 
 # Intra-node topologies a config may name: every card wired to every other (an 8-card

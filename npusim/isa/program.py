@@ -88,7 +88,7 @@ COPY_PIPE = {
 # Start-address alignment of each local buffer, in bytes (Ascend C docs).
 ALIGN_BYTES = {Mem.UB: 32, Mem.L1: 32, Mem.L0A: 512, Mem.L0B: 512, Mem.L0C: 64, Mem.BT: 64, Mem.FB: 64}
 
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "uint8": 1, "int16": 2, "int32": 4}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
 
 RESERVED_VARS = ("block", "sub")
 

@@ -32,6 +32,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def gm_copy_cycles(hw: HwConfig, seg_bytes: float, segments: int, rate: float) -> float:
+    """A tiling chooser's estimate of one GM copy as the engine times it: the DMA
+    start-up, then the bytes at `rate` (bytes per cycle) or one segment per
+    dma.segment_cycles, whichever is slower."""
+    return hw.dma.startup_cycles + max(segments * hw.dma.segment_cycles, seg_bytes * segments / rate)
+
+
 def line_quantum(hw: HwConfig, *item_bytes: int) -> int:
     """The fewest items (rows, units) whose bytes fill whole L2 lines in every one of
     the given item sizes: a core's run of rows in multiples of this starts on a line,

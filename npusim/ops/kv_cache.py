@@ -12,7 +12,7 @@ from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
 from npusim.kvcache import KV_LAYOUTS, KvLayout, row_bytes
-from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
 from npusim.ops.layout import UB_RESERVE, gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK, one_of
@@ -123,8 +123,9 @@ def _kv_tiling(p: KvCacheWriteParams, hw: HwConfig, row_bytes: int) -> tuple[int
             tiles = p.batch * cdiv(n, tc) * cdiv(h, hg)
             active = min(tiles, hw.aiv_count)
             rate = min(hw.aiv.gm_write_bytes_per_cycle, hw.hbm_bytes_per_cycle / active)
-            segs = 2 * (1 if hg == h else tc) + 2 * hg
-            per_tile = 4 * hw.dma.startup_cycles + segs * hw.dma.segment_cycles + 4 * tc * hg * d * e / rate
+            segs_in, tile_bytes = (1 if hg == h else tc), tc * hg * d * e  # k and v: read, then written per head
+            per_tile = 2 * (gm_copy_cycles(hw, tile_bytes / segs_in, segs_in, rate)
+                            + gm_copy_cycles(hw, tile_bytes / hg, hg, rate))
             cost = cdiv(tiles, hw.aiv_count) * per_tile
             if best is None or cost < best[0]:
                 best = (cost, tc, hg)

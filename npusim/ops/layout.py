@@ -24,7 +24,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
-from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
 from npusim.ops.reference import eltwise
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK, numel, one_of, shape_validator
@@ -107,7 +107,7 @@ class _Nz:
 def _trans_tiling(g: _Nz, hw: HwConfig) -> tuple[int, int]:
     """(tile rows, a multiple of 16; tile cols, a multiple of c0): four tiles (in and out,
     ping and pong) fill UB; among the shapes that fit, the least estimated time per
-    core: tiles per core x (two DMA start-ups + a start-up per segment + bytes at the
+    core: tiles per core x (a copy in and a copy out, each as gm_copy_cycles at the
     core's share of HBM). Full-width tiles read one segment; full-height tiles write one."""
     max_elems = (hw.aiv.ub_bytes - UB_RESERVE) // (4 * g.e)
     total = g.batch * g.rows_p * g.cols_p
@@ -122,8 +122,10 @@ def _trans_tiling(g: _Nz, hw: HwConfig) -> tuple[int, int]:
         tiles = g.batch * cdiv(g.rows, tr) * cdiv(g.cols, tc)
         active = min(tiles, hw.aiv_count)
         rate = min(hw.aiv.gm_write_bytes_per_cycle, hw.hbm_bytes_per_cycle / active)
-        segs = (1 if tc >= g.cols else tr) + (1 if tr >= g.rows_p else cdiv(tc, g.c0))
-        per_tile = 2 * hw.dma.startup_cycles + segs * hw.dma.segment_cycles + 2 * tr * tc * g.e / rate
+        segs_in, segs_out = (1 if tc >= g.cols else tr), (1 if tr >= g.rows_p else cdiv(tc, g.c0))
+        tile_bytes = tr * tc * g.e
+        per_tile = (gm_copy_cycles(hw, tile_bytes / segs_in, segs_in, rate)
+                    + gm_copy_cycles(hw, tile_bytes / segs_out, segs_out, rate))
         cost = cdiv(tiles, hw.aiv_count) * per_tile
         if best is None or cost < best[0]:
             best = (cost, tr, tc)

@@ -17,7 +17,10 @@ FixPipe applies per-channel scales it loads into FB. W8A8 (dtype=int8: A and B
 int8, quantised by npusim.ops.quant): the cube multiplies at its int8 fractal
 (hw aic.mmad_fractals.int8: its shape is its rate, MACs per cycle), L0C holds
 int32, FixPipe applies the weight's per-channel scales and writes fp32 (the
-per-token scales of A are applied after, by token_dequant).
+per-token scales of A are applied after, by token_dequant). dtype=fp32: A and B
+fp32 (4-byte elements in GM, L1, L0A and L0B) at the cube's fp32 fractal
+(aic.mmad_fractals.fp32: 16 x 16 x 8, half the fp16 MACs per cycle); base_k is
+4 fractals deep for every dtype, so an fp32 slice holds the bytes an fp16 one does.
 
 n_parts splits C by columns into separate GM tensors c0, c1, ... (a fused QKV
 projection writes q, k and v without a split kernel): a tile's FixPipe write goes
@@ -37,13 +40,20 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, VecOp
-from npusim.ops.build import Buffers, align_up, boxes, cdiv, line_quantum
+from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes
 from npusim.ops.reference import batches_to, bsnd_to_batches
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
 
 _FORMATS = ("ND", "NZ")
+# The input dtypes the cube multiplies (each needs its aic.mmad_fractals entry); int8 is W8A8.
+CUBE_DTYPES = ("fp16", "bf16", "fp32", "int8")
+# The largest tile the tiling choosers pick: its fp32 accumulator fills L0C (128 x 256 x 4
+# = 128 KiB) and two of its fp16 or fp32 base_k slices of B (128 bytes of K each) fill L0B.
+MAX_BASE_M, MAX_BASE_N = 128, 256
+# The choosers' K blocking: a base_k slice is this many fractals deep, an L1 chunk this many slices.
+SLICE_FRACTALS, STEP_K = 4, 4
 _pos = validators.gt(0)
 
 
@@ -60,7 +70,8 @@ class MatmulParams:
     n: int = param(1024, "columns of B and C", validator=_pos)
     k: int = param(1024, "reduction length", validator=_pos)
     dtype: str = param("fp16", "dtype of A (and of B unless weight_dtype); int8 = W8A8 (B int8 with "
-                       "per-channel scales; the quantize pass writes C in fp32)", validator=validators.in_(("fp16", "bf16", "int8")))
+                       "per-channel scales; the quantize pass writes C in fp32); fp32 = A and B fp32 at the "
+                       "cube's fp32 fractal", validator=validators.in_(CUBE_DTYPES))
     out_dtype: str = param("fp16", "dtype of C", validator=validators.in_(("fp16", "bf16", "fp32")))
     bias: bool = param(False, "add an fp32 bias row to C")
     trans_b: bool = param(False, "B stored as [n, k] (a Linear weight) instead of [k, n]")
@@ -76,6 +87,9 @@ class MatmulParams:
         if self.dtype == "int8" and (self.weight_dtype not in ("", "int8") or self.bias):
             raise ValueError("dtype=int8 (W8A8) takes an int8 weight (weight_dtype empty or int8) and no bias "
                              "(token_dequant adds it after the per-token scales)")
+        if self.dtype == "fp32" and self.weight_dtype:
+            raise ValueError("dtype=fp32 takes an fp32 weight (weight_dtype empty): the cube multiplies fp32 "
+                             "by fp32 only")
 
 
 @frozen
@@ -87,8 +101,8 @@ class BatchMatmulParams(MatmulParams):
 class MatmulTiling:
     base_m: int = param(128, "L0 tile rows (multiple of 16)", validator=_pos)
     base_n: int = param(256, "L0 tile columns (multiple of 16)", validator=_pos)
-    base_k: int = param(64, "L0 slice depth (multiple of 16)", validator=_pos)
-    step_k: int = param(4, "base_k slices per L1 chunk", validator=_pos)
+    base_k: int = param(64, "L0 slice depth (multiple of the dtype's fractal k0: 16; 8 for fp32)", validator=_pos)
+    step_k: int = param(STEP_K, "base_k slices per L1 chunk", validator=_pos)
     split_k: int = param(1, "pieces K is split into across cores (partials added atomically)", validator=_pos)
     a_resident: bool = param(False, "keep a tile row's whole A panel in L1 for all its N tiles")
     l1_double: bool = param(True, "ping-pong L1 chunks (loads overlap compute)")
@@ -103,41 +117,63 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     batch = getattr(p, "batch", 1)
     f = hw.aic.mmad_fractals[p.dtype]
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
-    base_k = 4 * f.k0
-    base_m = min(128, align_up(p.m, f.m0))
+    base_k = SLICE_FRACTALS * f.k0
+    base_m = min(MAX_BASE_M, align_up(p.m, f.m0))
     m_tiles = cdiv(p.m, base_m)
-    port = hw.aic.gm_read_bytes_per_cycle
     best = None
-    tiles = batch * m_tiles * cdiv(p.n, min(256, align_up(p.n, f.n0)))
+    tiles = batch * m_tiles * cdiv(p.n, min(MAX_BASE_N, align_up(p.n, f.n0)))
     parts = _part_starts(p)
-    write = hw.dma.startup_cycles + base_m * hw.dma.segment_cycles  # one FixPipe write of a tile
-    for base_n, split_k in itertools.product(range(256, f.n0 - 1, -f.n0), (1, 2, 3, 4, 6, 8)):
-        if base_n > align_up(p.n, f.n0) and base_n != 256 or split_k > max(1, p.k // (base_k * 4)):
+    write = gm_copy_cycles(hw, 0, base_m, math.inf)  # one FixPipe write of a tile: its DMA costs, not its bytes
+    floor = batch * (p.m * p.k * e + p.k * p.n * eb + p.m * p.n * DTYPE_BYTES[p.out_dtype]) / hw.hbm_bytes_per_cycle
+    for base_n, split_k in itertools.product(tile_widths(p.n, f), (1, 2, 3, 4, 6, 8)):
+        if split_k > max(1, p.k // (base_k * STEP_K)):
             continue
         if split_k > 1 and tiles >= cores:  # split K only when the tiles cannot fill the cores
             continue
-        base_n = min(base_n, align_up(p.n, f.n0))
         units = batch * m_tiles * cdiv(p.n, base_n) * split_k
-        k_piece = cdiv(p.k, split_k)
-        chunks = cdiv(k_piece, base_k * 4)
-        cube = (cdiv(base_m, f.m0) * cdiv(base_n, f.n0) * cdiv(k_piece, f.k0)
-                + cdiv(k_piece, base_k) * hw.aic.mmad_startup_cycles)
-        load = ((base_m * k_piece * e + k_piece * base_n * eb) / port
-                + chunks * 2 * hw.dma.startup_cycles
-                + chunks * (base_m + base_k * 4) * hw.dma.segment_cycles)
+        unit = unit_cycles(hw, f, base_m, base_n, cdiv(p.k, split_k), base_k, e, eb)
         # a part boundary inside a tile costs that tile one more FixPipe write, which
         # holds L0C (single-buffered), so it adds to the unit (spread over the N tiles)
         extra = sum(1 for s, _ in parts[1:] if s % base_n)
-        cost = cdiv(units, min(units, cores)) * (max(cube, load) + extra / cdiv(p.n, base_n) * write)
+        cost = cdiv(units, min(units, cores)) * (unit + extra / cdiv(p.n, base_n) * write)
+        # every byte of A, B and C crosses HBM once whatever the tiling: a tiling whose
+        # cores wait for HBM is no faster than this (ties go to the widest tile, the
+        # first tried); a K split adds the start of the kernel that zeroes C
+        cost = max(cost, floor) + (split_k > 1) * hw.runtime.kernel_start_aiv_cycles
         if best is None or cost < best[0]:
             best = (cost, base_n, split_k, units)
     _, base_n, split_k, units = best
-    a_panel = base_m * p.k * e
     return MatmulTiling(
-        base_m=base_m, base_n=base_n, base_k=base_k, step_k=4, split_k=split_k,
-        a_resident=m_tiles * batch < units and a_panel <= hw.aic.l1_bytes // 4,
+        base_m=base_m, base_n=base_n, base_k=base_k, step_k=STEP_K, split_k=split_k,
+        a_resident=m_tiles * batch < units and panel_fits(base_m, p.k, e, hw),
         block_dim=min(cores, units),
     )
+
+
+def tile_widths(n: int, f) -> list[int]:
+    """The base_n the tiling choosers try, widest first: multiples of the fractal's n0
+    from MAX_BASE_N down, none wider than n needs (MAX_BASE_N itself cut to n)."""
+    need = align_up(n, f.n0)
+    return [min(w, need) for w in range(MAX_BASE_N, f.n0 - 1, -f.n0) if w <= need or w == MAX_BASE_N]
+
+
+def panel_fits(base_m: int, k: int, e: int, hw: HwConfig) -> bool:
+    """Whether a tile row's whole A panel (base_m x k) may stay resident in L1: it takes
+    at most a quarter of L1, leaving the rest to the B chunks' ping-pong."""
+    return base_m * k * e <= hw.aic.l1_bytes // 4
+
+
+def unit_cycles(hw: HwConfig, f, bm: int, bn: int, k_piece: int, base_k: int, e: int, eb: int) -> float:
+    """The tiling choosers' estimate of one work unit (a bm x bn tile over k_piece of
+    K, in L1 chunks of STEP_K base_k slices): max(cube cycles, load cycles at the
+    core's GM port), as double buffering overlaps the two."""
+    kc = base_k * STEP_K
+    chunks = cdiv(k_piece, kc)
+    cube = (cdiv(bm, f.m0) * cdiv(bn, f.n0) * cdiv(k_piece, f.k0)
+            + cdiv(k_piece, base_k) * hw.aic.mmad_startup_cycles)
+    port = hw.aic.gm_read_bytes_per_cycle
+    load = chunks * (gm_copy_cycles(hw, kc * e, bm, port) + gm_copy_cycles(hw, bn * eb, kc, port))
+    return max(cube, load)
 
 
 def reference_matmul(p: MatmulParams, x, specs, ctx) -> dict:
@@ -192,16 +228,11 @@ def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: 
 def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, op: str) -> Lowered:
     t = t or choose_tiling(p, hw)
     batch = getattr(p, "batch", 1)
-    f = hw.aic.mmad_fractals[p.dtype]
-    for name, v, q in (("base_m", t.base_m, f.m0), ("base_n", t.base_n, f.n0), ("base_k", t.base_k, f.k0)):
-        if v % q:
-            raise ProgramError(f"op {op}: tiling {name}={v} is not a multiple of the {p.dtype} fractal ({q})")
+    cores = check_tiling(t, p.dtype, hw, op)
     e, eb, eo = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)], DTYPE_BYTES[p.out_dtype]
     w8 = _b_dtype(p) == "int8"
-    cores = t.block_dim or hw.chip.aic_count
-    if cores > hw.chip.aic_count:
-        raise ProgramError(f"op {op}: tiling block_dim={cores} exceeds the {hw.chip.aic_count} AIC cores")
-    kc = t.base_k * t.step_k
+    if p.format_a == "NZ" and t.base_k % 16:  # (fp32's k0 is 8) a K slice must start one of A's 16-wide NZ blocks
+        raise ProgramError(f"op {op}: tiling base_k={t.base_k} is not a multiple of 16, the column blocks of an NZ A")
     if t.split_k > cdiv(p.k, t.base_k):  # a piece is at least one base_k slice
         raise ProgramError(f"op {op}: tiling split_k={t.split_k} exceeds the {cdiv(p.k, t.base_k)} base_k={t.base_k} "
                            f"slices of k={p.k}")
@@ -218,23 +249,8 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
 
     la = _Layout(A, p.m, p.k, e, p.format_a)
     lb = _Layout(B, p.k, p.n, eb, p.format_b, p.trans_b)
-    buf = Buffers(hw, op)
-    l1_sets = 2 if t.l1_double else 1
-    l0_sets = 2 if t.l0_double else 1
-    a_l1 = (buf.alloc("a_panel", Mem.L1, la.l1_bytes(t.base_m, align_up(p.k, t.base_k))),) if t.a_resident else tuple(
-        buf.alloc(f"a_chunk{i}", Mem.L1, la.l1_bytes(t.base_m, kc)) for i in range(l1_sets))
-    b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, lb.l1_bytes(kc, t.base_n)) for i in range(l1_sets))
-    extra = align_up(t.base_n * 4, 32) * (int(p.bias) + int(w8))  # bias, scales: each 32-byte aligned in L1
-    plan = _Plan(
-        p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale, la=la, lb=lb,
-        parts=tuple(parts), lc=tuple(_Layout(C, p.m, w, eo, "ND") for C, (_, w) in zip(Cs, parts)),
-        a_l1=a_l1, b_l1=b_l1, extra_l1=buf.alloc("bias_scale", Mem.L1, extra) if extra else None,
-        a_l0=tuple(buf.alloc(f"a_slice{i}", Mem.L0A, t.base_m * t.base_k * e) for i in range(l0_sets)),
-        b_l0=tuple(buf.alloc(f"b_slice{i}", Mem.L0B, t.base_k * t.base_n * e) for i in range(l0_sets)),
-        c_l0=buf.alloc("acc", Mem.L0C, t.base_m * t.base_n * 4),
-        bt=buf.alloc("bias", Mem.BT, t.base_n * 4) if p.bias else None,
-        fb=buf.alloc("scale", Mem.FB, t.base_n * 4) if w8 else None,
-    )
+    lc = tuple(_Layout(C, p.m, w, eo, "ND") for C, (_, w) in zip(Cs, parts))
+    plan, buf = alloc_plan(p, t, hw, op, la, lb, lc, tuple(parts), k_piece, bias, scale)
 
     m_tiles, n_tiles = cdiv(p.m, t.base_m), cdiv(p.n, t.base_n)
     dims = (batch, m_tiles, n_tiles, split_k)
@@ -278,6 +294,49 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
         unit="cube", inputs=ins, outputs=outs,
     )
+
+
+def check_tiling(t: MatmulTiling, dtype: str, hw: HwConfig, op: str) -> int:
+    """Refuse a tiling off the cube's fractal grid or wider than the chip, in one line;
+    returns the cores its work is dealt to."""
+    f = hw.aic.mmad_fractals[dtype]
+    for name, v, q in (("base_m", t.base_m, f.m0), ("base_n", t.base_n, f.n0), ("base_k", t.base_k, f.k0)):
+        if v % q:
+            raise ProgramError(f"op {op}: tiling {name}={v} is not a multiple of the {dtype} fractal ({q})")
+    cores = t.block_dim or hw.chip.aic_count
+    if cores > hw.chip.aic_count:
+        raise ProgramError(f"op {op}: tiling block_dim={cores} exceeds the {hw.chip.aic_count} AIC cores")
+    return cores
+
+
+def alloc_plan(p: MatmulParams, t: MatmulTiling, hw: HwConfig, op: str, la: _Layout, lb: _Layout, lc: tuple,
+               parts: tuple, k_piece: int, bias: GmTensor | None, scale: GmTensor | None,
+               bias_elem: int = 4) -> tuple[_Plan, Buffers]:
+    """A core's local buffers for tiles of up to t.base_m x t.base_n over p.k (L1
+    chunks or the resident A panel, L0A/L0B slices, the L0C accumulator, BT/FB) and
+    the plan of the tile loop nests that use them. Buffers stops on a tile that does
+    not fit. bias_elem: bytes of a bias element in GM (4: fp32; a 2-byte bias is widened into BT)."""
+    e = la.e
+    w8 = scale is not None
+    kc = t.base_k * t.step_k
+    buf = Buffers(hw, op)
+    l1_sets = 2 if t.l1_double else 1
+    l0_sets = 2 if t.l0_double else 1
+    a_l1 = (buf.alloc("a_panel", Mem.L1, la.l1_bytes(t.base_m, align_up(p.k, t.base_k))),) if t.a_resident else tuple(
+        buf.alloc(f"a_chunk{i}", Mem.L1, la.l1_bytes(t.base_m, kc)) for i in range(l1_sets))
+    b_l1 = tuple(buf.alloc(f"b_chunk{i}", Mem.L1, lb.l1_bytes(kc, t.base_n)) for i in range(l1_sets))
+    extra = align_up(t.base_n * 4, 32) * (int(p.bias) + int(w8))  # bias, scales: each 32-byte aligned in L1
+    plan = _Plan(
+        p=p, t=t, kc=kc, k_piece=k_piece, bias=bias, scale=scale, la=la, lb=lb, parts=parts, lc=lc,
+        a_l1=a_l1, b_l1=b_l1, extra_l1=buf.alloc("bias_scale", Mem.L1, extra) if extra else None,
+        a_l0=tuple(buf.alloc(f"a_slice{i}", Mem.L0A, t.base_m * t.base_k * e) for i in range(l0_sets)),
+        b_l0=tuple(buf.alloc(f"b_slice{i}", Mem.L0B, t.base_k * t.base_n * e) for i in range(l0_sets)),
+        c_l0=buf.alloc("acc", Mem.L0C, t.base_m * t.base_n * 4),
+        bt=buf.alloc("bias", Mem.BT, t.base_n * 4) if p.bias else None,
+        fb=buf.alloc("scale", Mem.FB, t.base_n * 4) if w8 else None,
+        bias_elem=bias_elem,
+    )
+    return plan, buf
 
 
 def _zero_parts(name: str, hw: HwConfig, tensors: list[GmTensor], dtype: str) -> Kernel:

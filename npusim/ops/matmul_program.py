@@ -4,6 +4,7 @@ and lowers)."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 from attrs import frozen
@@ -55,6 +56,13 @@ class _Layout:
         else:
             self.dr, self.dc = cols * elem, elem
         self.batch_bytes = _stored_bytes(rows, cols, elem, fmt)
+
+    def moved(self, nbytes: int) -> _Layout:
+        """The same layout starting nbytes further into GM: one group's rows of a
+        grouped operand, or one expert's weight."""
+        out = copy.copy(self)
+        out.base += nbytes
+        return out
 
     def pieces(self, nr: int, nc: int) -> tuple[int, int, int]:
         """(segment bytes, segments, stride) of a [nr, nc] tile."""
@@ -112,6 +120,7 @@ class _Plan:
     bias: object
     scale: object
     block_cols: int = 0  # columns of B and C a block's tiles sit to the right of block 0's (one program for all)
+    bias_elem: int = 4  # bytes of a bias element in GM: fp32, or a grouped matmul's fp16/bf16 (widened into BT)
 
 
 def _stored_bytes(rows: int, cols: int, elem: int, fmt: str) -> int:
@@ -216,15 +225,15 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
         per part it overlaps."""
         out: list = [WaitFlag(Pipe.FIX, Pipe.M, _L0C)]
         if plan.extra_l1 is not None:  # this tile's bias and/or dequant scales
-            # bias and scales are two GM tensors: one copy each, side by side in L1 (32-byte aligned)
-            srcs = [x for x in (plan.bias, plan.scale) if x is not None]
+            # bias and scales (fp32) are two GM tensors: one copy each, side by side in L1 (32-byte aligned)
+            srcs = [(x, be) for x, be in ((plan.bias, plan.bias_elem), (plan.scale, 4)) if x is not None]
             slot = align_up(bn * 4, 32)
             out += [WaitFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA)]
-            out += [Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * 4, ni=t.base_n * 4, block=plan.block_cols * 4),
-                         plan.extra_l1 + i * slot, bn * 4) for i, src in enumerate(srcs)]
+            out += [Copy(Mem.GM, Mem.L1, addr(src.addr + c0 * be, ni=t.base_n * be, block=plan.block_cols * be),
+                         plan.extra_l1 + i * slot, bn * be) for i, (src, be) in enumerate(srcs)]
             out += [SetFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA), WaitFlag(Pipe.MTE2, Pipe.MTE1, _TILE_EXTRA)]
-            if plan.bt is not None:
-                out.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * 4))
+            if plan.bt is not None:  # MTE1 widens a 2-byte bias to fp32 on the way; it moves the L1 bytes
+                out.append(Copy(Mem.L1, Mem.BT, plan.extra_l1, plan.bt, bn * plan.bias_elem))
             if plan.fb is not None:
                 out.append(Copy(Mem.L1, Mem.FB, plan.extra_l1 + (slot if plan.bt is not None else 0), plan.fb, bn * 4))
             out.append(SetFlag(Pipe.MTE1, Pipe.MTE2, _TILE_EXTRA))

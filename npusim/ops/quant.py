@@ -64,7 +64,7 @@ def reference_token_dequant(p, x, specs, ctx) -> dict:
 @frozen
 class QuantizeParams:
     rows: int = param(8, "tokens (rows of x)", validator=lambda i, a, v: _positive(a, v))
-    hidden: int = param(4096, "elements per token (a multiple of 32: int8 rows are whole 32-byte UB blocks)",
+    hidden: int = param(4096, "elements per token (rows are padded to 32-byte blocks in UB)",
                         validator=lambda i, a, v: _positive(a, v))
     dtype: str = param("fp16", "dtype of x", validator=dtype_validator(("fp16", "bf16")))
     smooth: bool = param(False, "multiply x by per-channel SmoothQuant factors (fp32 [hidden]) before taking "
@@ -90,21 +90,21 @@ def _positive(attribute, value) -> None:
           outs=("y", "scale"))
 def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Per-token dynamic INT8 quantisation: y = rint(x * smooth / scale), scale = max|x * smooth| / 127."""
-    if p.hidden % UB_BLOCK:
-        raise ProgramError(f"op quantize_per_token: hidden={p.hidden} is not a multiple of {UB_BLOCK} (int8 rows "
-                           f"are whole {UB_BLOCK}-byte UB blocks)")
     h, e = p.hidden, DTYPE_BYTES[p.dtype]
+    # rows are padded in UB to whole 32-byte blocks of the int8 output (DataCopyPad):
+    # every per-row instruction runs over hp elements
+    hp = align_up(h, UB_BLOCK)
     x = gm.tensor("x", p.rows * h * e)
     y = gm.tensor("y", p.rows * h)
     scale = gm.tensor("scale", p.rows * 4)
-    consts = [Const(gm.tensor("smooth", h * 4), h * 4)] if p.smooth else []
+    consts = [Const(gm.tensor("smooth", h * 4), h * 4, hp * 4)] if p.smooth else []
 
     def compute(nr, ub_in, ub_out, tmp, c):
-        n = nr * h
+        n = nr * hp
         w, a, st = tmp  # w: x (* smooth) in fp32; a: an fp16 copy (its |max|, then the rounded values)
         ops = [cast(n, p.dtype, "fp32", w, ub_in[0])]
         if p.smooth:  # the factors are one [h] row: one instruction per token
-            ops += per_row(nr, h * 4, lambda at: [vop("mul", h, "fp32", at(w), at(w), c[0])])
+            ops += per_row(nr, hp * 4, lambda at: [vop("mul", hp, "fp32", at(w), at(w), c[0])])
         # the row maximum is found on an fp16 copy (half the scratch of an fp32 one;
         # the reference takes it in fp32 - the cost is what this sequence models)
         ops += [cast(n, "fp32", "fp16", a, w),
@@ -114,14 +114,16 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
                 vop("muls", nr, "fp32", ub_out[1], st),  # scale = amax / 127
                 vop("div", nr, "fp32", st, st)]  # 127 / amax, read back by the scalar unit
         ops += scalar_read()
-        ops += per_row(nr, h * 4, lambda at: [vop("muls", h, "fp32", at(w), at(w))])
+        ops += per_row(nr, hp * 4, lambda at: [vop("muls", hp, "fp32", at(w), at(w))])
         # fp32 -> fp16 -> int8 (rint): the 910B vector unit's cast path to int8
         return ops + [cast(n, "fp32", "fp16", a, w), cast(n, "fp16", "int8", ub_out[0], a)]
 
+    pad = hp != h
     try:
-        k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows, [Stream(x, h * e)],
-                             [Stream(y, h), Stream(scale, 4)], compute, consts=consts,
-                             tmp_row_bytes=[h * 4, h * 2, 4], quantum=quantum(hw, p.rows, h * e))
+        k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows,
+                             [Stream(x, h * e, ub_row_bytes=hp * e if pad else 0)],
+                             [Stream(y, h, ub_row_bytes=hp if pad else 0), Stream(scale, 4)], compute, consts=consts,
+                             tmp_row_bytes=[hp * 4, hp * 2, 4], quantum=quantum(hw, p.rows, h * e))
     except ProgramError as err:  # assumption: rows are kept whole (a two-pass chunked row is not modelled)
         raise ProgramError(f"{err}: hidden={h} is too long to keep a row whole in UB") from None
     ins = [TensorInfo("x", (p.rows, h), p.dtype)] + ([TensorInfo("smooth", (h,), "fp32")] if p.smooth else [])

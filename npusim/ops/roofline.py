@@ -63,10 +63,12 @@ def peak_flops_per_s(lowered: Lowered, hw: HwConfig) -> float:
 
 
 def hbm_floor_bytes(lowered: Lowered, hw: HwConfig) -> float:
-    """Least HBM traffic possible from a cold L2: every input byte is read once, and
-    written bytes beyond what the write-back L2 can hold must reach HBM."""
-    reads = sum(t.nbytes for t in lowered.inputs)
+    """Least HBM traffic possible from a cold L2: every input byte the op needs is read
+    once (an op may need less than its inputs hold - the weights of an expert no token
+    was routed to - which its minimum GM bytes say), and written bytes beyond what the
+    write-back L2 can hold must reach HBM."""
     writes = sum(t.nbytes for t in lowered.outputs)
+    reads = min(sum(t.nbytes for t in lowered.inputs), lowered.min_gm_bytes - writes)
     return reads + max(0, writes - hw.l2.l2_bytes)
 
 

@@ -7,9 +7,12 @@ reduction): a core streams its rows through UB double-buffered, and V runs the
 op's instruction sequence on each tile. The sequences are what an Ascend C
 author writes, and they are what the op costs:
 
-- fp16 and fp32 arithmetic runs in the input dtype. bf16 has no vector
-  arithmetic on this chip (only casts), so bf16 ops cast in to fp32 and back.
-  # assumption: 910B vector ALU ops take fp16/fp32 (and int), not bf16
+- fp16, fp32 and int32 arithmetic runs in the input dtype. bf16 and int8 have no
+  vector arithmetic on this chip (only casts), so their ops cast in to a WIDENED
+  dtype (bf16 -> fp32, int8 -> fp16, both exact) and back. int64 has no 64-bit ALU
+  at all: an op on it works on the element's two int32 words (maximum: compare and
+  select).
+  # assumption: 910B vector ALU ops take fp16/fp32/int16/int32, not bf16, int8 or int64
 - norms and softmax compute in fp32 whatever the input (cast in, cast out), as
   CANN's kernels do for accuracy; a row reduction is one reduce instruction over
   the tile (out_n = one value per row), and applying a per-row statistic is one
@@ -37,15 +40,18 @@ from attrs import frozen
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import DTYPE_BYTES, Loop, Pipe, SetFlag, VecOp, WaitFlag, addr
-from npusim.ops.build import align_up, line_quantum
+from npusim.isa.program import DTYPE_BYTES, GmTensor, Loop, Pipe, SetFlag, VecOp, WaitFlag, addr
+from npusim.ops.build import align_up, cdiv, line_quantum
 from npusim.ops.reference import eltwise, gated, gelu, silu
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
-from npusim.ops.vector_kernels import Stream, streaming_kernel
+from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 
 FLOAT_DTYPES = ("fp16", "bf16", "fp32")
 CAST_DTYPES = ("fp16", "bf16", "fp32", "int8", "int32")
+MAX_DTYPES = ("fp16", "bf16", "fp32", "int8", "int32", "int64")
 UB_BLOCK = 32  # bytes: UB addresses of vector operands are 32-byte aligned
+# the dtype an op on each of these computes in (see the module docstring)
+WIDENED = {"bf16": "fp32", "int8": "fp16"}
 
 
 def shape_validator(ndim: int | None = None, min_ndim: int = 1):
@@ -131,6 +137,22 @@ class ScaleParams(EltwiseParams):
     scale: float = param(0.5, "the scalar s")
 
 
+def _exp_base(instance, attribute, value) -> None:
+    if value != -1.0 and not value > 0:
+        raise ValueError(f"'{attribute.name}' must be > 0, or -1 for e, got {value!r}")
+
+
+@frozen
+class ExpParams(EltwiseParams):
+    base: float = param(-1.0, "y = base^(scale*x + shift); -1 means e (CANN Exp's attributes)", validator=_exp_base)
+    scale: float = param(1.0, "multiplies x")
+    shift: float = param(0.0, "added to scale*x")
+
+    @property
+    def ln_base(self) -> float:
+        return 1.0 if self.base == -1.0 else math.log(self.base)
+
+
 @frozen
 class CastParams:
     shape: tuple = param((8, 4096), "tensor shape", validator=shape_validator())
@@ -150,36 +172,62 @@ Body = Callable[[int, Sequence[int], int, Sequence[int], str], list]
 
 
 def _eltwise_kernel(op: str, hw: HwConfig, dtype: str, rows: int, ins: list[Stream], out: Stream,
-                    row_elems: int, body: Body, n_tmp: int, quantum_: int):
+                    row_elems: int, body: Body, n_tmp: int, quantum_: int,
+                    consts: Sequence[tuple[GmTensor, int]] = ()):
     """A streaming kernel applying `body` to whole tiles. row_elems: elements of a row
     as laid out in UB (1 for a plain elementwise op, the padded half row for SwiGLU).
-    bf16 casts every input to an fp32 scratch, runs `body` in fp32 and casts back."""
-    if dtype == "bf16":
-        parts = [row_elems * 4] * (len(ins) + 1 + n_tmp)
+    A WIDENED dtype casts every input to a scratch in its compute dtype, runs `body`
+    there and casts back. consts: (GM vector, elements) every core loads into UB once
+    (a broadcast operand), handed to `body` after the tile's inputs, in the compute
+    dtype (a WIDENED one cast once per core, in place)."""
+    wide = WIDENED.get(dtype)
+    e, ec = DTYPE_BYTES[dtype], DTYPE_BYTES[wide or dtype]
+    loads = [_const(t, elems, e, ec) for t, elems in consts]
+    if wide:
+        parts = [row_elems * ec] * (len(ins) + 1 + n_tmp)
 
-        def compute(nr, ub_in, ub_out, tmp, consts):
+        def compute(nr, ub_in, ub_out, tmp, const_ub):
             n = nr * row_elems
-            ops = [cast(n, "bf16", "fp32", tmp[i], ub) for i, ub in enumerate(ub_in)]
-            ops += body(n, tmp[:len(ins)], tmp[len(ins)], tmp[len(ins) + 1:], "fp32")
-            return ops + [cast(n, "fp32", "bf16", ub_out[0], tmp[len(ins)])]
+            ops = [cast(n, dtype, wide, tmp[i], ub) for i, ub in enumerate(ub_in)]
+            ops += body(n, [*tmp[:len(ins)], *const_ub], tmp[len(ins)], tmp[len(ins) + 1:], wide)
+            return ops + [cast(n, wide, dtype, ub_out[0], tmp[len(ins)])]
+
+        def setup(const_ub):
+            return [cast(elems, dtype, wide, ub, ub + c.ub_offset)
+                    for (_, elems), c, ub in zip(consts, loads, const_ub)]
     else:
-        parts = [row_elems * DTYPE_BYTES[dtype]] * n_tmp
+        parts = [row_elems * e] * n_tmp
+        setup = None
 
-        def compute(nr, ub_in, ub_out, tmp, consts):
-            return body(nr * row_elems, ub_in, ub_out[0], tmp, dtype)
+        def compute(nr, ub_in, ub_out, tmp, const_ub):
+            return body(nr * row_elems, [*ub_in, *const_ub], ub_out[0], tmp, dtype)
 
-    return streaming_kernel(op, op, hw, rows, ins, [out], compute, tmp_row_bytes=parts, quantum=quantum_)
+    return streaming_kernel(op, op, hw, rows, ins, [out], compute, consts=loads, tmp_row_bytes=parts,
+                            quantum=quantum_, setup=setup)
+
+
+def _const(t: GmTensor, elems: int, e: int, ec: int) -> Const:
+    """A vector of `elems` elements of e bytes held in UB as ec-byte elements: a narrower
+    one lands in the upper part of its room and is widened there in place (ec = 2e, so
+    increasing addresses never overtake the unread part)."""
+    pitch = align_up(elems * e, UB_BLOCK)
+    room = pitch // e * ec
+    return Const(t, elems * e, room, room - pitch)
 
 
 def lower_eltwise(op: str, p, hw: HwConfig, gm: GmArena, in_names: Sequence[str], body: Body, flops_per_elem: int,
-             n_tmp: int = 0) -> Lowered:
+             n_tmp: int = 0, in_shapes: Sequence[tuple] = ()) -> Lowered:
+    """in_shapes: each input's shape as listed (default p.shape; another shape of the same
+    size, e.g. a maximum's x2 given as [1, n], streams the same)."""
     n, e = numel(p.shape), DTYPE_BYTES[p.dtype]
     tensors = [gm.tensor(name, n * e) for name in in_names]
     y = gm.tensor("y", n * e)
     q = quantum(hw, n, e, fallback=max(1, hw.dma.burst_bytes // e))
     k = _eltwise_kernel(op, hw, p.dtype, n, [Stream(t, e) for t in tensors], Stream(y, e), 1, body, n_tmp, q)
-    return vector_lowered(op, p, [k], flops_per_elem * n, [TensorInfo(name, p.shape, p.dtype) for name in in_names],
-                    [TensorInfo("y", p.shape, p.dtype)])
+    shapes = in_shapes or [p.shape] * len(in_names)
+    return vector_lowered(op, p, [k], flops_per_elem * n,
+                          [TensorInfo(name, shape, p.dtype) for name, shape in zip(in_names, shapes)],
+                          [TensorInfo("y", p.shape, p.dtype)])
 
 
 @register("add", EltwiseParams, reference=eltwise(lambda p, a, b: a + b, "x1", "x2"), in_place=True,
@@ -219,11 +267,29 @@ def lower_scale_add(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
 
 
 SILU_FLOPS = 4  # per element: silu_ops' instructions
+SIGMOID_FLOPS = 4  # per element: sigmoid_ops' arithmetic (the Duplicate of ones is not counted)
+
+
+def one_plus_exp_neg(n: int, x, t, dt: str) -> list:
+    """t = 1 + exp(-x): Muls(-1), Exp, Adds(1) - the denominator of sigmoid and silu."""
+    return [vop("muls", n, dt, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t)]
 
 
 def silu_ops(n: int, x, dst, t, dt: str) -> list:
     """silu(x) = x / (1 + exp(-x)): Muls(-1), Exp, Adds(1), Div - 4 ops per element."""
-    return [vop("muls", n, dt, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t), vop("div", n, dt, dst, x, t)]
+    return one_plus_exp_neg(n, x, t, dt) + [vop("div", n, dt, dst, x, t)]
+
+
+def sigmoid_ops(n: int, x, dst, t, dt: str) -> list:
+    """sigmoid(x) = 1 / (1 + exp(-x)) as Ascend C's Sigmoid computes it (CANN 8.1
+    sigmoid_impl.h): Muls(-1), Exp, Adds(1), then Duplicate a tensor of ones and Div it
+    by the sum (the ones in dst: dst must not be x)."""
+    return one_plus_exp_neg(n, x, t, dt) + [vop("dup", n, dt, dst, flops=0), vop("div", n, dt, dst, dst, t)]
+
+
+def sigmoid(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-v))
 
 
 @register("silu", EltwiseParams, reference=eltwise(lambda p, a: silu(a), "x"), in_place=True, ins=("x",),
@@ -232,6 +298,39 @@ def lower_silu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
     """SiLU: y = x * sigmoid(x), as x / (1 + exp(-x))."""
     return lower_eltwise("silu", p, hw, gm, ("x",), lambda n, s, d, t, dt: silu_ops(n, s[0], d, t[0], dt), SILU_FLOPS,
                     n_tmp=1)
+
+
+@register("sigmoid", EltwiseParams, reference=eltwise(lambda p, a: sigmoid(a), "x"), in_place=True, ins=("x",),
+          outs=("y",))
+def lower_sigmoid(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Sigmoid: y = 1 / (1 + exp(-x))."""
+    return lower_eltwise("sigmoid", p, hw, gm, ("x",), lambda n, s, d, t, dt: sigmoid_ops(n, s[0], d, t[0], dt),
+                         SIGMOID_FLOPS, n_tmp=1)
+
+
+def exp_steps(p: ExpParams) -> list[str]:
+    """The instructions of y = exp((scale*x + shift) * ln(base)) with the constants
+    folded: Muls by scale*ln(base) unless it is 1, Adds shift*ln(base) unless it is 0,
+    then Exp."""
+    k, b = p.scale * p.ln_base, p.shift * p.ln_base
+    return ["muls"] * (k != 1) + ["adds"] * (b != 0) + ["exp"]
+
+
+def reference_exp(p: ExpParams, a: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.exp((np.float32(p.scale) * a + np.float32(p.shift)) * np.float32(p.ln_base))
+
+
+@register("exp", ExpParams, reference=eltwise(reference_exp, "x"), in_place=True, ins=("x",), outs=("y",))
+def lower_exp(p: ExpParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Exp: y = base^(scale*x + shift) (also what a graph-fused AutomaticBufferFusionOp
+    computing exp((scale*x + shift) * ln(base)) is: one streaming pass)."""
+    steps = exp_steps(p)
+
+    def body(n, s, d, t, dt):
+        return [vop(op, n, dt, d, s[0] if i == 0 else d) for i, op in enumerate(steps)]
+
+    return lower_eltwise("exp", p, hw, gm, ("x",), body, len(steps))
 
 
 @register("gelu", EltwiseParams, reference=eltwise(lambda p, a: gelu(a), "x"), in_place=True, ins=("x",),
@@ -334,3 +433,106 @@ def lower_cast(p: CastParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
     q = quantum(hw, n, min(ei, eo), fallback=max(1, hw.dma.burst_bytes // min(ei, eo)))
     k = streaming_kernel("cast", "cast", hw, n, [Stream(x, ei)], [Stream(y, eo)], compute, quantum=q)
     return vector_lowered("cast", p, [k], n, [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.out_dtype)])
+
+
+# ================================================================ maximum
+
+
+@frozen
+class MaximumParams:
+    shape: tuple = param((8, 4096), "shape of x1 and y", validator=shape_validator())
+    shape2: tuple = param((), "shape of x2, broadcast to shape numpy-style (empty: shape)",
+                          validator=shape_validator(min_ndim=0))
+    dtype: str = param("fp16", "element dtype", validator=dtype_validator(MAX_DTYPES))
+
+
+def broadcast_split(op: str, shape: tuple, shape2: tuple) -> tuple[int, int, int]:
+    """x1 as [outer, mid, inner] where x2 is its [mid] part: x2 has x1's dims whole
+    (mid) or of size 1. Modelled when x2's size-1 dims all come before (outer) or after
+    (inner) its whole ones; a single value is one per row of x1's last dim."""
+    if len(shape2) > len(shape):
+        raise ProgramError(f"op {op}: x2 {shape2} has more dims than x1 {shape} (y would broadcast x1): not modelled")
+    padded = (1,) * (len(shape) - len(shape2)) + tuple(shape2)
+    if any(b not in (1, a) for a, b in zip(shape, padded)):
+        raise ProgramError(f"op {op}: x2 {shape2} does not broadcast to x1 {shape}")
+    dims = [(a, b == a) for a, b in zip(shape, padded) if a > 1]  # (size, x2 has it whole); size-1 dims tell nothing
+    whole = [i for i, (_, w) in enumerate(dims) if w]
+    if not whole:
+        return numel(shape[:-1]), 1, shape[-1]
+    lo, hi = whole[0], whole[-1] + 1
+    if len(whole) != hi - lo:
+        raise ProgramError(f"op {op}: x2 {shape2} broadcasts to x1 {shape} between dims it has whole: not modelled")
+    return tuple(math.prod(a for a, _ in part) for part in (dims[:lo], dims[lo:hi], dims[hi:]))
+
+
+def max_ops(n: int, dst, a, b, dt: str, mask=None) -> list:
+    """dst = max(a, b) over n elements (dst may be a or b when dt is not int64)."""
+    if dt != "int64":
+        return [vop("max", n, dt, dst, a, b)]
+    # assumed: no 64-bit ALU, so int64 max is what an Ascend C kernel does on 32-bit lanes:
+    # each element a (low, high) pair of int32 words; three Compares over the 2n words
+    # (low words unsigned >, high words ==, high words >; a lane mask picks the words),
+    # each followed by a Select of whole pairs into dst through `mask` (a scratch of the
+    # 2n bits): dst = lo_gt ? a : b; dst = hi_eq ? dst : b; dst = hi_gt ? a : dst.
+    w = 2 * n
+    ops = []
+    for x, y in ((a, b), (dst, b), (a, dst)):
+        ops += [VecOp("compare", w, "int32", mask, (a, b), "uint8", cdiv(w, 8), 0),
+                vop("select", w, "int32", dst, x, y, flops=0)]
+    return ops
+
+
+def reference_maximum(p: MaximumParams, x, specs, ctx) -> dict:
+    return {"y": np.maximum(x["x1"].reshape(p.shape), x["x2"].reshape(p.shape2 or p.shape))}
+
+
+@register("maximum", MaximumParams, reference=reference_maximum, in_place=True, ins=("x1", "x2"), outs=("y",))
+def lower_maximum(p: MaximumParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
+    """Elementwise maximum: y = max(x1, x2), x2 broadcast to x1 (a row vector, or a value per row)."""
+    shape2 = p.shape2 or p.shape
+    outer, mid, inner = broadcast_split("maximum", p.shape, shape2)
+    n_tmp = 1 if p.dtype == "int64" else 0  # int64: the Compare mask (a row of the dtype: room to spare)
+    if outer == inner == 1:  # x2 has x1's size: it streams like x1
+        return lower_eltwise("maximum", p, hw, gm, ("x1", "x2"),
+                             lambda n, s, d, t, dt: max_ops(n, d, s[0], s[1], dt, *t), 1, n_tmp, (p.shape, shape2))
+    n, e = numel(p.shape), DTYPE_BYTES[p.dtype]
+    x1, x2, y = gm.tensor("x1", n * e), gm.tensor("x2", mid * e), gm.tensor("y", n * e)
+    k = _broadcast_max_kernel(p, hw, x1, x2, y, outer, mid, inner, n_tmp)
+    return vector_lowered("maximum", p, [k], n, [TensorInfo("x1", p.shape, p.dtype), TensorInfo("x2", shape2, p.dtype)],
+                          [TensorInfo("y", p.shape, p.dtype)])
+
+
+def _broadcast_max_kernel(p: MaximumParams, hw: HwConfig, x1, x2, y, outer: int, mid: int, inner: int, n_tmp: int):
+    """max(x1, x2) with x2 [mid] broadcast over x1 [outer, mid, inner]: x1 streams whole
+    rows; x2 is loaded into UB once per core (a const), never streamed again. inner 1:
+    x2 is a row vector, the row of every x1 row; else row r of x1 (`inner` elements)
+    takes the one value x2[r % mid]."""
+    e = DTYPE_BYTES[p.dtype]
+    rows, row = (outer, mid) if inner == 1 else (outer * mid, inner)
+    pitch = align_up(row * e, UB_BLOCK)  # rows padded to 32 bytes in UB: per-row instructions start aligned
+    row_elems = pitch // e
+    if inner == 1:
+        # assumed: each row of a tile is one Max against the same UB row (the
+        # instruction's repeats walk the row; its second operand does not move)
+        def each_row(at, s, d, t, dt):
+            return max_ops(row, at(d), at(s[0]), s[1], dt, *map(at, t))
+    elif p.dtype == "int64":
+        raise ProgramError(f"op maximum: int64 x1 {p.shape} with one x2 value per row {p.shape2}: not modelled "
+                           "(no 64-bit Maxs)")
+    else:
+        # assumed: the scalar unit reads the tile's rows' values from UB (GetValue: one
+        # V -> S -> V round trip per tile, as for a norm's statistics), and each row is
+        # one Maxs with its value as the scalar operand
+        def each_row(at, s, d, t, dt):
+            return [vop("maxs", row, dt, at(d), at(s[0]))]
+
+    def body(n, s, d, t, dt):
+        ops = per_row(n // row_elems, row_elems * DTYPE_BYTES[dt], lambda at: each_row(at, s, d, t, dt))
+        return ops if inner == 1 else scalar_read() + ops
+
+    stream = [Stream(t, row * e, ub_row_bytes=pitch if pitch != row * e else 0) for t in (x1, y)]
+    try:
+        return _eltwise_kernel("maximum", hw, p.dtype, rows, stream[:1], stream[1], row_elems, body, n_tmp,
+                               quantum(hw, rows, row * e), consts=[(x2, mid)])
+    except ProgramError as err:
+        raise ProgramError(f"{err}: x2 {p.shape2} broadcast over rows of {row} elements of x1 {p.shape}") from None

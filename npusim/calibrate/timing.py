@@ -1,0 +1,72 @@
+"""How a measured row's time is simulated: one function per timing method.
+
+A measurement is only comparable with a simulation that times the same thing (the
+Method column of the public data, npusim/data/measured/README.md):
+
+- KERNELS (msprof op_summary, `msprof op`, the torch_npu profiler's kernel table):
+  device time of the row's kernels, each from reaching its stream's head (the kernel
+  start, which msprof's duration includes as scheduling) to its end, summed. A row
+  that sums several kernels (OP Type "Mul+Add+Exp") runs them back to back on one
+  device, each reading what the one before wrote (its first input is the previous
+  op's first output), so an intermediate still in the L2 is read from there.
+- EAGER_LOOP (events around N back-to-back eager calls, divided by N): the same
+  kernels launched by the host in eager mode LOOP_CALLS times on the same tensors;
+  the time per call in steady state (the L2 holds what the calls before left, dirty
+  lines included), which is the host's cost per call when the host is the slower.
+- EAGER_CALL (one eager call between two events): one launch from an idle device:
+  the host's launch cost, the kernel start and the kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from npusim.engine import Launch, Synchronize, run
+from npusim.hw import HwConfig
+from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
+
+KERNELS, EAGER_LOOP, EAGER_CALL = "kernels", "eager_loop", "eager_call"
+# the Method column of the public measurements (npusim/data/measured/README.md) -> how
+# npusim times the row; a profile without the column holds kernel times (msprof).
+# assumption: "not stated" rows are kernel times - they come from the same metadata
+# file as cann-bench's `msprof op` GEMM baselines
+METHODS = {"": KERNELS, "K-msprof-op": KERNELS, "K-prof": KERNELS, "not stated": KERNELS,
+           "EV-loop": EAGER_LOOP, "EV-single": EAGER_CALL, "EV-eager": EAGER_CALL}
+# calls of an event-timed loop simulated: the first fills the L2 from cold, the ones
+# after it are in steady state; the time per call is taken between the ends of the
+# first and the last (assumption: two steady calls are enough - the state a call
+# leaves is the state it found from the second call on)
+LOOP_CALLS = 3
+
+Part = tuple[str, tuple]  # (npusim op type, sorted params)
+
+
+def chain(parts: Sequence[Part], hw: HwConfig) -> list[Lowered]:
+    """The parts lowered in order, each reading the first output of the one before
+    as its first input (distinct GM tensors otherwise)."""
+    out: list[Lowered] = []
+    arena = GmArena(align_bytes=gm_align_bytes(hw))
+    for op, params in parts:
+        bound = {}
+        if out:
+            first_in = spec(op).operands.ins[0]
+            bound[first_in] = arena.tensors[out[-1].outputs[0].name].addr
+        arena = GmArena(bound, base=arena.next, align_bytes=arena.align_bytes)
+        out.append(lower(op, dict(params), hw, gm=arena))
+    return out
+
+
+def time_us(parts: Sequence[Part], timing: str, hw: HwConfig) -> float:
+    """The simulated time of `parts` as the method `timing` measures it (see the module doc)."""
+    kernels = [k for low in chain(parts, hw) for k in low.kernels]
+    if timing == KERNELS:
+        result = run([Launch(k, 0, "graph") for k in kernels] + [Synchronize()], hw, trace="kernel", counters=False)
+        ks = result.kernels
+        return hw.us(ks[-1].end - ks[0].queued)
+    calls = LOOP_CALLS if timing == EAGER_LOOP else 1
+    result = run([Launch(k, 0, "eager") for _ in range(calls) for k in kernels] + [Synchronize()], hw,
+                 trace="kernel", counters=False)
+    ends = [k.end for k in result.kernels[len(kernels) - 1::len(kernels)]]
+    if timing == EAGER_LOOP:
+        return hw.us((ends[-1] - ends[0]) / (calls - 1))
+    return hw.us(ends[0])  # the host's first launch starts at time 0
