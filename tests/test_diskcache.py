@@ -195,6 +195,20 @@ def test_a_field_the_step_does_not_read_is_served_from_the_cache(tmp_path):
     assert len(store.entries()) == 3 and other.latency_us != first.latency_us  # a field it reads: simulated
 
 
+def test_a_table_entry_the_step_does_not_read_is_served_from_the_cache(tmp_path):
+    """A table field (vector costs per op) is read entry by entry: changing the cost of a
+    vector op no kernel of the step issues is a cache hit, of one it issues a miss."""
+    from npusim.runtime.decoder import run_decoder
+
+    store = DiskCache(tmp_path)
+    args = dict(workload="k3-tiny", batch=2, context=64, passes="optimized", store=store)
+    first = run_decoder(hw="ascend910b2", **args)
+    same = run_decoder(hw="ascend910b2", overrides={"aiv.vector_cycles_per_repeat.sort32": "9"}, **args)
+    assert len(store.entries()) == 2 and same.latency_us == first.latency_us  # no sort in a decode step
+    other = run_decoder(hw="ascend910b2", overrides={"aiv.vector_cycles_per_repeat.exp": "9"}, **args)
+    assert len(store.entries()) == 3 and other.latency_us != first.latency_us
+
+
 def test_a_warm_run_never_writes_its_json_over_an_input(tmp_path, capsys):
     hw = tmp_path / "hw.yaml"
     from npusim.hw.load import find_file

@@ -1,5 +1,12 @@
 """Closed-form checks of GM transfers: one DMA, many DMAs sharing HBM (the flow
-model), and the 64-byte burst rule. Every expected number is derived from the config."""
+model), the 64-byte burst rule and the per-segment DMA time. Every expected number
+is derived from the config.
+
+The rule (engine/compile.py, _copy): a transfer pays dma.startup_cycles once, then
+its bytes flow at min(port, fair share of the links, one segment per
+dma.segment_cycles), where a segment is `align_up(segment bytes, burst)` after
+back-to-back segments are merged into one. A transfer of many short segments is
+held to `segments * segment_cycles`; one of long segments is not slowed."""
 
 from __future__ import annotations
 
@@ -36,6 +43,12 @@ def the_interval(result, core="AIV0", pipe="MTE2"):
     return iv
 
 
+def segment_cap(hw, seg_bytes: int) -> float:
+    """Bytes/cycle the DMA engine's per-segment time allows: one burst-rounded
+    segment per dma.segment_cycles (overlapped with the data, not a start-up)."""
+    return -(-seg_bytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles
+
+
 def rounded(addr: int, nbytes: int, burst: int) -> int:
     """Bytes a segment [addr, addr+nbytes) moves once rounded out to aligned bursts."""
     lo = addr // burst * burst
@@ -60,11 +73,13 @@ def test_single_read_takes_startup_plus_bytes_over_slowest_link(limit, over):
     slowest = {"port": port, "hbm": hbm, "l2": l2}[limit]
     assert slowest == min(port, hbm, l2)  # the override made `limit` the bottleneck
 
+    assert segment_cap(hw, nbytes) > slowest  # one long segment: the segment time does not bind
+
     r = simulate(read_kernel(hw, GM_A, nbytes), hw)
     _, _, name, start, end, _ = the_interval(r)
     assert name == "GM->UB"
-    startup = hw.dma.startup_cycles + 1 * hw.dma.segment_cycles
-    assert end - start == startup + ceil_div(nbytes, slowest)
+    # transfer = startup + bytes / min(port, HBM, L2); one start-up, the segment overlapped
+    assert end - start == hw.dma.startup_cycles + ceil_div(nbytes, slowest)
 
     # cold L2: the moved bytes cross the port on the L2 link, at min(port cap, L2); the
     # line fill HBM -> L2 does not cross the port, so it runs at the whole HBM rate
@@ -83,7 +98,8 @@ def test_single_write_goes_at_write_port_and_stays_in_l2():
     r = simulate(aiv_kernel(hw, [Copy(UB, GM, 0, GM_A, nbytes)]), hw)
     _, pipe, name, start, end, _ = the_interval(r, pipe="MTE3")
     assert name == "UB->GM"
-    assert end - start == hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(
+    assert segment_cap(hw, nbytes) > hw.aiv.gm_write_bytes_per_cycle
+    assert end - start == hw.dma.startup_cycles + ceil_div(
         nbytes, min(hw.aiv.gm_write_bytes_per_cycle, hw.l2_bytes_per_cycle))
     s = r.kernels[0].stats
     assert s.gm_write_bytes == nbytes
@@ -98,7 +114,8 @@ def test_kernel_time_is_block_start_plus_program():
     _, _, _, start, end, _ = the_interval(r)
     assert start == k.start + hw.runtime.block_start_cycles
     assert k.end == end
-    assert k.cycles == hw.runtime.block_start_cycles + hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(
+    assert segment_cap(hw, nbytes) > hw.aiv.gm_read_bytes_per_cycle
+    assert k.cycles == hw.runtime.block_start_cycles + hw.dma.startup_cycles + ceil_div(
         nbytes, hw.aiv.gm_read_bytes_per_cycle)
 
 
@@ -119,7 +136,8 @@ def test_n_cores_share_hbm_fairly(n, dedup):
     assert len({(iv[3], iv[4]) for iv in ivs}) == 1  # every core the same share
     _, _, _, start, end, _ = ivs[0]
     share = min(port, hbm / n)
-    startup = hw.dma.startup_cycles + hw.dma.segment_cycles
+    assert segment_cap(hw, nbytes) > port  # one long segment each: only the links and ports share
+    startup = hw.dma.startup_cycles
     assert end - start == startup + ceil_div(nbytes, share)
     if n * port >= hbm:  # HBM-limited: the whole copy takes n * bytes at the HBM rate
         assert end - start == startup + ceil_div(n * nbytes, hbm)
@@ -201,7 +219,8 @@ def test_hbm_fill_is_not_capped_by_the_port():
     nbytes = 65536
     r = simulate(read_kernel(hw, GM_A, nbytes), hw)
     _, _, _, start, end, _ = the_interval(r)
-    flows_start = start + hw.dma.startup_cycles + hw.dma.segment_cycles
+    assert segment_cap(hw, nbytes) > port
+    flows_start = start + hw.dma.startup_cycles
     assert end == flows_start + ceil_div(nbytes, port)
     # HBM busy at its full rate from the start of the flows until the fill is done
     busy = [(t, rate) for t, rate in r.trace.counters["HBM"]]
@@ -231,7 +250,10 @@ def test_misaligned_start_moves_extra_bursts_and_takes_longer():
     a = aligned.kernels[0].stats
     assert a.wasted_burst_bytes == 0 and a.misaligned_segments == 0
 
-    startup = hw.dma.startup_cycles + hw.dma.segment_cycles
+    # one segment: its DMA time (65536 B per segment_cycles) is far above the port, so
+    # the extra burst is paid at the port rate
+    assert segment_cap(hw, nbytes) > port
+    startup = hw.dma.startup_cycles
     ta, ts = the_interval(aligned), the_interval(shifted)
     assert ta[4] - ta[3] == startup + ceil_div(nbytes, port)
     assert ts[4] - ts[3] == startup + ceil_div(moved, port)
@@ -247,7 +269,11 @@ def test_unaligned_end_only_is_one_misaligned_segment():
     assert s.misaligned_segments == 1
 
 
-def test_fragmented_copy_pays_a_startup_per_segment_and_rounded_bytes():
+def test_fragmented_copy_pays_per_segment_and_rounded_bytes():
+    """64 pieces of 100 bytes, 256 apart: each moves its 128 rounded-out bytes, and the
+    DMA engine spends segment_cycles on each, so the copy's bytes flow at one
+    128-byte segment per segment_cycles (below the port). The same bytes in one
+    segment run at the port rate: the fragmented copy is slower."""
     hw = hw_with()
     burst, port = hw.dma.burst_bytes, hw.aiv.gm_read_bytes_per_cycle
     segs, seg_bytes, stride, ub_stride = 64, 100, 256, 128
@@ -260,11 +286,72 @@ def test_fragmented_copy_pays_a_startup_per_segment_and_rounded_bytes():
     assert s.wasted_burst_bytes == moved - segs * seg_bytes
     assert s.misaligned_segments == segs  # each ends mid-burst
     assert s.dma_segments == segs
+    # transfer = startup + moved / min(port, align_up(100, 64) / segment_cycles)
+    cap = segment_cap(hw, seg_bytes)
+    assert cap < port
     _, _, _, start, end, _ = the_interval(frag)
-    assert end - start == hw.dma.startup_cycles + segs * hw.dma.segment_cycles + ceil_div(moved, port)
+    assert end - start == hw.dma.startup_cycles + ceil_div(moved, cap)
+    # aligned starts: every segment moves exactly its burst-rounded bytes, so the
+    # segments are what hold it, one per segment_cycles
+    assert moved == segs * -(-seg_bytes // burst) * burst
+    assert end - start == hw.dma.startup_cycles + segs * hw.dma.segment_cycles
     _, _, _, start_w, end_w, _ = the_interval(whole)
-    assert end_w - start_w == hw.dma.startup_cycles + hw.dma.segment_cycles + ceil_div(segs * seg_bytes, port)
+    assert segment_cap(hw, segs * seg_bytes) > port
+    assert end_w - start_w == hw.dma.startup_cycles + ceil_div(segs * seg_bytes, port)
     assert end - start > end_w - start_w
+
+
+@pytest.mark.parametrize("limit, over", [
+    ("port", {}),
+    ("hbm", {"hbm.peak_bw_bytes_per_s": 7.2e10}),  # 40 B/cycle at 1.8 GHz
+])
+def test_short_segments_are_held_to_segment_cycles_long_ones_run_at_the_link_rate(limit, over):
+    """The same 16 KiB three ways, cold L2, one start-up each:
+    - 256 one-burst segments, 128 apart: the DMA engine's segment_cycles per segment
+      hold the flow to 64 B per segment_cycles, below the port and HBM, so the data
+      takes exactly segments * segment_cycles after the start-up;
+    - 4 segments of 4 KiB (whole lines), 8 KiB apart: the segment time (4 KiB per
+      segment_cycles) is far above the links, so the copy runs at min(port, HBM) as
+      one contiguous read would;
+    - 256 one-burst segments back to back: merged into one 16 KiB segment, so the
+      segment time does not hold it either."""
+    hw = hw_with(**over)
+    burst, line = hw.dma.burst_bytes, hw.l2.line_bytes
+    port, hbm = hw.aiv.gm_read_bytes_per_cycle, hw.hbm_bytes_per_cycle
+    rate = {"port": port, "hbm": hbm}[limit]
+    assert rate == min(port, hbm, hw.l2_bytes_per_cycle)
+    total = 16384
+
+    short_segs, short_bytes = 256, burst
+    assert segment_cap(hw, short_bytes) < rate
+    short = simulate(read_kernel(hw, GM_A, short_bytes, segments=short_segs, gm_stride=2 * burst,
+                                 ub_stride=short_bytes), hw)
+    s = short.kernels[0].stats
+    assert s.gm_read_bytes == short_segs * short_bytes == total
+    assert s.wasted_burst_bytes == 0 and s.dma_segments == short_segs
+    # the line fills (every line of the 32 KiB span) run on HBM alongside and end first
+    assert s.hbm_read_bytes == 2 * total and 2 * total / hbm < short_segs * hw.dma.segment_cycles
+    _, _, _, start, end, _ = the_interval(short)
+    # transfer = startup + total / (burst / segment_cycles) = startup + segments * segment_cycles
+    assert end - start == hw.dma.startup_cycles + short_segs * hw.dma.segment_cycles
+
+    long_segs, long_bytes = 4, 4096
+    assert long_bytes % line == 0 and segment_cap(hw, long_bytes) > rate
+    long = simulate(read_kernel(hw, GM_A, long_bytes, segments=long_segs, gm_stride=2 * long_bytes,
+                                ub_stride=long_bytes), hw)
+    s = long.kernels[0].stats
+    assert s.gm_read_bytes == s.hbm_read_bytes == long_segs * long_bytes == total
+    assert s.dma_segments == long_segs
+    _, _, _, start, end, _ = the_interval(long)
+    # transfer = startup + total / min(port, HBM): whole lines, so HBM fills the bytes moved
+    assert end - start == hw.dma.startup_cycles + ceil_div(total, rate)
+    assert end - start < hw.dma.startup_cycles + short_segs * hw.dma.segment_cycles
+
+    merged = simulate(read_kernel(hw, GM_A, short_bytes, segments=short_segs, gm_stride=short_bytes,
+                                  ub_stride=short_bytes), hw)
+    assert merged.kernels[0].stats.dma_segments == 1  # back-to-back: one segment of 16 KiB
+    _, _, _, start_m, end_m, _ = the_interval(merged)
+    assert end_m - start_m == hw.dma.startup_cycles + ceil_div(total, rate)
 
 
 @pytest.mark.parametrize("burst", [64, 128, 256])
@@ -287,6 +374,8 @@ def test_burst_override_changes_the_waste_as_predicted(burst, offset, seg_bytes,
     assert s.gm_read_bytes == moved
     assert s.wasted_burst_bytes == moved - segments * seg_bytes
     assert s.misaligned_segments == mis
+    # transfer = startup + moved / min(port, align_up(seg_bytes, burst) / segment_cycles):
+    # the moved bytes are the per-address rounded-out ones, the segment cap the size's
     _, _, _, start, end, _ = the_interval(r)
-    assert end - start == hw.dma.startup_cycles + segments * hw.dma.segment_cycles + ceil_div(
-        moved, hw.aiv.gm_read_bytes_per_cycle)
+    assert end - start == hw.dma.startup_cycles + ceil_div(
+        moved, min(hw.aiv.gm_read_bytes_per_cycle, segment_cap(hw, seg_bytes)))

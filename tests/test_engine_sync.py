@@ -170,8 +170,13 @@ def test_mix_aiv_reads_after_aic_write_plus_cross_core_latency():
     (mm,) = intervals(r, "AIC0", "M", "Mmad")
     (fix,) = intervals(r, "AIC0", "FIX", "L0C->GM")
     assert fix[3] == mm[4] + hw.sync.flag_latency_cycles
-    fix_rate = min(hw.aic.gm_write_bytes_per_cycle, hw.aic.fixpipe_bytes_per_cycle, hw.l2_bytes_per_cycle)
-    assert fix[4] - fix[3] == (hw.dma.startup_cycles + hw.dma.segment_cycles + hw.aic.fixpipe_startup_cycles
+    # FixPipe to GM = DMA start-up + FixPipe start-up + bytes / min(port, FixPipe, L2,
+    # one burst-rounded segment per dma.segment_cycles); C is one segment
+    segment_rate = -(-c_bytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles
+    fix_rate = min(hw.aic.gm_write_bytes_per_cycle, hw.aic.fixpipe_bytes_per_cycle, hw.l2_bytes_per_cycle,
+                   segment_rate)
+    assert fix_rate < segment_rate  # one long segment: its DMA time does not bind
+    assert fix[4] - fix[3] == (hw.dma.startup_cycles + hw.aic.fixpipe_startup_cycles
                                + ceil_div(c_bytes, fix_rate))
     reads = intervals(r, pipe="MTE2", name="GM->UB")
     per = hw.chip.aiv_per_aic

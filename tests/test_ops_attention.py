@@ -71,8 +71,9 @@ def test_kernels_verify_and_stay_above_the_roofline(op, params):
         (k,) = lowered.kernels
         assert k.core_type is CoreType.MIX
         assert lowered.workspace_bytes == k.workspace_bytes > 0
-    if op == "decode_attention":
-        assert [k.core_type for k in lowered.kernels] == [CoreType.AIV, CoreType.AIV]
+    if op == "decode_attention":  # vector kernel + combine; under GQA (or bf16) the cube's MIX kernel
+        grouped = params["heads"] > params["kv_heads"]
+        assert [k.core_type for k in lowered.kernels] == ([CoreType.MIX] if grouped else [CoreType.AIV] * 2)
     if op == "attention_unfused":
         types = [k.op_type for k in lowered.kernels]  # PV may zero its output first (split K)
         assert types[:4] == ["batch_matmul", "scale", "masked_fill", "softmax"] and types[-1] == "batch_matmul"
@@ -213,9 +214,10 @@ def segments(op: str, params: dict, **cache) -> tuple[int, object]:
 
 
 def test_paged_decode_reads_one_segment_per_block():
-    """Decode: per_layer reads a tile of K (and of V) in one segment, contiguous a tile
-    of K and V together in one, paged one per block of K and of V (plus the table)."""
-    params = dict(batch=2, heads=8, kv_heads=2, head_dim=128, context=1024)
+    """Decode on the vector cores: per_layer reads a tile of K (and of V) in one segment,
+    contiguous a tile of K and V together in one, paged one per block of K and of V
+    (plus the table)."""
+    params = dict(batch=2, heads=2, kv_heads=2, head_dim=128, context=1024)
     per_layer, r_pl = segments("decode_attention", params)
     contiguous, _ = segments("decode_attention", params, kv_layout="contiguous", layers=2)
     paged, _ = segments("decode_attention", params, kv_layout="paged", block_tokens=128)
@@ -266,3 +268,17 @@ def test_decode_blocks_share_one_program(layout):
     layered = lower("decode_attention", params | dict(layers=4, layer=1), HW, tiling=dict(splits=1)).kernels[0]
     assert len({id(p) for p in layered.aiv}) == (8 if layout == "contiguous" else 1)
     verify(layered, HW)
+
+
+def test_grouped_decode_reads_each_kv_head_once_on_the_cube():
+    """Under GQA, decode attention is FlashAttention's MIX kernel with a KV head's group of
+    query heads as one Q tile: the cache is read once (HBM and GM alike), not once per
+    query head."""
+    params = dict(batch=4, heads=32, kv_heads=4, head_dim=128, context=4096)
+    lowered, r = run("decode_attention", **params)
+    assert [k.core_type for k in lowered.kernels] == [CoreType.MIX]
+    cache = sum(t.nbytes for t in lowered.inputs if t.name in ("k_cache", "v_cache"))
+    assert cache <= r.stats.hbm_read_bytes < 1.1 * cache and r.stats.gm_bytes < 1.5 * cache  # + S, P, O workspace
+    per_head = lower("flash_attention", attn(batch=4, heads=32, kv_heads=4, head_dim=128, seq_q=1, seq_kv=4096),
+                     HW, dict(q_tile=16))  # a tiling given: one query head per Q tile
+    assert simulate_op(per_head, HW, trace="kernel").stats.gm_bytes > 7 * cache  # 8 query heads per KV head

@@ -2,6 +2,7 @@
 group costs what the dense matmul does, an empty group reads none of its expert's
 weights, small groups pay for their experts' weights, and every kernel verifies."""
 
+import attrs
 import numpy as np
 import pytest
 
@@ -46,9 +47,19 @@ def test_reference_is_each_group_times_its_expert(trans_b, bias):
      dict(m=2048, n=1024, k=512, dtype="bf16", out_dtype="bf16", bias=True)),
 ])
 def test_one_group_costs_the_dense_matmul(grouped, dense):
-    g, d = _sim("grouped_matmul", grouped), _sim("matmul", dense)
-    assert d.lowered.tiling.split_k == 1  # the dense matmul does not split K here either
-    print(f"\n{grouped}: grouped {g.us:.2f} us, dense {d.us:.2f} us")
+    """On the same tiles, one group is the dense matmul. The two choosers may pick
+    different widths: choose_tiling takes max(per-core cost, every byte of A, B and C
+    over the sustained HBM rate), so the tilings under that floor tie and the widest
+    wins; choose_grouped_tiling has no floor and takes the busiest core's cost. So the
+    dense matmul runs on the grouped op's tiling."""
+    g = _sim("grouped_matmul", grouped)
+    chosen = lower("matmul", dense, HW).tiling
+    assert chosen.split_k == 1  # the dense matmul does not split K here either
+    assert (chosen.base_m, chosen.base_k, chosen.step_k) == (g.lowered.tiling.base_m, g.lowered.tiling.base_k,
+                                                             g.lowered.tiling.step_k)
+    d = simulate_op(lower("matmul", dense, HW, tiling=attrs.asdict(g.lowered.tiling)), HW, trace="kernel")
+    assert d.lowered.tiling == g.lowered.tiling
+    print(f"\n{grouped}: grouped {g.us:.2f} us, dense {d.us:.2f} us (dense chooser: base_n {chosen.base_n})")
     assert g.us == pytest.approx(d.us, rel=0.01)
     assert g.stats.hbm_read_bytes == pytest.approx(d.stats.hbm_read_bytes, rel=0.01)
     assert g.lowered.flops == d.lowered.flops

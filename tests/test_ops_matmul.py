@@ -1,6 +1,8 @@
 """MatMul / BatchMatMul lowerings: verify() holds, nothing beats its roofline, the
 efficiency targets hold on the default config, bad tilings fail in one line."""
 
+import math
+
 import attrs
 import numpy as np
 import pytest
@@ -8,10 +10,11 @@ import pytest
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import load_hw
 from npusim.hw.derived import cube_peak_flops_per_s
-from npusim.isa.program import Copy, Loop, Mem
+from npusim.isa.program import Copy, CoreType, Loop, Mem
 from npusim.isa.verify import verify
 from npusim.ops import OPS, lower, simulate_op
 from npusim.ops.build import cdiv
+from npusim.ops.matmul import unit_cycles
 from npusim.ops.reference import RefContext
 
 HW = load_hw("ascend910b2")
@@ -58,15 +61,38 @@ def test_a_partial_tiling_keeps_the_rest_of_the_chosen_one():
     assert (forced.base_m, forced.base_n, forced.split_k) == (chosen.base_m, chosen.base_n, chosen.split_k)
 
 
+def _gemm_4096(hw, fmt: str):
+    return simulate_op(lower("matmul", dict(m=4096, n=4096, k=4096, format_a=fmt, format_b=fmt), hw), hw,
+                       trace="kernel")
+
+
 def test_gemm_4096_reaches_80_percent_of_cube_peak():
+    """NZ operands reach 80% of the cube peak. ND tiles arrive as one DMA segment per
+    row (a row of A is base_k * step_k fp16, one of B base_n fp16: 512 bytes each). A
+    segment costs dma.segment_cycles of the DMA engine overlapped with the data, so a
+    copy is held to one 512-byte row per segment_cycles: on the default config that is
+    above the core's port, and ND costs what NZ does; with a DMA engine slow enough
+    that the rows fall below the port, the ND tiles pay per segment while NZ's (4 KiB
+    and 8 KiB segments) still run at the port rate."""
     peak = cube_peak_flops_per_s(HW, "fp16")
-    nz = simulate_op(lower("matmul", dict(m=4096, n=4096, k=4096, format_a="NZ", format_b="NZ"), HW), HW,
-                     trace="kernel")
-    nd = simulate_op(lower("matmul", dict(m=4096, n=4096, k=4096), HW), HW, trace="kernel")
+    nz, nd = _gemm_4096(HW, "NZ"), _gemm_4096(HW, "ND")
     print(f"\n4096^3 fp16: NZ operands {nz.tflops:.1f} TFLOPS = {100 * nz.tflops * 1e12 / peak:.0f}% of peak; "
           f"ND operands {nd.tflops:.1f} TFLOPS = {100 * nd.tflops * 1e12 / peak:.0f}%")
     assert nz.tflops * 1e12 >= 0.8 * peak
-    assert nd.us > nz.us  # ND tiles arrive as one DMA segment per row
+    t = nd.lowered.tiling
+    assert t == nz.lowered.tiling
+    row = t.base_k * t.step_k * 2
+    assert row == t.base_n * 2 == 512
+    port = HW.aic.gm_read_bytes_per_cycle
+    assert row / HW.dma.segment_cycles > port  # the rows' DMA time hides under the port's
+    assert nd.us == nz.us
+    # 8 cycles a segment: a 512-byte row per 8 cycles = 64 B/cycle, below the 110 B/cycle port
+    slow = load_hw("ascend910b2", overrides={"dma.segment_cycles": 8})
+    assert row / slow.dma.segment_cycles < port < 4096 / slow.dma.segment_cycles
+    nz_slow, nd_slow = _gemm_4096(slow, "NZ"), _gemm_4096(slow, "ND")
+    assert nd_slow.lowered.tiling == t
+    print(f"dma.segment_cycles=8: NZ {nz_slow.us:.1f} us, ND {nd_slow.us:.1f} us")
+    assert nd_slow.us > nz_slow.us
 
 
 @pytest.mark.parametrize("n", [4096, 8448])
@@ -79,9 +105,41 @@ def test_decode_gemv_reaches_70_percent_of_hbm(n):
     assert weights / r.seconds >= 0.7 * sustained
 
 
-def test_split_k_only_when_tiles_cannot_fill_the_cores():
-    assert lower("matmul", dict(m=1, n=4096, k=4096), HW).tiling.split_k > 1
+def test_split_k_only_when_it_pays_for_the_zero_fill_kernel():
+    """The chooser splits K only when the tiles cannot fill the cores and the split
+    saves more than the start of the AIV kernel that zeroes C before the atomic adds
+    (runtime.kernel_start_aiv_cycles); and no tiling beats every byte of A, B and C
+    over the sustained HBM rate:
+    - 4096^3: the tiles fill the cores, no split;
+    - a decode GEMV (1 x 4096 x 4096): 16 tiles on 24 cores, but B's bytes cross HBM
+      whatever the split, so a split would only add the zero-fill's start: no split,
+      and a forced split is slower when simulated;
+    - one 16 x 256 tile over K = 8192: one core would do all of K, far above the HBM
+      floor: split, and faster than unsplit; but with a zero-fill start as dear as
+      that one core's whole tile (the chooser's unit_cycles), no split can pay."""
     assert lower("matmul", dict(m=4096, n=4096, k=4096), HW).tiling.split_k == 1
+
+    gemv = dict(m=1, n=4096, k=4096)
+    low = lower("matmul", gemv, HW)
+    assert low.tiling.split_k == 1 and low.tiling.block_dim < HW.chip.aic_count
+    chosen = simulate_op(low, HW, trace="kernel")
+    for split_k in (2, 4):  # on as many cores as the split's tiles may take
+        forced = simulate_op(lower("matmul", gemv, HW, tiling=dict(split_k=split_k, block_dim=HW.chip.aic_count)),
+                             HW, trace="kernel")
+        assert [k.name for k in forced.lowered.kernels] == ["matmul_zero_c", "matmul"]
+        assert forced.us > chosen.us
+
+    deep = dict(m=16, n=256, k=8192)
+    low = lower("matmul", deep, HW)
+    t = low.tiling
+    assert t.split_k > 1 and [k.name for k in low.kernels] == ["matmul_zero_c", "matmul"]
+    assert low.kernels[0].core_type is CoreType.AIV  # the zero-fill starts as an AIV kernel
+    unsplit = simulate_op(lower("matmul", deep, HW, tiling=dict(split_k=1)), HW, trace="kernel")
+    assert simulate_op(low, HW, trace="kernel").us < unsplit.us
+    f = HW.aic.mmad_fractals["fp16"]
+    whole = unit_cycles(HW, f, t.base_m, t.base_n, deep["k"], t.base_k, 2, 2)  # one core, all of K
+    dear = load_hw("ascend910b2", overrides={"runtime.kernel_start_aiv_cycles": math.ceil(whole)})
+    assert lower("matmul", deep, dear).tiling.split_k == 1
 
 
 def test_explicit_tiling_is_used_and_changes_time():
@@ -121,10 +179,16 @@ PARTS = [
     ("matmul", dict(m=8, n=12288, k=4096, trans_b=True, format_b="NZ", n_parts=(4096, 4096, 4096)), False),
     ("matmul", dict(m=8, n=6144, k=4096, n_parts=(4096, 1024, 1024)), False),
     ("matmul", dict(m=8, n=6144, k=4096, n_parts=(2000, 4144)), True),
-    ("matmul", dict(m=1, n=4100, k=4096, format_b="NZ", n_parts=(1000, 3000, 100)), True),  # split K, widths off 16
+    ("matmul", dict(m=1, n=4100, k=4096, format_b="NZ", n_parts=(1000, 3000, 100)), True),  # widths off 16
+    ("matmul", dict(m=1, n=260, k=8192, format_b="NZ", n_parts=(100, 150, 10)), True),  # split K, widths off 16
     ("matmul", dict(m=100, n=300, k=200, bias=True, n_parts=(100, 120, 80)), True),
     ("batch_matmul", dict(batch=4, m=100, n=300, k=128, n_parts=(100, 200)), True),
 ]
+
+
+def test_n_parts_cover_a_k_split():
+    """One PARTS entry splits K, so the zero-fill of every part is checked."""
+    assert any(lower(op, params, HW).tiling.split_k > 1 for op, params, _ in PARTS)
 
 
 def _tensor_at(kernel, a) -> str:

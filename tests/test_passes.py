@@ -83,8 +83,9 @@ def test_contiguous_kv_cuts_segments_and_waste(steps):
           f"{b.result.stats.dma_segments}")
     assert writes(b, "dma_segments") < writes(a, "dma_segments")
     assert writes(b, "wasted_burst_bytes") <= writes(a, "wasted_burst_bytes")
-    if phase == "decode":  # prefill's FlashAttention reads K and V of the interleaved rows separately
-        assert b.result.stats.dma_segments < a.result.stats.dma_segments
+    # the readers: FlashAttention (prefill, and decode under k3-tiny's GQA) reads K and V
+    # of the interleaved rows separately; the vector decode kernel's fewer segments are
+    # test_ops_attention.test_paged_decode_reads_one_segment_per_block's
 
 
 @pytest.mark.parametrize("name, host", [("sync", "host_wait_cycles"), ("launch", "host_launch_cycles")])

@@ -4,6 +4,7 @@ CSV as an uninterrupted one, a torn last line dropped, other settings refused.""
 import csv
 import io
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -108,8 +109,12 @@ def test_resume_refuses_a_csv_without_its_settings_or_with_foreign_rows(tmp_path
     (out / "sweep.csv").write_text(text + text.splitlines(keepends=True)[1].replace("1,", "7,", 1))
     with pytest.raises(ConfigError, match=r"sweep\.csv: line 4 is not a point of this grid: 7,"):
         sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
-    (out / "sweep.csv").write_text(text.replace("177.", "x77.", 1))
-    with pytest.raises(ConfigError, match=r"sweep\.csv: line 2 has a figure that is not a number: 1,x77\."):
+    row = text.splitlines()[1]  # batch 1: its first figure (latency_us) spoiled by a letter
+    latency = row.split(",")[1]
+    spoiled = "x" + latency[1:]
+    (out / "sweep.csv").write_text(text.replace(row, row.replace(latency, spoiled, 1), 1))
+    with pytest.raises(ConfigError, match=r"sweep\.csv: line 2 has a figure that is not a number: 1,"
+                                          + re.escape(spoiled)):
         sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
     (out / "sweep.csv").write_bytes(b"\xff\xfe\n")
     with pytest.raises(ConfigError, match=r"sweep\.csv: not a sweep CSV"):

@@ -11,15 +11,15 @@ and NIC start-ups) are device-side: each transfer step of a collective pays them
 from __future__ import annotations
 
 import re
-from functools import reduce
 from pathlib import Path
 
 import attrs
 
+from npusim.diskcache.reads import value_at
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import raw_config, find_file
 
-COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s", "_us")
+COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s", "_us", "_per_repeat")
 # host-side costs (the runtime's microsecond fields, host <-> device copies) are not part
 # of a kernel's Task Duration nor of a collective's device time, so no profile fits them
 HOST_SIDE_SECTION = "runtime."
@@ -49,20 +49,27 @@ def field_comments(path: Path) -> dict[str, str]:
     return comments
 
 
-def value_of(hw: HwConfig, dotted: str):
-    return reduce(getattr, dotted.split("."), hw)
+value_of = value_at  # the value at a dotted key path: a field, or a table's entry ('aiv.vector_cycles_per_repeat.exp')
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def scalar_fields(hw: HwConfig) -> list[str]:
-    """Every plain numeric field of the config, as dotted key paths, in config order."""
+    """Every plain numeric field of the config, and every entry of a table of numbers
+    (a vector op's cost factor), as dotted key paths, in config order."""
     out = []
     for section in attrs.fields(HwConfig):
         record = getattr(hw, section.name)
         if not attrs.has(type(record)):
             continue
         for f in attrs.fields(type(record)):
-            if isinstance(getattr(record, f.name), (int, float)) and not isinstance(getattr(record, f.name), bool):
+            v = getattr(record, f.name)
+            if _number(v):
                 out.append(f"{section.name}.{f.name}")
+            elif isinstance(v, dict) and v and all(_number(x) for x in v.values()):
+                out += [f"{section.name}.{f.name}.{k}" for k in v]
     return out
 
 
@@ -76,10 +83,13 @@ def fittable_fields(hw_name_or_path: str | Path, host: bool = False) -> dict[str
     hw = load_hw(path)
     out = {}
     for dotted in scalar_fields(hw):
-        if not dotted.endswith(COST_SUFFIXES) or (host_side(dotted) and not host) or dotted not in origins:
+        # a table's entry has the table's unit and, unless its own line says, its comment
+        table = dotted.rsplit(".", 1)[0] if dotted.count(".") > 1 else dotted
+        if not table.endswith(COST_SUFFIXES) or (host_side(dotted) and not host) or dotted not in origins:
             continue
         file = origins[dotted]
-        comment = comments.setdefault(file, field_comments(file)).get(dotted, "")
+        lines = comments.setdefault(file, field_comments(file))
+        comment = lines.get(dotted) or lines.get(table, "")
         if "assumed" in comment.lower():
             out[dotted] = comment
     return out

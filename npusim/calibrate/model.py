@@ -18,6 +18,7 @@ import numpy as np
 from npusim.hw import HwConfig, load_hw
 from npusim.calibrate.fields import value_of
 from npusim.calibrate.timing import time_us
+from npusim.diskcache.reads import recording, tracked
 from npusim.ops.collectives import KINDS as COLLECTIVES
 from npusim.ops.collectives.simulate import simulate_collective
 from npusim.ops.registry import lower
@@ -45,14 +46,21 @@ def kernel_count(key: OpKey, hw: HwConfig) -> int:
 
 
 class Model:
-    """log op times of distinct ops under trial values of `fields` of `base`."""
+    """log op times of distinct ops under trial values of `fields` of `base`.
+
+    Each simulation runs on a config that records the fields it reads
+    (npusim.diskcache.reads): a later trial that agrees with it on those fields takes
+    the same branches and gets the same time, so it is reused, not run again (as the
+    disk cache does) - a trial that moves the HBM efficiency does not re-run an op
+    that never touches HBM, and a Jacobian column of a field no op reads costs nothing."""
 
     def __init__(self, base: HwConfig, fields: Sequence[str]):
         self.base = base
         self.fields = tuple(fields)
         self.v0 = np.array([float(value_of(base, f)) for f in self.fields])
         self.integer = [isinstance(value_of(base, f), int) for f in self.fields]
-        self.cache: dict[tuple, float] = {}  # shared by with_fields(): its size is the simulations run
+        # op key -> [(((field read, its value), ...), time us)]: shared by with_fields()
+        self.cache: dict[tuple, list[tuple[tuple, float]]] = {}
 
     def values(self, theta: np.ndarray) -> tuple:
         """The field values theta stands for, as the config holds them."""
@@ -75,7 +83,7 @@ class Model:
 
     @property
     def simulations(self) -> int:
-        return len(self.cache)
+        return sum(len(runs) for runs in self.cache.values())
 
     def with_fields(self, fields: Sequence[str]) -> Model:
         """The same model over other fields, sharing the simulations already done."""
@@ -84,16 +92,26 @@ class Model:
         return m
 
     def log_times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> np.ndarray:
-        # the cache is keyed by the values that differ from the base, so models over
-        # other field subsets share it
-        values = tuple((f, v) for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f))
-        hw = None
+        changed = [f for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)]
+        hw = self.config(theta)
+        now: dict[str, object] = {}  # read path -> its value in hw (where theta may have moved it)
+
+        def current(path: str, base_value):
+            """The value at a read path in this trial's config (a read of a table is of all of it)."""
+            if path not in now:
+                moved = any(c == path or c.startswith(path + ".") for c in changed)
+                now[path] = value_of(hw, path) if moved else base_value
+            return now[path]
+
+        tracking = None
         out = np.empty(len(keys))
         for i, key in enumerate(keys):
-            ck = (values, key)
-            if ck not in self.cache:
-                hw = hw or self.config(theta)
-                self.cache[ck] = op_time_us(key, hw)
-            out[i] = math.log(self.cache[ck])
+            runs = self.cache.setdefault(key, [])
+            us = next((t for reads, t in runs if all(current(f, v0) == v for f, v0, v in reads)), None)
+            if us is None:
+                tracking = tracking or tracked(hw)
+                with recording() as read:
+                    us = op_time_us(key, tracking)
+                runs.append((tuple((f, value_of(self.base, f), value_of(hw, f)) for f in sorted(read)), us))
+            out[i] = math.log(us)
         return out
-

@@ -177,15 +177,16 @@ def _present(row: ProfileRow, i: int) -> bool:
     return i < len(row.input_shapes) and bool(row.input_shapes[i])
 
 
-def _quant_matmul(row: ProfileRow) -> dict:
-    """QuantBatchMatmulV3: int8 x1 [.., m, k] @ int8 x2 [k, n] -> fp16/bf16, dequantised by
-    per-channel scales. # assumption: a per-token scale (input 4) and an int32 bias are
-    applied in the kernel's epilogue at no cost the cube's does not already pay."""
+def _quant_matmul(row: ProfileRow) -> Parts:
+    """QuantBatchMatmulV3: int8 x1 [.., m, k] @ int8 x2 [.., k, n] -> fp16/bf16, dequantised
+    by per-channel scales (a batch of them with a leading dim). # assumption: a per-token
+    scale (input 4) and an int32 bias are applied in the kernel's epilogue at no cost
+    the cube's does not already pay."""
     a, b = _shape(row, 0, 2), _shape(row, 1, 2)
     params = _gemm(row, a, b, bias=False)
     if len(a) > 2:
-        return params | dict(batch=math.prod(a[:-2]))
-    return params
+        return [("batch_matmul", params | dict(batch=math.prod(a[:-2])))]
+    return [("matmul", params)]
 
 
 def _weight_quant_matmul(row: ProfileRow) -> dict:
@@ -228,8 +229,9 @@ def _grouped_matmul(row: ProfileRow) -> dict:
         raise Unmappable(f"GroupedMatmul of x {x} and weights {w}: no dim of the weights matches k={k}")
     dtype = _dtype(row.input_dtypes, 0, row)
     out_dtype = _dtype(row.output_dtypes, 0, row, "Output Data Types") if row.output_dtypes else dtype
+    bias = _dtype(row.input_dtypes, 2, row) if _present(row, 2) else ""
     return dict(group_sizes=_group_sizes(row, m, groups), k=k, n=n, dtype=dtype, out_dtype=out_dtype,
-                trans_b=trans_b, bias=_present(row, 2))
+                trans_b=trans_b, bias=bias)
 
 
 def _rowwise(row: ProfileRow) -> dict:

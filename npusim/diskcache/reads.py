@@ -7,9 +7,11 @@ later run whose config agrees on those fields takes the same branches, reads the
 same fields and computes the same value (the computation is deterministic and
 sees the config only through these reads), so it is served from the cache even if
 another field differs - e.g. a sweep point that changes a field no kernel of the
-step reads. Reads through a dict field (vector costs per op, fractals per dtype)
-count as reads of the whole field; `hash`, `==` and `attrs.asdict` of a tracked
-config read every field (conservative: a smaller cache hit rate, never a wrong hit).
+step reads. A table field (vector costs per op, fractals per dtype) is read entry
+by entry when looked up or tested for by key ('aiv.vector_cycles_per_repeat.exp'),
+as a whole when iterated or compared; `hash`, `==` and `attrs.asdict` of a
+tracked config read every field (conservative: a smaller cache hit rate, never a
+wrong hit).
 
 A tracked config pickles as a plain one, so stored values never refer to it.
 """
@@ -59,6 +61,66 @@ def _rebuild(cls, values: dict):
     return cls(**values)
 
 
+def _record(path: str) -> None:
+    for r in _active:
+        r.add(path)
+
+
+class _Table(dict):
+    """A table field of a tracked config: a lookup of a key (or a test for it) records
+    that entry's path, any other use (iteration, comparison, copying) the whole
+    table's. Pickles as a plain dict."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, data: dict, path: str):
+        super().__init__(data)
+        self.path = path
+
+    def __getitem__(self, key):
+        if _active:
+            _record(f"{self.path}.{key}")
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        if _active:
+            _record(f"{self.path}.{key}")
+        return dict.get(self, key, default)
+
+    def __contains__(self, key):
+        if _active:
+            _record(f"{self.path}.{key}")
+        return dict.__contains__(self, key)
+
+    def __reduce_ex__(self, protocol):
+        return dict, (dict(self),)
+
+
+def _whole(name: str):
+    method = getattr(dict, name)
+
+    def read_all(self, *args, **kwargs):
+        if _active:
+            _record(self.path)
+        return method(self, *args, **kwargs)
+
+    read_all.__name__ = name
+    return read_all
+
+
+for _name in ("__iter__", "__len__", "__eq__", "__ne__", "__repr__", "keys", "values", "items",
+              "copy", "__or__", "__ror__"):
+    setattr(_Table, _name, _whole(_name))
+_Table.__hash__ = None  # a dict's: unhashable
+
+
+def value_at(obj, dotted: str):
+    """The value at a dotted key path of a config: a field, or an entry of a table field."""
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
 def _tracking_class(cls: type, prefix: str, skip: frozenset = frozenset()) -> type:
     """A subclass of the attrs class `cls` whose field reads (but those in `skip`) are
     recorded as prefix + name."""
@@ -67,10 +129,11 @@ def _tracking_class(cls: type, prefix: str, skip: frozenset = frozenset()) -> ty
     get = object.__getattribute__
 
     def __getattribute__(self, name):
-        if _active and name in recorded:
+        value = get(self, name)
+        if _active and name in recorded and value.__class__ is not _Table:  # a table records its own reads
             for r in _active:
                 r.add(prefix + name)
-        return get(self, name)
+        return value
 
     def __reduce_ex__(self, protocol):
         return _rebuild, (cls, {n: get(self, n) for n in names})
@@ -116,20 +179,30 @@ def _tracked_copy(hw: HwConfig) -> HwConfig:
         for a in attrs.fields(HwConfig):
             v = getattr(hw, a.name)
             if a.name in _SECTIONS:
-                v = _SECTIONS[a.name](**{f.name: getattr(v, f.name) for f in attrs.fields(type(v))})
+                v = _SECTIONS[a.name](**{f.name: _tracked_value(getattr(v, f.name), f"{a.name}.{f.name}")
+                                         for f in attrs.fields(type(v))})
             values[a.name] = v
         return _TOP(**values)
+
+
+def _tracked_value(v, path: str):
+    """A section field as the tracked copy holds it: a table wrapped to record its reads."""
+    return _Table(v, path) if isinstance(v, dict) else v
 
 
 def values_of(hw: HwConfig, reads: Iterable[str]) -> dict[str, object]:
     """path -> value in `hw` of each read path (what a step's key holds)."""
     out = {}
     for path in sorted(reads):
-        v = hw
-        for part in path.split("."):
-            v = getattr(v, part)
+        try:
+            v = value_at(hw, path)
+        except KeyError:  # a table entry a lowering tested for and this config lacks
+            v = ABSENT
         out[path] = attrs.asdict(v) if attrs.has(type(v)) else v
     return out
 
 
-__all__ = ["note", "paused", "recording", "tracked", "values_of"]
+ABSENT = "<absent>"  # values_of: the value of a table entry the config does not have
+
+
+__all__ = ["note", "paused", "recording", "tracked", "value_at", "values_of"]

@@ -152,11 +152,70 @@ def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32) -> list:
     return ops
 
 
+# CANN's 910B RmsNorm keeps several rows per instruction only up to this many (aligned)
+# columns ("MergeN"); a longer row is its own iteration (hicann/ops-nn
+# norm/rms_norm/op_host/rms_norm_tiling.cpp, SMALL_REDUCE_NUM)
+MERGE_MAX_COLS = 2000
+
+
+def halving_sum(n: int, dst, src) -> list:
+    """One row's sum as CANN's single-row reduce takes it: fold the part beyond a power
+    of two onto it, halve with Adds down to one repeat of fp32 lanes, then one
+    whole-repeat ReduceSum into dst (src is overwritten)."""
+    lanes, half = 64, 1 << max(0, n - 1).bit_length() - 1 if n > 1 else 1
+    ops = [vop("add", n - half, "fp32", src, src, src)] if n > half else []
+    while half > lanes:
+        half //= 2
+        ops.append(vop("add", half, "fp32", src, src, src))
+    return ops + [vop("reduce_sum", min(n, lanes), "fp32", dst, src, out_n=1)]
+
+
+def _rms_norm_per_row(p: NormParams, r: _Rows, hw: HwConfig, x, gamma, y):
+    """RMSNorm of rows longer than MERGE_MAX_COLS as CANN's 910B kernel runs them
+    (rms_norm.h, "normal" mode): one row per iteration, every step a whole-row
+    instruction in fp32 - cast in, square, the halving sum, the row's rstd on the
+    scalar unit (a V -> S -> V round trip), scale, cast gamma (every row), multiply,
+    cast out. # assumption: the next row's load overlaps this row's work (CANN's one
+    input buffer is free again once it has been cast), as double buffering has it."""
+    up = p.dtype != "fp32"
+    g_const = Const(gamma, r.h * r.e, r.pitch)
+
+    def compute(nr, ub_in, ub_out, tmp, consts):
+        w, sq, st = tmp
+        n = r.hp
+        ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
+        ops += [vop("mul", n, "fp32", sq, w if up else ub_in[0], w if up else ub_in[0])]
+        ops += halving_sum(n, st, sq) + scalar_read()
+        src = w if up else ub_in[0]
+        dst = w if up else ub_out[0]
+        ops += [vop("muls", n, "fp32", dst, src)]
+        g32 = consts[0]
+        if up:
+            ops.append(cast(n, p.dtype, "fp32", sq, consts[0]))
+            g32 = sq
+        ops.append(vop("mul", n, "fp32", dst, dst, g32))
+        return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
+
+    return streaming_kernel("rms_norm", "rms_norm", hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
+                            consts=[g_const], tmp_row_bytes=[r.f32_pitch, r.f32_pitch, 32], max_tile_rows=1)
+
+
 @register("rms_norm", NormParams, reference=reference_rms_norm, ins=("x", "gamma"), outs=("y",))
 def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
-    """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim."""
+    """RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, over the last dim (rows up to
+    MERGE_MAX_COLS several per instruction, longer ones one per iteration)."""
     r = _rows(p.shape, p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
+    if r.hp > MERGE_MAX_COLS:
+        gamma = gm.tensor("gamma", r.h * r.e)
+        y = gm.tensor("y", r.rows * r.h * r.e)
+        try:
+            k = _rms_norm_per_row(p, r, hw, x, gamma, y)
+        except ProgramError:
+            k = wide_rms_norm("rms_norm", hw, r.rows, r.h, p.dtype, r.e, x, gamma, y)
+        return vector_lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
+                              [TensorInfo("x", p.shape, p.dtype), TensorInfo("gamma", (r.h,), p.dtype)],
+                              [TensorInfo("y", p.shape, p.dtype)])
     g_const, gamma = _weight(gm, "gamma", r, p.dtype)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"

@@ -13,6 +13,10 @@ author writes, and they are what the op costs:
   at all: an op on it works on the element's two int32 words (maximum: compare and
   select).
   # assumption: 910B vector ALU ops take fp16/fp32/int16/int32, not bf16, int8 or int64
+- activations built on exp (sigmoid, silu, gelu, swiglu, geglu) compute in fp32 for
+  fp16 input too, as CANN's 910B kernels do in their default high-precision mode
+  (the Sigmoid and Gelu TBE kernels, the SwiGlu Ascend C kernel); exp alone runs in
+  fp16 (its default is high performance) and maximum in its dtype.
 - norms and softmax compute in fp32 whatever the input (cast in, cast out), as
   CANN's kernels do for accuracy; a row reduction is one reduce instruction over
   the tile (out_n = one value per row), and applying a per-row statistic is one
@@ -171,16 +175,24 @@ class SwigluParams:
 Body = Callable[[int, Sequence[int], int, Sequence[int], str], list]
 
 
+def compute_dtype(dtype: str, precise: bool = False) -> str | None:
+    """The dtype an op on `dtype` computes in when it is not `dtype` (None: its own):
+    WIDENED, and fp32 for 16-bit floats when the op is `precise` (see the module doc)."""
+    if precise and dtype in ("fp16", "bf16"):
+        return "fp32"
+    return WIDENED.get(dtype)
+
+
 def _eltwise_kernel(op: str, hw: HwConfig, dtype: str, rows: int, ins: list[Stream], out: Stream,
                     row_elems: int, body: Body, n_tmp: int, quantum_: int,
-                    consts: Sequence[tuple[GmTensor, int]] = ()):
+                    consts: Sequence[tuple[GmTensor, int]] = (), precise: bool = False):
     """A streaming kernel applying `body` to whole tiles. row_elems: elements of a row
     as laid out in UB (1 for a plain elementwise op, the padded half row for SwiGLU).
     A WIDENED dtype casts every input to a scratch in its compute dtype, runs `body`
     there and casts back. consts: (GM vector, elements) every core loads into UB once
     (a broadcast operand), handed to `body` after the tile's inputs, in the compute
-    dtype (a WIDENED one cast once per core, in place)."""
-    wide = WIDENED.get(dtype)
+    dtype (a WIDENED one cast once per core, in place). precise: see compute_dtype."""
+    wide = compute_dtype(dtype, precise)
     e, ec = DTYPE_BYTES[dtype], DTYPE_BYTES[wide or dtype]
     loads = [_const(t, elems, e, ec) for t, elems in consts]
     if wide:
@@ -216,14 +228,15 @@ def _const(t: GmTensor, elems: int, e: int, ec: int) -> Const:
 
 
 def lower_eltwise(op: str, p, hw: HwConfig, gm: GmArena, in_names: Sequence[str], body: Body, flops_per_elem: int,
-             n_tmp: int = 0, in_shapes: Sequence[tuple] = ()) -> Lowered:
+             n_tmp: int = 0, in_shapes: Sequence[tuple] = (), precise: bool = False) -> Lowered:
     """in_shapes: each input's shape as listed (default p.shape; another shape of the same
-    size, e.g. a maximum's x2 given as [1, n], streams the same)."""
+    size, e.g. a maximum's x2 given as [1, n], streams the same). precise: see compute_dtype."""
     n, e = numel(p.shape), DTYPE_BYTES[p.dtype]
     tensors = [gm.tensor(name, n * e) for name in in_names]
     y = gm.tensor("y", n * e)
     q = quantum(hw, n, e, fallback=max(1, hw.dma.burst_bytes // e))
-    k = _eltwise_kernel(op, hw, p.dtype, n, [Stream(t, e) for t in tensors], Stream(y, e), 1, body, n_tmp, q)
+    k = _eltwise_kernel(op, hw, p.dtype, n, [Stream(t, e) for t in tensors], Stream(y, e), 1, body, n_tmp, q,
+                        precise=precise)
     shapes = in_shapes or [p.shape] * len(in_names)
     return vector_lowered(op, p, [k], flops_per_elem * n,
                           [TensorInfo(name, shape, p.dtype) for name, shape in zip(in_names, shapes)],
@@ -297,7 +310,7 @@ def sigmoid(v: np.ndarray) -> np.ndarray:
 def lower_silu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """SiLU: y = x * sigmoid(x), as x / (1 + exp(-x))."""
     return lower_eltwise("silu", p, hw, gm, ("x",), lambda n, s, d, t, dt: silu_ops(n, s[0], d, t[0], dt), SILU_FLOPS,
-                    n_tmp=1)
+                         n_tmp=1, precise=True)
 
 
 @register("sigmoid", EltwiseParams, reference=eltwise(lambda p, a: sigmoid(a), "x"), in_place=True, ins=("x",),
@@ -305,7 +318,7 @@ def lower_silu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
 def lower_sigmoid(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Sigmoid: y = 1 / (1 + exp(-x))."""
     return lower_eltwise("sigmoid", p, hw, gm, ("x",), lambda n, s, d, t, dt: sigmoid_ops(n, s[0], d, t[0], dt),
-                         SIGMOID_FLOPS, n_tmp=1)
+                         SIGMOID_FLOPS, n_tmp=1, precise=True)
 
 
 def exp_steps(p: ExpParams) -> list[str]:
@@ -339,7 +352,7 @@ def lower_gelu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
     """GELU (tanh form): y = x / (1 + exp(-2c(x + 0.044715 x^3))), c = sqrt(2/pi)."""
 
     return lower_eltwise("gelu", p, hw, gm, ("x",), lambda n, s, d, t, dt: gelu_ops(n, s[0], d, t[0], dt), GELU_FLOPS,
-                    n_tmp=1)
+                         n_tmp=1, precise=True)
 
 
 GELU_FLOPS = 7  # per element: gelu_ops' instructions
@@ -380,15 +393,15 @@ def lower_gated(op: str, p: SwigluParams, hw: HwConfig, gm: GmArena, act_ops: Ca
     out = Stream(y, h * e, 0, 0, ub)
 
     q = quantum(hw, rows, two_h * e)
-    if p.dtype == "bf16":  # two fp32 scratch rows, not three: act(gate) in place, then up
+    if compute_dtype(p.dtype, precise=True):  # two fp32 scratch rows, not three: act(gate) in place, then up
         hp = pitch // e
         tmp_elem = [4, 4]
 
         def work(n, ub_in, ub_out, tmp):
             a, b = tmp
-            return ([cast(n, "bf16", "fp32", a, ub_in[0])] + act_ops(n, a, a, b, "fp32")
-                    + [cast(n, "bf16", "fp32", b, ub_in[1]), vop("mul", n, "fp32", a, a, b),
-                       cast(n, "fp32", "bf16", ub_out[0], a)])
+            return ([cast(n, p.dtype, "fp32", a, ub_in[0])] + act_ops(n, a, a, b, "fp32")
+                    + [cast(n, p.dtype, "fp32", b, ub_in[1]), vop("mul", n, "fp32", a, a, b),
+                       cast(n, "fp32", p.dtype, ub_out[0], a)])
 
         def compute(nr, ub_in, ub_out, tmp, consts):
             return work(nr * hp, ub_in, ub_out, tmp)

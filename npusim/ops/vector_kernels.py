@@ -81,13 +81,13 @@ def streaming_kernel(
     name: str, op_type: str, hw: HwConfig, rows: int, ins: Sequence[Stream], outs: Sequence[Stream],
     compute: Compute, consts: Sequence[Const] = (), tmp_row_bytes: int | Sequence[int] = 0, quantum: int = 1,
     max_tile_rows: int | None = None, gm: Sequence[GmTensor] = (),
-    setup: Callable[[Sequence[int]], list] | None = None,
+    setup: Callable[[Sequence[int]], list] | None = None, double_buffer: bool = True,
 ) -> Kernel:
     """`setup(const UB addresses)`: V instructions run once per core after the consts
     have arrived (e.g. cast a norm weight to fp32 once instead of every tile).
-    A row that fits UB once but not twice over (with the scratch) is streamed
-    single-buffered: one buffer set, so load, compute and store of a tile no longer
-    overlap the next tile's."""
+    A row that fits UB once but not twice over (with the scratch), or any row with
+    double_buffer=False, is streamed single-buffered: one buffer set, so load, compute
+    and store of a tile no longer overlap the next tile's."""
     for s in (*ins, *outs):
         if s.rowwise and s.ub_pitch % 32:
             raise ProgramError(f"op {op_type}: UB row pitch {s.ub_pitch} of '{s.tensor.name}' is not a multiple "
@@ -102,7 +102,7 @@ def streaming_kernel(
     # Each ping/pong set holds every in and out tile; the scratch is shared.
     slack = 32 * ((len(ins) + len(outs)) * 2 + len(tmp_parts))  # alignment padding of each buffer
     nsets = 2
-    tile_rows = (budget - slack) // (2 * per_row + tmp_total)
+    tile_rows = (budget - slack) // (2 * per_row + tmp_total) if double_buffer else 0
     if tile_rows < 1:  # single-buffered
         nsets, slack = 1, slack - 32 * (len(ins) + len(outs))
         tile_rows = (budget - slack) // (per_row + tmp_total)

@@ -19,7 +19,7 @@ from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 from npusim.ops.attention.common import (
-    _below_layers, _BLOCK_HELP, _divides_heads, _DTYPES, GM, _kv_cache, _kv_inputs, _KV_LAYOUT_HELP, _LAYER_HELP,
+    FlashAttentionParams, _below_layers, _BLOCK_HELP, _divides_heads, _DTYPES, GM, _kv_cache, _kv_inputs, _KV_LAYOUT_HELP, _LAYER_HELP,
     _LAYERS_HELP, MTE2, MTE3, _pos, STAT, _table_bytes, _table_read, UB, V,
 )
 from npusim.ops.attention.online_softmax import online_softmax
@@ -123,6 +123,27 @@ def reference_decode_attention(p: DecodeAttentionParams, x, specs, ctx) -> dict:
     return {"o": o.reshape(p.batch, p.heads, p.head_dim)}
 
 
+def on_cube(p: DecodeAttentionParams) -> bool:
+    """Whether decode attention runs on the cube (see lower_decode_attention)."""
+    return p.group > 1 or p.dtype != "fp16"
+
+
+def _decode_on_cube(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena) -> Lowered:
+    """Decode attention as FlashAttention over [batch, kv_heads, group, head_dim] queries:
+    q's heads of one KV head are consecutive ([batch, heads, head_dim]), so they are a
+    group x head_dim tile of rows, and every KV head is read once for its whole group."""
+    from npusim.ops.attention.flash import lower_flash_attention  # here: flash imports decode's helpers' module
+
+    packed = FlashAttentionParams(batch=p.batch, heads=p.kv_heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
+                                  seq_q=p.group, seq_kv=p.context, causal=False, dtype=p.dtype,
+                                  kv_layout=p.kv_layout, layers=p.layers, layer=p.layer, block_tokens=p.block_tokens)
+    low = lower_flash_attention(packed, hw, gm, None)
+    kernels = [attrs.evolve(k, name="decode_attention", op_type="decode_attention") for k in low.kernels]
+    qs = (p.batch, p.heads, 1, p.head_dim)  # as the vector kernel lists them
+    return attrs.evolve(low, op_type="decode_attention", params=p, kernels=kernels,
+                        inputs=[TensorInfo("q", qs, p.dtype), *low.inputs[1:]], outputs=[TensorInfo("o", qs, p.dtype)])
+
+
 @register("decode_attention", DecodeAttentionParams, DecodeAttentionTiling, reference=reference_decode_attention,
           ins=("q",), outs=("o",), kv="read")
 def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
@@ -144,6 +165,12 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     (kv_heads << heads) the dot products, not HBM, would set the pace and the cube,
     with the group's heads as M, would be the better engine.
 
+    That is CANN's rule on the 910B (its incremental attention takes the all-vector
+    kernel only for one query head per KV head in fp16; hicann/ops-transformer
+    incre_flash_attention tiling_check.cpp), and npusim's (on_cube): with a group, or
+    in bf16, the op is FlashAttention's MIX kernel with each KV head's group of query
+    heads as the rows of one Q tile (_decode_on_cube).
+
     The KV cache is read in kv_layout (`layer` of `layers`): per_layer, a tile of K and
     one of V are one segment each; contiguous, one DMA brings a tile's K and V together
     (one segment per tile: its rows hold both, and the vector ops read K and V out of
@@ -151,6 +178,8 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     strided half-row reads; paged, one segment per block of K and of V, at the
     physical blocks the block table names (read once per block of the kernel), so the
     tiles are not looped."""
+    if on_cube(p):
+        return _decode_on_cube(p, hw, gm)
     auto = None if tiling and tiling.kv_tile and tiling.splits else choose_decode_tiling(p, hw)
     t = tiling or auto
     kc = t.kv_tile or auto.kv_tile

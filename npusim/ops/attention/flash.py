@@ -137,10 +137,32 @@ def reference_flash_attention(p: FlashAttentionParams, x, specs, ctx) -> dict:
     return {"o": batches_to(o.reshape(-1, p.seq_q, p.head_dim), specs["o"])}
 
 
+# the most query rows a Q tile holds (choose_flash_tiling's largest q_tile)
+PACKED_ROWS = 128
+
+
 @register("flash_attention", FlashAttentionParams, FlashAttentionTiling, reference=reference_flash_attention,
           ins=("q",), outs=("o",), kv="read")
 def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
                           tiling: FlashAttentionTiling | None) -> Lowered:
+    """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel
+    (_lower_flash). Under GQA, when a KV head's whole group of query heads holds at
+    most PACKED_ROWS query rows (decode, a few speculative tokens) and no tiling is
+    given, the group is one Q tile of a kernel over the KV heads: q's heads of a group
+    are consecutive, so their rows are too, and each KV head is read once for the
+    group instead of once per query head. # assumption: the causal limit of the packed
+    rows is that of the tile's rows in order (a row may skip up to (group - 1) * seq_q
+    keys it would see; a key step is skipped only when no row sees it)."""
+    packed_rows = p.seq_q * p.group
+    if tiling is None and p.group > 1 and packed_rows <= PACKED_ROWS and (not p.causal or packed_rows <= p.seq_kv):
+        low = _lower_flash(attrs.evolve(p, heads=p.kv_heads, seq_q=packed_rows), hw, gm, None)
+        ins, outs = _io(p)
+        return attrs.evolve(low, params=p, flops=4.0 * p.batch * p.heads * p.head_dim * p.visible_pairs(),
+                            inputs=[ins[0], *low.inputs[1:]], outputs=outs)
+    return _lower_flash(p, hw, gm, tiling)
+
+
+def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: FlashAttentionTiling | None) -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
 
     A block (1 AIC + 2 AIVs) takes q tiles of one head. For each step of keys
