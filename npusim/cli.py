@@ -136,7 +136,13 @@ def _cmd_run(args) -> int:
 
         write_trace(run_trace(run, memory_timeline(run)), args.trace, metadata=meta)
     if args.profile:
-        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph)))
+        # what ran, but the config (the one `npusim calibrate` fits), its files as absolute paths
+        workload = os.path.abspath(args.workload) if os.path.exists(args.workload) else args.workload  # or a name
+        ran = {k: v for k, v in step.items() if k != "overrides"} | {"workload": workload,
+                                                                     "passes": pipeline(args.passes)}
+        if ran.get("fusion_rules"):
+            ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
+        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph, step=ran)))
     if args.plot:
         from npusim.report import plots
 

@@ -202,7 +202,12 @@ def test_npusim_op_profile_feeds_calibrate_and_maps_back_to_the_same_op(tmp_path
         assert lower(mapped.op, dict(mapped.params), hw).params == wanted, (op, mapped.params)
 
 
-def test_a_row_of_a_many_kernel_npusim_op_is_not_timed_as_the_op(tmp_path, capsys, monkeypatch):
+def test_each_kernel_of_a_many_kernel_npusim_op_is_timed_as_that_kernel(tmp_path, capsys, monkeypatch):
+    """npusim's op_summary lists kernels, naming the op each came from, its parameters
+    and its place among the op's kernels: calibrate times each row as that kernel, so on
+    the config that wrote the profile every row is reproduced."""
+    import json
+
     from npusim.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -210,6 +215,8 @@ def test_a_row_of_a_many_kernel_npusim_op_is_not_timed_as_the_op(tmp_path, capsy
                  "--profile", "prof"]) == 0
     assert main(["op", "rms_norm", "shape=16,512", "--profile", "prof/norm"]) == 0
     capsys.readouterr()
-    assert main(["calibrate", "--profile", "prof", "--out", "my.yaml", "--folds", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "not simulated  decode_attention x1: one of the 2 kernels npusim lowers decode_attention to" in out
+    assert main(["calibrate", "--profile", "prof", "--out", "my.yaml", "--folds", "2", "--json", "c.json"]) == 0
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["unmapped"] == [] and data["rows_mapped"] == 3  # the attention's two kernels, the norm's one
+    assert {r["op_type"] for r in data["rows"]} == {"decode_attention", "decode_attention_combine", "rms_norm"}
+    assert all(abs(r["before_us"] / r["measured_us"] - 1) < 1e-3 for r in data["rows"])

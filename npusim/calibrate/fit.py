@@ -33,10 +33,12 @@ MIN_INTEGER = 10
 MEASUREMENT_NOISE = 0.03
 # assumed: how far an assumed field's value may be from the truth, one standard
 # deviation in log (about 25%: no source gives these values, but they are not guesses
-# to a factor of two). A field is fitted only if, at MEASUREMENT_NOISE, the
-# measurements pin it more tightly than that (one standard error, every other fitted
-# field free): a looser fit would trade the assumption for noise.
+# to a factor of two); the fit's prior (PRIOR_WEIGHT)
 PRIOR_SPREAD = 0.25
+# a field is fitted only if, at MEASUREMENT_NOISE, the measurements pin it to this (one
+# standard error in log, every other fitted field free): the value a fit reports is one
+# the measurements give, not a trade of the assumption for noise
+PINNED = 0.05
 MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
 TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
@@ -107,7 +109,7 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
     MIN_EFFECT. Then, with every kept field free: a field that one op alone identifies
     (leave that op out and no other is moved by MIN_EFFECT) is dropped, as no held-out
     op could check its value (leave-one-out identifiability); and so is one the
-    measurements, at MEASUREMENT_NOISE, pin more loosely than PRIOR_SPREAD - the
+    measurements, at MEASUREMENT_NOISE, pin more loosely than PINNED - the
     weakest first, until all are pinned.
     `weights`: rows per op; `labels`: how the reasons name the ops."""
     w = np.sqrt(weights)
@@ -154,11 +156,11 @@ def select_fields(model: Model, J: np.ndarray, weights: np.ndarray,
         A = w[:, None] * J[:, kept]
         se = MEASUREMENT_NOISE * np.sqrt(np.diag(np.linalg.pinv(A.T @ A)))
         pos = int(np.argmax(se))
-        if se[pos] <= PRIOR_SPREAD:
+        if se[pos] <= PINNED:
             break
         excluded.append(Excluded(model.fields[kept[pos]], f"these ops pin it only to +-{100 * se[pos]:.0f}% "
                                  f"(one standard error at {100 * MEASUREMENT_NOISE:.0f}% measurement noise), looser "
-                                 f"than the +-{100 * PRIOR_SPREAD:.0f}% an assumed value is taken to be off by"))
+                                 f"than the +-{100 * PINNED:.0f}% a fitted value must be pinned to"))
         kept.pop(pos)
     return sorted(kept), excluded
 
@@ -172,20 +174,33 @@ def _loss(r: np.ndarray) -> float:
     return float(np.sum(2 * SOFT_L1_SCALE**2 * (np.sqrt(1.0 + (r / SOFT_L1_SCALE) ** 2) - 1)))
 
 
+# the prior's weight: an assumed value is off from the truth by PRIOR_SPREAD (one standard
+# deviation in log), a measurement by MEASUREMENT_NOISE; in the least-squares units of
+# the loss the prior adds PRIOR_WEIGHT * theta^2 per field (the posterior's mode, not the
+# likelihood's: where the rows leave a direction flat - two costs only their sum is
+# seen by - the fit stays near the assumed values instead of wandering to any split)
+PRIOR_WEIGHT = (MEASUREMENT_NOISE / PRIOR_SPREAD) ** 2
+
+
+def _objective(r: np.ndarray, theta: np.ndarray) -> float:
+    return _loss(r) + PRIOR_WEIGHT * float(theta @ theta)
+
+
 def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured: np.ndarray,
           J0: np.ndarray | None = None, theta0: np.ndarray | None = None) -> np.ndarray:
     """theta minimising the soft-L1 loss of log(simulated / measured) over the rows
-    (row_key[i]: the index in `keys` of row i's op), from theta0 (the base config if None)."""
+    (row_key[i]: the index in `keys` of row i's op) plus the prior (PRIOR_WEIGHT), from
+    theta0 (the base config if None)."""
     theta = np.zeros(len(model.fields)) if theta0 is None else theta0.copy()
     f = model.log_times(theta, keys)
     J = jacobian(model, theta, keys, f) if J0 is None else J0.copy()
     r = f[row_key] - log_measured
-    loss, damping, rejected = _loss(r), 1e-3, 0
+    loss, damping, rejected = _objective(r, theta), 1e-3, 0
     for _ in range(MAX_ITERATIONS):
         w = _weights(r)
         Jr = J[row_key]
-        A = Jr.T @ (w[:, None] * Jr)
-        g = Jr.T @ (w * r)
+        A = Jr.T @ (w[:, None] * Jr) + PRIOR_WEIGHT * np.eye(len(theta))
+        g = Jr.T @ (w * r) + PRIOR_WEIGHT * theta
         A_damped = A + damping * np.diag(np.diag(A) + 1e-12)
         step = -np.linalg.lstsq(A_damped, g, rcond=None)[0]
         step *= min(1.0, MAX_STEP / max(np.max(np.abs(step)), 1e-300))
@@ -197,10 +212,11 @@ def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured
         dtheta, df = trial - theta, f_trial - f
         if dtheta @ dtheta > 0:  # Broyden: make J agree with the change just seen
             J += np.outer(df - J @ dtheta, dtheta) / (dtheta @ dtheta)
-        if _loss(r_trial) < loss:
-            converged = np.max(np.abs(step)) < TOLERANCE or loss - _loss(r_trial) < MIN_GAIN * loss
+        trial_loss = _objective(r_trial, trial)
+        if trial_loss < loss:
+            converged = np.max(np.abs(step)) < TOLERANCE or loss - trial_loss < MIN_GAIN * loss
             rejected = 0
-            theta, f, r, loss = trial, f_trial, r_trial, _loss(r_trial)
+            theta, f, r, loss = trial, f_trial, r_trial, trial_loss
             damping = max(damping / 3, 1e-7)
             if converged:
                 break

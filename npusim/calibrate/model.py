@@ -17,13 +17,12 @@ import numpy as np
 
 from npusim.hw import HwConfig, load_hw
 from npusim.calibrate.fields import value_of
-from npusim.calibrate.timing import time_us
+from npusim.calibrate.timing import STEP, step_kernel_us, time_us
 from npusim.diskcache.reads import recording, tracked
 from npusim.ops.collectives import KINDS as COLLECTIVES
 from npusim.ops.collectives.simulate import simulate_collective
-from npusim.ops.registry import lower
 
-OpKey = tuple  # Mapped.key: (npusim op type, ((param, value), ...), further ops, timing)
+OpKey = tuple  # Mapped.key: (npusim op type, ((param, value), ...), further ops, timing, kernel)
 
 
 def op_time_us(key: OpKey, hw: HwConfig) -> float:
@@ -32,17 +31,14 @@ def op_time_us(key: OpKey, hw: HwConfig) -> float:
     the head of its stream, the kernel start cost included, to the last kernel's end).
     A collective's, compared with hccl_test's aveg_time, is the same span over its
     kernels and transfer steps (npusim.ops.collectives.simulate)."""
-    op, params, more, timing = key
+    op, params, more, timing, kernel = key
     if op in COLLECTIVES:
         p = dict(params)
         return simulate_collective(op, p["bytes"], p["devices"], hw, dtype=p["dtype"]).us
-    return time_us(((op, params), *more), timing, hw)
-
-
-def kernel_count(key: OpKey, hw: HwConfig) -> int:
-    """How many kernels npusim lowers a row's (non-collective) ops to."""
-    op, params, more, _ = key
-    return sum(len(lower(o, dict(p), hw).kernels) for o, p in ((op, params), *more))
+    if op == STEP:
+        p = dict(params)
+        return step_kernel_us(p["step"], p["node"], kernel, hw)
+    return time_us(((op, params), *more), timing, hw, kernel)
 
 
 class Model:

@@ -10,6 +10,7 @@ stated next to the entry they belong to.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import attrs
 from attrs import frozen
 
 from npusim.calibrate.profile import ProfileRow
-from npusim.calibrate.timing import KERNELS, METHODS
+from npusim.calibrate.timing import KERNELS, METHODS, STEP
 
 if TYPE_CHECKING:
     from npusim.calibrate.hccl import HcclRow
@@ -52,10 +53,11 @@ class Mapped:
     params: tuple[tuple[str, object], ...]
     more: tuple[tuple[str, tuple], ...] = ()
     timing: str = KERNELS
+    kernel: int | None = None  # npusim's own profile: the row is this kernel of the op (its index; None: all)
 
     @property
     def key(self) -> tuple:
-        return (self.op, self.params, self.more, self.timing)
+        return (self.op, self.params, self.more, self.timing, self.kernel)
 
 
 def _dtype(names: tuple[str, ...], i: int, row: ProfileRow, what: str = "Input Data Types") -> str:
@@ -466,9 +468,32 @@ def map_row(row: ProfileRow) -> Mapped:
         raise Unmappable(f"task type {row.task_type} (only AI core tasks are simulated)")
     if row.method not in METHODS:
         raise Unmappable(f"timing method '{row.method}' (known: {', '.join(m for m in METHODS if m)})")
+    if row.npusim_op:  # npusim's own profile: the op and parameters it names, this row's kernel of it
+        if not row.npusim_kernel.isdigit():
+            raise Unmappable(f"column 'npusim Kernel': expected the kernel's index (0, 1, ...), got "
+                             f"'{row.npusim_kernel}'")
+        if row.step:  # a decoder step's: that kernel as it ran in the step, with what ran beside it
+            return Mapped(row, STEP, (("node", row.npusim_node), ("step", row.step)), (), KERNELS,
+                          int(row.npusim_kernel))
+        return Mapped(row, row.npusim_op, _sorted(_own_params(row)), (), METHODS[row.method], int(row.npusim_kernel))
     (op, params), *more = _parts(row)
     return Mapped(row, op, _sorted(params), tuple((o, _sorted(p)) for o, p in more), METHODS[row.method])
 
 
 def _sorted(params: dict) -> tuple:
     return tuple(sorted(params.items()))
+
+
+def _tuples(v):
+    """JSON's lists as the tuples npusim's parameters hold (shapes, part widths)."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def _own_params(row: ProfileRow) -> dict:
+    try:
+        params = json.loads(row.npusim_params or "{}")
+    except json.JSONDecodeError as e:
+        raise Unmappable(f"column 'npusim Params' is not JSON ({e.msg})") from None
+    if not isinstance(params, dict):
+        raise Unmappable("column 'npusim Params' is not a JSON object of parameters")
+    return {k: _tuples(v) for k, v in params.items()}

@@ -15,15 +15,19 @@ import csv
 import math
 from pathlib import Path
 
+import attrs
 from attrs import frozen
 
 from npusim.errors import NpusimError
+from npusim.report.tables import STEP_FILE
 
 REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
                     "Input Data Types", "Input Formats", "Output Shapes")
 # Method and Note: not msprof's; the public measurements (npusim/data/measured) give how
-# each row was timed and the call's attributes (causal mask, layout, group list) there
-OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats", "Method", "Note")
+# each row was timed and the call's attributes (causal mask, layout, group list) there.
+# npusim Op and npusim Params: npusim's own profiles name the op each kernel came from
+OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats", "Method", "Note", "npusim Op", "npusim Params",
+                    "npusim Node", "npusim Kernel")
 # a header with neither of these is not an op_summary table at all (op_statistic, a trace...)
 IDENTIFYING_COLUMNS = ("OP Type", "Task Duration(us)")
 PROFILE_GLOB = "op_summary*.csv"
@@ -52,6 +56,11 @@ class ProfileRow:
     output_formats: tuple[str, ...] = ()
     method: str = ""  # how it was timed (npusim.calibrate.timing.METHODS); "" = a kernel time
     note: str = ""  # the source's description of the call (attributes msprof does not list)
+    npusim_op: str = ""  # npusim's own profile: the op the kernel was lowered from
+    npusim_params: str = ""  # ... its parameters (JSON)
+    npusim_kernel: str = ""  # ... and which of its kernels this is (0, 1, ...)
+    npusim_node: str = ""  # a decoder step's profile: the graph node the kernel was launched for
+    step: str = ""  # ... and the step (STEP_FILE beside the CSV, JSON): the row is timed in it
 
     @property
     def where(self) -> str:
@@ -82,7 +91,11 @@ def read_profile(path: str | Path) -> list[ProfileRow]:
 
 
 def read_csv(path: Path) -> list[ProfileRow]:
+    """The rows of one op_summary CSV; a decoder step's rows of npusim's own profile carry
+    the step (its STEP_FILE, written beside the CSV by `npusim run --profile`)."""
     try:
+        step_file = path.parent / STEP_FILE
+        step = step_file.read_text() if step_file.is_file() else ""
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
@@ -92,7 +105,8 @@ def read_csv(path: Path) -> list[ProfileRow]:
             for cells in reader:
                 if not any(c.strip() for c in cells):
                     continue
-                rows.append(_row(path, reader.line_num, cells, col))
+                row = _row(path, reader.line_num, cells, col)
+                rows.append(attrs.evolve(row, step=step) if step and row.npusim_node else row)
             return rows
     except UnicodeDecodeError:
         raise ProfileError(f"{path}: not a text CSV file (expected msprof's op_summary CSV)") from None
@@ -136,7 +150,8 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
         input_dtypes=_list(cell("Input Data Types")), input_formats=_list(cell("Input Formats")),
         output_shapes=parse_shapes(cell("Output Shapes"), f"{path}: row {line}, column 'Output Shapes'"),
         output_dtypes=_list(cell("Output Data Types")), output_formats=_list(cell("Output Formats")),
-        method=cell("Method"), note=cell("Note"))
+        method=cell("Method"), note=cell("Note"), npusim_op=cell("npusim Op"), npusim_params=cell("npusim Params"),
+        npusim_node=cell("npusim Node"), npusim_kernel=cell("npusim Kernel"))
 
 
 def _list(text: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from attrs import frozen
 from npusim.calibrate import fit
 from npusim.calibrate.fields import fittable_fields, value_of
 from npusim.calibrate.hccl import HcclRow, map_hccl, read_hccl
-from npusim.calibrate.model import Model, kernel_count
+from npusim.calibrate.model import Model
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
 from npusim.calibrate.timing import KERNELS
@@ -86,11 +86,10 @@ def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[
     for row in rows:
         try:
             m = map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base)
-            own = isinstance(row, ProfileRow) and row.op_type == m.op  # a row of npusim's own op_summary
-            if (m.key, own) not in lowering:
-                lowering[m.key, own] = _simulation_problem(m, own, model)
-            if lowering[m.key, own]:
-                raise Unmappable(lowering[m.key, own])
+            if m.key not in lowering:
+                lowering[m.key] = _simulation_problem(m, model)
+            if lowering[m.key]:
+                raise Unmappable(lowering[m.key])
             mapped.append(m)
         except Unmappable as e:
             count, reason, where = bad.get(row.op_type, (0, str(e), row.where))
@@ -102,13 +101,9 @@ def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[
 HcclInput = str | Path | tuple[str | Path, Mapping[str, str]]  # a file, or a file and its options (hccl.OPTIONS)
 
 
-def _simulation_problem(m: Mapped, own: bool, model: Model) -> str | None:
-    """Why a mapped row cannot be timed, or None. A row of npusim's own op_summary is one
-    kernel: it times the op only if the op is one kernel (msprof lists an op's task once)."""
+def _simulation_problem(m: Mapped, model: Model) -> str | None:
+    """Why a mapped row cannot be timed, or None."""
     try:
-        if own and (n := kernel_count(m.key, model.base)) > 1:
-            return (f"one of the {n} kernels npusim lowers {m.op} to (npusim's op_summary lists kernels; "
-                    "calibration times whole ops)")
         model.log_times(np.zeros(len(model.fields)), [m.key])
         return None
     except NpusimError as e:

@@ -15,13 +15,19 @@ Method column of the public data, npusim/data/measured/README.md):
   lines included), which is the host's cost per call when the host is the slower.
 - EAGER_CALL (one eager call between two events): one launch from an idle device:
   the host's launch cost, the kernel start and the kernels.
+
+A row of npusim's own profile of a decoder step (`npusim run --profile`) is timed in
+that step, run again on the trial config (step_kernel_us): its kernel as it ran there,
+beside what ran with it, with the L2 the kernels before it left.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from npusim.engine import Launch, Synchronize, run
+from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
 
@@ -39,6 +45,8 @@ METHODS = {"": KERNELS, "K-msprof-op": KERNELS, "K-prof": KERNELS, "not stated":
 LOOP_CALLS = 3
 
 Part = tuple[str, tuple]  # (npusim op type, sorted params)
+# the op of a row of npusim's own profile of a decoder step: its kernel is timed in the step
+STEP = "decoder step"
 
 
 def chain(parts: Sequence[Part], hw: HwConfig) -> list[Lowered]:
@@ -56,12 +64,18 @@ def chain(parts: Sequence[Part], hw: HwConfig) -> list[Lowered]:
     return out
 
 
-def time_us(parts: Sequence[Part], timing: str, hw: HwConfig) -> float:
-    """The simulated time of `parts` as the method `timing` measures it (see the module doc)."""
+def time_us(parts: Sequence[Part], timing: str, hw: HwConfig, kernel: int | None = None) -> float:
+    """The simulated time of `parts` as the method `timing` measures it (see the module
+    doc); `kernel`: only that kernel of them (by index; a row of npusim's own profile),
+    from reaching its stream's head to its end."""
     kernels = [k for low in chain(parts, hw) for k in low.kernels]
     if timing == KERNELS:
         result = run([Launch(k, 0, "graph") for k in kernels] + [Synchronize()], hw, trace="kernel", counters=False)
         ks = result.kernels
+        if kernel is not None:
+            if kernel >= len(ks):
+                raise ProgramError(f"op {parts[0][0]} has {len(ks)} kernel(s), no kernel {kernel}")
+            return hw.us(ks[kernel].end - ks[kernel].queued)
         return hw.us(ks[-1].end - ks[0].queued)
     calls = LOOP_CALLS if timing == EAGER_LOOP else 1
     result = run([Launch(k, 0, "eager") for _ in range(calls) for k in kernels] + [Synchronize()], hw,
@@ -70,3 +84,29 @@ def time_us(parts: Sequence[Part], timing: str, hw: HwConfig) -> float:
     if timing == EAGER_LOOP:
         return hw.us((ends[-1] - ends[0]) / (calls - 1))
     return hw.us(ends[0])  # the host's first launch starts at time 0
+
+
+_STEPS: dict = {}  # (step, config) -> (the run's kernel records by (node, index), the config fields it read)
+
+
+def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
+    """Kernel `index` of graph node `node` in the decoder step `step` (the JSON a profile's
+    STEP_FILE holds: run_decoder's arguments but the config), run on `hw`, from reaching
+    its stream's head to its end. The step runs once per config (the last one is kept),
+    its field reads noted for every kernel read from it."""
+    from npusim.diskcache.reads import note, recording
+    from npusim.runtime.decoder import run_decoder
+
+    key = (step, id(hw))
+    if key not in _STEPS:
+        args = json.loads(step)
+        with recording() as read:
+            run = run_decoder(args.pop("workload"), hw, **args)
+        _STEPS.clear()
+        _STEPS[key] = ({(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner}, frozenset(read))
+    kernels, read = _STEPS[key]
+    note(read)
+    k = kernels.get((node, index))
+    if k is None:
+        raise ProgramError(f"the step has no kernel {index} of node '{node}' (a profile of another step?)")
+    return hw.us(k.end - k.queued)

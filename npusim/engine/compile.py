@@ -8,7 +8,7 @@ tells the kinds apart by class (`entry.__class__ is Fixed`).
 
 Fixed costs come from the config (never from constants here):
 - Mmad: ceil(m/m0) * ceil(n/n0) * ceil(k/k0) cycles (the dtype's fractal) + start-up
-- vector op: ceil(bytes / repeat bytes) repeats x the op's cycles per repeat + start-up
+- vector op: start-up + ceil(bytes / repeat bytes) repeats x the op's cycles per repeat, in whole cycles
   (bytes counted at the wider of the input and output dtype)
 - MTE1 (L1 -> L0A/L0B/BT) and FixPipe to L1/FB: start-up + bytes / rate
 - scalar: its cycles; PipeBarrier on one pipe: sync.pipe_barrier_cycles
@@ -203,7 +203,7 @@ def lower(instr, core: CoreType, hw: HwConfig) -> list[tuple[Pipe, object]]:
     if cls is VecOp:
         elem = max(DTYPE_BYTES[instr.dtype], DTYPE_BYTES[instr.out_dtype or instr.dtype])
         repeats = _div_up(instr.n * elem, hw.aiv.vector_repeat_bytes)
-        cost = hw.aiv.vector_startup_cycles + whole_cycles(repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
+        cost = whole_cycles(hw.aiv.vector_startup_cycles + repeats * hw.aiv.vector_cycles_per_repeat[instr.op])
         return [(Pipe.V, Fixed(instr, cost, instr.op, flops=instr.n * instr.flops_per_elem))]
     if cls is Scalar:
         return [(Pipe.S, Fixed(instr, instr.cycles, "Scalar"))]

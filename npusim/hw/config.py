@@ -116,7 +116,8 @@ class VectorCore:
 
     ub_bytes: int = _pos("unified buffer")
     vector_repeat_bytes: int = _pos("bytes one vector repeat processes (128 fp16 lanes)")
-    vector_startup_cycles: int = _nonneg("fixed cost of one vector instruction")
+    vector_startup_cycles: float = _nonneg("fixed cost of one vector instruction (issue, and the wait for its "
+                                           "result a dependent one makes); an instruction takes whole cycles")
     vector_cycles_per_repeat: dict[str, float] = field(
         validator=_positive_values,
         metadata={"help": "cycles per 256-byte repeat, per op kind (its cost factor)"},

@@ -86,10 +86,23 @@ def _positive(attribute, value) -> None:
         raise ValueError(f"'{attribute.name}' must be a positive integer, got {value!r}")
 
 
+# CANN's 910B DynamicQuant quantises many rows per instruction only for rows of at least
+# MULTI_ROW_MIN elements, a multiple of MULTI_ROW_ALIGN; any other row is its own
+# iteration (hicann/ops-nn quant/dynamic_quant op_host dynamic_quant_tiling.cpp: the
+# MultiRow and SingleRow kernels' conditions, else the generic per-row kernels)
+MULTI_ROW_MIN, MULTI_ROW_ALIGN = 128, 8
+
+
+def rows_together(hidden: int) -> bool:
+    """Whether DynamicQuant takes several rows per instruction (see MULTI_ROW_MIN)."""
+    return hidden >= MULTI_ROW_MIN and hidden % MULTI_ROW_ALIGN == 0
+
+
 @register("quantize_per_token", QuantizeParams, reference=reference_quantize, ins=("x", "smooth"),
           outs=("y", "scale"))
 def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
-    """Per-token dynamic INT8 quantisation: y = rint(x * smooth / scale), scale = max|x * smooth| / 127."""
+    """Per-token dynamic INT8 quantisation: y = rint(x * smooth / scale), scale = max|x * smooth| / 127
+    (several rows per instruction, or one row per iteration: rows_together)."""
     h, e = p.hidden, DTYPE_BYTES[p.dtype]
     # rows are padded in UB to whole 32-byte blocks of the int8 output (DataCopyPad):
     # every per-row instruction runs over hp elements
@@ -123,7 +136,8 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
         k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows,
                              [Stream(x, h * e, ub_row_bytes=hp * e if pad else 0)],
                              [Stream(y, h, ub_row_bytes=hp if pad else 0), Stream(scale, 4)], compute, consts=consts,
-                             tmp_row_bytes=[hp * 4, hp * 2, 4], quantum=quantum(hw, p.rows, h * e))
+                             tmp_row_bytes=[hp * 4, hp * 2, 4], quantum=quantum(hw, p.rows, h * e),
+                             max_tile_rows=None if rows_together(h) else 1)
     except ProgramError as err:  # assumption: rows are kept whole (a two-pass chunked row is not modelled)
         raise ProgramError(f"{err}: hidden={h} is too long to keep a row whole in UB") from None
     ins = [TensorInfo("x", (p.rows, h), p.dtype)] + ([TensorInfo("smooth", (h,), "fp32")] if p.smooth else [])

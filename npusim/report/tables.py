@@ -1,6 +1,15 @@
 """Profile tables as msprof writes them: op_summary.csv (one row per kernel) and
 op_statistic.csv (totals per op type), plus each kernel's stall breakdown.
 
+A task's duration is what msprof's Task Duration holds: from the kernel reaching the
+head of its stream to its end - the kernel start (the device's fixed cost per
+kernel, by kind) included, as a small kernel's measured duration includes it
+(npusim/data/measured/facts.md); npusim's own breakdowns say "kernel starts +
+kernels" apart. npusim's columns name the op each kernel was lowered from, its
+parameters (`npusim Op`, `npusim Params`, JSON) and the kernel's place among the
+op's (`npusim Kernel`), so `npusim calibrate` times a row of npusim's own profile as
+exactly that kernel of that op.
+
 Column names follow msprof's where it has one; npusim's own columns come after.
 Ratios are busy cycles of a pipe over the cycles its cores held the kernel's
 blocks (msprof's aic_*_ratio / aiv_*_ratio): a pipe is *busy* while it works or
@@ -15,9 +24,11 @@ sum to 100%.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import attrs
 from attrs import frozen
 
 from npusim.engine.device import KernelRecord
@@ -39,7 +50,8 @@ MSPROF_DTYPES = {"fp16": "DT_FLOAT16", "bf16": "DT_BF16", "fp32": "DT_FLOAT", "i
                  "int16": "DT_INT16", "int32": "DT_INT32"}
 MSPROF_FORMATS = {"ND": "ND", "NZ": "FRACTAL_NZ", "BSND": "ND"}
 _TENSOR_COLUMNS = ("Shapes", "Data Types", "Formats")
-NPUSIM_COLUMNS = ("FLOPs", "GM Bytes", "HBM Bytes", "L2 Hit Rate", "Wasted Burst Bytes", "Bound", "Stream")
+NPUSIM_COLUMNS = ("FLOPs", "GM Bytes", "HBM Bytes", "L2 Hit Rate", "Wasted Burst Bytes", "Bound", "Stream",
+                  "npusim Op", "npusim Params", "npusim Node", "npusim Kernel")
 STATISTIC_COLUMNS = ("OP Type", "Core Type", "Count", "Total Time(us)", "Avg Time(us)", "Min Time(us)",
                      "Max Time(us)", "Ratio(%)")
 _RATIOS = {"aic_cube_ratio": "AIC.M", "aic_mte1_ratio": "AIC.MTE1", "aic_mte2_ratio": "AIC.MTE2",
@@ -47,7 +59,10 @@ _RATIOS = {"aic_cube_ratio": "AIC.M", "aic_mte1_ratio": "AIC.MTE1", "aic_mte2_ra
            "aiv_mte2_ratio": "AIV.MTE2", "aiv_mte3_ratio": "AIV.MTE3"}
 _TASK_TYPES = {"AIC": "AI_CORE", "AIV": "AI_VECTOR_CORE", "MIX": "MIX_AIC"}
 STALLS = ("work", "data", "flag", "idle")
-TABLE_FILES = ("op_summary.csv", "op_statistic.csv")  # what write_tables writes into its folder
+# what write_tables writes into its folder: the tables, and for a decoder step the step
+# itself (STEP_FILE: what ran, for `npusim calibrate` to run it again)
+TABLE_FILES = ("op_summary.csv", "op_statistic.csv", "npusim_step.json")
+STEP_FILE = TABLE_FILES[2]
 
 
 @frozen
@@ -92,38 +107,46 @@ def tensor_columns(inputs: Sequence, outputs: Sequence) -> dict[str, str]:
     return out
 
 
-def _node_tensors(graph) -> dict[str, tuple[list, list]]:
-    """(input specs, output specs) of every node of `graph`, by node name."""
+def _node_tensors(graph) -> dict[str, tuple[list, list, str, dict]]:
+    """(input specs, output specs, op type, params) of every node of `graph`, by node name."""
     if graph is None:
         return {}
-    return {n.name: ([graph.tensors[t] for t in n.inputs.values()], [graph.tensors[t] for t in n.outputs.values()])
-            for n in graph.nodes}
+    return {n.name: ([graph.tensors[t] for t in n.inputs.values()], [graph.tensors[t] for t in n.outputs.values()],
+                     n.op_type, n.params) for n in graph.nodes}
+
+
+def task_cycles(k: KernelRecord) -> float:
+    """A task's duration as msprof's Task Duration holds it (see the module doc)."""
+    return k.end - k.queued
 
 
 def summary_rows(result: RunResult, graph=None, op: Lowered | None = None) -> list[dict]:
     """op_summary rows in start order; a kernel launched for a node of `graph` (its
-    record's owner) lists that node's tensors, a kernel of `op` (npusim op) the op's.
-    Task Wait Time: from the end of the previous task on the same stream (or the
-    stream's first queueing) to this one's start."""
+    record's owner) lists that node's tensors and parameters, a kernel of `op` (npusim
+    op) the op's. Task Start Time: the kernel reaching its stream's head; Task Wait
+    Time: from the end of the previous task on the same stream to that."""
     hw = result.hw
     nodes = _node_tensors(graph)
-    own = (op.inputs, op.outputs) if op is not None else ((), ())
+    own = (op.inputs, op.outputs, op.op_type, attrs.asdict(op.params)) if op is not None else ((), (), "", {})
     rows, last_end = [], {}
+    first_id = min((k.id for k in result.kernels), default=0)
     for k in sorted(result.kernels, key=lambda r: (r.start, r.id)):
-        tensors = nodes.get(k.owner.node, ((), ())) if k.owner is not None else own
+        ins, outs, op_type, params = nodes.get(k.owner.node, ((), (), "", {})) if k.owner is not None else own
+        index = k.owner.index if k.owner is not None else k.id - first_id  # its place among its op's kernels
         s = k.stats
-        wait = k.start - last_end.get(k.stream, k.queued)
+        wait = k.queued - last_end.get(k.stream, k.queued)
         last_end[k.stream] = k.end
         row = {
             "Op Name": k.name, "OP Type": k.op_type, "Task Type": _TASK_TYPES.get(k.core_type, k.core_type),
-            "Task Start Time(us)": hw.us(k.start), "Task Duration(us)": hw.us(k.cycles),
-            "Task Wait Time(us)": hw.us(max(wait, 0.0)), "Block Dim": k.block_dim, **tensor_columns(*tensors),
+            "Task Start Time(us)": hw.us(k.queued), "Task Duration(us)": hw.us(task_cycles(k)),
+            "Task Wait Time(us)": hw.us(max(wait, 0.0)), "Block Dim": k.block_dim, **tensor_columns(ins, outs),
             "aicore_time(us)": hw.us(k.cycles), "total_cycles": k.cycles,
         }
         row |= {col: s.utilisation(pipe) for col, pipe in _RATIOS.items()}
         row |= {"FLOPs": s.flops, "GM Bytes": s.gm_bytes, "HBM Bytes": s.hbm_read_bytes + s.hbm_write_bytes,
                 "L2 Hit Rate": s.l2_hit_rate, "Wasted Burst Bytes": s.wasted_burst_bytes, "Bound": bound_of(s, hw, k.cycles),
-                "Stream": k.stream}
+                "Stream": k.stream, "npusim Op": op_type, "npusim Params": json.dumps(params, sort_keys=True) if op_type else "",
+                "npusim Node": k.owner.node if k.owner is not None else "", "npusim Kernel": index if op_type else ""}
         row |= {f"{st.pipe} {what}(%)": getattr(st, what) for st in stalls(s) for what in STALLS}
         rows.append(row)
     return rows
@@ -135,10 +158,10 @@ def statistic_rows(result: RunResult) -> list[dict]:
     groups: dict[tuple[str, str], list[KernelRecord]] = {}
     for k in result.kernels:
         groups.setdefault((k.op_type, _TASK_TYPES.get(k.core_type, k.core_type)), []).append(k)
-    total = sum(hw.us(k.cycles) for k in result.kernels) or 1.0
+    total = sum(hw.us(task_cycles(k)) for k in result.kernels) or 1.0
     rows = []
     for (op, core), ks in groups.items():
-        times = [hw.us(k.cycles) for k in ks]
+        times = [hw.us(task_cycles(k)) for k in ks]
         rows.append({"OP Type": op, "Core Type": core, "Count": len(ks), "Total Time(us)": sum(times),
                      "Avg Time(us)": sum(times) / len(ks), "Min Time(us)": min(times), "Max Time(us)": max(times),
                      "Ratio(%)": 100 * sum(times) / total})
@@ -159,14 +182,23 @@ def write_csv(rows: Sequence[dict], path: str | Path, columns: Iterable[str]) ->
     return path
 
 
-def write_tables(result: RunResult, directory: str | Path, graph=None, op: Lowered | None = None) -> tuple[Path, Path]:
+def write_tables(result: RunResult, directory: str | Path, graph=None, op: Lowered | None = None,
+                 step: dict | None = None) -> tuple[Path, ...]:
     """op_summary.csv and op_statistic.csv into `directory` (created); `graph`: the
     graph the kernels were launched for, or `op`: the one op they are (their tensors
-    fill the shape columns)."""
+    fill the shape columns); `step`: the decoder step that ran (run_decoder's arguments
+    but the config), written as STEP_FILE."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    return (write_csv(summary_rows(result, graph, op), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
-            write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
+    written = (write_csv(summary_rows(result, graph, op), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
+               write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
+    if step is not None:
+        with atomic_write(d / STEP_FILE) as f:
+            json.dump(step, f, indent=1, sort_keys=True)
+        written += (d / STEP_FILE,)
+    else:  # the tables are no longer that step's
+        (d / STEP_FILE).unlink(missing_ok=True)
+    return written
 
 
 def statistic_table(result: RunResult, top: int = 10) -> str:
@@ -187,6 +219,7 @@ def statistic_table(result: RunResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MSPROF_DTYPES", "MSPROF_FORMATS", "NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "SUMMARY_COLUMNS",
-           "TABLE_FILES", "Stall", "stalls", "statistic_rows", "statistic_table", "summary_rows", "tensor_columns",
+__all__ = ["MSPROF_DTYPES", "MSPROF_FORMATS", "NPUSIM_COLUMNS", "STALLS", "STATISTIC_COLUMNS", "STEP_FILE", "SUMMARY_COLUMNS",
+           "TABLE_FILES", "Stall", "stalls", "statistic_rows", "statistic_table", "summary_rows", "task_cycles",
+           "tensor_columns",
            "write_csv", "write_tables"]
