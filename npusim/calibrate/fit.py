@@ -26,7 +26,7 @@ STEP = math.log(1.2)  # finite-difference step of the Jacobian: a 20% change of 
 # lost in run-to-run noise of real measurements (a few percent)
 MIN_EFFECT = 0.005
 # an integer field smaller than this moves in steps of more than 10% of itself: too
-# coarse for a relative fit (dma.segment_cycles = 1 can only double or vanish)
+# coarse for a relative fit (a start-up of 4 cycles can only go to 3 or 5)
 MIN_INTEGER = 10
 # assumed: run-to-run spread of a measured kernel or collective time, one standard
 # deviation in log (a few percent on a quiet card)

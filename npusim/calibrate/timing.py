@@ -86,7 +86,7 @@ def time_us(parts: Sequence[Part], timing: str, hw: HwConfig, kernel: int | None
     return hw.us(ends[0])  # the host's first launch starts at time 0
 
 
-_STEPS: dict = {}  # (step, config) -> (the run's kernel records by (node, index), the config fields it read)
+_STEPS: list = []  # [step, config, the run's kernel records by (node, index), the config fields it read]: the last run
 
 
 def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
@@ -97,14 +97,13 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
     from npusim.diskcache.reads import note, recording
     from npusim.runtime.decoder import run_decoder
 
-    key = (step, id(hw))
-    if key not in _STEPS:
+    if not _STEPS or _STEPS[0] != step or _STEPS[1] is not hw:
         args = json.loads(step)
         with recording() as read:
             run = run_decoder(args.pop("workload"), hw, **args)
-        _STEPS.clear()
-        _STEPS[key] = ({(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner}, frozenset(read))
-    kernels, read = _STEPS[key]
+        _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},
+                     frozenset(read)]
+    kernels, read = _STEPS[2:]
     note(read)
     k = kernels.get((node, index))
     if k is None:

@@ -165,11 +165,13 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
         if stride == nbytes:  # back-to-back segments are one contiguous segment
             nbytes, segments, stride = nbytes * segments, 1, nbytes * segments
         startup = hw.dma.startup_cycles
-        # each segment takes segment_cycles of the DMA engine, while the data of the
-        # ones before it moves: a transfer of many short segments is held to one
-        # (burst-rounded) segment per segment_cycles, a long one is not slowed
-        if hw.dma.segment_cycles > 0:
-            cap = min(cap, -(-nbytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles)
+        # each segment takes the DMA engine segment_cycles (the cube's, or the vector
+        # core's: their DMA units differ), while the data of the ones before it moves:
+        # a transfer of many short segments is held to one (burst-rounded) segment per
+        # segment_cycles, a long one is not slowed
+        per_segment = hw.dma.segment_cycles if core is CoreType.AIC else hw.dma.vector_segment_cycles
+        if per_segment > 0:
+            cap = min(cap, -(-nbytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / per_segment)
         if pipe is Pipe.FIX:
             cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
             startup += hw.aic.fixpipe_startup_cycles

@@ -154,8 +154,9 @@ class Hbm:
 class Dma:
     burst_bytes: int = _pos("GM traffic moves in aligned bursts of this size (the 64-byte rule)")
     startup_cycles: int = _nonneg("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
-    segment_cycles: float = _nonneg("DMA engine time per segment of a strided transfer, overlapped with the data "
-                                    "of the segments before it: a transfer takes at least segments x this")
+    segment_cycles: float = _nonneg("DMA engine time per segment of a cube core's strided transfer, overlapped with "
+                                    "the data of the segments before it: a transfer takes at least segments x this")
+    vector_segment_cycles: float = _nonneg("the same for a vector core's strided transfer (a DataCopyPad of rows)")
 
 
 @frozen

@@ -123,7 +123,7 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     best = None
     tiles = batch * m_tiles * cdiv(p.n, min(MAX_BASE_N, align_up(p.n, f.n0)))
     parts = _part_starts(p)
-    write = gm_copy_cycles(hw, 0, base_m, math.inf)  # one FixPipe write of a tile: its DMA costs, not its bytes
+    write = gm_copy_cycles(hw, 0, base_m, math.inf, cube=True)  # one FixPipe write of a tile: its DMA costs, not its bytes
     floor = batch * (p.m * p.k * e + p.k * p.n * eb + p.m * p.n * DTYPE_BYTES[p.out_dtype]) / hw.hbm_bytes_per_cycle
     for base_n, split_k in itertools.product(tile_widths(p.n, f), (1, 2, 3, 4, 6, 8)):
         if split_k > max(1, p.k // (base_k * STEP_K)):
@@ -172,7 +172,8 @@ def unit_cycles(hw: HwConfig, f, bm: int, bn: int, k_piece: int, base_k: int, e:
     cube = (cdiv(bm, f.m0) * cdiv(bn, f.n0) * cdiv(k_piece, f.k0)
             + cdiv(k_piece, base_k) * hw.aic.mmad_startup_cycles)
     port = hw.aic.gm_read_bytes_per_cycle
-    load = chunks * (gm_copy_cycles(hw, kc * e, bm, port) + gm_copy_cycles(hw, bn * eb, kc, port))
+    load = chunks * (gm_copy_cycles(hw, kc * e, bm, port, cube=True)
+                     + gm_copy_cycles(hw, bn * eb, kc, port, cube=True))
     return max(cube, load)
 
 

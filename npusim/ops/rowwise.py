@@ -338,14 +338,17 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
         w = tmp[0] if up else ub_in[0]
         mx, sm = tmp[-2], tmp[-1]
         dst = w if up else ub_out[0]
+
+        def row(at) -> list:
+            """One row: its max, x - max, exp, its sum, * 1 / sum; each statistic read back
+            by the scalar unit (GetValue) for the next instruction's scalar operand."""
+            return ([vop("reduce_max", r.hp, "fp32", mx, at(w), out_n=1)] + scalar_read()
+                    + [vop("adds", r.hp, "fp32", at(w), at(w)), vop("exp", r.hp, "fp32", at(w), at(w)),
+                       vop("reduce_sum", r.hp, "fp32", sm, at(w), out_n=1)] + scalar_read()
+                    + [vop("muls", r.hp, "fp32", at(dst), at(w))])
+
         ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
-        ops += [vop("reduce_max", n, "fp32", mx, w, out_n=nr)]
-        ops += scalar_read()
-        ops += per_row(nr, r.f32_pitch, lambda at: [vop("adds", r.hp, "fp32", at(w), at(w))])
-        ops += [vop("exp", n, "fp32", w, w), vop("reduce_sum", n, "fp32", sm, w, out_n=nr),
-                vop("div", nr, "fp32", sm, sm, sm)]  # 1 / sum, then one multiply per element
-        ops += scalar_read()
-        ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w))])
+        ops += per_row(nr, r.f32_pitch, row)
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("softmax", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,

@@ -18,10 +18,12 @@ author writes, and they are what the op costs:
   (the Sigmoid and Gelu TBE kernels, the SwiGlu Ascend C kernel); exp alone runs in
   fp16 (its default is high performance) and maximum in its dtype.
 - norms and softmax compute in fp32 whatever the input (cast in, cast out), as
-  CANN's kernels do for accuracy; a row reduction is one reduce instruction over
-  the tile (out_n = one value per row), and applying a per-row statistic is one
-  instruction per row with the statistic as a scalar operand, read back by the
-  scalar unit (a V -> S -> V round trip per tile, like GetValue + Muls).
+  CANN's kernels do for accuracy. A norm of short rows reduces a tile's rows with
+  one instruction (out_n = one value per row) and applies a per-row statistic with
+  one instruction per row, the statistic a scalar operand read back by the scalar
+  unit (a V -> S -> V round trip per tile, like GetValue + Muls); an RMSNorm of long
+  rows (npusim.ops.rowwise.MERGE_MAX_COLS) and softmax work one row at a time, each
+  statistic read back per row.
 - rows are kept whole in UB (the hidden size of a norm, the width of a softmax)
   when one fits (double-buffered, else single-buffered). A row that does not fit
   even once is cut into column chunks: gated activations stream (row, chunk)
