@@ -3,10 +3,11 @@ model), the 64-byte burst rule and the per-segment DMA time. Every expected numb
 is derived from the config.
 
 The rule (engine/compile.py, _copy): a transfer pays dma.startup_cycles once, then
-its bytes flow at min(port, fair share of the links, one segment per
-dma.segment_cycles), where a segment is `align_up(segment bytes, burst)` after
-back-to-back segments are merged into one. A transfer of many short segments is
-held to `segments * segment_cycles`; one of long segments is not slowed."""
+its bytes flow at min(port, fair share of the links, one segment per segment time -
+dma.vector_segment_cycles: these are vector cores' copies), where a segment is
+`align_up(segment bytes, burst)` after back-to-back segments are merged into one. A
+transfer of many short segments is held to `segments * vector_segment_cycles`; one
+of long segments is not slowed."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from npusim.hw import load_hw
 from npusim.isa import Copy, Mem, Scalar, SetFlag, WaitFlag, addr
 
 # Round, distinguishable start-ups; HBM at its peak so hbm_bytes_per_cycle is the peak.
-BASE = {"dma.startup_cycles": 100, "dma.segment_cycles": 10, "hbm.bw_efficiency": 1.0}
+BASE = {"dma.startup_cycles": 100, "dma.vector_segment_cycles": 10, "hbm.bw_efficiency": 1.0}
 
 
 def hw_with(**over):
@@ -45,8 +46,8 @@ def the_interval(result, core="AIV0", pipe="MTE2"):
 
 def segment_cap(hw, seg_bytes: int) -> float:
     """Bytes/cycle the DMA engine's per-segment time allows: one burst-rounded
-    segment per dma.segment_cycles (overlapped with the data, not a start-up)."""
-    return -(-seg_bytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles
+    segment per dma.vector_segment_cycles (overlapped with the data, not a start-up)."""
+    return -(-seg_bytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.vector_segment_cycles
 
 
 def rounded(addr: int, nbytes: int, burst: int) -> int:
@@ -157,7 +158,7 @@ def test_n_cores_share_hbm_fairly(n, dedup):
 def test_late_flow_shares_then_finishes_alone():
     """Max-min fair sharing when flows start at different times: block 0 starts at
     once, block 1 `delay` cycles later; HBM is slower than one port."""
-    hw = hw_with(**{"dma.startup_cycles": 0, "dma.segment_cycles": 0, "sync.flag_latency_cycles": 0,
+    hw = hw_with(**{"dma.startup_cycles": 0, "dma.vector_segment_cycles": 0, "sync.flag_latency_cycles": 0,
                     "hbm.peak_bw_bytes_per_s": 100 * 1.8e9})
     cap = hw.hbm_bytes_per_cycle
     assert cap < hw.aiv.gm_read_bytes_per_cycle
@@ -188,7 +189,7 @@ def test_water_filling_gives_a_capped_flow_its_cap_and_the_rest_to_others():
     fairness on the L2 link (where the port caps apply): the AIC gets its cap, the
     AIVs split what is left. HBM is fast: the (uncapped) line fills end well before."""
     aic_cap, aiv_cap, l2 = 30, 110, 150
-    hw = hw_with(**{"dma.startup_cycles": 0, "dma.segment_cycles": 0,
+    hw = hw_with(**{"dma.startup_cycles": 0, "dma.vector_segment_cycles": 0,
                     "aic.gm_read_bytes_per_cycle": aic_cap, "aiv.gm_read_bytes_per_cycle": aiv_cap,
                     "l2.bw_bytes_per_s": l2 * 1.8e9})
     assert hw.l2_bytes_per_cycle == l2
@@ -294,7 +295,7 @@ def test_fragmented_copy_pays_per_segment_and_rounded_bytes():
     # aligned starts: every segment moves exactly its burst-rounded bytes, so the
     # segments are what hold it, one per segment_cycles
     assert moved == segs * -(-seg_bytes // burst) * burst
-    assert end - start == hw.dma.startup_cycles + segs * hw.dma.segment_cycles
+    assert end - start == hw.dma.startup_cycles + segs * hw.dma.vector_segment_cycles
     _, _, _, start_w, end_w, _ = the_interval(whole)
     assert segment_cap(hw, segs * seg_bytes) > port
     assert end_w - start_w == hw.dma.startup_cycles + ceil_div(segs * seg_bytes, port)
@@ -330,10 +331,10 @@ def test_short_segments_are_held_to_segment_cycles_long_ones_run_at_the_link_rat
     assert s.gm_read_bytes == short_segs * short_bytes == total
     assert s.wasted_burst_bytes == 0 and s.dma_segments == short_segs
     # the line fills (every line of the 32 KiB span) run on HBM alongside and end first
-    assert s.hbm_read_bytes == 2 * total and 2 * total / hbm < short_segs * hw.dma.segment_cycles
+    assert s.hbm_read_bytes == 2 * total and 2 * total / hbm < short_segs * hw.dma.vector_segment_cycles
     _, _, _, start, end, _ = the_interval(short)
     # transfer = startup + total / (burst / segment_cycles) = startup + segments * segment_cycles
-    assert end - start == hw.dma.startup_cycles + short_segs * hw.dma.segment_cycles
+    assert end - start == hw.dma.startup_cycles + short_segs * hw.dma.vector_segment_cycles
 
     long_segs, long_bytes = 4, 4096
     assert long_bytes % line == 0 and segment_cap(hw, long_bytes) > rate
@@ -345,7 +346,7 @@ def test_short_segments_are_held_to_segment_cycles_long_ones_run_at_the_link_rat
     _, _, _, start, end, _ = the_interval(long)
     # transfer = startup + total / min(port, HBM): whole lines, so HBM fills the bytes moved
     assert end - start == hw.dma.startup_cycles + ceil_div(total, rate)
-    assert end - start < hw.dma.startup_cycles + short_segs * hw.dma.segment_cycles
+    assert end - start < hw.dma.startup_cycles + short_segs * hw.dma.vector_segment_cycles
 
     merged = simulate(read_kernel(hw, GM_A, short_bytes, segments=short_segs, gm_stride=short_bytes,
                                   ub_stride=short_bytes), hw)

@@ -33,7 +33,8 @@ from npusim.engine.memory import MemorySystem, _lines
 from npusim.hw import load_hw
 from npusim.isa import Copy, Loop, Scalar, SetFlag, WaitFlag, addr
 
-BASE = {"dma.startup_cycles": 100, "dma.segment_cycles": 0, "hbm.bw_efficiency": 1.0}
+BASE = {"dma.startup_cycles": 100, "dma.segment_cycles": 0, "dma.vector_segment_cycles": 0,
+        "hbm.bw_efficiency": 1.0}
 
 
 def hw_with(**over):

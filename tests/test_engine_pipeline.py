@@ -133,8 +133,8 @@ TILE = 32768  # bytes of fp16 per tile
 def stage_cycles(hw, tile: int, op: str) -> tuple[int, int, int]:
     """(copy-in, vector op, copy-out) cycles of one tile, alone on the chip: a copy is
     one segment, so it pays the DMA start-up once and its segment time (one
-    burst-rounded tile per dma.segment_cycles) overlaps the data without binding."""
-    assert -(-tile // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.segment_cycles > max(
+    burst-rounded tile per dma.vector_segment_cycles) overlaps the data without binding."""
+    assert -(-tile // hw.dma.burst_bytes) * hw.dma.burst_bytes / hw.dma.vector_segment_cycles > max(
         hw.aiv.gm_read_bytes_per_cycle, hw.aiv.gm_write_bytes_per_cycle)
     dma = hw.dma.startup_cycles
     t_in = dma + ceil_div(tile, min(hw.aiv.gm_read_bytes_per_cycle, hw.hbm_bytes_per_cycle))
