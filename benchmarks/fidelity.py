@@ -2,12 +2,15 @@
 (npusim/data/measured), simulated on a config as shipped, then `npusim calibrate`d on
 all of them with k-fold cross-validation; the error per family.
 
-    python benchmarks/fidelity.py [--hw ascend910b2] [--folds 5] [--fields F1,F2] [--json PATH]
+    python benchmarks/fidelity.py [--hw ascend910b2] [--folds 5] [--fields F1,F2] [--json PATH] [--write-defaults]
 
 Prints the calibration's report (fitted fields, rows not simulated and why, error by
 CANN op type) and then the table of the README's "How close to silicon": per family,
 median and max |simulated / measured - 1| as shipped, fitted on every row, and held
 out (each row predicted by the fit of the folds that did not hold its op).
+--write-defaults writes the fitted values into the config file calibrated (each with a
+comment: the rows and families it was fitted on, their error before and after): how
+the shipped ascend910b2.yaml got its assumed values.
 """
 
 import argparse
@@ -16,7 +19,7 @@ import time
 
 import attrs
 
-from npusim.calibrate.fidelity import by_family, run, table
+from npusim.calibrate.fidelity import by_family, run, table, write_defaults
 from npusim.calibrate.report import summary, to_json
 from npusim.outputs import write_text
 
@@ -27,6 +30,7 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--fields", help="fit only these assumed fields (default: all the rows identify)")
     ap.add_argument("--json", help="write the calibration report and the table as JSON")
+    ap.add_argument("--write-defaults", action="store_true", help="write the fitted values into the config file")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cal = run(args.hw, args.folds, args.fields.split(",") if args.fields else None)
@@ -37,6 +41,8 @@ def main() -> None:
     if args.json:
         data = to_json(cal) | {"families": [attrs.asdict(f) for f in by_family(cal)]}
         print("wrote", write_text(args.json, json.dumps(data, indent=1)))
+    if args.write_defaults:
+        print("wrote", write_defaults(cal, cal.hw_path))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from npusim.runtime.decoder import run_decoder
 
 # steps of two of K3's layers (its weights do not fit the L2, as K3's do not): decode and
 # prefill tell kernel starts, DMA start-ups and HBM apart
-STEPS = [("decode", "4", "1024"), ("prefill", "1", "256")]
+STEPS = [("decode", "4", "1024"), ("decode", "32", "256"), ("prefill", "1", "256")]
 SPREAD = 0.4  # each hidden field is its shipped value x a seeded factor in [1 - SPREAD, 1 + SPREAD]
 
 
@@ -51,7 +51,7 @@ def _profiles(tmp_path, hidden: dict, name: str) -> list:
     sets = [arg for k, v in hidden.items() for arg in ("--set", f"{k}={v}")]
     out = []
     for phase, batch, context in STEPS:
-        d = tmp_path / name / phase
+        d = tmp_path / name / f"{phase}-{batch}"
         assert main(["run", "--workload", _workload(tmp_path), "--phase", phase, "--batch", batch, "--context",
                      context, *sets, "--profile", str(d)]) == 0
         out.append(d)

@@ -141,3 +141,19 @@ def test_readme_main_job_prints_what_the_readme_shows(capsys, tmp_path, monkeypa
     assert main(shlex.split(command)[1:]) == 0
     printed = capsys.readouterr().out.rstrip().splitlines()
     assert [line.rstrip() for line in printed] == [line.rstrip() for line in shown]
+
+
+def test_the_fidelity_table_shows_what_the_shipped_config_gives():
+    """"How close to silicon": the table benchmarks/fidelity.py printed when it fitted the
+    shipped config's assumed values; its `fitted` columns are what the shipped config
+    gives on the public measurements now (its `held out` ones take the benchmark's
+    minutes: k-fold fits)."""
+    from npusim.calibrate.fidelity import as_shipped
+
+    (block,) = [b for b in re.findall(r"```\n(family .*?)```", README, flags=re.S)]
+    shown = {}
+    for line in block.splitlines()[2:]:
+        name, rows, *pcts = re.match(r"(.+?)\s+(\d+)\s+" + r"\s+".join([r"(\d+)%"] * 6) + r"\s*$", line).groups()
+        shown[name.strip()] = (int(rows), int(pcts[2]), int(pcts[3]))
+    now = {name: (rows, round(100 * med), round(100 * mx)) for name, rows, med, mx in as_shipped()}
+    assert shown == now

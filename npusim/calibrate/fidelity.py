@@ -10,6 +10,7 @@ shows as one family off, not as noise over all of them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,14 +88,82 @@ def run(hw: str | Path = "ascend910b2", folds: int = FOLDS, fields: Sequence[str
     return calibrate(measured_files(folder), hw, fields, folds)
 
 
+def as_shipped(hw: str | Path = "ascend910b2", folder: Path = DATA) -> list[tuple[str, int, float, float]]:
+    """(family, rows, median, max |simulated / measured - 1|) of `hw` on every measured
+    row of `folder`, without fitting anything (table()'s "config" columns, in seconds
+    rather than the calibration's minutes)."""
+    from npusim.calibrate.model import Model
+    from npusim.calibrate.session import map_rows, read_measurements
+    from npusim.hw import load_hw
+    from npusim.hw.load import find_file
+
+    rows, _ = read_measurements(measured_files(folder), ())
+    model = Model(load_hw(find_file(hw, "hwconfigs")), ())
+    mapped, _ = map_rows(rows, model)
+    keys = list(dict.fromkeys(m.key for m in mapped))
+    times = dict(zip(keys, np.exp(model.log_times(np.zeros(0), keys))))
+    simulated = np.array([times[m.key] for m in mapped])
+    measured = np.array([m.row.duration_us for m in mapped])
+    fam = families(mapped)
+    return [(name, int((fam == name).sum()), *_median_max(simulated[fam == name], measured[fam == name]))
+            for name in FAMILIES if (fam == name).any()]
+
+
 def _pct(pair: tuple[float, float]) -> str:
     return "  ".join("    -" if np.isnan(x) else f"{100 * x:4.0f}%" for x in pair)
 
 
 def table(cal: Calibration) -> str:
-    """Per family: rows, median and max error as shipped, fitted and held out."""
-    lines = [f"{'family':20s} {'rows':>4s}   {'shipped':^11s}   {'fitted':^11s}   {'held out':^11s}",
+    """Per family: rows, median and max error of the config calibrated (as given), of the
+    fitted one (in-sample) and held out."""
+    lines = [f"{'family':20s} {'rows':>4s}   {'config':^11s}   {'fitted':^11s}   {'held out':^11s}",
              f"{'':20s} {'':>4s}   {'med    max':^11s}   {'med    max':^11s}   {'med    max':^11s}"]
     for f in by_family(cal):
         lines.append(f"{f.family:20s} {f.rows:4d}   {_pct(f.before)}   {_pct(f.after)}   {_pct(f.held_out)}")
     return "\n".join(lines)
+
+
+def _families_of(cal: Calibration, field) -> str:
+    """The families of the rows a fitted field moves, most rows first."""
+    fam = families(cal.mapped)
+    types = set(field.op_types)
+    counts: dict[str, int] = {}
+    for f, m in zip(fam, cal.mapped):
+        if m.row.op_type in types:
+            counts[f] = counts.get(f, 0) + 1
+    return ", ".join(sorted(counts, key=lambda k: -counts[k]))
+
+
+def write_defaults(cal: Calibration, path: Path) -> Path:
+    """The fitted values into the config file `path` (the one calibrated), in place: each
+    fitted field's line gets its value and a comment saying it is an assumed field fitted
+    on the public measurements, on how many rows of which families, with the median
+    error of those rows before and after. Other lines are left as they are."""
+    from npusim.calibrate.write import yaml_number
+    from npusim.outputs import write_text
+
+    lines = path.read_text().splitlines()
+    for f in cal.fields:
+        section, *keys = f.field.split(".")
+        at = _line_of(lines, section, keys, path)
+        indent = re.match(r" *", lines[at])[0]
+        lines[at] = (f"{indent}{keys[-1]}: {yaml_number(f.after)}   # assumed; fitted (benchmarks/fidelity.py) on {f.rows} "
+                     f"public 910B2 rows ({_families_of(cal, f)}): median error {100 * f.error_before:.0f}% -> "
+                     f"{100 * f.error_after:.0f}% (was {yaml_number(f.before)})")
+    return write_text(path, "\n".join(lines) + "\n")
+
+
+def _line_of(lines: list[str], section: str, keys: list[str], path: Path) -> int:
+    """The line of key path section.keys in a config file's lines (each nested key
+    indented under the one before)."""
+    at, indent = -1, -1
+    for key in (section, *keys):
+        pattern = re.compile(rf"^( *){re.escape(key)}:")
+        for i in range(at + 1, len(lines)):
+            m = pattern.match(lines[i])
+            if m and len(m[1]) > indent:
+                at, indent = i, len(m[1])
+                break
+        else:
+            raise ValueError(f"{path}: no line for key '{key}' of {section}.{'.'.join(keys)}")
+    return at

@@ -38,7 +38,7 @@ PRIOR_SPREAD = 0.25
 # a field is fitted only if, at MEASUREMENT_NOISE, the measurements pin it to this (one
 # standard error in log, every other fitted field free): the value a fit reports is one
 # the measurements give, not a trade of the assumption for noise
-PINNED = 0.05
+PINNED = 0.10
 MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
 TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,

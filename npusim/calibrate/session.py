@@ -80,7 +80,8 @@ class Calibration:
         return {f.field: f.after for f in self.fields}
 
 
-def _map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
+def map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
+    """The rows that map to simulated ops, and the rest grouped by op type with the reason."""
     mapped, bad = [], {}
     lowering: dict = {}
     for row in rows:
@@ -113,7 +114,7 @@ def _simulation_problem(m: Mapped, model: Model) -> str | None:
 Profiles = str | Path | Sequence[str | Path] | None  # an op_summary CSV or folder, or several
 
 
-def _read(profile: Profiles, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
+def read_measurements(profile: Profiles, hccl: Sequence[HcclInput]) -> tuple[list, tuple[str, ...]]:
     """The measured rows of the op_summary profiles and the hccl_test files, and how the
     report names them."""
     profiles = [] if profile is None else [profile] if isinstance(profile, (str, Path)) else list(profile)
@@ -134,7 +135,7 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
     """Fit the assumed fields of `hw` (all of them the measurements identify, or only
     `fields`) to the measured op times of `profile` (op_summary CSVs or folders)
     and of `hccl` (hccl_test output files), together."""
-    rows, sources = _read(profile, hccl)
+    rows, sources = read_measurements(profile, hccl)
     hw_path = find_file(hw, "hwconfigs")
     base = load_hw(hw_path)
     fittable = fittable_fields(hw_path, host=True)
@@ -143,7 +144,7 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
             raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit "
                               f"(fittable: {', '.join(fittable)})")
     mapping = Model(base, ())
-    mapped, unmapped = _map_rows(rows, mapping)
+    mapped, unmapped = map_rows(rows, mapping)
     # host-side costs are in a row's time only if it was timed around host calls
     if not any(m.timing != KERNELS for m in mapped):
         fittable = fittable_fields(hw_path)

@@ -17,7 +17,7 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _value(v) -> str:
+def yaml_number(v) -> str:
     if isinstance(v, int):
         return str(v)
     text = f"{v:.6g}"
@@ -45,8 +45,8 @@ def config_text(cal: Calibration, out: str | Path) -> str:
         section, key = f.field.split(".", 1)
         types = ", ".join(f.op_types[:6]) + (f" and {len(f.op_types) - 6} more" if len(f.op_types) > 6 else "")
         sections.setdefault(section, []).append(
-            f"  {key}: {_value(f.after)}   # assumed; fitted from {f.rows} rows on {types}; median error "
-            f"{_pct(f.error_before)} -> {_pct(f.error_after)} (base {_value(f.before)})")
+            f"  {key}: {yaml_number(f.after)}   # assumed; fitted from {f.rows} rows on {types}; median error "
+            f"{_pct(f.error_before)} -> {_pct(f.error_after)} (base {yaml_number(f.before)})")
     for section, entries in sections.items():
         lines += [f"{section}:", *entries]
     return "\n".join(lines) + "\n"
