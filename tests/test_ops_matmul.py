@@ -96,13 +96,16 @@ def test_gemm_4096_reaches_80_percent_of_cube_peak():
 
 
 @pytest.mark.parametrize("n", [4096, 8448])
-def test_decode_gemv_reaches_70_percent_of_hbm(n):
+def test_decode_gemv_kernel_streams_weights_at_85_percent_of_hbm(n):
+    """The GEMV kernel's own time (its start aside: a fixed cost, not streaming) reads the
+    weights at 85% of sustained HBM or better."""
     sustained = HW.hbm.peak_bw_bytes_per_s * HW.hbm.bw_efficiency
     r = simulate_op(lower("matmul", dict(m=1, n=n, k=4096, format_b="NZ"), HW), HW, trace="kernel")
-    weights = 4096 * n * 2
-    print(f"\nGEMV 1x4096x{n}: {r.us:.1f} us, weights at {weights / r.seconds / 1e12:.3f} TB/s = "
-          f"{100 * weights / r.seconds / sustained:.0f}% of sustained HBM ({sustained / 1e12:.2f} TB/s)")
-    assert weights / r.seconds >= 0.7 * sustained
+    weights, seconds = 4096 * n * 2, HW.us(r.kernel_cycles) * 1e-6
+    print(f"\nGEMV 1x4096x{n}: {r.us:.1f} us ({HW.us(r.start_cycles):.1f} of them the kernel start); the kernel "
+          f"reads the weights at {weights / seconds / 1e12:.3f} TB/s = {100 * weights / seconds / sustained:.0f}% "
+          f"of sustained HBM ({sustained / 1e12:.2f} TB/s)")
+    assert weights / seconds >= 0.85 * sustained
 
 
 def test_split_k_only_when_it_pays_for_the_zero_fill_kernel():
@@ -274,7 +277,8 @@ def test_fp32_takes_twice_the_cube_cycles_of_fp16():
           f"{fp32.stats.busy_cycles['AIC.M'] / fp16.stats.busy_cycles['AIC.M']:.3f}")
     assert fp32.stats.busy_cycles["AIC.M"] == pytest.approx(2 * fp16.stats.busy_cycles["AIC.M"], rel=0.01)
     assert fp32.roofline.compute_s == pytest.approx(2 * fp16.roofline.compute_s)  # the fp32 cube peak is half
-    assert 1.5 * fp16.us < fp32.us < 2.2 * fp16.us  # twice the cube work and twice the bytes
+    # twice the cube work and twice the bytes: the kernels' own time (the kernel start aside) nearly doubles
+    assert 1.5 * fp16.kernel_cycles < fp32.kernel_cycles < 2.2 * fp16.kernel_cycles
 
 
 FP32_SHAPES = [
