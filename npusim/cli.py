@@ -112,6 +112,7 @@ def _cmd_run(args) -> int:
     from npusim.report.contract import provenance
     from npusim.report.step import memory_timeline, step_json, summary
     from npusim.report.tables import statistic_table, write_tables
+    from npusim.runtime.compile import tilings_of
     from npusim.runtime.decoder import run_decoder
 
     check_outputs(args)
@@ -142,6 +143,7 @@ def _cmd_run(args) -> int:
                                                                      "passes": pipeline(args.passes)}
         if ran.get("fusion_rules"):
             ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
+        ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones
         say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph, step=ran)))
     if args.plot:
         from npusim.report import plots

@@ -7,7 +7,8 @@ recording (an approximation may move a figure that little; the test prints the
 largest difference, 0 today: every case is bit-identical). Recorded before the
 speed work of issue 12 and again, on purpose, for issue 34's model changes (the
 DMA's segment time overlapping the data, kernel start by kind, the calibrated
-config, decode GEMVs without split K, GQA decode on the cube). Blocks that share L2 lines,
+config, decode GEMVs without split K, GQA decode on the cube, a kernel's blocks beginning
+on a clock edge). Blocks that share L2 lines,
 which the engine now groups where that is exact, are checked against simulating
 every block by itself.
 A change that is meant to move results re-records the file on purpose:

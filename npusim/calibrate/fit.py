@@ -43,7 +43,8 @@ MAX_STEP = 0.7  # largest change of log(value) per iteration (a factor of 2)
 MAX_ITERATIONS = 25
 TOLERANCE = 2e-3  # stop when no field moves by more than this (in log: 0.2%) in a step,
 MIN_GAIN = 1e-3  # or the loss falls by less than this fraction of itself,
-MAX_REJECTED = 4  # or this many steps in a row fail to lower it (each costs a simulation of every op)
+MAX_REJECTED = 4  # or this many steps in a row fail to lower it (each costs a simulation of every op);
+MAX_REFRESHES = 3  # then the Jacobian is measured again at the point reached, at most this many times
 
 
 @frozen
@@ -196,6 +197,7 @@ def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured
     J = jacobian(model, theta, keys, f) if J0 is None else J0.copy()
     r = f[row_key] - log_measured
     loss, damping, rejected = _objective(r, theta), 1e-3, 0
+    fresh, refreshes = J0 is None, 0  # is J the finite-difference Jacobian at theta?
     for _ in range(MAX_ITERATIONS):
         w = _weights(r)
         Jr = J[row_key]
@@ -205,26 +207,30 @@ def solve(model: Model, keys: Sequence[OpKey], row_key: np.ndarray, log_measured
         step = -np.linalg.lstsq(A_damped, g, rcond=None)[0]
         step *= min(1.0, MAX_STEP / max(np.max(np.abs(step)), 1e-300))
         trial = model.snap(theta + step)
-        if np.array_equal(trial, theta):
-            break  # the step is below what the fields can represent (integers, the cap of 1)
-        f_trial = model.log_times(trial, keys)
-        r_trial = f_trial[row_key] - log_measured
-        dtheta, df = trial - theta, f_trial - f
-        if dtheta @ dtheta > 0:  # Broyden: make J agree with the change just seen
-            J += np.outer(df - J @ dtheta, dtheta) / (dtheta @ dtheta)
-        trial_loss = _objective(r_trial, trial)
-        if trial_loss < loss:
-            converged = np.max(np.abs(step)) < TOLERANCE or loss - trial_loss < MIN_GAIN * loss
-            rejected = 0
-            theta, f, r, loss = trial, f_trial, r_trial, trial_loss
-            damping = max(damping / 3, 1e-7)
-            if converged:
+        stalled = np.array_equal(trial, theta)  # the step is below what the fields can represent
+        if not stalled:
+            f_trial = model.log_times(trial, keys)
+            r_trial = f_trial[row_key] - log_measured
+            dtheta, df = trial - theta, f_trial - f
+            if dtheta @ dtheta > 0:  # Broyden: make J agree with the change just seen
+                J += np.outer(df - J @ dtheta, dtheta) / (dtheta @ dtheta)
+                fresh = False
+            trial_loss = _objective(r_trial, trial)
+            if trial_loss < loss:
+                stalled = np.max(np.abs(step)) < TOLERANCE or loss - trial_loss < MIN_GAIN * loss
+                rejected = 0
+                theta, f, r, loss = trial, f_trial, r_trial, trial_loss
+                damping = max(damping / 3, 1e-7)
+            else:
+                damping *= 4
+                rejected += 1
+                stalled = rejected >= MAX_REJECTED
+        if stalled:
+            # Broyden's J drifts along a direction the steps rarely take: a stall is only
+            # the minimum if the Jacobian measured at theta agrees
+            if fresh or refreshes >= MAX_REFRESHES:
                 break
-        else:
-            damping *= 4
-            rejected += 1
-            if rejected >= MAX_REJECTED:
-                break
+            J, fresh, refreshes, rejected, damping = jacobian(model, theta, keys, f), True, refreshes + 1, 0, 1e-3
     return theta
 
 

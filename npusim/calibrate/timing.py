@@ -91,15 +91,17 @@ _STEPS: list = []  # [step, config, the run's kernel records by (node, index), t
 
 def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
     """Kernel `index` of graph node `node` in the decoder step `step` (the JSON a profile's
-    STEP_FILE holds: run_decoder's arguments but the config), run on `hw`, from reaching
-    its stream's head to its end. The step runs once per config (the last one is kept),
-    its field reads noted for every kernel read from it."""
+    STEP_FILE holds: run_decoder's arguments but the config, and the tilings it ran with),
+    run on `hw` with those tilings, from reaching its stream's head to its end. The step
+    runs once per config (the last one is kept), its field reads noted for every kernel
+    read from it."""
     from npusim.diskcache.reads import note, recording
+    from npusim.runtime.compile import tilings_pinned
     from npusim.runtime.decoder import run_decoder
 
     if not _STEPS or _STEPS[0] != step or _STEPS[1] is not hw:
         args = json.loads(step)
-        with recording() as read:
+        with recording() as read, tilings_pinned(args.pop("tilings", {})):
             run = run_decoder(args.pop("workload"), hw, **args)
         _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},
                      frozenset(read)]

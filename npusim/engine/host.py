@@ -20,7 +20,8 @@ are free.
 Host time has its own unit: host costs are configured in µs and enter the
 simulated clock as exact (fractional) chip cycles, never rounded to whole cycles -
 a host call does not run on the chip clock. So at a 1 kHz clock 30 launches of
-1 µs take 30 µs (0.03 cycles), not 30 ms. Device work stays in whole cycles.
+1 µs take 30 µs (0.03 cycles), not 30 ms. Device work stays in whole cycles: a
+kernel's start cost ends on a clock edge, so its blocks begin at a whole cycle.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Union
 import simpy
 from attrs import frozen
 
+from npusim.engine.cycles import whole_cycles
 from npusim.engine.device import Device, Owner, Reuse
 from npusim.engine.flows import Link
 from npusim.engine.links import LinkTransfer, SymmetricFabric
@@ -220,7 +222,9 @@ class Host:
             item = yield s.queue.get()
             start = env.now
             if isinstance(item, Launch):
-                yield env.timeout(rt.kernel_start_cycles(item.kernel.core_type.value))
+                # the start cost is device time: the kernel's blocks begin on a clock edge
+                begin = whole_cycles(env.now + rt.kernel_start_cycles(item.kernel.core_type.value))
+                yield env.timeout(begin - env.now)
                 yield self.device.run_kernel(item.kernel, s.index, start, item.reuse, item.owner)
                 self._span(track, item.kernel.name, start, env.now)
             elif isinstance(item, LinkTransfer):

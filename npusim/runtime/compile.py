@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import attrs
 from attrs import frozen
@@ -27,7 +29,7 @@ from npusim.graph.lifetimes import align
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.ops.collectives.lower import launch_order, transfer
-from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower
+from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
 from npusim.passes import Schedule, schedule_of
 from npusim.runtime.memory import Placement
 
@@ -66,11 +68,35 @@ def _check_binding(node: Node, low: Lowered, graph: Graph) -> None:
                              f"tensor '{t}' has {graph.tensors[t].nbytes}")
 
 
-def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
-    """The node's lowering with its operands bound to their addresses and its workspace at `workspace_base`."""
+# node name -> tiling fields: the tilings a step ran with, to run it again with the same
+# kernels on another config (npusim calibrate times a profile's rows so: a tiling is chosen
+# by a cost model that reads timing fields, the kernels that were measured do not change)
+_PINNED: ContextVar[Mapping[str, dict]] = ContextVar("pinned_tilings", default={})
+
+
+@contextmanager
+def tilings_pinned(tilings: Mapping[str, dict]) -> Iterator[None]:
+    """Within: a node named in `tilings` is lowered with that tiling, not the op's choice."""
+    token = _PINNED.set(tilings)
     try:
-        low = lower(node.op_type, node.params, hw, gm=GmArena(_bound(node, addresses), base=workspace_base,
-                                                         align_bytes=gm_align_bytes(hw)))
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def tilings_of(compiled: Sequence[CompiledNode]) -> dict[str, dict]:
+    """The tilings the nodes were lowered with (those whose op has a tiling record), as
+    tilings_pinned takes them."""
+    return {c.node.name: attrs.asdict(c.lowered.tiling) for c in compiled
+            if spec(c.node.op_type).tiling is not None and isinstance(c.lowered.tiling, spec(c.node.op_type).tiling)}
+
+
+def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int], workspace_base: int) -> Lowered:
+    """The node's lowering with its operands bound to their addresses and its workspace at
+    `workspace_base` (and its pinned tiling, if any: tilings_pinned)."""
+    try:
+        low = lower(node.op_type, node.params, hw, _PINNED.get().get(node.name),
+                    gm=GmArena(_bound(node, addresses), base=workspace_base, align_bytes=gm_align_bytes(hw)))
     except (ValueError, TypeError) as e:
         raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
     except NpusimError as e:
@@ -108,7 +134,8 @@ class LoweringCache:
         """lower_node, through the cache."""
         operands = tuple(sorted((local, addresses[t], graph.tensors[t].nbytes)
                                 for local, t in (node.inputs | node.outputs).items()))
-        key = (*node.op_key(), operands, workspace_base, self._hw_key(hw))
+        pin = _PINNED.get().get(node.name)
+        key = (*node.op_key(), operands, workspace_base, self._hw_key(hw), json.dumps(pin, sort_keys=True))
         hit = self._entries.get(key)
         if hit is None:
             with recording() as reads:  # what a disk-cached step reads of the config (npusim.diskcache)
