@@ -44,11 +44,12 @@ def host_cycles(hw, us: float) -> float:
 
 def vec_body_cycles(hw, op: str, n: int, count: int) -> int:
     repeats = ceil_div(n * 2, hw.aiv.vector_repeat_bytes)
-    return count * (hw.aiv.vector_startup_cycles + math.ceil(repeats * hw.aiv.vector_cycles_per_repeat[op]))
+    return count * math.ceil(hw.aiv.vector_startup_cycles + repeats * hw.aiv.vector_cycles_per_repeat[op])
 
 
-def compute_kernel(hw, name: str, block_dim: int = 2, count: int = 40):
-    """A kernel of pure vector work: its time is closed-form (block start + its ops)."""
+def compute_kernel(hw, name: str, block_dim: int = 2, count: int = 100):
+    """A kernel of pure vector work: its time is closed-form (block start + its ops); by
+    default longer than an eager launch, so it still runs when the next one arrives."""
     n = 16384
     return (vec_kernel(hw, "exp", n, count, block_dim, name),
             hw.runtime.block_start_cycles + vec_body_cycles(hw, "exp", n, count))
@@ -327,13 +328,15 @@ def test_host_cost_in_us_converts_without_float_overshoot():
 
 def test_host_time_is_not_rounded_to_chip_cycles():
     """At a 1 kHz clock a cycle is 1 ms: 30 launches of 1 µs still take 30 µs of host
-    time (0.03 cycles), and 30 µs of host work delays the first kernel by 30 µs."""
+    time (0.03 cycles), and 30 µs of host work queues the first kernel 30 µs later; the
+    device starts it on its next clock edge."""
     hw = load_hw("ascend910b2", overrides={**SMALL, "chip.freq_hz": 1000, "runtime.kernel_start_aiv_cycles": 0})
     k, _ = compute_kernel(hw, "k", count=1)
     r = run([Launch(k, 0, "graph") for _ in range(30)] + [Synchronize()], hw)
     assert hw.us(r.host_launch_cycles) == pytest.approx(30.0, rel=1e-9)
     worked = run([HostWork(30.0), Launch(k, 0, "graph"), Synchronize()], hw)
-    assert hw.us(worked.kernels[0].start) == pytest.approx(31.0, rel=1e-9)
+    assert hw.us(worked.kernels[0].queued) == pytest.approx(31.0, rel=1e-9)
+    assert worked.kernels[0].start == 1  # device work begins on the next clock edge
 
 
 @pytest.mark.parametrize("level", ["kernel", "block"])

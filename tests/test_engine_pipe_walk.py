@@ -8,6 +8,8 @@ k3-tiny decode step."""
 
 from __future__ import annotations
 
+import math
+
 import pipe_reference
 import pytest
 from kernels import MTE3, V, aiv_kernel, pipeline_kernel, simulate_on_device, whole_run
@@ -91,7 +93,8 @@ def test_a_kernel_on_a_bare_device_keeps_whole_cycles_as_ints(monkeypatch):
         return done.value, tracer.intervals, tracer.block_spans
 
     walked, reference = _walked_and_reference(monkeypatch, simulate, repr)
-    # int clocks, through a transfer: 54 + dma.startup_cycles (160) + ceil(4096 / 110)
-    # (one 4 KiB segment: its segment time, 4096 B per segment_cycles, does not bind)
-    assert "'GM->UB', 54, 252," in walked
+    # int clocks, through a transfer: 54 + dma.startup_cycles + ceil(4096 / the port's bytes
+    # a cycle) (one 4 KiB segment: its segment time does not bind)
+    end = 54 + HW.dma.startup_cycles + math.ceil(4096 / HW.aiv.gm_read_bytes_per_cycle)
+    assert f"'GM->UB', 54, {end}," in walked
     assert walked == reference

@@ -87,7 +87,7 @@ def test_mte1_copy_is_startup_plus_bytes_over_rate(dst, rate_field):
 def vec_cycles(hw, op: str, n: int, dtype: str, out_dtype: str | None = None) -> int:
     elem = max(DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype or dtype])
     repeats = ceil_div(n * elem, hw.aiv.vector_repeat_bytes)
-    return hw.aiv.vector_startup_cycles + ceil_div(repeats * hw.aiv.vector_cycles_per_repeat[op], 1)
+    return math.ceil(hw.aiv.vector_startup_cycles + repeats * hw.aiv.vector_cycles_per_repeat[op])  # whole cycles
 
 
 @pytest.mark.parametrize("op, n, dtype, out_dtype", [
@@ -107,18 +107,24 @@ def test_vector_op_cycles(op, n, dtype, out_dtype):
     assert end - start == vec_cycles(HW, op, n, dtype, out_dtype)
 
 
+# the rounding tests below want the factor's part alone in the fraction: a whole start-up
+# (the shipped one is fitted, fractional) and, for exp, a factor whose repeats are whole
+WHOLE_STARTUP = {"aiv.vector_startup_cycles": 68.0, "aiv.vector_cycles_per_repeat.exp": 4.0}
+
+
 def test_exp_costs_its_factor_times_add():
+    hw = load_hw("ascend910b2", overrides=WHOLE_STARTUP)
     n = 8192
-    add = only(simulate(aiv_kernel(HW, [VecOp("add", n, dst=0)]), HW), "AIV0", "V")
-    exp = only(simulate(aiv_kernel(HW, [VecOp("exp", n, dst=0)]), HW), "AIV0", "V")
-    startup = HW.aiv.vector_startup_cycles
-    f = HW.aiv.vector_cycles_per_repeat
+    add = only(simulate(aiv_kernel(hw, [VecOp("add", n, dst=0)]), hw), "AIV0", "V")
+    exp = only(simulate(aiv_kernel(hw, [VecOp("exp", n, dst=0)]), hw), "AIV0", "V")
+    startup = hw.aiv.vector_startup_cycles
+    f = hw.aiv.vector_cycles_per_repeat
     assert f["exp"] > f["add"]
     assert (exp[4] - exp[3] - startup) * f["add"] == (add[4] - add[3] - startup) * f["exp"]
 
 
 def test_fractional_cost_factor_rounds_up_once_per_instruction():
-    hw = load_hw("ascend910b2", overrides={"aiv.vector_cycles_per_repeat.add": 1.5})
+    hw = load_hw("ascend910b2", overrides={**WHOLE_STARTUP, "aiv.vector_cycles_per_repeat.add": 1.5})
     n = 7 * hw.aiv.vector_repeat_bytes // 2  # 7 repeats of fp16
     r = simulate(aiv_kernel(hw, [VecOp("add", n, dst=0)]), hw)
     _, _, _, start, end, _ = only(r, "AIV0", "V")
@@ -180,7 +186,7 @@ def test_double_buffering_timeline_overlaps_copy_in_with_copy_out():
 
 def test_fractional_cost_factor_has_no_float_overshoot():
     factor, repeats = "1.1", 50
-    hw = load_hw("ascend910b2", overrides={"aiv.vector_cycles_per_repeat.add": float(factor)})
+    hw = load_hw("ascend910b2", overrides={**WHOLE_STARTUP, "aiv.vector_cycles_per_repeat.add": float(factor)})
     exact = Fraction(factor) * repeats  # in exact arithmetic: a whole number of cycles
     assert exact.denominator == 1
     n = repeats * hw.aiv.vector_repeat_bytes // 2  # fp16
