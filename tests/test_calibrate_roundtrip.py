@@ -101,3 +101,4 @@ def test_the_step_file_is_what_ran(tmp_path):
     step = json.loads((d / "npusim_step.json").read_text())
     assert step["workload"] == _workload(tmp_path) and step["phase"] == "decode" and step["batch"] == 4
     assert "overrides" not in step  # the config is the one calibrated, not part of the step
+    assert step["tilings"]["L0.qkv_proj"]["base_k"] > 0  # the kernels that ran, for calibrate to run again

@@ -14,7 +14,7 @@ from npusim.hw import load_hw
 from npusim.passes import apply
 from npusim.report.step import floor_of, floor_weight_bytes, step_json
 from npusim.runtime import LoweringCache, OutOfMemoryError, place, run_graph
-from npusim.runtime.compile import kernel_name
+from npusim.runtime.compile import kernel_name, tilings_of, tilings_pinned
 from npusim.runtime.decoder import run_decoder
 from npusim.workload import load_workload
 
@@ -114,6 +114,22 @@ def test_lowering_cache_is_keyed_by_config_value_and_bounded():
     assert len(small) == 3 and c.result.cycles == a.result.cycles
     with pytest.raises(ValueError):
         LoweringCache(max_entries=0)
+
+
+def test_pinned_tilings_lower_the_kernels_that_ran_on_another_config():
+    """tilings_pinned: a step run again on a config where the chooser picks otherwise
+    lowers each node with the tiling it ran with (npusim calibrate times profiles so)."""
+    g = apply(build_decoder(FOUR_LAYERS, "decode", 2, 64), "optimized")
+    ran = run_graph(g, HW)
+    tilings = tilings_of(ran.compiled)
+    assert tilings and all(isinstance(v, dict) for v in tilings.values())
+    other = load_hw("ascend910b2", {"hbm.bw_efficiency": 0.3})  # the chooser weighs loads otherwise
+    assert tilings_of(run_graph(g, other).compiled) != tilings
+    cache = LoweringCache()
+    with tilings_pinned(tilings):
+        again = run_graph(g, other, cache=cache)
+    assert tilings_of(again.compiled) == tilings
+    assert tilings_of(run_graph(g, other, cache=cache).compiled) != tilings  # the pin is part of the cache key
 
 
 def test_same_input_same_output():

@@ -93,7 +93,8 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
     margin). `cache`: lowerings to reuse and fill across calls (see LoweringCache).
     `store`: the on-disk cache the step is served from or stored into (npusim.diskcache).
-    counters=False: no bandwidth samples in the trace (they only feed a Chrome trace).
+    counters=False: no bandwidth samples in the trace (they only feed a Chrome trace; on a long
+    prefill they are most of the simulation's memory and half its time).
     `tp` / `sp` / `devices`: a parallel plan (npusim.parallel.Plan); the run is one
     device's, its peers symmetric, and memory is checked per device.
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
