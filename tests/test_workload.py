@@ -41,6 +41,7 @@ def test_k3_matches_design():
 @pytest.mark.parametrize("name, params, kv_per_token", [
     ("llama2-7b", 6_738_415_616, 512 * KiB),  # the published 6.74 B
     ("qwen2.5-7b", 7_615_616_512, 56 * KiB),  # 7.62 B with the Q/K/V biases; GQA: 4 K/V heads
+    ("yi-1.5-6b", 6_061_035_520, 64 * KiB),  # the published 6.06 B; GQA: 4 K/V heads
     ("k3-tiny", None, 2 * 2 * 2 * 64 * 2),
 ])
 def test_public_and_tiny_workloads(name, params, kv_per_token):
