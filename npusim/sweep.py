@@ -140,7 +140,7 @@ def run_point(spec: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
     overrides = dict(spec["overrides"]) | overrides
     row: dict[str, Any] = dict(params)
     try:
-        run = run_decoder(spec["workload"], spec["hw"], overrides=overrides, counters=False, **step)
+        run = run_decoder(spec["workload"], spec["hw"], overrides=overrides, **step)
     except Exception as e:  # noqa: BLE001 - NpusimError is the expected failure; any other is reported, not lost
         return row | dict.fromkeys(METRICS) | {"status": one_line(e)}
     s = run.result.stats
