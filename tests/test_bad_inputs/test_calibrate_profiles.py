@@ -100,3 +100,21 @@ def test_hccl_file_missing_or_binary_and_nothing_to_fit(tmp_path, capsys):
                   r"bin\.txt: not a text file \(expected hccl_test's output\)", outputs=[out])
     fails_cleanly(["calibrate", "--out", out], capsys, r"nothing to fit: give --profile .* and/or --hccl",
                   outputs=[out])
+
+
+@pytest.mark.parametrize("step, expect", [
+    ("{not json", r"npusim_step\.json is not JSON"),
+    ('["k3-tiny"]', r"npusim_step\.json: expected a JSON object with the step's 'workload'"),
+    ('{"workload": "k3-tiny", "tilings": [1, 2]}', r"npusim_step\.json: key 'tilings': expected an object"),
+])
+def test_a_broken_step_file(step, expect, tmp_path, capsys):
+    """A step profile's rows are timed in the step its npusim_step.json names: a file
+    that is not what `npusim run --profile` writes leaves every row unmapped, said once."""
+    from npusim.cli import main
+
+    d = tmp_path / "prof"
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--profile", str(d)]) == 0
+    (d / "npusim_step.json").write_text(step)
+    capsys.readouterr()
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys, expect,
+                  outputs=[tmp_path / "my.yaml"])
