@@ -20,7 +20,6 @@ import attrs
 from attrs import frozen
 
 from npusim.calibrate.profile import ProfileRow
-from npusim.report.tables import STEP_FILE
 from npusim.calibrate.timing import KERNELS, METHODS, STEP
 
 if TYPE_CHECKING:
@@ -474,7 +473,6 @@ def map_row(row: ProfileRow) -> Mapped:
             raise Unmappable(f"column 'npusim Kernel': expected the kernel's index (0, 1, ...), got "
                              f"'{row.npusim_kernel}'")
         if row.step:  # a decoder step's: that kernel as it ran in the step, with what ran beside it
-            _check_step(row.step)
             return Mapped(row, STEP, (("node", row.npusim_node), ("step", row.step)), (), KERNELS,
                           int(row.npusim_kernel))
         return Mapped(row, row.npusim_op, _sorted(_own_params(row)), (), METHODS[row.method], int(row.npusim_kernel))
@@ -489,20 +487,6 @@ def _sorted(params: dict) -> tuple:
 def _tuples(v):
     """JSON's lists as the tuples npusim's parameters hold (shapes, part widths)."""
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
-
-
-def _check_step(text: str) -> None:
-    """The step file beside a step profile is what `npusim run --profile` writes: a JSON
-    object of run_decoder's arguments and the tilings the step ran with."""
-    try:
-        step = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise Unmappable(f"{STEP_FILE} is not JSON ({e.msg})") from None
-    if not isinstance(step, dict) or not isinstance(step.get("workload"), str):
-        raise Unmappable(f"{STEP_FILE}: expected a JSON object with the step's 'workload' (npusim run --profile)")
-    tilings = step.get("tilings", {})
-    if not isinstance(tilings, dict) or not all(isinstance(t, dict) for t in tilings.values()):
-        raise Unmappable(f"{STEP_FILE}: key 'tilings': expected an object of node name -> tiling fields")
 
 
 def _own_params(row: ProfileRow) -> dict:

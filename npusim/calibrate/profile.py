@@ -12,6 +12,7 @@ and the column.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def read_csv(path: Path) -> list[ProfileRow]:
     try:
         step_file = path.parent / STEP_FILE
         step = step_file.read_text() if step_file.is_file() else ""
+        if step:
+            _check_step(step, step_file)
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
@@ -152,6 +155,20 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
         output_dtypes=_list(cell("Output Data Types")), output_formats=_list(cell("Output Formats")),
         method=cell("Method"), note=cell("Note"), npusim_op=cell("npusim Op"), npusim_params=cell("npusim Params"),
         npusim_node=cell("npusim Node"), npusim_kernel=cell("npusim Kernel"))
+
+
+def _check_step(text: str, path: Path) -> None:
+    """A step file is what `npusim run --profile` writes: a JSON object of run_decoder's
+    arguments and the tilings the step ran with."""
+    try:
+        step = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path} is not JSON ({e.msg})") from None
+    if not isinstance(step, dict) or not isinstance(step.get("workload"), str):
+        raise ProfileError(f"{path}: expected a JSON object with the step's 'workload' (npusim run --profile)")
+    tilings = step.get("tilings", {})
+    if not isinstance(tilings, dict) or not all(isinstance(t, dict) for t in tilings.values()):
+        raise ProfileError(f"{path}: key 'tilings': expected an object of node name -> tiling fields")
 
 
 def _list(text: str) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from npusim.engine import Launch, Synchronize, run
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
+from npusim.report.tables import task_cycles
 
 KERNELS, EAGER_LOOP, EAGER_CALL = "kernels", "eager_loop", "eager_call"
 # the Method column of the public measurements (npusim/data/measured/README.md) -> how
@@ -75,7 +76,7 @@ def time_us(parts: Sequence[Part], timing: str, hw: HwConfig, kernel: int | None
         if kernel is not None:
             if kernel >= len(ks):
                 raise ProgramError(f"op {parts[0][0]} has {len(ks)} kernel(s), no kernel {kernel}")
-            return hw.us(ks[kernel].end - ks[kernel].queued)
+            return hw.us(task_cycles(ks[kernel]))
         return hw.us(ks[-1].end - ks[0].queued)
     calls = LOOP_CALLS if timing == EAGER_LOOP else 1
     result = run([Launch(k, 0, "eager") for _ in range(calls) for k in kernels] + [Synchronize()], hw,
@@ -110,4 +111,4 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
     k = kernels.get((node, index))
     if k is None:
         raise ProgramError(f"the step has no kernel {index} of node '{node}' (a profile of another step?)")
-    return hw.us(k.end - k.queued)
+    return hw.us(task_cycles(k))

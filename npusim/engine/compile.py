@@ -169,7 +169,7 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
         # core's: their DMA units differ), while the data of the ones before it moves:
         # a transfer of many short segments is held to one (burst-rounded) segment per
         # segment_cycles, a long one is not slowed
-        per_segment = hw.dma.segment_cycles if core is CoreType.AIC else hw.dma.vector_segment_cycles
+        per_segment = hw.dma.segment_cycles_of(core is CoreType.AIC)
         if per_segment > 0:
             cap = min(cap, -(-nbytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / per_segment)
         if pipe is Pipe.FIX:

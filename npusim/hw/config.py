@@ -158,6 +158,10 @@ class Dma:
                                     "the data of the segments before it: a transfer takes at least segments x this")
     vector_segment_cycles: float = _nonneg("the same for a vector core's strided transfer (a DataCopyPad of rows)")
 
+    def segment_cycles_of(self, cube: bool) -> float:
+        """The DMA time per segment of a cube core's (`cube`) or a vector core's transfer."""
+        return self.segment_cycles if cube else self.vector_segment_cycles
+
 
 @frozen
 class Runtime:

@@ -37,8 +37,7 @@ def gm_copy_cycles(hw: HwConfig, seg_bytes: float, segments: int, rate: float, c
     start-up, then the bytes at `rate` (bytes per cycle) or one segment per segment
     time of the core's DMA (a vector core's, or with `cube` a cube core's), whichever
     is slower."""
-    per_segment = hw.dma.segment_cycles if cube else hw.dma.vector_segment_cycles
-    return hw.dma.startup_cycles + max(segments * per_segment, seg_bytes * segments / rate)
+    return hw.dma.startup_cycles + max(segments * hw.dma.segment_cycles_of(cube), seg_bytes * segments / rate)
 
 
 def line_quantum(hw: HwConfig, *item_bytes: int) -> int:

@@ -109,7 +109,7 @@ def test_hccl_file_missing_or_binary_and_nothing_to_fit(tmp_path, capsys):
 ])
 def test_a_broken_step_file(step, expect, tmp_path, capsys):
     """A step profile's rows are timed in the step its npusim_step.json names: a file
-    that is not what `npusim run --profile` writes leaves every row unmapped, said once."""
+    that is not what `npusim run --profile` writes is refused as it is read."""
     from npusim.cli import main
 
     d = tmp_path / "prof"
