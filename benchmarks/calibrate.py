@@ -1,4 +1,4 @@
-"""The README's worked example of `npusim calibrate`: ascend910b1 calibrated on four
+"""The worked example of `npusim calibrate` in docs/calibrate.md: ascend910b1 calibrated on four
 public GEMM points (npusim/data/calibration; a 24-core 910-class die at 1850 MHz).
 
     python benchmarks/calibrate.py [--fields F1,F2]   # minutes: each GEMM is simulated ~20 times

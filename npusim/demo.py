@@ -1,7 +1,7 @@
-"""The README's hand-built kernel: a tiled, double-buffered vector add on every AIV core.
+"""The manual's hand-built kernel: a tiled, double-buffered vector add on every AIV core.
 
-`npusim demo` runs it. The README shows this file's code; a test checks that the
-two agree and that the README example runs.
+`npusim demo` runs it. docs/kernel-by-hand.md shows this file's code; a test checks
+that the two agree and that the example runs.
 """
 
 from npusim.engine import simulate

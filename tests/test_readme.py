@@ -1,4 +1,5 @@
-"""The README's commands and example are real: the example is npusim/demo.py and it runs."""
+"""The README's (and its manual pages') commands and example are real: the example is
+npusim/demo.py and it runs."""
 
 import os
 import re
@@ -10,7 +11,9 @@ import pytest
 import npusim.demo
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# the README and the manual pages it links (docs/*.md), in its order: what a user reads
+_PAGES = re.findall(r"\]\((docs/[\w-]+\.md)\)", (ROOT / "README.md").read_text())
+README = "\n".join((ROOT / page).read_text() for page in ("README.md", *_PAGES))
 
 
 def _blocks(lang: str) -> list[str]:
