@@ -70,6 +70,12 @@ def run_pipe(dev, kr, cr, pipe, code):
     cross_latency = hw.sync.cross_core_flag_latency_cycles
     t = env.now
     busy = waited = data_wait = flops = 0.0
+    # the DMA queue (_pipe.c's top comment): copies in the chain, their data starts, when
+    # its first copy was met, when the last was requested and ended, the latest flag a
+    # wait has seen set since (None: none)
+    queue = hw.dma.outstanding
+    starts: list = []
+    first = req = end = gate = None
     local_bytes = acc.local_bytes
     flags, waiters = _flags_of(dev, cr)
 
@@ -109,7 +115,22 @@ def run_pipe(dev, kr, cr, pipe, code):
                 nbytes, segments, step = entry.nbytes, entry.segments, entry.step
                 a = at(entry.gm_addr, vars)
                 issue = t
-                t += startup
+                if queue > 1 and starts and t == end:  # a chain: requested while the one before moved data
+                    since = starts[-(queue - 1)] if len(starts) >= queue - 1 else first
+                    req = since if since > req else req
+                    if gate is not None and gate > req:
+                        req = gate
+                    start = req + startup
+                    if t > start:
+                        start, startup = t, 0
+                    else:
+                        startup = start - t
+                else:
+                    starts, first, req = [], t, t
+                    start = t + startup
+                starts.append(start)
+                gate = None
+                t = start
                 done = Signal(env)
                 addrs = [a + o * step for o in offsets]
                 if t > env.now:
@@ -128,7 +149,7 @@ def run_pipe(dev, kr, cr, pipe, code):
                     yield done
                 if st.uneven:  # this run of the program is void: engine.run simulates it again
                     raise Diverged(kr.id, cr.block.index)
-                t = env.now
+                t = end = env.now
                 busy += t - issue
                 # beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
                 data_wait += max(0, t - issue - startup - whole_cycles(st.moved / w / cap))
@@ -159,6 +180,8 @@ def run_pipe(dev, kr, cr, pipe, code):
                     visible = pending.popleft()
                 else:
                     visible = yield from _wait_flag(dev, cr, entry.key, pipe_name, entry.name)
+                if gate is None or visible > gate:
+                    gate = visible
                 if visible > t:
                     if intervals is not None:
                         for name in names:
@@ -166,10 +189,12 @@ def run_pipe(dev, kr, cr, pipe, code):
                     waited += visible - t
                     t = visible
             elif kind is BarrierAll:
+                starts = []
                 t, stalled = yield from barrier(dev, cr, t, entry.cost, pipe_name)
                 waited += stalled
                 busy += entry.cost
             elif kind is SyncAllEntry:
+                starts = []
                 t, stalled = yield from sync_all(dev, kr, cr, t, entry.cost, pipe_name)
                 waited += stalled
                 busy += entry.cost
@@ -183,6 +208,7 @@ def run_pipe(dev, kr, cr, pipe, code):
                     _post(dev, other, ("cross", cr.vars["sub"] if cr.kind is CoreType.AIV else 0, entry.flag),
                           t + cross_latency)
             elif kind is CrossWait:
+                starts = []
                 blk = cr.block
                 sources = range(len(blk.aivs)) if cr.kind is CoreType.AIC else (0,)
                 visible = t

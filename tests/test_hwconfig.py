@@ -317,6 +317,7 @@ DIMENSIONLESS = {
     "name": "the config's name",
     "bw_efficiency": "a fraction of the peak",
     "ways": "lines per set",
+    "outstanding": "copies a pipe's DMA engine holds",
     "m0": "elements", "n0": "elements", "k0": "elements",
     "mmad_fractals": "a dict of Fractal records",
     "vector_cycles_per_repeat": "a dict of cycles per repeat",

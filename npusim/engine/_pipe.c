@@ -9,6 +9,14 @@
    and cross-core flags are pipe.py's meet(walk, entry), a generator the process
    runs, which reads and writes the walker's clock and counters.
 
+   A pipe's DMA engine holds up to `queue` copies (dma.outstanding): a copy the walk
+   meets right as the copy before it ended (nothing between took time: a chain) was
+   requested while that one's data moved - when the copy `queue - 1` before it began
+   moving data, not before the one before it was requested, nor before a flag a wait
+   since then saw set - so its start-up ran then, and its data moves at the later of
+   that request + start-up and now. With queue 1, or outside a chain, a copy starts
+   its start-up when the walk meets it.
+
    A copy starts once its start-up has passed: if that is later than now, a timeout
    (events.after) calls the walker, which starts it then - at the very point of the
    event order where the pipe would have resumed to start it, without resuming the
@@ -45,6 +53,8 @@ typedef struct {
 #define CLEAR (1e-6)
 /* SimPy's priority of a process's initialisation (simpy.core.URGENT) */
 #define URGENT 0
+/* the most copies a pipe's DMA engine may hold (dma.outstanding, checked in hw/config.py) */
+#define QUEUE_MAX 16
 
 static int num_from(PyObject *o, Num *out) {
     if (PyLong_CheckExact(o)) {
@@ -495,6 +505,14 @@ typedef struct {
     Num cross_latency;
     Py_ssize_t cross_k;
     Num cross_t0, cross_visible;
+    /* the DMA queue (see the top): copies it holds, copies in the chain so far and the
+       data starts of the last QUEUE_MAX, when the chain's first copy was met, when the
+       last was requested and ended, the latest visible flag a wait met since (if
+       q_gated), and the pending copy's start-up as it ran (its data start - issue) */
+    Py_ssize_t queue;
+    int64_t q_n;
+    Num q_start[QUEUE_MAX], q_first, q_req, q_end, q_gate, startup;
+    int q_gated;
 } Walker;
 
 static PyObject *s_queue, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
@@ -541,20 +559,24 @@ static void walker_dealloc(Walker *w) {
           intervals or None, names, pipe_name, kernel id,
           env, transfer, Signal, after, whole_cycles, blocked, blocked_key,
           offsets, weight, acc, diverged, meet, end,
-          (cross Flags, target Flags, source index, sources, AIVs per AIC, cross latency)): see the struct */
+          (cross Flags, target Flags, source index, sources, AIVs per AIC, cross latency), queue): see the struct */
 static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     PyObject *code, *vars, *flags, *latency, *t, *intervals, *names, *pipe_name, *kid;
     PyObject *env, *transfer, *signal, *after, *whole, *blocked, *blocked_key, *offsets, *acc, *diverged, *meet, *end;
     PyObject *cross, *cross_targets, *cross_latency;
-    Py_ssize_t cross_from, cross_sources, cross_per;
+    Py_ssize_t cross_from, cross_sources, cross_per, queue;
     long long weight;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOOOO(O!O!nnnO)", &CodeType, &code, &PyDict_Type, &vars,
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!OOOOOOOO!OO!LOOOO(O!O!nnnO)n", &CodeType, &code, &PyDict_Type, &vars,
                           &FlagsType, &flags, &latency, &t, &intervals, &PyTuple_Type,
                           &names, &pipe_name, &kid, &env, &transfer, &signal, &after, &whole, &PyDict_Type,
                           &blocked, &blocked_key, &PyList_Type, &offsets, &weight, &acc, &diverged, &meet, &end,
                           &FlagsType, &cross, &PyTuple_Type, &cross_targets, &cross_from, &cross_sources, &cross_per,
-                          &cross_latency))
+                          &cross_latency, &queue))
         return -1;
+    if (queue < 1 || queue > QUEUE_MAX) {
+        PyErr_Format(PyExc_ValueError, "pipe Walker: a DMA queue of %zd copies (1 to %d)", queue, QUEUE_MAX);
+        return -1;
+    }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(cross_targets); k++)
         if (!PyObject_TypeCheck(PyTuple_GET_ITEM(cross_targets, k), &FlagsType)) {
             PyErr_SetString(PyExc_TypeError, "pipe Walker: cross-core targets must be Flags");
@@ -584,6 +606,9 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     w->cross = (Flags *)Py_NewRef(cross); w->cross_targets = Py_NewRef(cross_targets);
     w->cross_from = cross_from; w->cross_sources = cross_sources; w->cross_per = cross_per;
     w->weight = weight;
+    w->queue = queue;
+    w->q_n = 0;
+    w->q_gated = 0;
     w->cap = 8;
     w->stack = PyMem_Calloc((size_t)w->cap, sizeof(Frame));
     Py_ssize_t m = w->root->n_mems ? w->root->n_mems : 1;
@@ -661,6 +686,10 @@ static int set_flag(Walker *w, Op *op) {
 static int arrive(Walker *w, PyObject *visible_obj, PyObject *name) {
     Num v;
     if (num_from(visible_obj, &v) < 0) return -1;
+    if (!w->q_gated || num_gt(v, w->q_gate)) {  /* the next copy is not requested before it */
+        w->q_gate = v;
+        w->q_gated = 1;
+    }
     if (num_gt(v, w->t)) {
         if (w->intervals && trace(w, name, w->t, v) < 0) return -1;
         w->waited += num_sub_double(v, w->t);
@@ -711,6 +740,31 @@ static PyObject *walker_call(Walker *w, PyObject *args, PyObject *kwds) {
     Py_RETURN_NONE;
 }
 
+/* when the data of copy `op`, met now, starts moving (see the DMA queue at the top) */
+static int queue_start(Walker *w, Op *op, Num *start) {
+    int chained = w->queue > 1 && w->q_n > 0 && !num_gt(w->t, w->q_end) && !num_gt(w->q_end, w->t);
+    Num req = w->t;
+    if (chained) {
+        Num since = w->q_n >= w->queue - 1 ? w->q_start[(w->q_n - (w->queue - 1)) % QUEUE_MAX] : w->q_first;
+        req = num_gt(since, w->q_req) ? since : w->q_req;
+        if (w->q_gated && num_gt(w->q_gate, req)) req = w->q_gate;
+    } else {
+        w->q_n = 0;
+        w->q_first = w->t;
+    }
+    if (num_add(req, op->startup, start) < 0) return -1;
+    if (!chained) w->startup = op->startup;
+    else if (num_gt(w->t, *start)) {
+        *start = w->t;
+        w->startup = (Num){0, 0, 0.0};
+    } else if (num_sub(*start, w->t, &w->startup) < 0) return -1;
+    w->q_start[w->q_n % QUEUE_MAX] = *start;
+    w->q_n++;
+    w->q_req = req;
+    w->q_gated = 0;
+    return 0;
+}
+
 /* a GM copy: its end Signal, handed to pipe.py (the copy starts now, or when its
    start-up has passed) */
 static PyObject *begin_copy(Walker *w, Op *op) {
@@ -726,7 +780,7 @@ static PyObject *begin_copy(Walker *w, Op *op) {
         a += op->term_step[k] * x;
     }
     Num start, at;
-    if (num_add(w->t, op->startup, &start) < 0 || now(w, &at) < 0) return NULL;
+    if (queue_start(w, op, &start) < 0 || now(w, &at) < 0) return NULL;
     PyObject *done = PyObject_CallOneArg(w->signal, w->env);
     if (!done) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(w->offsets);
@@ -821,11 +875,11 @@ static int end_copy(Walker *w) {
     if (!moved) return -1;
     long long moved_i = PyLong_AsLongLong(moved);
     if (moved_i == -1 && PyErr_Occurred()) { Py_DECREF(moved); return -1; }
-    /* beyond start-up + bytes at the port rate: waiting for shared bandwidth / HBM
-       (max(0, t - issue - startup - whole_cycles(moved / weight / cap)), as Python) */
+    /* beyond start-up (as it ran) + bytes at the port rate: waiting for shared bandwidth
+       / HBM (max(0, t - issue - startup - whole_cycles(moved / weight / cap)), as Python) */
     wc.is_float = 0; wc.d = 0.0;
     if (whole_of(w, (double)moved_i / (double)w->weight / op->cap_d, &wc.i) < 0 ||
-        num_sub(t, w->issue, &x) < 0 || num_sub(x, op->startup, &x) < 0 || num_sub(x, wc, &x) < 0) {
+        num_sub(t, w->issue, &x) < 0 || num_sub(x, w->startup, &x) < 0 || num_sub(x, wc, &x) < 0) {
         Py_DECREF(moved);
         return -1;
     }
@@ -847,7 +901,7 @@ static int end_copy(Walker *w) {
           acc_add(w, s_dma_segments, segs);
     Py_DECREF(segs);
     if (bad) return -1;
-    w->t = t;
+    w->t = w->q_end = t;
     return 0;
 }
 
@@ -1023,6 +1077,7 @@ static PyObject *walk_on(Walker *w) {
             break;
         }
         case K_CROSS_WAIT: {
+            w->q_n = 0;  /* no copy is requested across it */
             w->cross_k = 0;
             w->cross_t0 = w->cross_visible = w->t;
             PyObject *r = cross_wait(w, op);
@@ -1030,7 +1085,8 @@ static PyObject *walk_on(Walker *w) {
             Py_DECREF(r);
             break;
         }
-        default:
+        default:  /* a barrier or SyncAll: no copy is requested across it */
+            w->q_n = 0;
             return Py_NewRef(op->entry);
         }
     }

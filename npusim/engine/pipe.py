@@ -42,7 +42,8 @@ def start_pipe(dev, kr, cr, pipe, code) -> Signal:
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
                   cr.offsets, cr.weight, kr.acc, partial(Diverged, kr.id, cr.block.index),
-                  partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name), cross).start()
+                  partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name), cross,
+                  dev.hw.dma.outstanding).start()
 
 
 def meet(dev, kr, cr, pipe_name: str, walk, entry):

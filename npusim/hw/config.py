@@ -61,6 +61,15 @@ def _positive_values(instance, attribute, value: dict) -> None:
             raise ValueError(bad)
 
 
+# the most copies a pipe's DMA engine may hold (dma.outstanding; npusim/engine/_pipe.c's QUEUE_MAX)
+DMA_QUEUE_MAX = 16
+
+
+def _dma_queue(instance, attribute, value) -> None:
+    if not value <= DMA_QUEUE_MAX:
+        raise ValueError(f"'{attribute.name}' must be <= {DMA_QUEUE_MAX}: {short(value)}")
+
+
 def _pos(help: str):
     return field(validator=_positive, metadata={"help": help})
 
@@ -157,6 +166,9 @@ class Dma:
     segment_cycles: float = _nonneg("DMA engine time per segment of a cube core's strided transfer, overlapped with "
                                     "the data of the segments before it: a transfer takes at least segments x this")
     vector_segment_cycles: float = _nonneg("the same for a vector core's strided transfer (a DataCopyPad of rows)")
+    outstanding: int = field(validator=[_positive, _dma_queue], metadata={"help": (
+        "GM copies a pipe's DMA engine holds at once: a copy issued right behind another is requested while "
+        "that one's data moves, so its start-up overlaps it (1: every copy pays its start-up after the one before)")})
 
     def segment_cycles_of(self, cube: bool) -> float:
         """The DMA time per segment of a cube core's (`cube`) or a vector core's transfer."""
