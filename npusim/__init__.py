@@ -35,10 +35,20 @@ _LAZY = {
 }
 
 
+def submodule(package: str, name: str):
+    """`package.name` imported on first use, as `import package.name` would make it an
+    attribute of the package; AttributeError if there is no such module."""
+    import importlib.util
+
+    if name.startswith("_") or importlib.util.find_spec(f"{package}.{name}") is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return importlib.import_module(f"{package}.{name}")
+
+
 def __getattr__(name: str):
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'npusim' has no attribute {name!r}")
+    if module is None:  # a subpackage (npusim.ops, npusim.hw, npusim.sweep, ...)
+        return submodule(__name__, name)
     value = importlib.import_module(module) if name == "report" else getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

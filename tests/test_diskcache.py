@@ -236,3 +236,67 @@ def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
     path.write_text("".join(f"{k}: true\n" for k in rules))  # the same file name, other rules: simulated again
     c = run_decoder(fusion_rules=str(path), **args)
     assert b.latency_us == a.latency_us and c.latency_us != b.latency_us
+
+
+# ------------------------------------------------------------------ hostile folders and entries
+
+
+def test_clear_removes_only_what_the_store_wrote(tmp_path):
+    """`npusim cache clear --cache-dir` of a folder that is not only npusim's: files named
+    like entries but not headed as one (a user's), other files and temporary files of
+    other programs stay."""
+    store = DiskCache(tmp_path)
+    store.put("c" * 64, "an entry")
+    (tmp_path / ".leftover.entry.x1y2.tmp").write_bytes(b"NPUSIM-CACHE {half an entry")  # an interrupted write
+    kept = {"notes.entry": b"my own notes", ".editor.swp.tmp": b"x", "data.csv": b"a,b", ".x.entry.z.tmp": b"mine"}
+    for name, data in kept.items():
+        (tmp_path / name).write_bytes(data)
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    assert [name for *_, name in store.entries()] == []  # a file not headed as an entry is not one
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device link", "another object"])
+def test_a_hostile_entry_is_a_miss_and_the_run_goes_on(tmp_path, capsys, kind):
+    """An entry that is a FIFO (would block a read), a link to /dev/zero (would be read
+    without end), or a well-formed entry holding another object than the command
+    stored: the run computes its result as on a cold cache."""
+    from npusim.diskcache import replay
+
+    cache = tmp_path / "cache"
+    argv = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--cache-dir", str(cache)]
+    assert main(argv) == 0
+    cold = capsys.readouterr().out
+    store = DiskCache(cache)
+    (key,) = [name.removesuffix(".entry") for *_, name in store.entries()
+              if replay._replayable(store.get(name.removesuffix(".entry")))]  # the command's stored output
+    path = store.entry_path(key)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device link":
+        path.symlink_to("/dev/zero")
+    else:
+        DiskCache(cache).put(key, ["not", "a", "run"])
+    assert main(argv) == 0
+    assert capsys.readouterr().out == cold
+
+
+@pytest.mark.parametrize("how", ["group-writable", "world-writable", "another owner"])
+def test_a_cache_folder_others_can_write_is_refused(tmp_path, capsys, monkeypatch, how):
+    """Entries are pickles npusim loads: a folder someone else can write into (or owns) is
+    not read or written; one warning line says why and how to fix it, the run goes on."""
+    folder = tmp_path / "shared"
+    DiskCache(folder).put("d" * 64, "written while the folder was private")
+    assert folder.stat().st_mode & 0o777 == 0o700  # the store makes its folder private
+    if how == "another owner":
+        monkeypatch.setattr(os, "getuid", lambda: folder.stat().st_uid + 1)
+    else:
+        folder.chmod(0o770 if how == "group-writable" else 0o707)
+    assert DiskCache(folder).get("d" * 64) is None
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--cache-dir", str(folder)]) == 0
+    captured = capsys.readouterr()
+    (warning,) = [line for line in captured.err.splitlines() if "warning" in line]
+    assert str(folder) in warning and "uncached" in warning
+    assert ("not you" if how == "another owner" else "chmod go-w") in warning
+    assert sorted(os.listdir(folder)) == ["d" * 64 + ".entry"]  # nothing written

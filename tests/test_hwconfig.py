@@ -427,3 +427,37 @@ def test_overrides_apply_to_a_loaded_config():
     assert load_hw(hw) is hw
     with pytest.raises(ConfigError, match="unknown key 'hbm.nope'"):
         load_hw(hw, {"hbm.nope": 1})
+
+
+def test_a_config_written_for_an_earlier_release_still_loads(tmp_path):
+    """A complete config from before the topology, the tanh rate, the DMA queue, the vector
+    cores' own segment time and the kernel start by kind: it loads, each added field with
+    the value that keeps the earlier meaning (docs/architecture.md names each), and a
+    field it gives is kept."""
+    from pathlib import Path
+
+    from npusim.hw.compat import ADDED, RENAMED, SPLIT_FROM
+    from npusim.hw.load import find_file, read_yaml
+
+    data = read_yaml(find_file("ascend910b2", "hwconfigs"))
+    del data["topology"]
+    del data["aiv"]["vector_cycles_per_repeat"]["tanh"]
+    del data["dma"]["outstanding"], data["dma"]["vector_segment_cycles"]
+    for kind in ("aic", "aiv", "mix"):
+        del data["runtime"][f"kernel_start_{kind}_cycles"]
+    data["runtime"]["kernel_start_cycles"] = 9000
+    data["dma"]["segment_cycles"] = 3
+    path = tmp_path / "mylab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    hw = load_hw(path)
+    assert hw.topology.max_devices == 1 and hw.dma.outstanding == 1
+    assert hw.aiv.vector_cycles_per_repeat["tanh"] == load_hw().aiv.vector_cycles_per_repeat["tanh"]
+    assert hw.dma.vector_segment_cycles == 3
+    assert {hw.runtime.kernel_start_aic_cycles, hw.runtime.kernel_start_aiv_cycles,
+            hw.runtime.kernel_start_mix_cycles} == {9000}
+    data["dma"]["outstanding"] = 2  # given: kept
+    path.write_text(yaml.safe_dump(data))
+    assert load_hw(path).dma.outstanding == 2
+    docs = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    for field in [*ADDED, *RENAMED, *SPLIT_FROM]:
+        assert f"`{field}`" in docs, field

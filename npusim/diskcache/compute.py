@@ -42,7 +42,7 @@ def cached(store: DiskCache | None, kind: str, inputs: Any, hw: HwConfig, comput
     base = digest(kind, version(), inputs)
     reads_key = digest("reads", base)
     mine = _refs(hw)
-    for fields in store.get(reads_key) or ():
+    for fields in store.get(reads_key, expected=_field_sets) or ():
         hit = store.get(digest(base, values_of(hw, fields)), mine)
         if hit is not None:
             return hit
@@ -53,9 +53,15 @@ def cached(store: DiskCache | None, kind: str, inputs: Any, hw: HwConfig, comput
         value = compute(copy)
     fields = sorted(reads)
     payload = store.put(digest(base, values_of(hw, fields)), value, _refs(copy))
-    known = [f for f in store.get(reads_key) or () if f != fields]
+    known = [f for f in store.get(reads_key, expected=_field_sets) or () if f != fields]
     store.put(reads_key, [fields, *known][:MAX_READ_SETS])
     return loads(payload if payload is not None else dumps(value, _refs(copy)), mine)
+
+
+def _field_sets(value) -> bool:
+    """What cached() stores under a reads key: a list of lists of field names."""
+    return isinstance(value, list) and all(isinstance(f, list) and all(isinstance(n, str) for n in f)
+                                           for f in value)
 
 
 def _refs(hw: HwConfig) -> dict[str, Any]:

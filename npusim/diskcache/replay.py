@@ -67,6 +67,13 @@ def _key(args) -> str | None:
         return None
 
 
+def _replayable(value) -> bool:
+    """A stored run as run() stores it: its printed text, and its JSON report or None."""
+    return (isinstance(value, dict) and isinstance(value.get("stdout"), str)
+            and (value.get("json") is None or isinstance(value["json"], dict)
+                 and isinstance(value["json"].get("provenance"), dict)))
+
+
 def replayed(command: Callable, check_outputs: Callable) -> Callable:
     """`command(args)`, served from the store when it ran before (see the module doc).
     `check_outputs(args)`: the command's own check of its output paths, made before
@@ -80,7 +87,7 @@ def replayed(command: Callable, check_outputs: Callable) -> Callable:
             return command(args)
         check_outputs(args)
         key = _key(args)
-        hit = store.get(key) if key else None
+        hit = store.get(key, expected=_replayable) if key else None
         if hit is not None:
             if hit["stdout"]:
                 say(hit["stdout"].removesuffix("\n"))

@@ -5,7 +5,10 @@ the npusim version that wrote it, the payload's size and SHA-256) and the payloa
 a pickle. A read trusts an entry only when every header field matches what the
 reader expects and the payload hashes to the recorded digest; anything else (a
 truncated file, another npusim version's entry, bytes that are not an entry) is a
-miss, the file is removed and the caller computes the value again.
+miss, the file is removed (only a file that carries the store's header: the store
+never deletes what it did not write) and the caller computes the value again. Only
+regular files are read, no more than they hold (a FIFO or a link to a device is a
+miss, left alone).
 
 Writes go through `outputs.atomic_write` (a temporary file in the same folder, then
 `os.replace`): two processes writing one key at once each replace the file whole,
@@ -16,8 +19,9 @@ hit refreshes: access times are often not kept) go until it fits again.
 A cache folder that cannot be made or written (read-only, a file in the way) turns
 the store off for the process: one warning line on stderr, then every call is a
 miss and nothing is written. The folder holds pickles that are loaded back: like
-any cache of Python objects, it must be written by its user only (the default is
-the user's own cache folder).
+any cache of Python objects, it must be written by its user only. A folder owned by
+another user, or writable by group or others, is refused the same way (the warning
+says how to fix it); the store makes its folder private (0700).
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import io
 import json
 import os
 import pickle
+import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +87,17 @@ class DiskCache:
 
     # ---- reading
 
-    def get(self, key: str, refs: Mapping[str, Any] | None = None) -> Any | None:
+    def get(self, key: str, refs: Mapping[str, Any] | None = None,
+            expected: Callable[[Any], bool] | None = None) -> Any | None:
         """The value stored under `key`, or None (a miss: absent, damaged, foreign, or
-        the store is off). `refs`: the objects put() stored by name (see put)."""
+        the store is off). `refs`: the objects put() stored by name (see put);
+        `expected(value)`: False for a value that is not what the caller stores under
+        such keys (a damaged entry)."""
         if not self._usable():
             return None
         path = self.entry_path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
+        data = _read_regular(path)
+        if data is None:
             self.misses += 1
             return None
         payload = self._payload(data, key)
@@ -101,11 +107,14 @@ class DiskCache:
                 value = loads(payload, refs)
             except Exception:  # noqa: BLE001 - an entry whose classes no longer load is recomputed
                 payload = None
+            if payload is not None and expected is not None and not expected(value):
+                payload = None
         if payload is None:
             self.dropped += 1
             self.misses += 1
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            if data.startswith(MAGIC + b" "):  # the store's own entry: recomputed and written again
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             return None
         self.hits += 1
         with contextlib.suppress(OSError):  # a hit is a use: it moves to the back of the eviction order
@@ -138,7 +147,7 @@ class DiskCache:
         own objects under those names). Returns the payload written (a pickle of
         `value`), or None when the store is off or the folder cannot be written (then
         it is off for the rest of the process)."""
-        if not self._usable():
+        if not self._usable() or _foreign(self.entry_path(key)):
             return None
         payload = dumps(value, refs)
         head = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload),
@@ -160,7 +169,11 @@ class DiskCache:
         written is not read either: the run is uncached, as the warning says."""
         if self.enabled and not self._checked:
             try:
-                self.path.mkdir(parents=True, exist_ok=True)
+                self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+                unsafe = _unsafe(self.path)
+                if unsafe:
+                    self.disable(unsafe)
+                    return False
                 fd, probe = tempfile.mkstemp(dir=self.path, prefix=".probe.", suffix=".tmp")
                 os.close(fd)
                 os.unlink(probe)
@@ -181,18 +194,27 @@ class DiskCache:
     # ---- size
 
     def entries(self) -> list[tuple[int, int, str]]:
-        """(last use in ns, bytes, file name) of every entry, oldest first."""
+        """(last use in ns, bytes, file name) of every entry (a file named and headed as
+        one), oldest first."""
+        return sorted(f for f in self._own_files() if f[2].endswith(SUFFIX))
+
+    def _own_files(self) -> list[tuple[int, int, str]]:
+        """(last use in ns, bytes, file name) of every file the store wrote: an entry, or
+        a temporary file an interrupted write left (see outputs.atomic_write), that is a
+        regular file beginning with the store's header."""
         out = []
         try:
             with os.scandir(self.path) as it:
                 for e in it:
-                    if e.name.endswith(SUFFIX):
+                    temporary = e.name.startswith(".") and e.name.endswith(".tmp") and SUFFIX + "." in e.name
+                    if e.name.endswith(SUFFIX) or temporary:
                         with contextlib.suppress(OSError):  # removed meanwhile by another process
-                            st = e.stat()
-                            out.append((st.st_mtime_ns, st.st_size, e.name))
+                            st = e.stat(follow_symlinks=False)
+                            if stat.S_ISREG(st.st_mode) and _headed(self.path / e.name):
+                                out.append((st.st_mtime_ns, st.st_size, e.name))
         except OSError:
             return []
-        return sorted(out)
+        return out
 
     def evict(self) -> list[str]:
         """Remove least recently used entries until the store holds at most max_bytes; their names."""
@@ -209,20 +231,65 @@ class DiskCache:
         return gone
 
     def clear(self) -> tuple[int, int]:
-        """Remove every entry (and leftover temporary files); (files removed, bytes freed)."""
+        """Remove every entry and leftover temporary file of the store (files that carry
+        its header; nothing else in the folder); (files removed, bytes freed)."""
         n = freed = 0
-        try:
-            names = os.listdir(self.path)
-        except FileNotFoundError:
-            return 0, 0
-        for name in names:
-            if name.endswith(SUFFIX) or (name.startswith(".") and name.endswith(".tmp")):
-                p = self.path / name
-                with contextlib.suppress(FileNotFoundError):
-                    size = p.stat().st_size
-                    p.unlink()
-                    n, freed = n + 1, freed + size
+        for _, size, name in self._own_files():
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / name).unlink()
+                n, freed = n + 1, freed + size
         return n, freed
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The bytes of `path` if it is a regular file (no more than its size), else None:
+    a FIFO is not waited on, a link to a device not read without end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            return f.read(st.st_size) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            return None
+
+
+def _foreign(path: Path) -> bool:
+    """Something that is not a regular file (a FIFO, a link, a device) is at `path`: not
+    the store's to replace."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def _headed(path: Path) -> bool:
+    """`path` begins with the store's header (it is a file the store wrote)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC) + 1) == MAGIC + b" "
+    except OSError:
+        return False
+
+
+def _unsafe(folder: Path) -> str | None:
+    """Why `folder` may not hold pickles npusim loads (owned by someone else, writable
+    by group or others), with the fix; None if it is the user's own. (No owners where
+    the OS has no user ids.)"""
+    if not hasattr(os, "getuid"):
+        return None
+    st = folder.stat()
+    if st.st_uid != os.getuid():
+        return (f"owned by user id {st.st_uid}, not you: its entries are code npusim would run; "
+                f"give --cache-dir or NPUSIM_CACHE_DIR a folder of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"writable by group or others: its entries are code npusim would run; "
+                f"chmod go-w {folder}, or give --cache-dir a folder of your own")
+    return None
 
 
 def dumps(value: Any, refs: Mapping[str, Any] | None = None) -> bytes:

@@ -27,6 +27,7 @@ from cattrs.errors import (
 
 from npusim.errors import ConfigError
 from npusim.hw.checks import inconsistency
+from npusim.hw.compat import upgrade
 from npusim.hw.config import HwConfig
 from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short, strict_converter
 
@@ -132,7 +133,8 @@ def raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str,
         raise ConfigError(f"{path}: 'base' chain deeper than {MAX_BASE_DEPTH} files")
     data = read_yaml(path)
     base = data.pop("base", None)
-    if base is None:
+    if base is None:  # a complete config: fields added since it was written take their earlier meaning
+        data = upgrade(data)
         return data, _origins(data, path)
     base_path = None
     if isinstance(base, str):

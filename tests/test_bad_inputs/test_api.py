@@ -145,3 +145,20 @@ def test_load_workload_checks_its_arguments(args, exc, names):
 ], ids=repr)
 def test_build_decoder_checks_its_arguments(kwargs, names):
     one_line_error(lambda: build_decoder(**(dict(workload=W, phase="decode", batch=1) | kwargs)), ConfigError, names)
+
+
+def test_the_readmes_api_paths_work_in_a_fresh_interpreter():
+    """The package imports its parts on first use: `npusim.ops.lower`, `npusim.hw.derived`
+    and the other subpackages the README names resolve without importing them first."""
+    import subprocess
+    import sys
+
+    code = ("import npusim\n"
+            "hw = npusim.load_hw()\n"
+            "assert npusim.hw.derived.derive(hw).l2_bw_bytes_per_s > 0\n"
+            "assert npusim.ops.lower('rms_norm', {'shape': (8, 64)}, hw).kernels\n"
+            "assert callable(npusim.sweep.sweep) and callable(npusim.report.summary)\n"
+            "try:\n    npusim.no_such_part\nexcept AttributeError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "module 'npusim' has no attribute 'no_such_part'"
