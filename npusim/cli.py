@@ -424,7 +424,7 @@ def _cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from npusim.outputs import Terminated, drop_stdout, on_sigterm
+    from npusim.outputs import Terminated, drop_stdout, interruption_note, on_sigterm
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(serve_options=argv[:1] == ["serve"]).parse_args(argv)
@@ -435,11 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         except NpusimError as e:
             err(f"npusim: error: {e}")
             return 2
-        except KeyboardInterrupt:
-            err("npusim: interrupted (no partial output left)")
+        except KeyboardInterrupt as e:
+            err(f"npusim: interrupted ({interruption_note(e)})")
             return 130
-        except Terminated:
-            err("npusim: terminated (no partial output left)")
+        except Terminated as e:
+            err(f"npusim: terminated ({interruption_note(e)})")
             return 143
         except BrokenPipeError:  # the reader went away outside say() (a library printed)
             drop_stdout()

@@ -7,12 +7,19 @@ interrupted or failed write (Ctrl-C, SIGTERM, a full disk) leaves the old file, 
 none, never half of one; the temporary file is removed on the way out.
 
 `check_paths` refuses, before anything is simulated, an output that is also an
-input (`--json` pointed at the `--hw` file) or two outputs on one path.
+input (`--json` pointed at the `--hw` file) or two outputs on one path;
+`check_writable` one that cannot be written (its folder takes no new file).
+
+`all_or_none` holds a command's outputs back until all of them are complete: each
+atomic_write in the block leaves its temporary file, and they all take their places
+together when the block ends, or are all removed if it does not (Ctrl-C between
+two outputs leaves neither).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import signal
 import sys
@@ -60,6 +67,28 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
 
+class _Staged:
+    """The outputs of an `all_or_none` block: finished temporary files and their
+    targets, and the folders made for them (removed again if the block fails)."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, Path]] = []
+        self.folders: list[Path] = []
+
+
+_staged: contextvars.ContextVar[_Staged | None] = contextvars.ContextVar("npusim_outputs_staged", default=None)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist yet, deepest first."""
+    out = []
+    for f in (folder, *folder.parents):
+        if f.exists() or f.is_symlink():
+            break
+        out.append(f)
+    return out
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_args) -> Iterator[IO]:
     """Open a temporary file beside `path` for writing (mode "w" or "wb"); when the
@@ -74,8 +103,11 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
         raise ValueError(f"atomic_write: mode {mode!r} (expected 'w' or 'wb')")
     path = Path(path)
     tmp = None
+    staged = _staged.get()
     try:
         try:
+            if staged is not None:
+                staged.folders += _missing_folders(path.parent)
             path.parent.mkdir(parents=True, exist_ok=True)
         except FileExistsError:  # a file where a folder of the path should be
             blocker = next(p for p in (path.parent, *path.parent.parents) if p.exists())
@@ -93,7 +125,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
             if durable:
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; an output is an ordinary file
-        os.replace(tmp, path)
+        if staged is not None:  # all_or_none puts it in place with the others
+            staged.files.append((tmp, path))
+        else:
+            os.replace(tmp, path)
         tmp = None
     except OSError as e:
         raise OutputError(f"cannot write {path}: {_reason(e)}") from None
@@ -101,6 +136,82 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within the block, Ctrl-C and SIGTERM wait; at its end the first one that came is
+    delivered as usual (KeyboardInterrupt, Terminated). Outside the main thread, nothing changes."""
+    held: list[int] = []
+    wanted = [signal.SIGINT, signal.SIGTERM]
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in wanted}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):
+                handler(held[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), held[0])
+
+
+@contextlib.contextmanager
+def all_or_none() -> Iterator[list[Path]]:
+    """A command's outputs, all or none: every atomic_write in the block writes its
+    temporary file only; when the block ends without an error they all replace their
+    targets at once (Ctrl-C or SIGTERM meanwhile waits until the last is in place), and
+    otherwise (an error, Ctrl-C, SIGTERM) they are removed, with the folders made for
+    them, and no target changes. Yields the list of the paths written, filled at the
+    end. Nested blocks join the outer one."""
+    if _staged.get() is not None:
+        yield []
+        return
+    staged, written = _Staged(), []
+    token = _staged.set(staged)
+    try:
+        yield written
+        _staged.reset(token)
+        token = None
+        try:
+            with _signals_held():
+                for tmp, path in staged.files:
+                    try:
+                        os.replace(tmp, path)
+                    except OSError as e:
+                        done = ", ".join(str(p) for p in written) or "none"
+                        raise OutputError(f"cannot write {path}: {_reason(e)} (outputs written: {done})") from None
+                    written.append(path)
+                staged.files = []
+        except (KeyboardInterrupt, Terminated) as e:  # held during the renames: every output is in place
+            e.npusim_written = list(written)
+            raise
+    finally:
+        if token is not None:
+            _staged.reset(token)
+        for tmp, _ in staged.files:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if not written:
+            for folder in sorted(set(staged.folders), key=lambda f: -len(f.parts)):  # left if anything is in it
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def interruption_note(e: BaseException) -> str:
+    """What the command interrupted by `e` (KeyboardInterrupt, Terminated) leaves, for
+    its last message: an all_or_none block that had put its outputs in place when the
+    signal was delivered marks `e` with them."""
+    written = getattr(e, "npusim_written", None)
+    if written:
+        return f"after writing every output: {', '.join(map(str, written))}"
+    return "no partial output left"
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -141,6 +252,48 @@ def check_paths(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping
             raise OutputError(f"{flag} {path}: the same path as the {seen[_key(path)]} (give another path)")
 
 
+def _probe(flag: str, path: Path, folder: Path) -> None:
+    """Refuse `path` unless a new file can be made in `folder`, or in the nearest folder
+    above it that exists (the missing ones are made there): made and removed at once."""
+    above = next((f for f in (folder, *folder.parents) if f.exists()), None)
+    if above is None or not above.is_dir():
+        raise OutputError(f"{flag} {path}: cannot be written: Not a directory ({above} is a file)")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=above, prefix=".npusim-probe.", suffix=".tmp")
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot be written: no new file can be made in {above} "
+                          f"({_reason(e)})") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def check_writable(outputs: Mapping[str, str | os.PathLike | None],
+                   folders: Mapping[str, str | os.PathLike | None] | None = None) -> None:
+    """Refuse, before a command runs, an output it could not write: a file output on a
+    folder, a folder output on a file, or one whose folder takes no new file (read-only,
+    /proc, missing permissions). Keys are what the user typed; None values are outputs
+    not asked for. A device or a pipe (/dev/stdout) must be writable itself."""
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise OutputError(f"{flag} {p}: is a directory (expected a file path)")
+        if p.exists() and not p.is_file():  # written in place (atomic_write)
+            if not os.access(p, os.W_OK):
+                raise OutputError(f"{flag} {p}: cannot be written: Permission denied")
+            continue
+        _probe(flag, p, p.parent)
+    for flag, path in (folders or {}).items():
+        if path is None:
+            continue
+        p = Path(path)
+        if p.exists() and not p.is_dir():
+            raise OutputError(f"{flag} {p}: is a file (expected a folder)")
+        _probe(flag, p, p)
+
+
 # ---- printing: a closed stdout (npusim ... | head) never stops the files asked for
 
 
@@ -166,5 +319,5 @@ def err(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["OutputError", "Terminated", "atomic_write", "check_paths", "drop_stdout", "err", "on_sigterm", "say",
-           "write_text"]
+__all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable", "drop_stdout",
+           "err", "interruption_note", "on_sigterm", "say", "write_text"]

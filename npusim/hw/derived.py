@@ -20,12 +20,20 @@ def _help(help: str):
     return field(metadata={"help": help})
 
 
+def mmad_fractal(hw: HwConfig, dtype: str):
+    """The cube's base block (m0, n0, k0) for `dtype` operands. A config need only give
+    fp16's (hw.checks); a kernel on another dtype (a bf16 workload, int8 with W8A8)
+    asks here, and a config without it is one ConfigError naming the key."""
+    try:
+        return hw.aic.mmad_fractals[dtype]
+    except KeyError:
+        raise ConfigError(f"{hw.name}: missing key 'aic.mmad_fractals.{dtype}' (the cube's base block for {dtype} "
+                          f"operands, which this step's matmuls have)") from None
+
+
 def cube_peak_flops_per_s(hw: HwConfig, dtype: str) -> float:
     """Every AIC doing one full Mmad fractal per cycle: aic_count x freq x m0*n0*k0 MACs x 2."""
-    try:
-        f = hw.aic.mmad_fractals[dtype]
-    except KeyError:
-        raise ConfigError(f"{hw.name}: missing key 'aic.mmad_fractals.{dtype}'") from None
+    f = mmad_fractal(hw, dtype)
     return hw.chip.aic_count * hw.chip.freq_hz * f.m0 * f.n0 * f.k0 * 2
 
 

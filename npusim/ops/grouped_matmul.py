@@ -29,6 +29,7 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
+from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, Kernel, Program
 from npusim.ops.build import align_up, boxes, cdiv
 from npusim.ops.matmul import (
@@ -108,7 +109,7 @@ def choose_grouped_tiling(p: GroupedMatmulParams, hw: HwConfig) -> MatmulTiling:
     (its run of units, each costing unit_cycles) finishes first - narrower tiles until
     the units fill the cores. An empty group has no units and costs nothing."""
     cores = hw.chip.aic_count
-    f = hw.aic.mmad_fractals[p.dtype]
+    f = mmad_fractal(hw, p.dtype)
     e = DTYPE_BYTES[p.dtype]
     base_k = SLICE_FRACTALS * f.k0
     base_m = _group_base_m(max(p.group_sizes), MAX_BASE_M, f.m0)
@@ -163,7 +164,7 @@ def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tili
     plan, buf = alloc_plan(_group_params(p, max(p.group_sizes)), t, hw, op, la, lb, (lc,), ((0, p.n),),
                            align_up(p.k, t.base_k), bias, None, be)
 
-    groups = _group_nests(p, plan, hw.aic.mmad_fractals[p.dtype].m0)
+    groups = _group_nests(p, plan, mmad_fractal(hw, p.dtype).m0)
     units = sum(dims[1] * dims[2] for _, _, dims in groups)
     per_core = cdiv(units, cores)
     programs = [Program(_prologue(t) + _core_body(groups, lo, min(units, lo + per_core)) + _epilogue(t), buf.buffers)

@@ -39,6 +39,7 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
+from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, VecOp
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes
@@ -115,7 +116,7 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     units each costing max(cube cycles, load cycles at the core's port)."""
     cores = hw.chip.aic_count
     batch = getattr(p, "batch", 1)
-    f = hw.aic.mmad_fractals[p.dtype]
+    f = mmad_fractal(hw, p.dtype)
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
     base_k = SLICE_FRACTALS * f.k0
     base_m = min(MAX_BASE_M, align_up(p.m, f.m0))
@@ -300,7 +301,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
 def check_tiling(t: MatmulTiling, dtype: str, hw: HwConfig, op: str) -> int:
     """Refuse a tiling off the cube's fractal grid or wider than the chip, in one line;
     returns the cores its work is dealt to."""
-    f = hw.aic.mmad_fractals[dtype]
+    f = mmad_fractal(hw, dtype)
     for name, v, q in (("base_m", t.base_m, f.m0), ("base_n", t.base_n, f.n0), ("base_k", t.base_k, f.k0)):
         if v % q:
             raise ProgramError(f"op {op}: tiling {name}={v} is not a multiple of the {dtype} fractal ({q})")

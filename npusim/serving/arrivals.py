@@ -17,6 +17,10 @@ Processes (`arrival_times`):
 Lengths (`lengths`): "fixed:N", "uniform:A,B", "lognormal:MEDIAN,SIGMA", "mix"
 (the seed articles' load) and "file:PATH" (sampled with replacement from the
 integers in a file, one per line).
+
+Bounds (what a load may be; each refused in one line naming the flag): at most
+MAX_REQUESTS requests, lengths whole token counts from 1 to MAX_TOKENS, the last
+arrival within MAX_SPAN_S, a trace or lengths file at most MAX_FILE_BYTES.
 """
 
 from __future__ import annotations
@@ -36,6 +40,22 @@ from npusim.errors import ConfigError
 # Within a band lengths are uniform; the bottom of the first band (16) and the top of
 # the last (4096) are not given by the seeds: assumed.
 SEED_MIX = ((0.10, 16, 127), (0.60, 128, 1024), (0.30, 1025, 4096))
+
+# Requests one run simulates: each is a Request and a Seq in memory (about 1 KiB),
+# and the loop prices every step in Python, so a million takes minutes.
+MAX_REQUESTS = 1_000_000
+# Tokens of one prompt or output: 2^24, above any model's context (a request longer
+# than the workload's context is rejected and counted); lengths stay exact in int64
+# and float64 sums of them.
+MAX_TOKENS = 1 << 24
+# The last arrival, in seconds (about 32 years). The simulation keeps time in float64
+# microseconds: up to 1e15 us a tick is 0.125 us, far below the shortest scan period
+# (SchedulerConfig.scan_period_ms >= 0.1 ms), so every scan moves time on.
+MAX_SPAN_S = 1e9
+# A trace or lengths file, read whole: a device or a pipe (/dev/zero) is read up to this.
+MAX_FILE_BYTES = 64 << 20
+# --cv of gamma gaps: the shape 1/cv^2 stays a normal float and the gaps finite.
+CV_RANGE = (1e-3, 1e3)
 
 
 @frozen
@@ -69,6 +89,8 @@ def parse_ramp(text: str) -> Ramp:
         start, step, every, top = (float(x) for x in text.split(","))
     except ValueError:
         raise ConfigError(f"--ramp: expected START,STEP,EVERY_S,MAX (e.g. 10,10,30,150), got '{text}'") from None
+    if not all(map(math.isfinite, (start, step, every, top))):
+        raise ConfigError(f"--ramp: expected four finite numbers START,STEP,EVERY_S,MAX, got '{text}'")
     if start <= 0 or step < 0 or every <= 0 or top < start:
         raise ConfigError(f"--ramp: expected START > 0, STEP >= 0, EVERY_S > 0 and MAX >= START, got '{text}'")
     return Ramp(start, step, every, top)
@@ -80,11 +102,24 @@ def check_rate(rate: float, what: str = "--rate") -> float:
     return float(rate)
 
 
+def check_requests(n, what: str = "--requests") -> int:
+    """A number of requests one run may simulate: 1 to MAX_REQUESTS."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_REQUESTS:
+        raise ConfigError(f"{what}: expected a number of requests from 1 to {MAX_REQUESTS}, got {n!r}")
+    return int(n)
+
+
+def check_seed(seed, what: str = "--seed") -> int:
+    """A seed numpy's generators take: a whole number >= 0."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"{what}: expected a whole number >= 0, got {seed!r}")
+    return int(seed)
+
+
 def arrival_times(process: str, n: int, rng: np.random.Generator, rate: float | None = None, cv: float = 1.0,
                   ramp: Ramp | None = None) -> np.ndarray:
     """`n` arrival times in seconds from 0, sorted."""
-    if n < 1:
-        raise ConfigError(f"--requests: expected a positive number of requests, got {n}")
+    check_requests(n)
     if process == "ramp":
         if ramp is None:
             raise ConfigError("--arrival ramp: give --ramp START,STEP,EVERY_S,MAX")
@@ -97,8 +132,9 @@ def arrival_times(process: str, n: int, rng: np.random.Generator, rate: float | 
     if process == "poisson":
         gaps = rng.exponential(1.0 / rate, n)
     elif process == "gamma":
-        if not (math.isfinite(cv) and cv > 0):
-            raise ConfigError(f"--cv: expected a positive coefficient of variation, got {cv}")
+        if not CV_RANGE[0] <= cv <= CV_RANGE[1]:
+            raise ConfigError(f"--cv: expected a coefficient of variation from {CV_RANGE[0]:g} to {CV_RANGE[1]:g}, "
+                              f"got {cv}")
         shape = 1.0 / cv**2  # gamma with mean 1/rate: shape k = 1/cv^2, scale = 1/(rate k)
         gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
     elif process == "constant":
@@ -111,7 +147,7 @@ def arrival_times(process: str, n: int, rng: np.random.Generator, rate: float | 
 # ---- length distributions
 
 def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-lengths") -> np.ndarray:
-    """`n` token counts (>= 1) drawn from the distribution `spec` names."""
+    """`n` token counts (1 to MAX_TOKENS) drawn from the distribution `spec` names."""
     kind, _, arg = spec.partition(":")
 
     def numbers(count: int, form: str) -> list[float]:
@@ -123,21 +159,29 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
             raise ConfigError(f"{what}: expected {kind}:{form}, got '{spec}'")
         return vals
 
+    def tokens(*vals: float) -> None:  # nan, inf and 1e30 would become int64's minimum
+        if not all(math.isfinite(v) and v == int(v) and 1 <= v <= MAX_TOKENS for v in vals):
+            raise ConfigError(f"{what}: expected whole token counts from 1 to {MAX_TOKENS}, got '{spec}'")
+
     if kind == "fixed":
         (v,) = numbers(1, "N")
-        if v < 1:
-            raise ConfigError(f"{what}: expected a length >= 1, got '{spec}'")
+        tokens(v)
         out = np.full(n, v)
     elif kind == "uniform":
         lo, hi = numbers(2, "MIN,MAX")
-        if not 1 <= lo <= hi:
+        tokens(lo, hi)
+        if not lo <= hi:
             raise ConfigError(f"{what}: expected 1 <= MIN <= MAX, got '{spec}'")
         out = rng.integers(int(lo), int(hi), n, endpoint=True)
     elif kind == "lognormal":
         median, sigma = numbers(2, "MEDIAN,SIGMA")
-        if median < 1 or sigma < 0:
-            raise ConfigError(f"{what}: expected MEDIAN >= 1 and SIGMA >= 0, got '{spec}'")
-        out = np.maximum(1, np.round(rng.lognormal(math.log(median), sigma, n)))
+        if not (1 <= median <= MAX_TOKENS and 0 <= sigma < math.inf):
+            raise ConfigError(f"{what}: expected 1 <= MEDIAN <= {MAX_TOKENS} and a finite SIGMA >= 0, got '{spec}'")
+        with np.errstate(over="ignore"):
+            out = np.maximum(1, np.round(rng.lognormal(math.log(median), sigma, n)))
+        if not out.max() <= MAX_TOKENS:  # inf where exp() overflowed
+            raise ConfigError(f"{what}: '{spec}' draws lengths up to {out.max():.3g} tokens, above the "
+                              f"{MAX_TOKENS} a request may have (lower SIGMA)")
     elif kind == "mix" and not arg:
         probs = np.array([p for p, _, _ in SEED_MIX])
         band = rng.choice(len(SEED_MIX), n, p=probs / probs.sum())
@@ -153,15 +197,27 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
     return out.astype(np.int64)
 
 
-def _empirical(path: Path, what: str) -> np.ndarray:
+def read_text(path: Path, what: str) -> str:
+    """A trace or lengths file's text, at most MAX_FILE_BYTES of it (a device or a pipe
+    that never ends, /dev/zero, is refused once past that, not read into memory)."""
     try:
-        lines = path.read_text().split()
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ConfigError(f"{what}: more than {MAX_FILE_BYTES >> 20} MiB (the most a trace or lengths file "
+                              f"may have)")
+        return data.decode()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what}: {path}: cannot read: {e}") from None
+        raise ConfigError(f"{what}: cannot read: {e}") from None
+
+
+def _empirical(path: Path, what: str) -> np.ndarray:
+    lines = read_text(path, f"{what}: {path}").split()
     values = []
     for i, x in enumerate(lines, 1):
-        if not x.isdigit() or int(x) < 1:
-            raise ConfigError(f"{path}: value {i}: expected a positive integer token count, got '{x}'")
+        if not (x.isascii() and x.isdigit()) or not 1 <= int(x) <= MAX_TOKENS:
+            raise ConfigError(f"{path}: value {i}: expected a whole token count from 1 to {MAX_TOKENS}, got "
+                              f"'{x[:40]}'")
         values.append(int(x))
     if not values:
         raise ConfigError(f"{path}: no lengths in the file")
@@ -171,8 +227,12 @@ def _empirical(path: Path, what: str) -> np.ndarray:
 def synthetic(n: int, seed: int, process: str = "poisson", rate: float | None = None, cv: float = 1.0,
               ramp: Ramp | None = None, prompt: str = "mix", output: str = "fixed:64") -> tuple[Request, ...]:
     """`n` requests of a synthetic load, reproducible from `seed`."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     times = arrival_times(process, n, rng, rate, cv, ramp)
+    if not times[-1] <= MAX_SPAN_S:
+        flag = "--ramp" if process == "ramp" else "--rate"
+        raise ConfigError(f"{flag}: the {n} requests would arrive over {times[-1]:.3g} s, more than the "
+                          f"{MAX_SPAN_S:g} s (about 32 years) a load may span (raise the rate or lower --requests)")
     p = lengths(prompt, n, rng, "--prompt-lengths")
     o = lengths(output, n, rng, "--output-lengths")
     return tuple(Request(i, float(times[i]), int(p[i]), int(o[i])) for i in range(n))
@@ -188,10 +248,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> tuple[Request, ...
     object per line) with arrival_s, prompt_tokens, output_tokens; arrivals must be
     sorted. `limit`: the first that many requests."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
+    text = read_text(path, str(path))
     rows = _jsonl_rows(path, text) if path.suffix in (".jsonl", ".json") else _csv_rows(path, text)
     out: list[Request] = []
     for i, (where, row) in enumerate(rows):
@@ -206,6 +263,14 @@ def load_trace(path: str | Path, limit: int | None = None) -> tuple[Request, ...
         if t < 0 or p < 1 or o < 1:
             col, v = ("arrival_s", t) if t < 0 else ("prompt_tokens", p) if p < 1 else ("output_tokens", o)
             raise ConfigError(f"{path}: {where}: column '{col}': expected a positive value, got {v}")
+        if t > MAX_SPAN_S or max(p, o) > MAX_TOKENS:
+            col, v, top = (("arrival_s", t, f"{MAX_SPAN_S:g} s") if t > MAX_SPAN_S else
+                           ("prompt_tokens", p, f"{MAX_TOKENS} tokens") if p > MAX_TOKENS else
+                           ("output_tokens", o, f"{MAX_TOKENS} tokens"))
+            raise ConfigError(f"{path}: {where}: column '{col}': expected at most {top}, got {v}")
+        if i >= MAX_REQUESTS:
+            raise ConfigError(f"{path}: more than {MAX_REQUESTS} requests, the most a run simulates (give "
+                              f"--requests N to replay the first N)")
         if out and t < out[-1].arrival_s:
             raise ConfigError(f"{path}: {where}: column 'arrival_s': arrivals must be sorted, {t} comes after "
                               f"{out[-1].arrival_s}")
@@ -258,5 +323,6 @@ def offered_rate(requests: Sequence[Request]) -> float:
     return (len(requests) - 1) / span if span > 0 else float("inf")
 
 
-__all__ = ["COLUMNS", "Ramp", "Request", "SEED_MIX", "arrival_times", "check_rate", "lengths", "load_trace",
-           "offered_rate", "parse_ramp", "synthetic"]
+__all__ = ["COLUMNS", "CV_RANGE", "MAX_FILE_BYTES", "MAX_REQUESTS", "MAX_SPAN_S", "MAX_TOKENS", "Ramp", "Request",
+           "SEED_MIX", "arrival_times", "check_rate", "check_requests", "check_seed", "lengths", "load_trace",
+           "offered_rate", "parse_ramp", "read_text", "synthetic"]

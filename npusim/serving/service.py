@@ -20,6 +20,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
 from npusim.hw.parse import strict_converter
+from npusim.serving.arrivals import MAX_TOKENS
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
 PREPROCESS_ON = ("pool", "inference_thread")
@@ -37,12 +38,43 @@ def _opt(v):
     return validators.optional(v)
 
 
+def _within(lo: float, hi: float, unit: str, why: str):
+    """A number from `lo` to `hi` (nan and inf refused); `why` says why the bound is where it is."""
+
+    def check(inst, attr, value):
+        if not lo <= value <= hi:
+            raise ValueError(f"'{attr.name}' must be from {lo:g} to {hi:g} {unit} ({why}): {value!r}")
+
+    return check
+
+
+def _lengths(inst, attr, value):
+    if value is not None and (not value or any(not 1 <= b <= MAX_BUCKET_TOKENS for b in value)):
+        raise ValueError(f"'{attr.name}' must be a non-empty list of lengths from 1 to {MAX_BUCKET_TOKENS} tokens: "
+                         f"{value!r}")
+
+
+# Bounds of the fields whose extremes would stall or overflow the serving loop.
+# The dynamic scheduler's scan ticks must move float64 time on (any period >= 1 us
+# does within arrivals.MAX_SPAN_S), and each is one pass of the loop while a batch
+# waits: 0.1 ms keeps a waiting batch's scans to 10^4 per simulated second. At most an
+# hour (a batcher that scans less often never batches).
+SCAN_PERIOD_MS = (0.1, 3.6e6)
+# A host cost per request, token or step: at most 10 s (the fields are in us; more is a unit slip).
+MAX_HOST_US = 1e7
+# Threads of the tokenizer pool: one free time each is kept.
+MAX_POOL_THREADS = 4096
+# A bucket length (tokens): as a request's.
+MAX_BUCKET_TOKENS = MAX_TOKENS
+
+
 @frozen
 class SchedulerConfig:
     kind: str = _f("static (wait for max_batch, run to completion), dynamic (scan, group, launch at max_batch or "
                    "timeout), continuous (iteration level, paged KV) or chunked (continuous + a token budget)")
     max_batch: int = _f("most sequences in one batch (static: the batch it waits for)", 32, _pos)
-    scan_period_ms: float = _f("dynamic: how often the queue is scanned", 5.0, _pos)
+    scan_period_ms: float = _f("dynamic: how often the queue is scanned (0.1 ms to an hour)", 5.0,
+                               _within(*SCAN_PERIOD_MS, "ms", "0.1 ms to an hour"))
     timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long", 10.0, _nonneg)
     length_ratio: float = _f("dynamic: longest / shortest prompt allowed in one batch (0: no grouping)", 2.0,
                              _nonneg)
@@ -58,12 +90,14 @@ class HostConfig:
     preprocess_on: str = _f("where tokenization runs: pool (a thread pool beside the inference loop) or "
                             "inference_thread (the loop does it between steps)", "pool",
                             validators.in_(PREPROCESS_ON))
-    pool_threads: int = _f("threads of the pre-processing pool", 4, _pos)
-    tokenize_us: float = _f("host time to tokenize one request", 0.0, _nonneg)
-    postprocess_us_per_token: float = _f("host time per generated token: sampling, detokenize, stream send", 0.0,
-                                         _nonneg)
-    step_overhead_us: float = _f("framework time per step on the inference thread before its launches", 0.0,
-                                 _nonneg)
+    pool_threads: int = _f("threads of the pre-processing pool", 4,
+                           _within(1, MAX_POOL_THREADS, "threads", "a pool of threads, not a crowd"))
+    tokenize_us: float = _f("host time to tokenize one request (at most 10 s)", 0.0,
+                            _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
+    postprocess_us_per_token: float = _f("host time per generated token: sampling, detokenize, stream send (at "
+                                         "most 10 s)", 0.0, _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
+    step_overhead_us: float = _f("framework time per step on the inference thread before its launches (at most "
+                                 "10 s)", 0.0, _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
 
 
 @frozen
@@ -81,7 +115,8 @@ class ServiceConfig:
     name: str = _f("service name (the file's stem when not given)")
     scheduler: SchedulerConfig = _f("batching policy and its knobs")
     passes: str = _f("passes of every step graph, as npusim run --passes (e.g. optimized,buckets)", "optimized")
-    buckets: list[int] | None = _f("shape buckets when the buckets pass is on (default 512,1024,2048,4096)", None)
+    buckets: list[int] | None = _f("shape buckets when the buckets pass is on (default 512,1024,2048,4096)", None,
+                                   _lengths)
     margin: int | None = _f("buckets pass: headroom a sequence keeps in its bucket", None, _opt(_nonneg))
     kv_layout: str | None = _f("KV layout of the kv_layout pass: contiguous or paged", None)
     precompile: bool = _f("every shape is compiled (captured) before serving starts, as vLLM captures its graphs: "
@@ -120,7 +155,7 @@ def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
             raise ConfigError(f"{where}: missing key '{key}'") from None
         if isinstance(exc, ConfigError):
             raise ConfigError(f"{where}: {exc}") from None
-        raise ConfigError(f"{where}: key '{key}': {exc}") from None
+        raise ConfigError(f"{where}: key '{key}': {exc}" if key else f"{where}: {exc}") from None
 
 
 def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> ServiceConfig:
@@ -131,15 +166,15 @@ def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] |
     where = str(path)
     for dotted, value in (overrides or {}).items():
         if isinstance(value, str):
-            value = parse_yaml(value, f"--set {dotted}")
+            value = parse_yaml(value, f"--service-set {dotted}")
         d = raw
         *parents, last = dotted.split(".")
         for p in parents:
             d = d.setdefault(p, {})
             if not isinstance(d, dict):
-                raise ConfigError(f"--set {dotted}: '{p}' is not a section")
+                raise ConfigError(f"--service-set {dotted}: '{p}' is not a section")
         d[last] = value
-        where = f"{path} (--set)"
+        where = f"{path} (--service-set)"
     return structure_service(raw, where)
 
 

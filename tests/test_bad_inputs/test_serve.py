@@ -1,16 +1,51 @@
-"""Bad-input catalogue, `npusim serve` (issue 11): each a one-line error before any
-step is simulated; a request longer than the model's context is rejected and
-counted, not an error."""
+"""Bad-input catalogue, `npusim serve` (issues 11 and 35): each a one-line error
+before any step is simulated; a request longer than the model's context is
+rejected and counted, not an error. Issue 35: values that gave silent wrong
+answers, hangs or tracebacks are refused at their bounds; outputs are checked
+before the run (not an input, not each other, writable) and written all or none."""
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from cli_check import fails_cleanly
 from npusim.cli import main
 
+ROOT = Path(__file__).resolve().parents[2]
 SERVE = ["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5"]
 HEADER = "arrival_s,prompt_tokens,output_tokens\n"
+
+
+class Hung(Exception):
+    """A case that did not end in time (not an OSError: main() would report that)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float = 60):
+    """Fail a case that would hang instead of hanging the suite."""
+
+    def hung(signum, frame):
+        raise Hung(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def no_temporary_files(folder: Path) -> None:
+    left = [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
+    assert not left, f"temporary files left: {left}"
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -21,10 +56,39 @@ HEADER = "arrival_s,prompt_tokens,output_tokens\n"
     (["--rate", "1", "--slo", "ttft_ms"], r"--slo"),
     (["--rate", "1", "--prompt-lengths", "uniform:-5,10"], r"--prompt-lengths"),
     (["--rate", "1", "--output-lengths", "fixed:-1"], r"--output-lengths"),
+    # issue 35: lengths are whole token counts within a stated bound, never int64's minimum
+    *[(["--rate", "20", "--prompt-lengths", spec], r"--prompt-lengths: expected whole token counts from 1 to 16777216")
+      for spec in ("fixed:1e30", "fixed:nan", "fixed:inf", "fixed:1.5", "uniform:1,inf", "uniform:0.5,9")],
+    (["--rate", "20", "--output-lengths", "fixed:1e30"], r"--output-lengths: expected whole token counts"),
+    (["--rate", "20", "--prompt-lengths", "lognormal:10,nan"], r"--prompt-lengths: expected .*a finite SIGMA"),
+    (["--rate", "20", "--prompt-lengths", "lognormal:1e30,1"], r"--prompt-lengths: expected 1 <= MEDIAN <= 16777216"),
+    (["--rate", "20", "--prompt-lengths", "lognormal:100,1000"], r"draws lengths up to inf tokens, above the 16777216"),
+    (["--rate", "20", "--prompt-lengths", "file:/dev/zero"], r"--prompt-lengths: /dev/zero: more than 64 MiB"),
+    # issue 35: tracebacks once
+    (["--ramp", "nan,1,1,10"], r"--ramp: expected four finite numbers"),
+    (["--ramp", "1,1,1,inf"], r"--ramp: expected four finite numbers"),
+    (["--rate", "5", "--seed", "-1"], r"--seed: expected a whole number >= 0, got -1"),
+    (["--rate", "5", "--requests", "100000000"], r"--requests: expected a number of requests from 1 to 1000000"),
+    (["--rate", "5", "--arrival", "gamma", "--cv", "1e-200"], r"--cv: expected a coefficient of variation from"),
+    (["--rate", "5", "--service-set", "buckets=[0]"], r"'buckets' must be a non-empty list of lengths from 1 to"),
+    (["--rate", "5", "--service-set", "host.tokenize_us=.inf"],
+     r"key 'host': 'tokenize_us' must be from 0 to 1e\+07 us"),
+    (["--rate", "5", "--service-set", "host.pool_threads=100000000000"], r"'pool_threads' must be from 1 to 4096"),
+    (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),
+    # issue 35: hangs (the dynamic scheduler's next scan lost to rounding), refused at a stated bound
+    (["--rate", "1e-16"], r"--rate: the 5 requests would arrive over .* more than the 1e\+09 s"),
+    (["--ramp", "1e-16,0,1,1"], r"--ramp: the 5 requests would arrive over"),
+    *[(["--rate", "5", "--service-set", f"scheduler.scan_period_ms={v}"], r"'scan_period_ms' must be from 0.1 to "
+       r"3.6e\+06 ms") for v in ("1e-300", ".inf")],
+    # issue 35: --max-rate writes only what it can (its probes are Poisson runs of its own)
+    (["--max-rate", "--rate", "5", "--csv", "c.csv"], r"--csv: --max-rate runs many probes"),
+    (["--max-rate", "--rate", "5", "--ramp", "1,1,1,2"], r"--ramp: not used by --max-rate"),
 ])
-def test_serve_bad_argument(argv, expect, capsys, tmp_path):
+def test_serve_bad_argument(argv, expect, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "o.json"
-    fails_cleanly([*SERVE, *argv, "--json", out], capsys, expect, outputs=[out])
+    with deadline():
+        fails_cleanly([*SERVE, *argv, "--json", out], capsys, expect, outputs=[out, tmp_path / "c.csv"])
 
 
 @pytest.mark.parametrize("rows, expect", [
@@ -48,3 +112,117 @@ def test_serve_too_long_request_is_rejected_and_counted(capsys, tmp_path):
     assert main(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", str(f), "--json", str(out)]) == 0
     m = json.loads(out.read_text())
     assert (m["rejected"], m["completed"]) == (1, 1)
+
+
+# ---- issue 35: outputs checked before the run, written all or none
+
+
+def _hw_without(tmp_path: Path, *dtypes: str) -> Path:
+    """ascend910b2 without the cube fractals of `dtypes` (a config only needs fp16's)."""
+    text = (ROOT / "hwconfigs" / "ascend910b2.yaml").read_text().splitlines(keepends=True)
+    p = tmp_path / "hw.yaml"
+    p.write_text("".join(line for line in text if not any(line.startswith(f"    {d}: {{m0") for d in dtypes)))
+    return p
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--trace-file", "{d}/t.csv", "--json", "{d}/t.csv"],
+     r"--json .*t.csv: the same file as the input of --trace-file"),
+    (["--rate", "5", "--service", "{d}/svc.yaml", "--json", "{d}/svc.yaml"],
+     r"--json .*svc.yaml: the same file as the input of --service"),
+    (["--rate", "5", "--json", "{d}/x", "--csv", "{d}/x"], r"--csv .*x: the same file as the output of --json"),
+    (["--rate", "5", "--compare", "seed-optimized", "{d}/seed-optimized.yaml", "--csv", "{d}/c.csv"],
+     r"--compare: both services are named 'seed-optimized', so their --csv outputs would be one"),
+    (["--rate", "5", "--compare", "seed-optimized", "{d}/seed-optimized.yaml", "--json", "{d}/c.json"],
+     r"--compare: both services are named 'seed-optimized', so their --json outputs would be one"),
+    (["--rate", "5", "--json", "/proc/x/y.json"], r"--json /proc/x/y.json: cannot be written"),
+    (["--rate", "5", "--csv", "{d}/t.csv/c.csv"], r"--csv .*: cannot be written: Not a directory"),
+    (["--rate", "5", "--plot", "{d}/t.csv"], r"--plot .*t.csv: is a file"),
+])
+def test_serve_outputs_checked_before_the_run(argv, expect, capsys, tmp_path, monkeypatch):
+    """An output on an input or on another output, or one that cannot be written, is
+    refused before any step is priced, and every input is left as it was."""
+    (tmp_path / "t.csv").write_text(HEADER + "0,10,4\n")
+    shutil.copy(ROOT / "services" / "seed-optimized.yaml", tmp_path / "svc.yaml")
+    shutil.copy(ROOT / "services" / "seed-optimized.yaml", tmp_path / "seed-optimized.yaml")
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    priced = []
+    monkeypatch.setattr("npusim.serving.command.simulate", lambda *a: priced.append(a))
+    fails_cleanly([*SERVE, *(a.format(d=tmp_path) for a in argv)], capsys, expect)
+    assert not priced
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_serve_closed_stdout_still_writes_the_files(tmp_path):
+    """`npusim serve ... | true`: the summary is dropped, the files are written."""
+    outs = {"--json": tmp_path / "j.json", "--csv": tmp_path / "c.csv", "--trace": tmp_path / "t.json"}
+    proc = subprocess.Popen([sys.executable, "-m", "npusim", *SERVE, "--rate", "20",
+                             *[str(a) for kv in outs.items() for a in kv]], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert json.loads(outs["--json"].read_text())["completed"] >= 1
+    assert outs["--csv"].read_text().startswith("id,") and "traceEvents" in outs["--trace"].read_text()
+
+
+def test_serve_max_rate_writes_its_json(capsys, tmp_path):
+    out = tmp_path / "m.json"
+    assert main([*SERVE, "--max-rate", "--rate", "50", "--slo", "ttft_ms=30", "--json", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert m["service"] == "seed-optimized" and m["requests_per_probe"] == 5
+    assert m["probes"] and all(set(p) == {"rate_requests_per_s", "sustained"} for p in m["probes"])
+    assert f"highest sustainable rate {m['max_rate_requests_per_s']:.3g} req/s" in capsys.readouterr().out
+
+
+def test_serve_interrupted_between_outputs_leaves_none(capsys, tmp_path, monkeypatch):
+    """Ctrl-C after the CSV and the trace are written, before the JSON: none of them is
+    left, and the message says so."""
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("npusim.serving.command.write_json", interrupted)
+    outs = [tmp_path / "c.csv", tmp_path / "out" / "t.json", tmp_path / "j.json"]
+    code = main([*SERVE, "--rate", "20", "--csv", str(outs[0]), "--trace", str(outs[1]), "--json", str(outs[2])])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "npusim: interrupted (no partial output left)", err
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary file, no folder made for them
+
+
+def test_serve_interrupt_while_outputs_are_put_in_place_waits(capsys, tmp_path, monkeypatch):
+    """Ctrl-C while the finished outputs replace their targets waits for the last one;
+    the message says they were all written."""
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        if not calls:
+            signal.raise_signal(signal.SIGINT)
+        calls.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    outs = [tmp_path / "c.csv", tmp_path / "j.json"]
+    code = main([*SERVE, "--rate", "20", "--csv", str(outs[0]), "--json", str(outs[1])])
+    err = capsys.readouterr().err
+    assert code == 130 and "interrupted (after writing every output: " in err, err
+    assert len(calls) == 2 and all(p.exists() for p in outs)
+    json.loads(outs[1].read_text())
+    no_temporary_files(tmp_path)
+
+
+def test_serve_missing_cube_fractal_is_one_line(capsys, tmp_path):
+    """A config that gives only fp16's cube fractal: a bf16 workload is one line
+    naming the key (it was KeyError: 'bf16')."""
+    workload = tmp_path / "bf16.yaml"
+    workload.write_text((ROOT / "workloads" / "k3-tiny.yaml").read_text().replace("dtype: fp16", "dtype: bf16"))
+    fails_cleanly(["serve", "--workload", workload, "--hw", _hw_without(tmp_path, "bf16", "int8"), "--no-cache",
+                   "--requests", "5", "--rate", "5"], capsys, r"missing key 'aic.mmad_fractals.bf16'")
+
+
+def test_w8a8_without_an_int8_fractal_is_one_line(capsys, tmp_path):
+    """W8A8's int8 matmuls on such a config (serve's services take no --quant; `npusim
+    run` reaches the same lookup): it was KeyError: 'int8'."""
+    fails_cleanly(["run", "--workload", "k3-tiny", "--hw", _hw_without(tmp_path, "int8"), "--no-cache",
+                   "--batch", "2", "--context", "64", "--passes", "optimized,quantize", "--quant", "w8a8"], capsys,
+                  r"missing key 'aic.mmad_fractals.int8'")

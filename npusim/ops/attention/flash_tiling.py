@@ -8,6 +8,7 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
+from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.registry import param
@@ -84,7 +85,7 @@ class _FaGeometry:
 
 def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _FaGeometry:
     """Allocate every local buffer (L0 first: it is what a large head_dim runs out of)."""
-    f = hw.aic.mmad_fractals[p.dtype]
+    f = mmad_fractal(hw, p.dtype)
     for name, v in (("q_tile", t.q_tile), ("kv_tile", t.kv_tile), ("sub_tile", t.sub_tile)):
         if v % 16 or not v:
             raise ProgramError(f"op flash_attention: tiling {name}={v} is not a positive multiple of 16")
