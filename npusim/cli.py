@@ -7,7 +7,7 @@ import os
 import sys
 
 from npusim.errors import NpusimError
-from npusim.outputs import err, say
+from npusim.outputs import all_or_none, err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
@@ -69,13 +69,16 @@ def _cmd_op(args) -> int:
                                   "(--json, --profile); `npusim run --tp N --trace` traces collectives in a step")
         text, reports = run_collective_op(args.type, params, hw)
         say(text)
-        if args.json:
-            _write_json(report_json(reports), args.json)
-        if args.profile:
-            from npusim.outputs import write_text
+        written = []
+        with all_or_none():  # both or neither
+            if args.json:
+                _write_json(report_json(reports), args.json)
+            if args.profile:
+                from npusim.outputs import write_text
 
-            name, table = hccl_test_output(reports, hw)
-            say(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
+                name, table = hccl_test_output(reports, hw)
+                written.append(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
+        _say_all(written)
         return 0
     trace, counters = "instr" if args.trace or args.plot else "kernel", bool(args.trace)
     report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters), hw,
@@ -83,29 +86,44 @@ def _cmd_op(args) -> int:
                                            counters=counters))
     say(op_summary(report, sets))
     meta = provenance(args.argv, hw, sets)
-    if args.json:
-        from npusim.report import op_json
+    written = []
+    with all_or_none():  # an interruption or a failure between two outputs leaves none of them
+        if args.json:
+            from npusim.report import op_json
 
-        _write_json(op_json(report) | {"provenance": meta}, args.json)
-    if args.trace:
-        from npusim.report import write_chrome_trace
+            _write_json(op_json(report) | {"provenance": meta}, args.json)
+        if args.trace:
+            from npusim.report import write_chrome_trace
 
-        write_chrome_trace(report.run, args.trace, metadata=meta)
-    if args.profile:
-        from npusim.report.tables import write_tables
+            write_chrome_trace(report.run, args.trace, metadata=meta)
+        if args.profile:
+            from npusim.report.tables import write_tables
 
-        say("tables: " + ", ".join(str(p) for p in write_tables(report.run, args.profile, op=report.lowered)))
-    if args.plot:
-        from npusim.report import plots
+            written.append(_tables(write_tables(report.run, args.profile, op=report.lowered)))
+        if args.plot:
+            from npusim.report import plots
 
-        _wrote(args.plot, plots.roofline(report, args.plot) + plots.timeline(report.run, args.plot))
+            paths = plots.roofline(report, args.plot) + plots.timeline(report.run, args.plot)
+            written.append(_plots(args.plot, paths))
+    _say_all(written)
     return 0
 
 
-def _wrote(out_dir: str, paths) -> None:
+def _plots(out_dir: str, paths) -> str:
     """One line naming the plots written."""
     names = ", ".join(dict.fromkeys(p.stem for p in paths))
-    say(f"plots in {out_dir}: {names} (.png, .svg)")
+    return f"plots in {out_dir}: {names} (.png, .svg)"
+
+
+def _tables(paths) -> str:
+    """One line naming the profile tables written."""
+    return "tables: " + ", ".join(str(p) for p in paths)
+
+
+def _say_all(lines) -> None:
+    """The lines naming a command's outputs, once all_or_none has put them all in place."""
+    for line in lines:
+        say(line)
 
 
 def _cmd_run(args) -> int:
@@ -129,27 +147,31 @@ def _cmd_run(args) -> int:
     say_plan(run, step)
     say(statistic_table(run.result))
     meta = provenance(args.argv, run.hw, step["overrides"], args.workload, inputs(args)["--workload"])
-    if args.json:
-        _write_json(step_json(run) | plan_report(run) | {"provenance": meta}, args.json)
-    if args.trace:
-        from npusim.parallel.trace import run_trace
-        from npusim.report.trace import write_trace
+    written = []
+    with all_or_none():  # an interruption or a failure between two outputs leaves none of them
+        if args.json:
+            _write_json(step_json(run) | plan_report(run) | {"provenance": meta}, args.json)
+        if args.trace:
+            from npusim.parallel.trace import run_trace
+            from npusim.report.trace import write_trace
 
-        write_trace(run_trace(run, memory_timeline(run)), args.trace, metadata=meta)
-    if args.profile:
-        # what ran, but the config (the one `npusim calibrate` fits), its files as absolute paths
-        workload = os.path.abspath(args.workload) if os.path.exists(args.workload) else args.workload  # or a name
-        ran = {k: v for k, v in step.items() if k != "overrides"} | {"workload": workload,
-                                                                     "passes": pipeline(args.passes)}
-        if ran.get("fusion_rules"):
-            ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
-        ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones
-        say("tables: " + ", ".join(str(p) for p in write_tables(run.result, args.profile, run.graph, step=ran)))
-    if args.plot:
-        from npusim.report import plots
+            write_trace(run_trace(run, memory_timeline(run)), args.trace, metadata=meta)
+        if args.profile:
+            # what ran, but the config (the one `npusim calibrate` fits), its files as absolute paths
+            workload = args.workload  # a name, or a path made absolute
+            workload = os.path.abspath(workload) if os.path.exists(workload) else workload
+            ran = {k: v for k, v in step.items() if k != "overrides"} | {"workload": workload,
+                                                                         "passes": pipeline(args.passes)}
+            if ran.get("fusion_rules"):
+                ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
+            ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones
+            written.append(_tables(write_tables(run.result, args.profile, run.graph, step=ran)))
+        if args.plot:
+            from npusim.report import plots
 
-        _wrote(args.plot, plots.roofline(run, args.plot) + plots.hotspots(run, args.plot)
-               + plots.memory(run, args.plot) + plots.run_timeline(run, args.plot))
+            written.append(_plots(args.plot, plots.roofline(run, args.plot) + plots.hotspots(run, args.plot)
+                                  + plots.memory(run, args.plot) + plots.run_timeline(run, args.plot)))
+    _say_all(written)
     return 0
 
 
@@ -179,20 +201,24 @@ def _cmd_compare(args) -> int:
     say(comparison_table(c, overrides=step["overrides"]))
     first = next(iter(c.runs.values()))
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, inputs(args)["--workload"])
-    if args.json:
-        _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
-                     "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
-    _write_traces(c.runs, traces, meta, "pipeline")
-    if args.plot:
-        from npusim.report import plots
+    written = []
+    with all_or_none():  # an interruption or a failure between two outputs leaves none of them
+        if args.json:
+            _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
+                         "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
+        written += _write_traces(c.runs, traces, meta, "pipeline")
+        if args.plot:
+            from npusim.report import plots
 
-        _wrote(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot))
+            written.append(_plots(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot)))
+    _say_all(written)
     return 0
 
 
-def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str) -> None:
+def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str) -> list[str]:
     """compare --trace: the trace of each run named in `paths` (a process group per device
-    under a plan) into its path, `meta` and {key: its name} as its metadata; one line naming them."""
+    under a plan) into its path, `meta` and {key: its name} as its metadata; the line naming
+    them (none if there are none)."""
     from npusim.parallel.trace import run_trace
     from npusim.report.step import memory_timeline
     from npusim.report.trace import write_trace
@@ -200,8 +226,7 @@ def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str) -> No
     written = {name: path for name, path in paths.items() if name in runs}
     for name, path in written.items():
         write_trace(run_trace(runs[name], memory_timeline(runs[name])), path, metadata=meta | {key: name})
-    if written:
-        say("traces: " + ", ".join(written.values()))
+    return ["traces: " + ", ".join(written.values())] if written else []
 
 
 def _cmd_compare_plans(args) -> int:
@@ -230,15 +255,19 @@ def _cmd_compare_plans(args) -> int:
     say(plans_table(c, overrides=step["overrides"]))
     first = next(iter(c.fitted.values()))
     meta = provenance(args.argv, first.hw, step["overrides"], args.workload, inputs(args)["--workload"])
-    if args.json:
-        _write_json(plans_json(c) | {"provenance": meta}, args.json)
-    _write_traces(c.fitted, traces, meta, "plan")
-    if args.plot:
-        from npusim.parallel.plots import plan_scaling
+    written = []
+    with all_or_none():  # an interruption or a failure between two outputs leaves none of them
+        if args.json:
+            _write_json(plans_json(c) | {"provenance": meta}, args.json)
+        written += _write_traces(c.fitted, traces, meta, "plan")
+        if args.plot:
+            from npusim.parallel.plots import plan_scaling
 
-        g = first.graph
-        _wrote(args.plot, plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
-                                       title=step_title(first, step["overrides"])))
+            g = first.graph
+            paths = plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
+                                 title=step_title(first, step["overrides"]))
+            written.append(_plots(args.plot, paths))
+    _say_all(written)
     return 0
 
 
@@ -252,7 +281,9 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_validate(args) -> int:
     from npusim.passes.validate import validate_passes
+    from npusim.serving.arrivals import check_seed
 
+    check_seed(args.seed)  # numpy's generators take no negative seed
     if plan_args(args):  # several devices: every rank's shard with numpy
         return validate_sharded(args, pipeline(args.passes), context(args),
                                 pass_options(args))

@@ -1,6 +1,7 @@
 """The step's command-line flags as the commands that run steps read them (run,
 compare, sweep, validate, op): context lengths, a pass pipeline, --set overrides,
-pass options; and the check that no output lands on an input or on another output."""
+pass options; and the check, before anything runs, that every output can be written
+and lands neither on an input nor on another output."""
 
 from __future__ import annotations
 
@@ -94,8 +95,10 @@ def inputs(args) -> dict:
 
 
 def check_outputs(args, extra: dict | None = None) -> None:
-    """Before running: no output on an input, no two outputs on one path."""
-    from npusim.outputs import check_paths
+    """Before running: no output on an input, no two outputs on one path, none that
+    cannot be written (outputs.check_paths, check_writable). `extra`: the command's
+    further files, by the flag that asks for them."""
+    from npusim.outputs import check_paths, check_writable
 
     files = {"--json": getattr(args, "json", None), "--trace": getattr(args, "trace", None)}
     folders = {"--profile": getattr(args, "profile", None), "--plot": getattr(args, "plot", None)}
@@ -103,7 +106,9 @@ def check_outputs(args, extra: dict | None = None) -> None:
         from npusim.report.tables import TABLE_FILES
 
         files |= {f"--profile ({name})": os.path.join(folders["--profile"], name) for name in TABLE_FILES}
-    check_paths(files | (extra or {}), inputs(args), folders)
+    files |= extra or {}
+    check_paths(files, inputs(args), folders)
+    check_writable(files, folders)
 
 
 __all__ = ["check_outputs", "context", "inputs", "lengths", "overrides", "pass_options", "pipeline", "step_args"]

@@ -214,6 +214,9 @@ def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase:
     try:
         backend.run(_run_point, [(spec, every[i]) for i in todo], lambda k, row: finished(todo[k], row),
                     lambda k, reason: lost(todo[k], reason))
+        rows = [done[i] for i in range(len(every))]
+        if journal:  # interrupted while the CSV is put in grid order: the rows are all there all the same
+            journal.finish(rows)
     except (KeyboardInterrupt, Terminated) as e:
         status = 143 if isinstance(e, Terminated) else 130
         rows = [done[i] for i in sorted(done)]
@@ -223,9 +226,6 @@ def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase:
     finally:
         if journal:
             journal.close()
-    rows = [done[i] for i in range(len(every))]
-    if journal:
-        journal.finish(rows)
     return rows
 
 

@@ -1,5 +1,10 @@
 """`npusim sweep`: its arguments (beyond the step's, which npusim.cli shares with
-run and compare) and the command: the grid on a backend, the CSV, the plot, the table."""
+run and compare) and the command: the grid on a backend, the CSV, the plot, the table.
+
+Its outputs follow npusim.outputs' policy but for one thing: sweep.csv is not held
+back until the end (all or none) but grows as points finish, so that an interrupted
+sweep keeps every finished point and `--resume` runs only the rest. The plot's files
+are written all or none once the CSV is whole; the last message says what is in --out."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import time
 
 from npusim.errors import ConfigError
-from npusim.outputs import err, say
+from npusim.outputs import Terminated, all_or_none, err, say
 from npusim.sweep_csv import CSV_NAME, PLOT_NAMES, SETTINGS_NAME
 
 SWEEP_FILES = (CSV_NAME, *PLOT_NAMES, SETTINGS_NAME)
@@ -39,7 +44,8 @@ def add_arguments(p, progress_help: str) -> None:
 
 
 def check_out(args, check_outputs) -> None:
-    """--out is a new or empty folder, or --overwrite / --resume was given; no output on an input."""
+    """--out is a new or empty folder, or --overwrite / --resume was given; no output on
+    an input; every sweep file can be written there."""
     from npusim.outputs import OutputError
 
     if args.resume and args.overwrite:
@@ -66,8 +72,8 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
     grid = parse_grid(args.set)
     if not grid:
         raise ConfigError("sweep: nothing to sweep: give --set KEY=V1,V2,... (a hardware field, or batch / context)")
-    backend = get_backend(args.backend, args.jobs, args.address)
     check_out(args, check_outputs)
+    backend = get_backend(args.backend, args.jobs, args.address)
     csv_path = os.path.join(args.out, CSV_NAME)
     start = time.monotonic()
     try:
@@ -80,12 +86,21 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
         if not e.rows:  # nothing to keep: an earlier result (--overwrite) stays as it was
             err(f"npusim: {what} before any of {e.total} points finished: nothing written")
             return e.status
-        err(f"npusim: {what}: {len(e.rows)} of {e.total} points written to {csv_path} (--resume runs the rest)")
+        rest = "--resume runs the rest" if len(e.rows) < e.total else "--resume makes the plot"
+        err(f"npusim: {what}: {len(e.rows)} of {e.total} points written to {csv_path} ({rest})")
         return e.status
     seconds = time.monotonic() - start
     title = (f"{args.workload} {args.phase} batch {args.batch} x context {args.context or 'default'}, "
              f"passes {args.passes}, on {args.hw}")
-    plots = plot(rows, args.out, params_of(grid), title)
+    try:
+        with all_or_none():  # its .png and .svg, both or neither
+            plots = plot(rows, args.out, params_of(grid), title)
+    except (KeyboardInterrupt, Terminated) as e:
+        what, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        plotted = getattr(e, "npusim_written", None)  # the signal came while the plot was put in place
+        done = f"the plot: {', '.join(map(str, plotted))}" if plotted else "no plot (--resume makes it)"
+        err(f"npusim: {what}: {len(rows)} of {len(rows)} points written to {csv_path}, {done}")
+        return status
     say(table(rows, params_of(grid)))
     failed = sum(r["status"] != "ok" for r in rows)
     say(f"{len(rows)} points ({len(rows) - failed} ok, {failed} failed) in {seconds:.1f} s: {csv_path}, "

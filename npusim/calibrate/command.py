@@ -1,13 +1,21 @@
 """`npusim calibrate`: fit a config's assumed fields to a user's msprof profile and/or
-hccl_test output."""
+hccl_test output.
+
+Its outputs follow npusim.outputs' policy: checked before the fit (not an input,
+not each other, writable), written all or none. The config written (`base: --hw`)
+never replaces --hw's file or one of its `base:` chain, whether --hw is a path or a
+name, nor becomes the file a name of that chain finds first: it would load itself."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from npusim.errors import ConfigError
-from npusim.outputs import OutputError, check_paths, say, write_text
+from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_text
+
+PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (report.plot)
 
 
 def add_arguments(p) -> None:
@@ -39,19 +47,72 @@ def main(args) -> int:
     if Path(args.out).is_dir():
         raise OutputError(f"--out {args.out}: is a directory (expected a file path)")
     hccl = [_hccl_input(words) for words in args.hccl or []]
-    inputs = {"--profile": args.profile if args.profile and Path(args.profile).is_file() else None, "--hw": args.hw}
+    chain = _chain(args.hw)
+    inputs = {"--profile": args.profile if args.profile and Path(args.profile).is_file() else None}
+    inputs |= {"--hw" if i == 0 else f"--hw's base {path}": str(path) for i, (_, path) in enumerate(chain)}
     inputs |= {f"--hccl {path}": path for path, _ in hccl}
-    check_paths({"--out": args.out, "--json": args.json}, inputs, {"--plot": args.plot})
+    files = {"--out": args.out, "--json": args.json}
+    if args.plot:
+        files |= {f"--plot ({name})": os.path.join(args.plot, name) for name in PLOT_NAMES}
+    check_paths(files, inputs, {"--plot": args.plot})
+    for name, path in chain:
+        if name is not None and _found_first(name, Path(args.out)):
+            raise OutputError(f"--out {args.out}: the name '{name}' (of --hw or its base chain) would then find it "
+                              f"instead of {path}: the calibrated config would load itself (give another path)")
+    check_writable(files, {"--plot": args.plot})
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     cal = calibrate(args.profile, args.hw, fields, args.folds, hccl)
     say(summary(cal))
-    written = [write_config(cal, args.out)]
-    if args.json:
-        written.append(write_text(args.json, json.dumps(to_json(cal), indent=1)))
-    if args.plot:
-        written += plot(cal, args.plot)
+    with all_or_none() as written:  # an interruption or a failure between two outputs leaves none of them
+        write_config(cal, args.out)
+        if args.json:
+            write_text(args.json, json.dumps(to_json(cal), indent=1))
+        if args.plot:
+            plot(cal, args.plot)
     say("wrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _chain(hw: str) -> list[tuple[str | None, Path]]:
+    """The files the config `hw` loads: its own, then its `base:` chain's, each with the
+    name it is looked up by in hwconfigs/ (None: by its path), as npusim.hw.load reads
+    them; as far as they resolve (a config that does not load is the fit's to report)."""
+    from npusim.hw.load import MAX_BASE_DEPTH, find_file
+    from npusim.hw.parse import read_yaml
+
+    chain: list[tuple[str | None, Path]] = []
+    ref: str | Path = hw
+    while len(chain) <= MAX_BASE_DEPTH:
+        by_name = Path(ref).suffix not in (".yaml", ".yml", ".json") and not Path(ref).exists()
+        try:
+            path = find_file(ref, "hwconfigs")
+            base = read_yaml(path).get("base")
+        except (ConfigError, OSError):
+            break
+        if any(path.resolve() == p.resolve() for _, p in chain):  # a loop: the loader says so
+            break
+        chain.append((str(ref) if by_name else None, path))
+        if not isinstance(base, str):
+            break
+        # a path is relative to the file naming it; a bare name is looked up in hwconfigs/
+        ref = path.parent / base if Path(base).suffix in (".yaml", ".yml") else base
+    return chain
+
+
+def _found_first(name: str, out: Path) -> bool:
+    """`out`, once written, is the file the config name `name` finds (it is, or comes
+    before, the first match in the folders hwconfigs/ are searched in)."""
+    from npusim.hw.load import search_dirs
+
+    target = os.path.realpath(out)
+    for folder in search_dirs("hwconfigs"):
+        for ext in (".yaml", ".yml"):
+            candidate = folder / f"{name}{ext}"
+            if os.path.realpath(candidate) == target:
+                return True
+            if candidate.is_file():
+                return False
+    return False
 
 
 def _hccl_input(words: list[str]) -> tuple[str, dict[str, str]]:

@@ -49,9 +49,9 @@ WATERFALL_GAIN, WATERFALL_LOSS, WATERFALL_TOTAL = "tab:green", "tab:red", "tab:b
 
 
 def _save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
-    """Write the figure as NAME.png and NAME.svg in out_dir (created if missing)."""
+    """Write the figure as NAME.png and NAME.svg in out_dir (created if missing, by
+    atomic_write: an all_or_none block that fails removes it again)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in FORMATS:
         path = out / f"{name}.{fmt}"

@@ -188,8 +188,7 @@ def write_tables(result: RunResult, directory: str | Path, graph=None, op: Lower
     graph the kernels were launched for, or `op`: the one op they are (their tensors
     fill the shape columns); `step`: the decoder step that ran (run_decoder's arguments
     but the config), written as STEP_FILE."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    d = Path(directory)  # created by atomic_write (an all_or_none block that fails removes it again)
     written = (write_csv(summary_rows(result, graph, op), d / TABLE_FILES[0], SUMMARY_COLUMNS + NPUSIM_COLUMNS),
                write_csv(statistic_rows(result), d / TABLE_FILES[1], STATISTIC_COLUMNS))
     if step is not None:

@@ -118,3 +118,81 @@ def test_a_broken_step_file(step, expect, tmp_path, capsys):
     capsys.readouterr()
     fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys, expect,
                   outputs=[tmp_path / "my.yaml"])
+
+
+# ---- outputs (issue 35): never onto --hw's file or its base chain, checked before the fit, all or none
+
+HCCL = COMMAND + TABLE + ROW + ROW.replace("8192 ", "16384").replace("9.94 ", "10.94")
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """A working folder with hwconfigs/mylab.yaml (base: ascend910b2), mylab2.yaml
+    (base: mylab) and an hccl_test output; the configs' bytes, to check they are untouched."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hwconfigs").mkdir()
+    (tmp_path / "hwconfigs" / "mylab.yaml").write_text("base: ascend910b2\nname: mylab\n")
+    (tmp_path / "hwconfigs" / "mylab2.yaml").write_text("base: mylab\nname: mylab2\n")
+    (tmp_path / "h.txt").write_text(HCCL)
+    return {p: p.read_bytes() for p in (tmp_path / "hwconfigs").iterdir()}
+
+
+@pytest.mark.parametrize("hw, out, expect", [
+    ("mylab", "hwconfigs/mylab.yaml", r"--out hwconfigs/mylab\.yaml: the same file as the input of --hw \("),
+    ("mylab", "./hwconfigs/../hwconfigs/mylab.yaml", r"the same file as the input of --hw \("),
+    ("mylab2", "hwconfigs/mylab.yaml", r"--out hwconfigs/mylab\.yaml: the same file as the input of --hw's base "
+                                       r".*hwconfigs/mylab\.yaml"),
+    ("hwconfigs/mylab2.yaml", "hwconfigs/mylab.yaml", r"the same file as the input of --hw's base"),
+    ("mylab", "first/mylab.yaml", r"--out first/mylab\.yaml: the name 'mylab' \(of --hw or its base chain\) would "
+                                  r"then find it instead of .*hwconfigs/mylab\.yaml: the calibrated config would load "
+                                  r"itself"),
+    ("mylab2", "first/mylab.yaml", r"the name 'mylab' .* would then find it"),
+], ids=["its-file", "its-file-dotted", "its-base", "its-base-hw-a-path", "found-first", "its-base-found-first"])
+def test_out_onto_the_calibrated_config_or_its_base_chain(hw, out, expect, lab, tmp_path, capsys, monkeypatch):
+    """`calibrate --hw mylab --out hwconfigs/mylab.yaml` would replace the user's config by
+    `base: mylab` (a chain looping to itself): refused in one line before the fit, --hw
+    given by name or by path, --out on its file, on a file of its base chain, or where
+    the name would find --out first (a folder searched before hwconfigs/)."""
+    monkeypatch.setenv("NPUSIM_HWCONFIGS", str(tmp_path / "first"))
+    monkeypatch.setattr("npusim.calibrate.session.calibrate", lambda *a: pytest.fail("fitted before the check"))
+    fails_cleanly(["calibrate", "--hccl", "h.txt", "--hw", hw, "--out", out], capsys, expect,
+                  outputs=[tmp_path / "first"])
+    assert {p: p.read_bytes() for p in (tmp_path / "hwconfigs").iterdir()} == lab
+
+
+def test_a_calibrated_config_by_name_beside_its_base_loads(lab, tmp_path, capsys):
+    from npusim.cli import main
+    from npusim.hw import load_hw
+
+    assert main(["calibrate", "--hccl", "h.txt", "--hw", "mylab2", "--out", "hwconfigs/mylab3.yaml"]) == 0
+    assert "wrote hwconfigs/mylab3.yaml" in capsys.readouterr().out
+    assert load_hw("mylab3").name == "mylab3"
+    assert {p: p.read_bytes() for p in (tmp_path / "hwconfigs").iterdir() if p.name != "mylab3.yaml"} == lab
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--json", "/proc/x/c.json"], r"--json /proc/x/c\.json: cannot be written"),
+    (["--plot", "/proc/x/p"], r"--plot \(calibration\.png\) /proc/x/p/calibration\.png: cannot be written"),
+    (["--out", "/proc/x/my.yaml"], r"--out /proc/x/my\.yaml: cannot be written"),
+    (["--json", "p/calibration.svg", "--plot", "p"], r"--plot \(calibration\.svg\) p/calibration\.svg: the same file "
+                                                     r"as the output of --json"),
+], ids=["json", "plot", "out", "json-in-plot"])
+def test_outputs_checked_before_the_fit(argv, expect, lab, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("npusim.calibrate.session.calibrate", lambda *a: pytest.fail("fitted before the check"))
+    fails_cleanly(["calibrate", "--hccl", "h.txt", "--hw", "mylab", "--out", "my.yaml", *argv], capsys, expect,
+                  outputs=[tmp_path / "my.yaml", tmp_path / "p"])
+
+
+def test_ctrl_c_between_two_outputs_leaves_none(lab, tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the config is written, before the JSON report: neither is left, and
+    the message says so."""
+    from npusim.cli import main
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("npusim.calibrate.command.write_text", interrupted)
+    code = main(["calibrate", "--hccl", "h.txt", "--hw", "mylab", "--out", "out/my.yaml", "--json", "my.json"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "npusim: interrupted (no partial output left)", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.txt", "hwconfigs"]

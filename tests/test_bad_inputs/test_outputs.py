@@ -243,6 +243,125 @@ def test_a_device_is_written_in_place_not_replaced(capsys):
     assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()
 
 
+# ---- outputs: checked before anything runs, on a cache hit too; written all or none (issue 35)
+
+
+def _no_simulation(monkeypatch) -> None:
+    """Any step, op, comparison or sweep point simulated fails the test."""
+    import importlib
+
+    def simulated(*a, **k):
+        pytest.fail("simulated before its outputs were checked")
+
+    targets = ("npusim.runtime.decoder.run_decoder", "npusim.runtime.decoder.compare",
+               "npusim.parallel.compare.compare_plans", "npusim.parallel.pipeline.run_pipeline",
+               "npusim.ops.simulate_op", "npusim.ops.collectives.command.run_collective_op", "npusim.sweep.run_point")
+    for target in targets:  # imported first: a module importing another's function keeps the real one
+        importlib.import_module(target.rsplit(".", 1)[0])
+    for target in targets:
+        monkeypatch.setattr(target, simulated)
+
+
+PROC = "cannot be written: no new file can be made in /proc"
+BEFORE_RUNNING = [  # (argv, the message's start after "npusim: error: ")
+    ([*RUN, "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
+    ([*RUN, "--trace", "{d}/a_file/t.json"], "--trace {d}/a_file/t.json: cannot be written: Not a directory"),
+    ([*RUN, "--profile", "/proc/x/p"], f"--profile (op_summary.csv) /proc/x/p/op_summary.csv: {PROC}"),
+    ([*RUN, "--plot", "/proc/x/p"], f"--plot /proc/x/p: {PROC}"),
+    ([*RUN, "--pp", "2", "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
+    ([*OP, "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
+    ([*OP, "--plot", "{d}/a_file/p"], "--plot {d}/a_file/p: cannot be written: Not a directory"),
+    (["op", "all_reduce", "elements=1024", "devices=8", "--profile", "/proc/x/p"], "--profile (op_summary.csv)"),
+    (["compare", *RUN[1:], "--trace", "/proc/x/t.json"], "--trace /proc/x/t.json: " + PROC),
+    (["compare", *RUN[1:], "--plans", "tp1", "tp2", "--json", "/proc/x/c.json"], f"--json /proc/x/c.json: {PROC}"),
+    (["sweep", *RUN[1:], "--set", "batch=1,2", "--out", "/proc/x/s"],
+     f"--out (sweep.csv) /proc/x/s/sweep.csv: {PROC}"),
+]
+
+
+@pytest.mark.parametrize("cache", ["--no-cache", "cache"])
+@pytest.mark.parametrize(("argv", "message"), BEFORE_RUNNING, ids=[f"{a[0]}-{i}" for i, (a, _) in
+                                                                   enumerate(BEFORE_RUNNING)])
+def test_an_unwritable_output_is_refused_before_anything_runs(argv, message, cache, tmp_path, capsys, monkeypatch):
+    """`npusim run --json /proc/x/y.json` (and every other command's outputs): one line
+    naming the flag, before anything is simulated, whether the cache is on or off."""
+    (tmp_path / "a_file").write_text("x")
+    _no_simulation(monkeypatch)
+    argv = [a.format(d=tmp_path) for a in argv]
+    argv += ["--no-cache"] if cache == "--no-cache" else ["--cache-dir", tmp_path / "cache"]
+    err = refused(argv, capsys)
+    assert err.startswith(f"npusim: error: {message.format(d=tmp_path)}"), err
+
+
+def test_a_cache_hit_checks_its_outputs_as_a_run_does(tmp_path, capsys):
+    """A replayed run (served from the cache) refuses an output the run would refuse,
+    before writing anything: the same one line."""
+    cache = ["--cache-dir", tmp_path / "cache"]
+    code, _, err = cli([*RUN, *cache, "--json", tmp_path / "r.json"], capsys)
+    assert code == 0, err
+    refused([*RUN, *cache, "--json", "/proc/x/y.json"], capsys,
+            "--json /proc/x/y.json: cannot be written: no new file can be made in /proc")
+    refused([*RUN, *cache, "--json", tmp_path / "a" / "r.json", "--trace", tmp_path / "a" / "r.json"], capsys,
+            "--trace", "the same file as the output of --json")
+    assert not (tmp_path / "a").exists()
+
+
+def _interrupt_after(monkeypatch, target: str) -> None:
+    """`target` (module.function) does its work, then Ctrl-C comes."""
+    module, name = target.rsplit(".", 1)
+    real = getattr(__import__(module, fromlist=[name]), name)
+
+    def then_interrupted(*a, **k):
+        real(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, then_interrupted)
+
+
+BETWEEN_OUTPUTS = [  # (argv, the function after which Ctrl-C comes: the last output written)
+    ([*RUN, "--json", "{d}/r.json", "--trace", "{d}/t/t.json", "--profile", "{d}/p"],
+     "npusim.report.tables.write_tables"),
+    ([*OP, "--json", "{d}/r.json", "--trace", "{d}/t.json", "--profile", "{d}/p"],
+     "npusim.report.tables.write_tables"),
+    (["compare", *RUN[1:], "--json", "{d}/c.json", "--trace", "{d}/t/t.json"], "npusim.report.trace.write_trace"),
+    (["op", "all_reduce", "elements=1024", "devices=8", "--json", "{d}/r.json", "--profile", "{d}/p"],
+     "npusim.ops.collectives.command.hccl_test_output"),
+]
+
+
+@pytest.mark.parametrize(("argv", "last"), BETWEEN_OUTPUTS, ids=[a[0] + ("-hccl" if "all_reduce" in a else "")
+                                                                 for a, _ in BETWEEN_OUTPUTS])
+def test_ctrl_c_between_two_outputs_leaves_none(argv, last, tmp_path, capsys, monkeypatch):
+    """Ctrl-C once every output but the last is written: none of them is left (no file,
+    no temporary, no folder made for them), and the message says so."""
+    _interrupt_after(monkeypatch, last)
+    code, _, err = cli([*(a.format(d=tmp_path) for a in argv), "--no-cache"], capsys)
+    assert code == 130 and err.strip() == "npusim: interrupted (no partial output left)", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_the_outputs_are_put_in_place_names_them(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while finished outputs replace their targets waits for the last; the
+    message names every one."""
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        if not calls:
+            signal.raise_signal(signal.SIGINT)
+        calls.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    outs = [tmp_path / "r.json", tmp_path / "t.json"]
+    code, out, err = cli([*RUN, "--no-cache", "--json", outs[0], "--trace", outs[1], "--profile", tmp_path / "p"],
+                         capsys)
+    assert code == 130 and "npusim: interrupted (after writing every output: " in err, err
+    assert all(str(p) in err for p in outs) and "op_summary.csv" in err
+    assert all(p.exists() for p in outs) and len(calls) == 5
+    assert "tables: " not in out  # printed once the block ends: here, the interruption's line says it
+    no_partial(tmp_path)
+
+
 # ---- outputs: whole or absent
 
 
@@ -469,6 +588,32 @@ def test_an_interrupt_before_any_point_keeps_an_earlier_result(tmp_path):
     assert code == 143 and "before any of 1 points finished: nothing written" in err
     clean_error(err)
     assert all((out / n).read_text() == "from an earlier sweep" for n in ("sweep.csv", "sweep.png"))
+
+
+def test_ctrl_c_while_plotting_keeps_every_row_and_no_half_plot(tmp_path, capsys, monkeypatch):
+    """Ctrl-C once sweep.png is written, before sweep.svg: the CSV keeps every point
+    (resume semantics), the plot is both files or neither, the message says which;
+    --resume then makes the plot without running a point again."""
+    import npusim.sweep
+    from npusim.outputs import write_text
+
+    def plot_then_interrupted(rows, out_dir, *a, **k):
+        write_text(Path(out_dir) / "sweep.png", "png")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(npusim.sweep, "run_point", _fake_point)
+    monkeypatch.setattr(npusim.sweep, "plot", plot_then_interrupted)
+    argv = ["sweep", "--set", "batch=1,2", "--jobs", "1", "--out", tmp_path / "s"]
+    code, _, err = cli(argv, capsys)
+    csv_path = tmp_path / "s" / "sweep.csv"
+    assert code == 130 and err.strip() == f"npusim: interrupted: 2 of 2 points written to {csv_path}, no plot " \
+                                          "(--resume makes it)", err
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["sweep.csv", "sweep.settings.json"]
+    assert [r["batch"] for r in csv.DictReader((tmp_path / "s" / "sweep.csv").open())] == ["1", "2"]
+    monkeypatch.undo()
+    monkeypatch.setattr(npusim.sweep, "run_point", lambda *a: pytest.fail("a finished point ran again"))
+    code, out, _ = cli([*argv, "--resume"], capsys)
+    assert code == 0 and "sweep.svg" in out and (tmp_path / "s" / "sweep.png").stat().st_size > 1000
 
 
 def test_ctrl_c_does_not_wait_for_running_points(tmp_path):

@@ -25,3 +25,9 @@ def test_pass_option_without_its_pass(cmd, argv, expect, capsys):
 ])
 def test_tiling_the_op_would_clamp(argv, expect, capsys):
     fails_cleanly(["op", *argv], capsys, expect)
+
+
+@pytest.mark.parametrize("seed", ["-1", "-9999999999"])
+def test_validate_negative_seed(seed, capsys):
+    """numpy's generators take no negative seed: one line, not its traceback (issue 35)."""
+    fails_cleanly(["validate", *TINY, f"--seed={seed}"], capsys, rf"--seed: expected a whole number >= 0, got {seed}")

@@ -71,3 +71,17 @@ def test_resume_with_a_csv_from_another_grid(tmp_path, capsys):
     fails_cleanly([*SWEEP[:-1], "batch=1,2,3", "--resume", "--out", out], capsys,
                   r"--resume: .*sweep\.csv was made with other settings \(grid: .*there, .* now\); give a new --out")
     assert (out / "sweep.csv").read_bytes() == before
+
+
+@pytest.mark.parametrize("out, expect", [
+    ("/proc/x/s", r"--out \(sweep\.csv\) /proc/x/s/sweep\.csv: cannot be written: no new file can be made in /proc"),
+    ("{d}/a_file/s", r"--out \(sweep\.csv\) .*/a_file/s/sweep\.csv: cannot be written: Not a directory"),
+], ids=["proc", "under-a-file"])
+def test_an_out_that_cannot_be_written_is_refused_before_the_backend_starts(out, expect, tmp_path, capsys,
+                                                                           monkeypatch):
+    """Issue 35: --out is checked before a backend starts (a Ray instance, worker
+    processes) or a point runs, not when the first point finishes."""
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr("npusim.backends.get_backend", lambda *a: pytest.fail("a backend started"))
+    fails_cleanly([*SWEEP, "--backend", "ray", "--out", out.format(d=tmp_path)], capsys, expect)
+    assert (tmp_path / "a_file").read_text() == "x"
