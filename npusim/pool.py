@@ -8,7 +8,10 @@
   ctypes, no thread in the worker); elsewhere a thread in each worker watches the
   parent's pid;
 - Ctrl-C (or SIGTERM turned into an exception by the CLI) in the parent ends the
-  workers at once (SIGTERM, then SIGKILL), without waiting for their running tasks.
+  workers at once (SIGTERM, then SIGKILL), without waiting for their running tasks;
+- while a worker starts the parent holds Ctrl-C and SIGTERM (signal.pthread_sigmask);
+  where there is no pthread_sigmask (Windows) they are not held, and one landing in
+  that moment may be reported as "Exception ignored" instead of stopping the run.
 
 concurrent.futures.ProcessPoolExecutor cannot do the first: when a worker dies it
 fails every pending future, and does not say which task the dead worker held.
@@ -57,7 +60,8 @@ def _serve(conn, fn: Callable, parent: int) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would not end a worker
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by the parent while it forked
+    if hasattr(signal, "pthread_sigmask"):  # held by the parent while it forked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     while True:
         try:
             task = conn.recv()
@@ -85,17 +89,27 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
+@contextlib.contextmanager
+def _stop_signals_held():
+    """A signal that lands inside fork's bookkeeping is swallowed ("Exception ignored"):
+    hold Ctrl-C and SIGTERM for the block, then take them. Without signal.pthread_sigmask
+    (Windows) nothing is held (see the module doc)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class _Worker:
     def __init__(self, fn: Callable):
         self.conn, child = multiprocessing.Pipe()
         self.process = multiprocessing.Process(target=_serve, args=(child, fn, os.getpid()), daemon=True)
-        # a signal that lands inside fork's bookkeeping is swallowed ("Exception ignored"):
-        # hold Ctrl-C and SIGTERM until the worker exists, then take them here
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
+        with _stop_signals_held():
             self.process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         child.close()
         self.task: int | None = None
 

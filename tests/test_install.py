@@ -44,7 +44,7 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"  # what a clean checkout builds from: no stale egg-info or build/ of the working copy
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "npusim", src / "npusim", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     dist = tmp / "dist"
@@ -101,3 +101,29 @@ def test_installed_npusim_finds_its_configs_from_another_folder(installed):
     assert ran.returncode == 0, ran.stderr
     report = json.loads((away / "out.json").read_text())
     assert report["workload"] == "k3-tiny" and report["latency_us"] > 0
+
+
+@pytest.mark.skipif(not os.access("/bin/false", os.X_OK), reason="no /bin/false to stand for a broken compiler")
+def test_a_build_without_a_working_c_compiler_says_one_is_needed(tmp_path):
+    """Issue 35, finding 21: without a C compiler the build ended deep inside setuptools
+    with the compiler's own error. Now its one `error:` line says a C compiler is
+    needed and where one comes from (setup.py's build_ext), and nothing is built."""
+    src = tmp_path / "src"
+    (src / "npusim" / "engine").mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for c in (ROOT / "npusim" / "engine").glob("*.c"):
+        shutil.copy(c, src / "npusim" / "engine" / c.name)
+    lib, temp = tmp_path / "lib", tmp_path / "temp"
+    for cc in ("/bin/false", str(tmp_path / "no-such-cc")):  # a compiler that fails, one that is not there
+        try:
+            r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(lib), "--build-temp",
+                                str(temp)], cwd=src, env=os.environ | {"CC": cc}, capture_output=True, text=True,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.skip("the extension build took over 60 s")
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert r.returncode != 0 and len(errors) == 1, r.stderr
+        assert "needs a C compiler" in errors[0] and "build-essential" in errors[0] and "Xcode" in errors[0], errors
+        assert "Traceback" not in r.stderr and not list(tmp_path.glob("lib/**/*.so"))
+    assert "no-such-cc not found" in errors[0]

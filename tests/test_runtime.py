@@ -269,10 +269,18 @@ def test_memoised_trace_is_the_whole_timeline(passes):
 
 
 def test_memoised_instruction_trace_fills_the_copies():
-    """At instruction level each replicated kernel has its pattern's instructions."""
+    """At instruction level each replicated or replayed kernel has its source's
+    instructions moved to its start (Trace.intervals_of), kept once: the trace's own
+    intervals are the simulated kernels' only."""
     g = apply(build_decoder(FOUR_LAYERS, "decode", 1, 64), "optimized")
     memo, full = run_graph(g, HW, memo=True, trace="instr"), run_graph(g, HW, memo=False, trace="instr")
-    m, f = memo.result.trace.intervals, full.result.trace.intervals
-    assert {i[5] for i in m} == {r.id for r in memo.result.kernels}
+    trace, f = memo.result.trace, full.result.trace.intervals
+    stored = {i[5] for i in trace.intervals}
+    assert stored.isdisjoint(trace.copies) and set(trace.copies) | stored == {r.id for r in memo.result.kernels}
+    assert {source for source, _ in trace.copies.values()} <= stored
+    m = [iv for r in memo.result.kernels for iv in trace.intervals_of(r.id)]
     assert len(m) == pytest.approx(len(f), rel=0.01)
     assert max(i[4] for i in m) == pytest.approx(max(i[4] for i in f), rel=0.01)
+    for r in memo.result.kernels:  # each kernel's instructions lie inside its own span
+        mine = trace.intervals_of(r.id)
+        assert mine and min(i[3] for i in mine) >= r.start - 1e-6 and max(i[4] for i in mine) <= r.end + 1e-6, r.name

@@ -18,18 +18,17 @@ would not fit (the full K3 needs tens of GiB; k3-tiny a few MiB).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from attrs import frozen
 
-import os
-import resource
-
 from npusim.errors import NpusimError
 from npusim.graph.build import build_decoder, host_inputs
 from npusim.graph.execute import Execution, cosine, execute, logical_kv, packed_kv
 from npusim.graph.ir import Graph
+from npusim.outputs import err
 from npusim.passes import apply
 from npusim.workload import Workload, load_workload
 
@@ -152,20 +151,53 @@ def _host_bytes(graph: Graph) -> int:
     return _VALUE_BYTES * sum(numels) + _DRAW_BYTES * max(numels, default=0)
 
 
-def available_host_bytes() -> int:
+def available_host_bytes() -> int | None:
     """Memory this process may still use: what the OS reports available, capped by
-    the address-space limit (ulimit -v) when one is set."""
-    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return min(avail, limit) if limit != resource.RLIM_INFINITY else avail
+    the address-space limit (ulimit -v) when one is set. Where the OS does not say
+    what is available (macOS has no SC_AVPHYS_PAGES) its physical memory stands for
+    it; where it says neither (Windows has no os.sysconf) None: not known. Without the
+    `resource` module (Windows) no limit is read."""
+    avail = _sysconf_bytes("SC_AVPHYS_PAGES") or _sysconf_bytes("SC_PHYS_PAGES")
+    limit = _address_space_limit()
+    if limit is None or avail is None:
+        return avail if limit is None else limit
+    return min(avail, limit)
+
+
+def _sysconf_bytes(pages: str) -> int | None:
+    """os.sysconf(pages) in bytes; None where this OS does not have it."""
+    try:
+        n = os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no os.sysconf (Windows), a name this OS lacks (macOS)
+        return None
+    return n if n > 0 else None
+
+
+def _address_space_limit() -> int | None:
+    """The soft address-space limit (ulimit -v); None when unlimited or not POSIX."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    try:
+        limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (AttributeError, ValueError, OSError):  # a platform without RLIMIT_AS
+        return None
+    return None if limit == resource.RLIM_INFINITY else limit
 
 
 def check_host_memory(graph: Graph, runs: int = 2, limit: int | None = None) -> None:
     """Refuse, in one line, a validation whose numpy runs would not fit in host memory
     (`runs` of them alive at once: one run's outputs are kept while the next runs), or
-    in `limit` bytes when given."""
+    in `limit` bytes when given. Where the platform does not tell its memory (see
+    available_host_bytes) and no `limit` is given, one warning line says the check was
+    not made, and the runs go ahead."""
     need, have = runs * _host_bytes(graph), available_host_bytes()
-    have = have if limit is None else min(have, limit)
+    if have is None and limit is None:
+        err(f"npusim: warning: validate: this platform does not report its free memory; not checked that the "
+            f"numpy runs' {need / 2**30:.1f} GiB fit")
+        return
+    have = limit if have is None else have if limit is None else min(have, limit)
     if need > have:
         name = getattr(graph.workload, "name", "this workload")
         raise NpusimError(f"validate: {name} {graph.phase} batch {graph.batch} x {graph.context} needs about "

@@ -226,7 +226,7 @@ def timeline(result: RunResult, out_dir: str | Path, kernel: str | int | None = 
     if result.trace.level != "instr":
         raise ValueError(f"timeline: needs a run traced at level 'instr', got '{result.trace.level}'")
     rec = _kernel_record(result, kernel)
-    mine = [iv for iv in result.trace.intervals if iv[5] == rec.id]
+    mine = result.trace.intervals_of(rec.id)  # a memoised copy's: its source's, moved
     if not mine:
         raise ValueError(f"timeline: kernel '{rec.name}' recorded no instructions")
     all_cores = {iv[0] for iv in mine}

@@ -6,6 +6,11 @@ use on each link (at kernel level averaged over KERNEL_LEVEL_COUNTER_US windows;
 device memory in use, for a decoder step); flow arrows
 from each host launch to its kernel's start and, at instruction level, from the
 pipe that set a flag to the WaitFlag it released. Times are µs.
+
+At instruction level a kernel the layer memo did not simulate (a replicated layer's,
+a replayed one: RunResult.trace.copies) has its kernel and block spans but not its
+instructions again: they are its source's moved in time, and its spans' args say
+which kernel's to read (`instructions`); --no-memo simulates and traces every kernel.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = N
         return pids[name]
 
     names = {k.id: k.name for k in result.kernels}
+    copied = {kid: {"instructions": f"as {names.get(source, source)}, {us(shift):.3f} us later (memoised)"}
+              for kid, (source, shift) in result.trace.copies.items()}
     host = pid("host")
     for track, name, start, end in result.trace.host_spans:
         p = host if track == "host" else pid(track)
@@ -49,10 +56,11 @@ def chrome_trace(result: RunResult, memory: list[tuple[float, float]] | None = N
         owner = {} if k.owner is None else {"node": k.owner.node, "layer": k.owner.layer}
         events.append({"name": k.name, "cat": "kernel", "ph": "X", "ts": us(k.start), "dur": us(k.cycles),
                        "pid": kp, "tid": k.stream, "args": {"type": k.op_type, "block_dim": k.block_dim,
-                                                            "core_type": k.core_type, **owner}})
+                                                            "core_type": k.core_type, **owner,
+                                                            **copied.get(k.id, {})}})
     for core, kernel, block, start, end, kid in result.trace.block_spans:
         events.append({"name": f"{kernel} block {block}", "cat": "block", "ph": "X", "ts": us(start),
-                       "dur": us(end - start), "pid": pid(core), "tid": 0, "args": {}})
+                       "dur": us(end - start), "pid": pid(core), "tid": 0, "args": copied.get(kid, {})})
     for core, pipe, name, start, end, kid in result.trace.intervals:
         events.append({"name": name, "cat": pipe, "ph": "X", "ts": us(start), "dur": us(end - start),
                        "pid": pid(core), "tid": _PIPES.index(pipe) + 1, "args": {"kernel": names.get(kid, kid)}})

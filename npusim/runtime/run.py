@@ -157,7 +157,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     if memoised:
         copies = _copies(graph, layers[1], len(layers) - 3)
         pattern = {target.name: source for targets in copies.values() for source, target in targets.items()}
-        result = _replicate(result, program, layers[0], layers[1], copies)
+        result = _replicate(result, program, layers[0], layers[1], copies, _renames(graph, layers[1], copies))
     simulated = {c.node.name: c.workspace_bytes for c in compiled}
     used = {r.name: simulated[pattern.get(r.owner.node, r.owner.node)] for r in result.kernels}
     return GraphRun(graph, result, breakdown, tuple(compiled), memoised, pattern,
@@ -178,12 +178,27 @@ def _copies(graph: Graph, layer: int, copies: int) -> dict[int, dict[str, Node]]
     return {j: {s.name: t for s, t in zip(pattern, graph.layer_nodes(layer + j))} for j in range(1, copies + 1)}
 
 
+def _renames(graph: Graph, layer: int, copies: dict[int, dict[str, Node]]) -> list[dict[str, str]]:
+    """Per copy (see _copies), in copy order, node name -> the name of the node at its
+    place in the copy: the pattern layer's nodes, and the layer's before it when that
+    layer runs the same op types (an event a layer waits for may be recorded there)."""
+    before = graph.layer_nodes(layer - 1)
+    out = []
+    for j, targets in sorted(copies.items()):
+        names = {s: t.name for s, t in targets.items()}
+        then = graph.layer_nodes(layer - 1 + j)
+        if [n.op_type for n in before] == [n.op_type for n in then]:
+            names |= {s.name: t.name for s, t in zip(before, then) if s.name not in names}
+        out.append(names)
+    return out
+
+
 def _replicate(part: RunResult, program: HostProgram, first: int, layer: int,
-               copies: dict[int, dict[str, Node]]) -> RunResult:
+               copies: dict[int, dict[str, Node]], renames: list[dict[str, str]]) -> RunResult:
     """`part` with layer `layer`'s kernels repeated as the `copies` (see _copies),
-    everything after them shifted, host costs grown to match. The host thread ends
-    with the final synchronize when the device does, so its wait is the step's time
-    less what its calls cost - which is what is extended."""
+    everything after them shifted, host costs grown to match (`renames`: see _renames).
+    The host thread ends with the final synchronize when the device does, so its wait
+    is the step's time less what its calls cost - which is what is extended."""
     n = len(copies)
     block = [r for r in part.kernels if r.owner.layer == layer]
     end_before = max(r.end for r in part.kernels if r.owner.layer == first)
@@ -222,7 +237,7 @@ def _replicate(part: RunResult, program: HostProgram, first: int, layer: int,
         kernels=tuple(records),
         host_launch_cycles=part.host_launch_cycles + n * launch,
         host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + n * busy),
-        trace=replicate_trace(part, program, set(copies[1]), replicas, moved, delta, (end_before, end)),
+        trace=replicate_trace(part, program, set(copies[1]), replicas, moved, delta, (end_before, end), renames),
     )
 
 
