@@ -465,6 +465,39 @@ def test_l2cache_matches_the_plain_rules_on_random_accesses(capacity, ways):
     assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
 
 
+def repeating_accesses(rng: np.random.Generator, sets: int, pool: int, count: int):
+    """`count` (lines, write) accesses whose pieces (`sets` lines each) hold distinct lines
+    but share lines with each other: a line repeats across the pieces of one access."""
+    for _ in range(count):
+        pieces = [rng.choice(pool, sets, replace=False)]
+        for _ in range(int(rng.integers(1, 4))):
+            again = rng.choice(np.unique(np.concatenate(pieces)), (sets + 1) // 2, replace=False)
+            new = rng.choice(np.setdiff1d(np.arange(pool), again), sets - len(again), replace=False)
+            pieces.append(rng.permutation(np.concatenate([again, new])))
+        pieces[-1] = pieces[-1][:int(rng.integers(1, sets + 1))]
+        yield np.concatenate(pieces).astype(np.int64), bool(rng.random() < 0.3)
+
+
+@pytest.mark.parametrize("capacity, ways", [(64, 16), (64, 8), (60, 6), (48, 1)])
+def test_l2cache_matches_the_plain_rules_on_lines_repeated_across_pieces(capacity, ways):
+    """A line given again in a later piece of the same access (the engine's transfers give
+    each line once; the core takes any) hits what the earlier piece placed, as the plain
+    rules say, and makes it dirty if written: the same hits, write-backs and state."""
+    c = L2Cache(capacity, ways)
+    plain = PlainL2(c)
+    repeated = 0
+    for lines, write in repeating_accesses(np.random.default_rng(capacity + ways), c.sets, 2 * capacity, 120):
+        repeated += len(lines) - len(np.unique(lines))
+        hits, wb, _, _, _ = c.access(lines, write)
+        plain_hits, plain_wb = plain.access(lines.tolist(), write)
+        assert hits == plain_hits
+        assert (np.zeros(len(lines), bool) if wb is None else wb).tolist() == plain_wb
+    assert repeated > 100
+    assert c.tags.tolist() == [t // c.sets if t >= 0 else -1 for row in plain.tag for t in row]
+    assert c.last_use.tolist() == [u for row in plain.use for u in row]
+    assert c.dirty_lines() == sum(d for row in plain.dirty for d in row)
+
+
 def _order(values) -> list[int]:
     """Each value's rank among the distinct values (equal values, equal ranks)."""
     distinct = sorted(set(values))

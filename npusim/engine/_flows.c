@@ -241,6 +241,14 @@ static int set_timer(Flows *f, PyObject *when) {
     return r ? 0 : -1;
 }
 
+/* a TypeError unless __init__ has given the link its environment (Flows.__new__ alone has none) */
+static int not_initialised(Flows *f) {
+    if (f && f->env) return 0;
+    PyErr_SetString(PyExc_TypeError, "Flows: not initialised (Flows(capacity, samples, whole_cycles, env, at_delay) "
+                                     "first)");
+    return 1;
+}
+
 /* start(nbytes, cap, on_done, weight=1): a flow of `nbytes` capped at `cap` bytes/cycle
    from now; on_done() when it ends */
 static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
@@ -248,7 +256,7 @@ static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "add(nbytes, cap, on_done, weight=1)");
         return NULL;
     }
-    if (!f->env) { PyErr_SetString(PyExc_TypeError, "Flows: not built"); return NULL; }
+    if (not_initialised(f)) return NULL;
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     if (!now) return NULL;
     PyObject *one = NULL;
@@ -301,7 +309,7 @@ static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj, PyObject
    then call the ended flows' on_done() in the order they ended */
 static PyObject *timer_call(Timer *t, PyObject *args, PyObject *kwds) {
     Flows *f = t->flows;
-    if (!f->env) { PyErr_SetString(PyExc_TypeError, "Flows: not built"); return NULL; }
+    if (not_initialised(f)) return NULL;
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     if (!now) return NULL;
     PyObject *next = NULL, *finished = ended(f, now, t->when, &next);

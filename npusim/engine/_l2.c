@@ -31,6 +31,11 @@
 #include <string.h>
 #include <structmember.h>
 
+/* the largest line or burst (l2.line_bytes, dma.burst_bytes; hw/config.py bounds them
+   alike, as UNIT_BYTES_MAX): far above any chip's, and the burst rounding walks at most
+   this many segments per transfer */
+#define UNIT_MAX ((int64_t)1 << 20)
+
 typedef struct {
     PyObject_HEAD
     Py_buffer bufs[4];          /* tags, last use, dirty, fill: the caller's arrays */
@@ -51,9 +56,14 @@ typedef struct {
     int64_t *hint;              /* per set: the way of its line last hit or placed */
 } Core;
 
+/* back to what Core.__new__ made: not initialised (tags NULL, no sets) */
 static void core_release(Core *c) {
     for (int i = 0; i < c->held; i++) PyBuffer_Release(&c->bufs[i]);
     c->held = 0;
+    c->tags = c->fill = c->use = NULL;
+    c->dirty = NULL;
+    c->sets = c->ways = 0;
+    c->filled_cap = 0;
     PyMem_Free(c->filled); c->filled = NULL;
     PyMem_Free(c->miss_set); c->miss_set = NULL;
     PyMem_Free(c->miss_at); c->miss_at = NULL;
@@ -88,11 +98,15 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     long long sets, ways, rotate, use_max = INT32_MAX;
     if (!PyArg_ParseTuple(args, "OOOOLLL|L", &tags, &use, &dirty, &fill, &sets, &ways, &rotate, &use_max)) return -1;
     core_release(c);
-    if (sets < 1 || ways < 1) {
-        PyErr_SetString(PyExc_ValueError, "L2 core: sets and ways must be at least 1");
+    if (sets < 1 || sets > INT32_MAX || ways < 1 || ways > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "L2 core: %lld sets of %lld ways, expected each 1 to 2^31 - 1", sets, ways);
         return -1;
     }
-    Py_ssize_t n = (Py_ssize_t)(sets * ways);
+    Py_ssize_t n = (Py_ssize_t)(sets * ways);  /* below 2^62: each array's bytes fit */
+    if (rotate < 0 || rotate > INT32_MAX) {  /* (line / sets) * rotate stays below 2^62 */
+        PyErr_Format(PyExc_ValueError, "L2 core: rotate %lld, expected 0 to 2^31 - 1", rotate);
+        return -1;
+    }
     if (use_max < sets + ways || use_max > INT32_MAX) {  /* a piece's uses must fit after a re-ranking */
         PyErr_SetString(PyExc_ValueError, "L2 core: use_max must lie in [sets + ways, 2^31 - 1]");
         return -1;
@@ -122,6 +136,14 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     }
     memset(c->filled, 1, (size_t)c->filled_cap);
     return 0;
+}
+
+/* a TypeError unless __init__ has given the core its arrays (Core.__new__ alone has none) */
+static int core_not_initialised(const Core *c) {
+    if (c->tags && c->filled) return 0;
+    PyErr_SetString(PyExc_TypeError, "L2 core: not initialised (Core(tags, last_use, dirty, fill, sets, ways, rotate) "
+                                     "first)");
+    return 1;
 }
 
 static inline int64_t set_of(const Core *c, int64_t line) {
@@ -290,7 +312,12 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
     int64_t stamp = ++c->stamp_now;
     int distinct = 1;  /* every missed line in a set of its own (a contiguous run's are) */
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t line = lines[i] + shift_by;
+        int64_t line;
+        if (__builtin_add_overflow(lines[i], shift_by, &line)) {
+            PyErr_Format(PyExc_ValueError, "L2 core: line number %lld + %lld is beyond 2^63", (long long)lines[i],
+                         (long long)shift_by);
+            return -1;
+        }
         if (line < 0 || line >= c->line_end) {
             PyErr_Format(PyExc_ValueError, "L2 core: line number %lld is %s", (long long)line,
                          line < 0 ? "negative" : "past the last one a 32-bit tag can name");
@@ -308,7 +335,15 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         if (slot >= 0) {
             c->use[slot] = (int32_t)(base + i);
             if (write) c->dirty[slot] = 1;
-            if (c->in_flight && !c->filled[c->fill[slot]]) c->pend[pending++] = c->fill[slot];
+            if (c->in_flight) {
+                int32_t f = c->fill[slot];
+                if ((uint32_t)f >= (uint64_t)c->filled_cap) {  /* the fill array is the caller's: checked */
+                    PyErr_Format(PyExc_ValueError, "L2 core: slot %lld holds fill %d, one never issued",
+                                 (long long)slot, (int)f);
+                    return -1;
+                }
+                if (!c->filled[f]) c->pend[pending++] = f;
+            }
         } else {
             if (c->stamp[s] == stamp) distinct = 0;
             c->stamp[s] = stamp;
@@ -416,6 +451,17 @@ static int access_lines(Core *c, const int64_t *lines, Py_ssize_t n, int64_t shi
         if (!missed_obj) goto fail;
         missed = (int64_t *)PyByteArray_AS_STRING(missed_obj);
     }
+    /* grown before the walk: a later piece may hit a line an earlier one placed with this
+       fill id, and reads its flag - still 1 (arrived: an access never waits for its own fill) */
+    if (fill_id >= c->filled_cap) {
+        Py_ssize_t cap = c->filled_cap;
+        while (cap <= fill_id) cap *= 2;  /* fill_id < 2^31: cap <= 2^32 */
+        uint8_t *grown = PyMem_Realloc(c->filled, (size_t)cap);
+        if (!grown) { PyErr_NoMemory(); goto fail; }
+        memset(grown + c->filled_cap, 1, (size_t)(cap - c->filled_cap));
+        c->filled = grown;
+        c->filled_cap = cap;
+    }
     for (Py_ssize_t lo = 0; lo < n; lo += c->sets) {
         Py_ssize_t m = n - lo < c->sets ? n - lo : c->sets;
         Py_ssize_t h = piece(c, lines + lo, shift_by, m, lo, write, fill_id, &wb, &wb_obj, n, waits, &missed,
@@ -424,15 +470,6 @@ static int access_lines(Core *c, const int64_t *lines, Py_ssize_t n, int64_t shi
         hits += h;
     }
     if (any_miss && fill_id > 0) {
-        if (fill_id >= c->filled_cap) {
-            Py_ssize_t cap = c->filled_cap;
-            while (cap <= fill_id) cap *= 2;
-            uint8_t *grown = PyMem_Realloc(c->filled, (size_t)cap);
-            if (!grown) { PyErr_NoMemory(); goto fail; }
-            memset(grown + c->filled_cap, 1, (size_t)(cap - c->filled_cap));
-            c->filled = grown;
-            c->filled_cap = cap;
-        }
         c->filled[fill_id] = 0;
         c->in_flight++;
     }
@@ -456,6 +493,7 @@ static PyObject *core_access(Core *c, PyObject *args) {
     int write, want_missed;
     long long fill_id, shift_by = 0;
     if (!PyArg_ParseTuple(args, "OpLp|L", &lines_obj, &write, &fill_id, &want_missed, &shift_by)) return NULL;
+    if (core_not_initialised(c)) return NULL;
     Py_buffer lb;
     if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (!is_int64(&lb)) {
@@ -476,6 +514,7 @@ static PyObject *core_access(Core *c, PyObject *args) {
 
 /* find(lines) -> bytes of int64: the slot holding each line, -1 where it is not cached. */
 static PyObject *core_find(Core *c, PyObject *arg) {
+    if (core_not_initialised(c)) return NULL;
     Py_buffer lb;
     if (PyObject_GetBuffer(arg, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (!is_int64(&lb)) {
@@ -496,6 +535,7 @@ static PyObject *core_find(Core *c, PyObject *arg) {
 }
 
 static PyObject *core_arrived(Core *c, PyObject *arg) {
+    if (core_not_initialised(c)) return NULL;
     long long id = PyLong_AsLongLong(arg);
     if (id == -1 && PyErr_Occurred()) return NULL;
     if (id <= 0 || id >= c->filled_cap || c->filled[id]) {
@@ -551,7 +591,11 @@ static inline int64_t floor_div(int64_t a, int64_t b) {
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-static inline int64_t floor_mod(int64_t a, int64_t b) { return a - floor_div(a, b) * b; }
+/* a modulo b > 0, as Python's % (never negative; no product that could overflow) */
+static inline int64_t floor_mod(int64_t a, int64_t b) {
+    int64_t r = a % b;
+    return r < 0 ? r + b : r;
+}
 
 static int64_t gcd(int64_t a, int64_t b) {
     while (b) { int64_t t = a % b; a = b; b = t; }
@@ -559,29 +603,47 @@ static int64_t gcd(int64_t a, int64_t b) {
 }
 
 /* burst_cost: (bytes moved after rounding every segment out to bursts, misaligned
-   segments), as memory.burst_cost states it */
-static void bursts(int64_t addr, int64_t nbytes, int64_t segments, int64_t stride, int64_t b, int64_t *moved,
-                   int64_t *misaligned) {
+   segments), as memory.burst_cost states it, for a burst b of 1 to UNIT_MAX bytes.
+   0, or -1 with an OverflowError where a count would leave int64 (Python's ints would
+   not wrap: neither does this) */
+static int bursts(int64_t addr, int64_t nbytes, int64_t segments, int64_t stride, int64_t b, int64_t *moved,
+                  int64_t *misaligned) {
     /* the rounding of a segment depends only on its start modulo the burst, and those
        residues repeat with period burst / gcd(stride, burst) */
     int64_t r = floor_mod(stride, b);
     int64_t period = b / gcd(r ? r : b, b);
-    *moved = *misaligned = 0;
+    int64_t mv = 0, mis = 0;
     for (int64_t i = 0; i < period && i < segments; i++) {
-        int64_t a = addr + i * stride;
-        int64_t lo = a - floor_mod(a, b), hi = -floor_div(-(a + nbytes), b) * b;
-        int64_t reps = (segments - i + period - 1) / period;
-        *moved += (hi - lo) * reps;
-        if (floor_mod(a, b) || floor_mod(a + nbytes, b)) *misaligned += reps;
+        int64_t a, end, lo, hi, span, reps = (segments - 1 - i) / period + 1;  /* len(range(i, segments, period)) */
+        if (__builtin_mul_overflow(i, stride, &a) || __builtin_add_overflow(addr, a, &a) ||
+            __builtin_add_overflow(a, nbytes, &end) || __builtin_sub_overflow(a, floor_mod(a, b), &lo) ||
+            __builtin_add_overflow(end, (b - floor_mod(end, b)) % b, &hi) || __builtin_sub_overflow(hi, lo, &span) ||
+            __builtin_mul_overflow(span, reps, &span) || __builtin_add_overflow(mv, span, &mv)) {
+            PyErr_Format(PyExc_OverflowError, "burst_cost: %lld segments of %lld bytes from %lld, stride %lld: an "
+                         "address or the bytes moved beyond 2^63", (long long)segments, (long long)nbytes,
+                         (long long)addr, (long long)stride);
+            return -1;
+        }
+        if (floor_mod(a, b) || floor_mod(end, b)) mis += reps;  /* at most `segments` in all */
     }
+    *moved = mv;
+    *misaligned = mis;
+    return 0;
+}
+
+/* a ValueError unless a line or burst is 1 to UNIT_MAX bytes */
+static int bad_unit(const char *where, const char *what, long long v) {
+    if (v >= 1 && v <= UNIT_MAX) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: a %s of %lld bytes, expected 1 to %lld", where, what, v, (long long)UNIT_MAX);
+    return 1;
 }
 
 static PyObject *py_burst_cost(PyObject *module, PyObject *args) {
     long long addr, nbytes, segments, stride, b;
     if (!PyArg_ParseTuple(args, "LLLLL", &addr, &nbytes, &segments, &stride, &b)) return NULL;
-    if (b < 1) { PyErr_SetString(PyExc_ValueError, "burst_cost: the burst must be at least 1 byte"); return NULL; }
+    if (bad_unit("burst_cost", "burst", b)) return NULL;
     int64_t moved, misaligned;
-    bursts(addr, nbytes, segments, stride, b, &moved, &misaligned);
+    if (bursts(addr, nbytes, segments, stride, b, &moved, &misaligned) < 0) return NULL;
     return Py_BuildValue("LL", (long long)moved, (long long)misaligned);
 }
 
@@ -766,7 +828,8 @@ static int mover_init(Mover *m, PyObject *args, PyObject *kwds) {
     Py_XSETREF(m->signal, Py_NewRef(signal));
     Py_XSETREF(m->hbm_add, Py_NewRef(hbm_add));
     Py_XSETREF(m->nothing, Py_NewRef(nothing));
-    if (line < 1 || burst < 1) { PyErr_SetString(PyExc_ValueError, "Mover: line and burst must be positive"); return -1; }
+    if (bad_unit("Mover", "line", line) || bad_unit("Mover", "burst", burst)) return -1;
+    if (core_not_initialised((Core *)core)) return -1;
     Py_XSETREF(m->core, (Core *)Py_NewRef(core));
     m->line = line; m->burst = burst;
     Py_XSETREF(m->patterns, Py_NewRef(patterns));
@@ -832,7 +895,7 @@ static PyObject *finish_one(Mover *m, Stats *st, PyObject *wb, PyObject *waits, 
         Py_ssize_t n = PyByteArray_GET_SIZE(wb), lines_wb = 0;
         const char *mask = PyByteArray_AS_STRING(wb);
         for (Py_ssize_t i = 0; i < n; i++) lines_wb += mask[i] != 0;
-        PyObject *nb = PyLong_FromLongLong((long long)lines_wb * m->line);
+        PyObject *nb = PyLong_FromLongLong((long long)lines_wb * m->line);  /* lines < 2^43 of at most 2^20 bytes */
         x = nb ? PyNumber_Add(st->hbm_write, nb) : NULL;
         if (!x || link_add(m->hbm_add, nb, m->inf, m->nothing, one) < 0) { Py_XDECREF(nb); goto done; }
         Py_DECREF(nb);
@@ -875,7 +938,11 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *addrs = args[0], *cap = args[5], *on_done = args[6];
-    if (!m->core) { PyErr_SetString(PyExc_TypeError, "Mover: not built"); return NULL; }
+    if (!m->core) {
+        PyErr_SetString(PyExc_TypeError, "Mover: not initialised (Mover(core, line, burst, ...) first)");
+        return NULL;
+    }
+    if (core_not_initialised(m->core)) return NULL;  /* its Core re-initialised and failed since */
     if (!PyList_Check(addrs) || !PyList_GET_SIZE(addrs)) {
         PyErr_SetString(PyExc_TypeError, "transfer: addrs must be a non-empty list");
         return NULL;
@@ -898,8 +965,11 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
     PyTuple_SET_ITEM(key, 2, Py_NewRef(args[2]));
     PyTuple_SET_ITEM(key, 3, Py_NewRef(args[3]));
     for (Py_ssize_t k = 0; w > 1 && k < w; k++) {
-        long long a = PyLong_AsLongLong(PyList_GET_ITEM(addrs, k));
-        x = (a == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(a - a0);
+        long long a = PyLong_AsLongLong(PyList_GET_ITEM(addrs, k)), off;
+        x = (a == -1 && PyErr_Occurred()) ? NULL
+            : __builtin_sub_overflow(a, a0, &off) ? PyErr_Format(PyExc_OverflowError, "transfer: members %lld "
+                                                                 "and %lld apart beyond 2^63", a, a0)
+            : PyLong_FromLongLong(off);
         if (!x) { Py_DECREF(key); return NULL; }
         PyTuple_SET_ITEM(key, 4 + k, x);
     }
@@ -924,22 +994,32 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(pattern);
         return NULL;
     }
-    if (!is_int64(&lb)) {
+    if (!is_int64(&lb) || shared < 0 || shared > ((int64_t)1 << 62)) {  /* hits, lines + shared fit */
         PyBuffer_Release(&lb);
         Py_DECREF(pattern);
-        PyErr_SetString(PyExc_ValueError, "transfer: a line pattern must be a contiguous int64 array");
+        PyErr_SetString(PyExc_ValueError, "transfer: a line pattern is a contiguous int64 array and 0 to 2^62 lines "
+                                          "shared");
         return NULL;
     }
 
-    int64_t moved, misaligned;
-    bursts(a0, nbytes, segments, stride, m->burst, &moved, &misaligned);
-    Stats *st = stats_make();
+    int64_t moved, misaligned, moved_w, misaligned_w, wasted_w;
+    Stats *st = NULL;
     long long fill_id = write ? 0 : PyList_GET_SIZE(m->fills);
     Py_ssize_t hits, total = lb.len / 8;
     PyObject *wb = NULL, *waits = NULL, *missed = NULL, *res = NULL;
     int any_miss;
-    if (!st || set_long(&st->moved, moved * w) || set_long(&st->misaligned, misaligned * w) ||
-        set_long(&st->wasted, (moved - nbytes * segments) * w) ||
+    if (bursts(a0, nbytes, segments, stride, m->burst, &moved, &misaligned) < 0) goto done;
+    if (__builtin_mul_overflow(moved, (int64_t)w, &moved_w) || __builtin_mul_overflow(misaligned, (int64_t)w,
+                                                                                      &misaligned_w) ||
+        __builtin_mul_overflow(nbytes, segments, &wasted_w) || __builtin_sub_overflow(moved, wasted_w, &wasted_w) ||
+        __builtin_mul_overflow(wasted_w, (int64_t)w, &wasted_w)) {
+        PyErr_Format(PyExc_OverflowError, "transfer: %zd members of %lld segments of %lld bytes: bytes beyond 2^63", w,
+                     segments, nbytes);
+        goto done;
+    }
+    st = stats_make();
+    if (!st || set_long(&st->moved, moved_w) || set_long(&st->misaligned, misaligned_w) ||
+        set_long(&st->wasted, wasted_w) ||
         access_lines(m->core, lb.buf, total, first, write, fill_id, w > 1 && !write, &hits, &wb, &waits, &missed,
                      &any_miss) < 0)
         goto done;
@@ -953,7 +1033,8 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
     PyObject *miss = PyNumber_Subtract(st->moved, st->hit_bytes);
     if (!miss) goto done;
     Py_XSETREF(st->miss_bytes, miss);
-    double hbm_read = write ? 0.0 : (double)((total - hits) * m->line);  /* a read miss fills whole lines */
+    /* a read miss fills whole lines (below 2^43 lines of at most UNIT_MAX bytes: no overflow) */
+    double hbm_read = write ? 0.0 : (double)((total - hits) * m->line);
     PyObject *hr = PyFloat_FromDouble(hbm_read);
     if (!hr) goto done;
     Py_XSETREF(st->hbm_read, hr);

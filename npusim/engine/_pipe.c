@@ -55,6 +55,15 @@ typedef struct {
 #define URGENT 0
 /* the most copies a pipe's DMA engine may hold (dma.outstanding, checked in hw/config.py) */
 #define QUEUE_MAX 16
+/* the most flag ids (sync.flag_ids, bounded in hw/config.py as FLAG_IDS_MAX): a
+   cross-core flag's id is below it */
+#define FLAG_ID_MAX 65536
+/* the most flags one Flags keeps: a core's SetFlag/WaitFlag keys (at most 42 pipe
+   pairs x FLAG_ID_MAX ids), or its cross-core flags (id x AIVs per AIC + source).
+   Far above any program's; 64 bytes each, so a table stays below 256 MiB. */
+#define FLAGS_MAX ((Py_ssize_t)1 << 22)
+/* the most local buffers a Code numbers (compile.MEMS has 7) */
+#define MEMS_MAX 64
 
 static int num_from(PyObject *o, Num *out) {
     if (PyLong_CheckExact(o)) {
@@ -115,6 +124,16 @@ static inline double num_sub_double(Num a, Num b) {
 static inline int num_gt(Num a, Num b) {
     if (!a.is_float && !b.is_float) return a.i > b.i;
     return num_double(a) > num_double(b);  /* exact: ints are within 2^53 */
+}
+
+/* *out = a + b * c, or an OverflowError naming `what` if it leaves int64 */
+static int mul_add(int64_t a, int64_t b, int64_t c, int64_t *out, const char *what) {
+    int64_t p;
+    if (__builtin_mul_overflow(b, c, &p) || __builtin_add_overflow(a, p, out)) {
+        PyErr_Format(PyExc_OverflowError, "pipe walk: %s beyond 2^63", what);
+        return -1;
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ Code */
@@ -184,15 +203,44 @@ static void op_clear(Op *op) {
     op->n_local = op->n_parts = 0;
 }
 
-static void code_dealloc(Code *c) {
-    for (Py_ssize_t i = 0; i < c->n; i++) op_clear(&c->ops[i]);
+/* back to what Code.__new__ made: not initialised (ops NULL) */
+static void code_reset(Code *c) {
+    for (Py_ssize_t i = 0; c->ops && i < c->n; i++) op_clear(&c->ops[i]);
     PyMem_Free(c->ops);
+    c->ops = NULL;
+    c->n = c->n_mems = 0;
+}
+
+static void code_dealloc(Code *c) {
+    code_reset(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
 static int bad_op(Py_ssize_t i, const char *what) {
     PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: %s", i, what);
     return -1;
+}
+
+/* a flag entry's number: a SetFlag/WaitFlag's in its core's Flags (below FLAGS_MAX), a
+   cross-core flag's id (below FLAG_ID_MAX); a ValueError naming it otherwise */
+static int flag_number(PyObject *o, int cross, Py_ssize_t i, Py_ssize_t *out) {
+    Py_ssize_t most = cross ? FLAG_ID_MAX : FLAGS_MAX;
+    const char *what = cross ? "cross-core flag id" : "flag number";
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "pipe Code: op %zd: a %s must be an int, got %.100s", i, what,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 0 || v >= most) {
+        PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: %s %R outside [0, %zd)%s", i, what, o, most,
+                     cross ? " (sync.flag_ids is at most that)" : "");
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
+    return 0;
 }
 
 /* (mem index, bytes) pairs of a tuple into the op's local arrays */
@@ -222,11 +270,7 @@ static int take_local(Op *op, PyObject *pairs, Py_ssize_t n_mems, Py_ssize_t i) 
    K_COPY:          startup, cap, write, base, ((var, step), ...), nbytes, segments, stride,
                     block step, local buffer index
    K_OTHER:         nothing more */
-static int code_init(Code *c, PyObject *args, PyObject *kwds) {
-    PyObject *ops;
-    Py_ssize_t n_mems;
-    if (!PyArg_ParseTuple(args, "O!n", &PyTuple_Type, &ops, &n_mems)) return -1;
-    if (c->ops) { PyErr_SetString(PyExc_TypeError, "pipe Code: already built"); return -1; }
+static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
     Py_ssize_t n = PyTuple_GET_SIZE(ops);
     c->ops = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Op));
     if (!c->ops) { PyErr_NoMemory(); return -1; }
@@ -270,9 +314,7 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
         case K_CROSS_SET:
         case K_CROSS_WAIT:
             if (size != 4) return bad_op(i, "a flag entry is (kind, entry, name, flag)");
-            op->flag = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-            if (op->flag == -1 && PyErr_Occurred()) return -1;
-            if (op->flag < 0) return bad_op(i, "a flag number must not be negative");
+            if (flag_number(PyTuple_GET_ITEM(t, 3), kind >= K_CROSS_SET, i, &op->flag) < 0) return -1;
             break;
         case K_LOOP: {
             if (size != 6) return bad_op(i, "a loop is (kind, entry, name, var, count, body)");
@@ -281,6 +323,12 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
             if (op->count == -1 && PyErr_Occurred()) return -1;
             PyObject *body = PyTuple_GET_ITEM(t, 5);
             if (!PyObject_TypeCheck(body, &CodeType)) return bad_op(i, "a loop's body must be a Code");
+            if (body == (PyObject *)c) return bad_op(i, "a loop's body must not be its own Code");
+            if (!((Code *)body)->ops) {
+                PyErr_Format(PyExc_TypeError, "pipe Code: op %zd: a loop's body is not initialised (Code(ops, n_mems))",
+                             i);
+                return -1;
+            }
             if (((Code *)body)->n_mems != n_mems) return bad_op(i, "a loop's body must number buffers alike");
             op->body = (Code *)Py_NewRef(body);
             break;
@@ -292,6 +340,8 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
             op->cap = Py_NewRef(PyTuple_GET_ITEM(t, 4));
             op->cap_d = PyFloat_AsDouble(op->cap);
             if (op->cap_d == -1.0 && PyErr_Occurred()) return -1;
+            if (!(op->cap_d > 0.0 && op->cap_d <= 1e300))  /* moved / cap is the copy's cycles at the port */
+                return bad_op(i, "a copy's cap must be a positive finite number of bytes per cycle");
             op->write = PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
             if (op->write < 0) return -1;
             op->base = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 6));
@@ -326,6 +376,22 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
         default:
             return bad_op(i, "unknown kind");
         }
+    }
+    return 0;
+}
+
+static int code_init(Code *c, PyObject *args, PyObject *kwds) {
+    PyObject *ops;
+    Py_ssize_t n_mems;
+    if (!PyArg_ParseTuple(args, "O!n", &PyTuple_Type, &ops, &n_mems)) return -1;
+    if (c->ops) { PyErr_SetString(PyExc_TypeError, "pipe Code: already initialised"); return -1; }
+    if (n_mems < 0 || n_mems > MEMS_MAX) {
+        PyErr_Format(PyExc_ValueError, "pipe Code: %zd local buffers, expected 0 to %d", n_mems, MEMS_MAX);
+        return -1;
+    }
+    if (code_build(c, ops, n_mems) < 0) {  /* a Code half built is not one: not initialised again */
+        code_reset(c);
+        return -1;
     }
     return 0;
 }
@@ -426,10 +492,15 @@ static void flags_dealloc(Flags *g) {
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
-/* flag `i`, made (with every flag below it) on first use */
+/* flag `i`, made (with every flag below it) on first use; at most FLAGS_MAX of them */
 static Flag *flag_at(Flags *g, Py_ssize_t i) {
+    if (i < 0 || i >= FLAGS_MAX) {
+        PyErr_Format(PyExc_ValueError, "pipe walk: flag %zd of a core outside [0, %zd)", i, FLAGS_MAX);
+        return NULL;
+    }
     if (i >= g->n) {
         Py_ssize_t n = i + 1 > 2 * g->n ? i + 1 : 2 * g->n;
+        if (n > FLAGS_MAX) n = FLAGS_MAX;  /* n * sizeof(Flag) is then at most 256 MiB */
         Flag *grown = PyMem_Realloc(g->flag, (size_t)n * sizeof(Flag));
         if (!grown) { PyErr_NoMemory(); return NULL; }
         memset(grown + g->n, 0, (size_t)(n - g->n) * sizeof(Flag));
@@ -588,7 +659,15 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     }
     if (num_from(cross_latency, &w->cross_latency) < 0) return -1;
     if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
-    if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already built"); return -1; }
+    if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already initialised"); return -1; }
+    if (!((Code *)code)->ops) {
+        PyErr_SetString(PyExc_TypeError, "pipe Walker: its Code is not initialised (Code(ops, n_mems))");
+        return -1;
+    }
+    if (weight < 1) {  /* a run stands for `weight` identical blocks: at least its own */
+        PyErr_Format(PyExc_ValueError, "pipe Walker: a run's weight of %lld blocks, expected at least 1", weight);
+        return -1;
+    }
     if (num_from(latency, &w->latency) < 0 || num_from(t, &w->t) < 0) return -1;
     if (intervals != Py_None && !PyList_Check(intervals)) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: intervals must be a list or None");
@@ -614,11 +693,24 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     Py_ssize_t m = w->root->n_mems ? w->root->n_mems : 1;
     w->local = PyMem_Calloc((size_t)m, sizeof(int64_t));
     w->touched = PyMem_Calloc((size_t)m, 1);
-    if (!w->stack || !w->local || !w->touched) { PyErr_NoMemory(); return -1; }
+    if (!w->stack || !w->local || !w->touched) {  /* not initialised after all */
+        walker_clear(w);
+        PyMem_Free(w->stack); PyMem_Free(w->local); PyMem_Free(w->touched);
+        w->stack = NULL; w->local = NULL; w->touched = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
     w->stack[0].code = w->root;
     w->depth = 1;
     w->busy = w->waited = w->flops = w->data_wait = 0.0;
     return 0;
+}
+
+/* a TypeError unless __init__ has built the walker (Walker.__new__ alone leaves it empty) */
+static int not_initialised(Walker *w) {
+    if (w->root && w->stack) return 0;
+    PyErr_SetString(PyExc_TypeError, "pipe Walker: not initialised (Walker(code, ...) first)");
+    return 1;
 }
 
 /* intervals.append((core, pipe, name, start, end, kernel id)) for every core of the run */
@@ -653,7 +745,8 @@ static int fixed(Walker *w, Op *op) {
     w->busy += num_double(op->cost);
     w->flops += op->flops;
     for (Py_ssize_t k = 0; k < op->n_local; k++) {
-        w->local[op->local_mem[k]] += op->local_bytes[k];
+        int64_t *into = &w->local[op->local_mem[k]];
+        if (mul_add(*into, op->local_bytes[k], 1, into, "a buffer's bytes written") < 0) return -1;
         w->touched[op->local_mem[k]] = 1;
     }
     return 0;
@@ -732,6 +825,7 @@ static int start_copy(Walker *w) {
 
 /* the walker called by the timeout of a copy's start-up: the copy starts */
 static PyObject *walker_call(Walker *w, PyObject *args, PyObject *kwds) {
+    if (not_initialised(w)) return NULL;
     if (!w->pending || !w->pending_op || w->pending_op->kind != K_COPY || w->st) {
         PyErr_SetString(PyExc_RuntimeError, "pipe Walker: called with no copy to start");
         return NULL;
@@ -777,7 +871,7 @@ static PyObject *begin_copy(Walker *w, Op *op) {
         }
         long long x = PyLong_AsLongLong(v);
         if (x == -1 && PyErr_Occurred()) return NULL;
-        a += op->term_step[k] * x;
+        if (mul_add(a, op->term_step[k], x, &a, "a copy's GM address") < 0) return NULL;
     }
     Num start, at;
     if (queue_start(w, op, &start) < 0 || now(w, &at) < 0) return NULL;
@@ -788,7 +882,9 @@ static PyObject *begin_copy(Walker *w, Op *op) {
     if (!addrs) { Py_DECREF(done); return NULL; }
     for (Py_ssize_t k = 0; k < n; k++) {
         long long o = PyLong_AsLongLong(PyList_GET_ITEM(w->offsets, k));
-        PyObject *x = (o == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(a + o * op->block_step);
+        int64_t at;
+        PyObject *x = (o == -1 && PyErr_Occurred()) || mul_add(a, o, op->block_step, &at, "a copy's GM address") < 0
+                          ? NULL : PyLong_FromLongLong(at);
         if (!x) { Py_DECREF(addrs); Py_DECREF(done); return NULL; }
         PyList_SET_ITEM(addrs, k, x);
     }
@@ -837,6 +933,10 @@ static int acc_add_stat(Walker *w, PyObject *counter, PyObject *stat) {
 /* whole_cycles(x) (cycles.py) as an int: its fast test here, the rest there */
 static int whole_of(Walker *w, double x, int64_t *out) {
     double c = ceil(x);
+    if (!(c >= -(double)EXACT && c <= (double)EXACT)) {  /* also NaN: no int64 holds it */
+        PyErr_Format(PyExc_OverflowError, "pipe walk: a copy of %g cycles at its port, beyond 2^53", x);
+        return -1;
+    }
     if (c == x || c - x < 1.0 - CLEAR) {
         *out = (int64_t)c;
         return 0;
@@ -890,10 +990,14 @@ static int end_copy(Walker *w) {
     Py_DECREF(moved);
     if (bad) return -1;
     if (!op->write) {
-        w->local[op->local] += op->nbytes_i * op->segments_i;
+        if (mul_add(w->local[op->local], op->nbytes_i, op->segments_i, &w->local[op->local],
+                    "a buffer's bytes written") < 0)
+            return -1;
         w->touched[op->local] = 1;
     }
-    PyObject *segs = PyLong_FromLongLong(op->segments_i * w->weight);
+    int64_t segs_i;
+    if (mul_add(0, op->segments_i, w->weight, &segs_i, "a copy's segments") < 0) return -1;
+    PyObject *segs = PyLong_FromLongLong(segs_i);
     if (!segs) return -1;
     bad = acc_add_stat(w, s_hbm_read, s_st_hbm_read) || acc_add_stat(w, s_hbm_write, s_st_hbm_write) ||
           acc_add_stat(w, s_l2_hit, s_st_hit) || acc_add_stat(w, s_l2_miss, s_st_miss) ||
@@ -929,13 +1033,17 @@ static int end_wait(Walker *w) {
     return bad;
 }
 
-/* the cross-core flag `id` from `source` on core flags `g` */
+/* the cross-core flag `id` from `source` on core flags `g`: flag id * AIVs per AIC + source */
 static Flag *cross_flag(Walker *w, Flags *g, Py_ssize_t id, Py_ssize_t source) {
-    if (id < 0 || id > (PY_SSIZE_T_MAX - source) / w->cross_per - 1) {
-        PyErr_Format(PyExc_ValueError, "pipe walk: cross-core flag id %zd out of range", id);
+    Py_ssize_t at;
+    if (id < 0 || id >= FLAG_ID_MAX || __builtin_mul_overflow(id, w->cross_per, &at) ||
+        __builtin_add_overflow(at, source, &at) || at >= FLAGS_MAX) {
+        PyErr_Format(PyExc_ValueError, "pipe walk: cross-core flag id %zd from source %zd with %zd AIVs per AIC: "
+                     "expected an id below %d and id x AIVs per AIC below %zd", id, source, w->cross_per,
+                     FLAG_ID_MAX, FLAGS_MAX);
         return NULL;
     }
-    return flag_at(g, id * w->cross_per + source);
+    return flag_at(g, at);
 }
 
 /* a CrossSetFlag posted now (its clock has been reached) to each target core, visible
@@ -1109,7 +1217,8 @@ static int wait_for(Walker *w, PyObject *ev) {
    Signal is scheduled with its clock as a finished Process is. A barrier, SyncAll or
    cross-core flag is pipe.py's meet(walk, entry), a generator driven the same way. */
 static PyObject *walker_resume(Walker *w, PyObject *event) {
-    if (!w->root || !w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not started"); return NULL; }
+    if (not_initialised(w)) return NULL;
+    if (!w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: resumed before start()"); return NULL; }
     PyObject *value = NULL;  /* to send into the meet generator */
     if (w->gen) {
         value = PyObject_GetAttr(event, s_value);
@@ -1167,7 +1276,7 @@ static PyObject *walker_resume(Walker *w, PyObject *event) {
    initialisation is scheduled now, before anything of normal priority); returns the
    Signal that fires with the pipe's clock when it ends */
 static PyObject *walker_start(Walker *w, PyObject *unused) {
-    if (!w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: not built"); return NULL; }
+    if (not_initialised(w)) return NULL;
     if (w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: started twice"); return NULL; }
     w->resume_cb = PyObject_GetAttrString((PyObject *)w, "resume");
     w->done = w->resume_cb ? PyObject_CallOneArg(w->signal, w->env) : NULL;
@@ -1190,6 +1299,7 @@ done:
 /* flush(local_bytes, weight): add the bytes written into each buffer (times the run's
    weight) into the kernel's counters; `mems` names the buffers by index */
 static PyObject *walker_flush(Walker *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (not_initialised(w)) return NULL;
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "flush(local_bytes, mems, weight)"); return NULL; }
     PyObject *counters = args[0], *mems = args[1];
     long long weight = PyLong_AsLongLong(args[2]);
@@ -1203,7 +1313,9 @@ static PyObject *walker_flush(Walker *w, PyObject *const *args, Py_ssize_t nargs
         PyObject *mem = PyTuple_GET_ITEM(mems, k);
         PyObject *cur = PyObject_GetItem(counters, mem);  /* a defaultdict(float) */
         if (!cur) return NULL;
-        PyObject *add = PyLong_FromLongLong(w->local[k] * weight);
+        int64_t bytes;
+        if (mul_add(0, w->local[k], weight, &bytes, "a buffer's bytes written") < 0) { Py_DECREF(cur); return NULL; }
+        PyObject *add = PyLong_FromLongLong(bytes);
         PyObject *sum = add ? PyNumber_Add(cur, add) : NULL;
         Py_DECREF(cur);
         Py_XDECREF(add);

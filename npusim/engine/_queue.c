@@ -51,12 +51,35 @@ static inline int before(const Entry *a, const Entry *b) {
     return a->id < b->id;
 }
 
-static void queue_dealloc(Queue *q) {
+/* The queue's events hold the environment that holds the queue (a Signal's env, a
+   process's generator): a cycle the garbage collector must see, or a run abandoned with
+   events left (engine.run's attempt after a divergence) is never freed. */
+static int queue_traverse(Queue *q, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; i < q->n; i++) {
-        Py_DECREF(q->heap[i].time);
-        Py_DECREF(q->heap[i].event);
+        Py_VISIT(q->heap[i].time);
+        Py_VISIT(q->heap[i].event);
     }
-    PyMem_Free(q->heap);
+    return 0;
+}
+
+/* every entry dropped; the heap is detached first, so an event's finaliser that
+   schedules on this queue finds it empty, not half cleared */
+static int queue_clear(Queue *q) {
+    Entry *heap = q->heap;
+    Py_ssize_t n = q->n;
+    q->heap = NULL;
+    q->n = q->size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(heap[i].time);
+        Py_DECREF(heap[i].event);
+    }
+    PyMem_Free(heap);
+    return 0;
+}
+
+static void queue_dealloc(Queue *q) {
+    PyObject_GC_UnTrack(q);
+    queue_clear(q);
     Py_TYPE(q)->tp_free((PyObject *)q);
 }
 
@@ -370,10 +393,12 @@ static PyTypeObject QueueType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "npusim.engine._queue.Queue",
     .tp_basicsize = sizeof(Queue),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Queue(): events by (time, priority, order scheduled), as SimPy orders them",
     .tp_new = PyType_GenericNew,
     .tp_dealloc = (destructor)queue_dealloc,
+    .tp_traverse = (traverseproc)queue_traverse,
+    .tp_clear = (inquiry)queue_clear,
     .tp_methods = queue_methods,
     .tp_as_sequence = &queue_as_sequence,
 };

@@ -70,6 +70,27 @@ def _dma_queue(instance, attribute, value) -> None:
         raise ValueError(f"'{attribute.name}' must be <= {DMA_QUEUE_MAX}: {short(value)}")
 
 
+# the most flag ids per pipe pair (sync.flag_ids; npusim/engine/_pipe.c's FLAG_ID_MAX): far
+# above any chip's (the 910B has 8), and the engine keeps one entry per id it meets
+FLAG_IDS_MAX = 65536
+
+
+def _flag_ids(instance, attribute, value) -> None:
+    if not value <= FLAG_IDS_MAX:
+        raise ValueError(f"'{attribute.name}' must be <= {FLAG_IDS_MAX}: {short(value)}")
+
+
+# the largest L2 line and DMA burst (l2.line_bytes, dma.burst_bytes; npusim/engine/_l2.c's
+# UNIT_MAX): far above any chip's (the 910B: 512 and 64), and the burst rounding walks up
+# to this many segments of a transfer and counts its bytes in 64 bits
+UNIT_BYTES_MAX = 1 << 20
+
+
+def _unit_bytes(instance, attribute, value) -> None:
+    if not value <= UNIT_BYTES_MAX:
+        raise ValueError(f"'{attribute.name}' must be <= {UNIT_BYTES_MAX}: {short(value)}")
+
+
 def _pos(help: str):
     return field(validator=_positive, metadata={"help": help})
 
@@ -137,7 +158,8 @@ class VectorCore:
 
 @frozen
 class Sync:
-    flag_ids: int = _pos("event ids per (src pipe, dst pipe) pair for SetFlag/WaitFlag")
+    flag_ids: int = field(validator=[_positive, _flag_ids], metadata={"help": (
+        f"event ids per (src pipe, dst pipe) pair for SetFlag/WaitFlag (at most {FLAG_IDS_MAX})")})
     flag_latency_cycles: int = _nonneg("from SetFlag on one pipe to the waiting pipe seeing it")
     pipe_barrier_cycles: int = _nonneg("cost of PipeBarrier once the pipes have drained")
     sync_all_cycles: int = _nonneg("cost of SyncAll once every core has arrived")
@@ -147,7 +169,8 @@ class Sync:
 @frozen
 class L2:
     l2_bytes: int = _pos("capacity of the shared memory-side cache")
-    line_bytes: int = _pos("cache line; hits, misses and write-backs are counted per line")
+    line_bytes: int = field(validator=[_positive, _unit_bytes], metadata={"help": (
+        f"cache line; hits, misses and write-backs are counted per line (at most {UNIT_BYTES_MAX})")})
     ways: int = _pos("associativity: lines per set (LRU within a set)")
     bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
 
@@ -161,7 +184,8 @@ class Hbm:
 
 @frozen
 class Dma:
-    burst_bytes: int = _pos("GM traffic moves in aligned bursts of this size (the 64-byte rule)")
+    burst_bytes: int = field(validator=[_positive, _unit_bytes], metadata={"help": (
+        f"GM traffic moves in aligned bursts of this size (the 64-byte rule; at most {UNIT_BYTES_MAX})")})
     startup_cycles: int = _nonneg("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
     segment_cycles: float = _nonneg("DMA engine time per segment of a cube core's strided transfer, overlapped with "
                                     "the data of the segments before it: a transfer takes at least segments x this")

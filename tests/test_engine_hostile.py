@@ -1,0 +1,285 @@
+"""The C engine (npusim/engine/_*.c) against hostile use: ids and sizes beyond what it
+states it holds, arithmetic that would wrap, its private types used before __init__,
+and an abandoned run's cycles. Each ends in one clean error (or is freed), never in a
+crash, a hang, a wrapped number or a leak. A call that crashed or hung before its fix
+runs in a fresh interpreter, so that it fails its test rather than ending pytest."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import pytest
+from kernels import M, V, mix_kernel, simulate_on_device
+
+from npusim.engine import pipe
+from npusim.engine._l2 import burst_cost
+from npusim.engine._pipe import Code, Walker
+from npusim.engine.events import Environment, Signal
+from npusim.errors import ConfigError
+from npusim.hw import load_hw
+from npusim.hw.config import FLAG_IDS_MAX, UNIT_BYTES_MAX
+from npusim.isa import CrossSetFlag, CrossWaitFlag, Mmad, VecOp
+
+HW = load_hw("ascend910b2")
+
+# _pipe.c's entry kinds (compile.code_of numbers them alike)
+K_SET, K_LOOP, K_CROSS_SET = 2, 4, 7
+
+
+def isolated(code: str) -> str:
+    """What `code` prints in a fresh interpreter; a crash or hang there fails the test."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e)
+    assert text and "\n" not in text, repr(text)
+    return text
+
+
+# ------------------------------------------------------------------ flags (_pipe.c)
+
+
+def test_sync_flag_ids_beyond_the_most_is_one_config_error():
+    for n in (FLAG_IDS_MAX + 1, 10**18):
+        with pytest.raises(ConfigError) as e:
+            load_hw("ascend910b2", overrides={"sync.flag_ids": n})
+        assert f"key 'sync.flag_ids': expected a value <= {FLAG_IDS_MAX}, got {n}" in one_line(e.value)
+
+
+def test_a_cross_core_flag_id_beyond_the_most_is_refused_by_the_walk():
+    """The id of the issue (2^57 + 2, once sync.flag_ids allowed it) indexed past the
+    core's flags; a SetFlag number past what a core keeps would have asked for 2^40 x 64
+    bytes: each is a ValueError naming it, when the Code is built."""
+    for kind, number, named in ((K_CROSS_SET, 2**57 + 2, "cross-core flag id 144115188075855874"),
+                                (K_CROSS_SET, FLAG_IDS_MAX, f"cross-core flag id {FLAG_IDS_MAX}"),
+                                (K_CROSS_SET, 2**70, "cross-core flag id 1180591620717411303424"),
+                                (K_SET, 1 << 40, "flag number 1099511627776"),
+                                (K_SET, -1, "flag number -1")):
+        with pytest.raises(ValueError) as e:
+            Code(((kind, None, "flag", number),), 0)
+        assert named in one_line(e.value) and "outside [0, " in str(e.value)
+
+
+def cross_kernel(hw, flag: int):
+    """A mixed kernel whose AIVs tell the AIC with cross-core flag `flag`."""
+    aic, aiv = [CrossWaitFlag(M, flag), Mmad(16, 16, 16)], [VecOp("exp", 4096, dst=0), CrossSetFlag(V, flag)]
+    return mix_kernel(hw, aic, aiv)
+
+
+def test_the_highest_cross_core_flag_id_runs():
+    """At the most flag ids the config allows, the highest id is a flag like any other."""
+    hw = load_hw("ascend910b2", overrides={"sync.flag_ids": FLAG_IDS_MAX})
+    spans = [simulate_on_device(cross_kernel(hw, flag), hw).trace.intervals for flag in (0, FLAG_IDS_MAX - 1)]
+    assert spans[0] == spans[1] and any(iv[2] == "Mmad" for iv in spans[0])
+
+
+def test_a_cross_core_flag_a_core_cannot_keep_is_a_value_error_not_a_memory_error(monkeypatch):
+    """A core keeps a cross-core flag at id x AIVs per AIC + source: with 2^40 AIVs per
+    AIC (a Walker built so; the config's checks stop it before) flag 1 is far past what
+    a core keeps - it asked for 64 TiB before (MemoryError); now a ValueError naming it."""
+
+    def walker(*args):
+        cross = args[22]
+        return Walker(*args[:22], (*cross[:4], 1 << 40, cross[5]), *args[23:])
+
+    monkeypatch.setattr(pipe, "Walker", walker)
+    with pytest.raises(ValueError) as e:
+        simulate_on_device(cross_kernel(HW, 1), HW)
+    assert "cross-core flag id 1 from source" in one_line(e.value) and "1099511627776 AIVs per AIC" in str(e.value)
+
+
+# ------------------------------------------------------------------ bursts and lines (_l2.c)
+
+
+def test_a_line_or_burst_beyond_the_most_is_one_config_error():
+    for over, key in (({"l2.line_bytes": 2**59, "dma.burst_bytes": 2**59, "l2.ways": 1, "l2.l2_bytes": 2**59},
+                       "l2.line_bytes"), ({"dma.burst_bytes": 2 * UNIT_BYTES_MAX}, "dma.burst_bytes")):
+        with pytest.raises(ConfigError) as e:
+            load_hw("ascend910b2", overrides=over)
+        assert f"key '{key}': expected a value <= {UNIT_BYTES_MAX}" in one_line(e.value)
+
+
+def test_the_burst_rounding_refuses_rather_than_wraps():
+    """2^59-byte bursts gave a negative cost (the sum wrapped); now the C refuses a burst
+    beyond its stated most, and a count beyond 2^63 is an OverflowError - where it fits,
+    the Python rule's number."""
+    from memory_reference import burst_cost as rule
+
+    with pytest.raises(ValueError) as e:
+        burst_cost(0, 2**59, 20, 2**59, 2**59)
+    assert f"a burst of {2**59} bytes, expected 1 to {UNIT_BYTES_MAX}" in one_line(e.value)
+    for args in ((0, 2**61, 4, 2**61, 64),  # 2^63 bytes moved
+                 (0, 1, 2**62, 2**62, 2),  # 2^62 segments of one burst each: 2^63
+                 (2**62, 2**62, 1, 0, 64),  # a segment ending at 2^63
+                 (-(2**62), 1, 3, -(2**62) - 1, 64)):  # the third segment starting below -2^63
+        assert rule(*args)[0] >= 2**63 or args[0] + args[1] + (args[2] - 1) * args[3] not in range(-2**63, 2**63)
+        with pytest.raises(OverflowError) as e:
+            burst_cost(*args)
+        assert "burst_cost:" in one_line(e.value) and "beyond 2^63" in str(e.value)
+    for args in ((3, 2**40, 7, 2**41 + 5, 64), (-(2**50), 2**45, 2**12, -(2**40) - 3, 2**20), (5, 100, 2**40, 96, 64)):
+        assert burst_cost(*args) == rule(*args)
+
+
+def test_a_mover_refuses_a_line_or_burst_beyond_the_most():
+    from npusim.engine._l2 import Mover
+    from npusim.engine.memory import MemorySystem
+
+    mem = MemorySystem(Environment(), HW, record=False)
+    for line, burst, what in ((2**59, 64, f"a line of {2**59} bytes"), (512, 2**59, f"a burst of {2**59} bytes"),
+                              (512, 0, "a burst of 0 bytes")):
+        with pytest.raises(ValueError) as e:
+            Mover(mem.l2._core, line, burst, {}, mem._lines_of, None, [], None, None, Signal, None, None)
+        assert what in one_line(e.value)
+
+
+# ------------------------------------------------------------------ an access's own fill (_l2.c)
+
+
+def test_a_line_repeated_across_pieces_reads_its_own_fill_as_arrived():
+    """A 5-line access on 4 sets comes in two pieces; the second hits the line the first
+    placed with this access's fill id (2^24: far past the 1024 the core starts with) while
+    another fill is in flight. Its flag was read before it was grown (a crash); it is
+    1 - arrived: an access never waits for its own fill."""
+    out = isolated("""
+        from array import array
+        from npusim.engine._l2 import Core
+        sets, ways = 4, 16
+        arrays = [array('i', [-1] * sets * ways), array('i', [0] * sets * ways), bytearray(sets * ways),
+                  array('i', [0] * sets * ways)]
+        core = Core(*map(memoryview, arrays), sets, ways, 40503)
+        lines = lambda *xs: memoryview(array('q', xs))
+        print(core.access(lines(0), False, 1, False))  # fill 1 in flight
+        print(core.access(lines(100, 101, 102, 103, 100), False, 1 << 24, False), core.in_flight)
+    """)
+    assert out.splitlines() == ["(0, None, [], None, True)", "(1, None, [], None, True) 2"]
+
+
+def test_a_fill_id_the_core_never_issued_is_refused():
+    """The fill array is the caller's (numpy's, for L2Cache): a slot holding a fill id
+    past the core's flags is a ValueError, not a read past them (a crash)."""
+    out = isolated("""
+        from array import array
+        from npusim.engine._l2 import Core
+        arrays = [array('i', [-1] * 64), array('i', [0] * 64), bytearray(64), array('i', [0] * 64)]
+        core = Core(*map(memoryview, arrays), 4, 16, 40503)
+        lines = lambda *xs: memoryview(array('q', xs))
+        core.access(lines(0, 1, 2, 3), False, 1, False)  # fill 1 in flight
+        arrays[3][array('q', core.find(lines(0)))[0]] = 1 << 30
+        try:
+            core.access(lines(0), False, 0, False)
+        except ValueError as e:
+            print(e)
+    """)
+    assert out.startswith("L2 core: slot ") and out.endswith(" holds fill 1073741824, one never issued\n"), out
+
+
+# ------------------------------------------------------------------ use before __init__
+
+LINES = "memoryview(__import__('array').array('q', [0]))"
+BEFORE_INIT = {  # made by __new__ alone (a type's __init__ never ran)
+    "Core.access": f"new(_l2.Core).access({LINES}, False, 0, False)",  # looped forever (no sets)
+    "Core.find": f"new(_l2.Core).find({LINES})",  # answered "not cached" from no arrays
+    "Core.arrived": "new(_l2.Core).arrived(1)",
+    "Mover.transfer": "new(_l2.Mover).transfer([0], 64, 1, 64, False, 1.0, print)",
+    "Walker.flush": "new(_pipe.Walker).flush({}, (), 1)",  # read its Code's buffers through NULL
+    "Walker.start": "new(_pipe.Walker).start()",
+    "Walker.resume": "new(_pipe.Walker).resume(None)",
+    "Walker()": "new(_pipe.Walker)()",
+    "Flows.start": "new(_flows.Flows).start(64, 1.0, print)",
+}
+
+
+@pytest.mark.parametrize("call", BEFORE_INIT.values(), ids=BEFORE_INIT.keys())
+def test_a_private_type_used_before_init_refuses(call):
+    out = isolated(f"""
+        from npusim.engine import _flows, _l2, _pipe
+        new = lambda t: t.__new__(t)
+        try:
+            {call}
+        except TypeError as e:
+            print(e)
+    """)
+    assert "not initialised" in out and out.count("\n") == 1, out
+
+
+def test_a_core_whose_init_failed_refuses():
+    """A Core initialised, then initialised again with a bad size: it has released its
+    old arrays, so it is not initialised any more (it kept walking them before)."""
+    out = isolated("""
+        from array import array
+        from npusim.engine._l2 import Core
+        arrays = [memoryview(array(t, [0] * 16)) for t in "iiBi"]
+        core = Core(*arrays, 1, 16, 0)
+        try:
+            core.__init__(*arrays, 0, 16, 0)
+        except ValueError as e:
+            print(e)
+        try:
+            core.find(memoryview(array("q", [0])))
+        except TypeError as e:
+            print(e)
+    """)
+    assert out.splitlines()[0] == "L2 core: 0 sets of 16 ways, expected each 1 to 2^31 - 1"
+    assert out.splitlines()[1].startswith("L2 core: not initialised")
+
+
+def test_a_code_not_initialised_is_refused_as_a_loop_body_and_by_a_walker(monkeypatch):
+    """A Code made by __new__ alone, or whose __init__ failed half way, walks as an
+    empty stream (or a broken one): a loop and a Walker refuse it."""
+    half = Code.__new__(Code)
+    with pytest.raises(ValueError):
+        half.__init__(((K_SET, None, "set", 0), (K_SET, None, "set", -1)), 0)
+    for body in (Code.__new__(Code), half):
+        with pytest.raises(TypeError) as e:
+            Code(((K_LOOP, None, "", "i", 2, body),), 0)
+        assert "a loop's body is not initialised" in one_line(e.value)
+    made = []
+    monkeypatch.setattr(pipe, "Walker", lambda *args: made.append(args) or Walker(*args))
+    simulate_on_device(cross_kernel(HW, 0), HW)
+    with pytest.raises(TypeError) as e:
+        Walker(Code.__new__(Code), *made[0][1:])
+    assert "its Code is not initialised" in one_line(e.value)
+    with pytest.raises(ValueError) as e:
+        Walker(made[0][0], *made[0][1:17], 0, *made[0][18:])  # a run's weight of no blocks
+    assert "weight of 0 blocks" in one_line(e.value)
+
+
+# ------------------------------------------------------------------ the event queue (_queue.c)
+
+
+def test_an_environment_left_with_events_is_freed():
+    """The queue's events hold the environment that holds the queue: the garbage
+    collector must see the cycle (1.5-2 MiB per abandoned run before)."""
+    env = Environment()
+    Signal(env).fire()  # queued; it holds env
+
+    def waits(env):
+        yield Signal(env)
+
+    env.process(waits(env))  # a process too: its start is queued, its generator holds env
+    gone = weakref.ref(env)
+    del env
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_attempts_a_divergence_abandons_are_freed():
+    """engine.run abandons an attempt whose group came apart (test_engine_regression's
+    case): its environment, with the events it had left, is freed."""
+    from npusim.engine import Launch, Synchronize, run
+    from npusim.ops import lower
+
+    hw = load_hw("ascend910b2", overrides={"l2.l2_bytes": 3 << 20})
+    params = dict(heads=8, kv_heads=8, head_dim=64, seq_q=512, seq_kv=512, causal=True)
+    calls = [Launch(k, 0, "graph") for k in lower("attention_unfused", params, hw).kernels] + [Synchronize()]
+    envs = []
+    run(calls, hw, "kernel", on_device=lambda device: envs.append(weakref.ref(device.env)))
+    gc.collect()
+    assert len(envs) > 1 and all(env() is None for env in envs)
