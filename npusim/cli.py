@@ -365,9 +365,17 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     return p
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (not the whole usage of a
+    command with thirty options before it); subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     """serve_options=False leaves out serve's options (their module imports the whole serving stack)."""
-    p = argparse.ArgumentParser(prog="npusim", description="Cycle-approximate simulator of a 910B-like NPU.")
+    p = _Parser(prog="npusim", description="Cycle-approximate simulator of a 910B-like NPU.")
     sub = p.add_subparsers(dest="command", required=True)
 
     hw = sub.add_parser("hw", help="hardware configs")
