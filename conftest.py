@@ -5,9 +5,14 @@ of its own, so no test is served what another one simulated."""
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+# tests/'s helpers (kernels.py: kernels by hand, the deadline guard) for tests in its subfolders too
+sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 _CACHE = tempfile.mkdtemp(prefix="npusim-test-cache-")
 os.environ["NPUSIM_CACHE_DIR"] = _CACHE

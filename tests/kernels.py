@@ -181,11 +181,15 @@ def block_start(result: RunResult, core: str) -> float:
     return min(span[3] for span in result.trace.block_spans if span[0] == core)
 
 
+class Hung(Exception):
+    """A case that did not end in time (not an OSError, which npusim's main() would report)."""
+
+
 @contextlib.contextmanager
-def deadline(seconds: float):
+def deadline(seconds: float = 60):
     """Fail instead of hanging (pytest-timeout is not installed): SIGALRM after `seconds`."""
     def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: the engine hangs")
+        raise Hung(f"still running after {seconds} s")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)

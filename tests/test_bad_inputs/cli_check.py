@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -39,3 +41,18 @@ def one_line_error(call, exc_type, expect: str) -> str:
     assert 1 <= len(msg.splitlines()) <= 3 and len(msg) < 600, msg
     assert re.search(expect, msg), msg
     return msg
+
+
+def interrupt_at_the_first_replace(monkeypatch) -> list:
+    """Ctrl-C arrives as the first finished output replaces its target (os.replace);
+    returns the list of targets replaced, filled as they are."""
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        if not calls:
+            signal.raise_signal(signal.SIGINT)
+        calls.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_check import interrupt_at_the_first_replace
 from npusim.cli import main
 from npusim.outputs import OutputError, atomic_write, check_paths
 
@@ -343,15 +344,7 @@ def test_ctrl_c_between_two_outputs_leaves_none(argv, last, tmp_path, capsys, mo
 def test_ctrl_c_while_the_outputs_are_put_in_place_names_them(tmp_path, capsys, monkeypatch):
     """Ctrl-C while finished outputs replace their targets waits for the last; the
     message names every one."""
-    real, calls = os.replace, []
-
-    def replace(src, dst):
-        if not calls:
-            signal.raise_signal(signal.SIGINT)
-        calls.append(dst)
-        real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
+    calls = interrupt_at_the_first_replace(monkeypatch)
     outs = [tmp_path / "r.json", tmp_path / "t.json"]
     code, out, err = cli([*RUN, "--no-cache", "--json", outs[0], "--trace", outs[1], "--profile", tmp_path / "p"],
                          capsys)

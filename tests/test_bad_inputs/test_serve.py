@@ -4,43 +4,21 @@ rejected and counted, not an error. Issue 35: values that gave silent wrong
 answers, hangs or tracebacks are refused at their bounds; outputs are checked
 before the run (not an input, not each other, writable) and written all or none."""
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from cli_check import fails_cleanly
+from cli_check import fails_cleanly, interrupt_at_the_first_replace
+from kernels import deadline
 from npusim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5"]
 HEADER = "arrival_s,prompt_tokens,output_tokens\n"
-
-
-class Hung(Exception):
-    """A case that did not end in time (not an OSError: main() would report that)."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float = 60):
-    """Fail a case that would hang instead of hanging the suite."""
-
-    def hung(signum, frame):
-        raise Hung(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def no_temporary_files(folder: Path) -> None:
@@ -193,15 +171,7 @@ def test_serve_interrupted_between_outputs_leaves_none(capsys, tmp_path, monkeyp
 def test_serve_interrupt_while_outputs_are_put_in_place_waits(capsys, tmp_path, monkeypatch):
     """Ctrl-C while the finished outputs replace their targets waits for the last one;
     the message says they were all written."""
-    real, calls = os.replace, []
-
-    def replace(src, dst):
-        if not calls:
-            signal.raise_signal(signal.SIGINT)
-        calls.append(dst)
-        real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
+    calls = interrupt_at_the_first_replace(monkeypatch)
     outs = [tmp_path / "c.csv", tmp_path / "j.json"]
     code = main([*SERVE, "--rate", "20", "--csv", str(outs[0]), "--json", str(outs[1])])
     err = capsys.readouterr().err

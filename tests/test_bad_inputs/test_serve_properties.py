@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from npusim.cli import main
-from test_serve import deadline
+from kernels import deadline
 
 # a number as a user may type it: ordinary, extreme, not finite, or not a number at all
 NUMBERS = st.one_of(st.integers(-3, 2**25).map(str),
