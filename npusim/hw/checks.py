@@ -7,6 +7,24 @@ give a silently wrong number.
 from __future__ import annotations
 
 from npusim.hw.config import HwConfig
+from npusim.hw.parse import short
+
+# The most lines the L2 model holds (l2.l2_bytes / l2.line_bytes): 43 x the 910B's 393,216.
+# It keeps 13 bytes per line in numpy arrays, and 72 bytes per set of scratch in C
+# (npusim/engine/l2cache.py, _l2.c): about 190 MB at this bound, up to 1.4 GB with one way.
+L2_LINES_MAX = 1 << 24
+# Tags are 32-bit (npusim/engine/_l2.c): the L2 names lines below 2^31 x its sets, and
+# every GM address a run uses (GM_BASE up to GM_BASE + hbm.hbm_bytes) must be among them.
+L2_TAGS = 1 << 31
+# The longest one step of a kernel or of the host may take, in cycles: an instruction
+# over a whole buffer (a copy at its port, a vector op over all of UB), a host call
+# configured in microseconds at the clock. 2^40, 10 min at 1.8 GHz: 8,192 of them in a
+# row stay within 2^53, where the engine's int clock is exact (npusim/engine/_pipe.c).
+STEP_CYCLES_MAX = 1 << 40
+# Host-side costs in microseconds (converted to cycles at chip.freq_hz where used).
+US_FIELDS = ("runtime.eager_launch_us", "runtime.graph_launch_us", "runtime.synchronize_us", "runtime.event_us",
+             "runtime.memcpy_startup_us", "runtime.kernel_compile_us", "topology.link_latency_us",
+             "topology.nic_latency_us")
 
 # The cube dtype the derived peaks, the rooflines and the ridge points are quoted
 # in; other dtypes are checked per program by verify() when a kernel uses them.
@@ -56,10 +74,68 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     if hw.l2.l2_bytes < hw.l2.ways * hw.l2.line_bytes:
         return "l2.l2_bytes", (f"{hw.l2.l2_bytes} holds less than one set of l2.ways {hw.l2.ways} x "
                                f"l2.line_bytes {hw.l2.line_bytes} = {hw.l2.ways * hw.l2.line_bytes}")
+    lines = hw.l2.l2_bytes // hw.l2.line_bytes
+    if lines > L2_LINES_MAX:
+        return "l2.l2_bytes", (f"{hw.l2.l2_bytes} is {lines} lines of l2.line_bytes {hw.l2.line_bytes}, more than "
+                               f"the {L2_LINES_MAX} (2^24) the L2 model holds")
+    bad = _beyond_l2_tags(hw, lines) or _step_too_long(hw)
+    if bad:
+        return bad
     for dtype in REQUIRED_FRACTALS:
         if dtype not in aic.mmad_fractals:
             return f"aic.mmad_fractals.{dtype}", "missing (the cube peaks and rooflines are quoted in it)"
+    from npusim.ops.matmul import MAX_BASE_M, MAX_BASE_N  # here: the ops package imports npusim.hw
+
+    for dtype, f in aic.mmad_fractals.items():  # the tiling choosers cut tiles of whole fractals up to these
+        for dim, n, most in (("m0", f.m0, MAX_BASE_M), ("n0", f.n0, MAX_BASE_N)):
+            if n > most:
+                return f"aic.mmad_fractals.{dtype}.{dim}", (f"{n} is larger than the {most} the largest tile has "
+                                                            "(a tile is whole fractals)")
     for op in REQUIRED_VECTOR_OPS:
         if op not in aiv.vector_cycles_per_repeat:
             return f"aiv.vector_cycles_per_repeat.{op}", "missing (a lowering issues this vector op)"
+    return None
+
+
+def _beyond_l2_tags(hw: HwConfig, lines: int) -> tuple[str, str] | None:
+    """GM (GM_BASE + hbm.hbm_bytes) past the lines the L2's 32-bit tags name."""
+    from npusim.ops.registry import GM_BASE  # here: the ops package imports npusim.hw
+
+    sets = max(1, lines // hw.l2.ways)  # as npusim/engine/l2cache.py divides them
+    named = L2_TAGS * sets * hw.l2.line_bytes
+    if GM_BASE + hw.hbm.hbm_bytes > named:
+        return "hbm.hbm_bytes", (f"{hw.hbm.hbm_bytes} bytes from GM address {GM_BASE} reach past the {named} the "
+                                 f"L2's 32-bit tags name (2^31 x {sets} sets x l2.line_bytes {hw.l2.line_bytes})")
+    return None
+
+
+def _step_too_long(hw: HwConfig) -> tuple[str, str] | None:
+    """The first (key, what is wrong) of a step longer than STEP_CYCLES_MAX: a copy of a
+    whole buffer at a port, a vector instruction over all of UB, a host cost at the clock."""
+    aic, aiv = hw.aic, hw.aiv
+    # (rate key, rate, buffer key, buffer bytes): the largest copy each port moves is a buffer's
+    ports = (("aic.gm_read_bytes_per_cycle", aic.gm_read_bytes_per_cycle, "aic.l1_bytes", aic.l1_bytes),
+             ("aic.gm_write_bytes_per_cycle", aic.gm_write_bytes_per_cycle, "aic.l1_bytes", aic.l1_bytes),
+             ("aic.mte1_l0a_bytes_per_cycle", aic.mte1_l0a_bytes_per_cycle, "aic.l0a_bytes", aic.l0a_bytes),
+             ("aic.mte1_l0b_bytes_per_cycle", aic.mte1_l0b_bytes_per_cycle, "aic.l0b_bytes", aic.l0b_bytes),
+             ("aic.fixpipe_bytes_per_cycle", aic.fixpipe_bytes_per_cycle, "aic.l0c_bytes", aic.l0c_bytes),
+             ("aiv.gm_read_bytes_per_cycle", aiv.gm_read_bytes_per_cycle, "aiv.ub_bytes", aiv.ub_bytes),
+             ("aiv.gm_write_bytes_per_cycle", aiv.gm_write_bytes_per_cycle, "aiv.ub_bytes", aiv.ub_bytes))
+    for key, rate, buffer, nbytes in ports:
+        if nbytes / rate > STEP_CYCLES_MAX:
+            return key, (f"{short(rate)}: a copy of {buffer} {nbytes} takes {nbytes / rate:.3g} cycles, more than "
+                         f"the {STEP_CYCLES_MAX} (2^40) one step may take")
+    repeats = -(-aiv.ub_bytes // aiv.vector_repeat_bytes)
+    op, per = max(aiv.vector_cycles_per_repeat.items(), key=lambda kv: kv[1], default=("", 0))
+    if aiv.vector_startup_cycles + repeats * per > STEP_CYCLES_MAX:
+        return f"aiv.vector_cycles_per_repeat.{op}", (
+            f"{short(per)}: a vector op over aiv.ub_bytes {aiv.ub_bytes} ({repeats} repeats of "
+            f"aiv.vector_repeat_bytes {aiv.vector_repeat_bytes}) takes {aiv.vector_startup_cycles + repeats * per:.3g} "
+            f"cycles, more than the {STEP_CYCLES_MAX} (2^40) one step may take")
+    for key in US_FIELDS:
+        section, name = key.split(".")
+        us = getattr(getattr(hw, section), name)
+        if us * hw.chip.freq_hz / 1e6 > STEP_CYCLES_MAX:
+            return key, (f"{short(us)} us is {us * hw.chip.freq_hz / 1e6:.3g} cycles at chip.freq_hz "
+                         f"{hw.chip.freq_hz:g}, more than the {STEP_CYCLES_MAX} (2^40) one step may take")
     return None

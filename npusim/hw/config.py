@@ -91,12 +91,66 @@ def _unit_bytes(instance, attribute, value) -> None:
         raise ValueError(f"'{attribute.name}' must be <= {UNIT_BYTES_MAX}: {short(value)}")
 
 
+# the largest cost a config may give in cycles (a start-up, a latency, cycles per repeat or
+# per segment): 2^32, 2.4 s at 1.8 GHz, far above any chip's (the 910B's are below 10^4).
+# The engine's clock is an int, exact up to 2^53 (npusim/engine/_pipe.c's EXACT): 2^21
+# such costs in a row stay within it. hw/checks.py bounds what products of fields make.
+CYCLES_MAX = 1 << 32
+
+
+def _cycles(instance, attribute, value) -> None:
+    if not value <= CYCLES_MAX:
+        raise ValueError(f"'{attribute.name}' must be <= {CYCLES_MAX} (2^32): {short(value)}")
+
+
+def _cycle_values(instance, attribute, value: dict) -> None:
+    """Every entry of a mapping of cycle costs at most CYCLES_MAX (named like a field)."""
+    for key, v in value.items():
+        if not v <= CYCLES_MAX:
+            raise ValueError(f"'{attribute.name}.{key}' must be <= {CYCLES_MAX} (2^32): {short(v)}")
+
+
+# the most cube cores (chip.aic_count): 170 x the 910B's 24; the engine keeps each core's
+# pipes and state (a few hundred bytes a core, with its AIVs)
+AIC_COUNT_MAX = 4096
+# the most vector cores per cube core (chip.aiv_per_aic; the 910B has 2): a MIX kernel's
+# cross-core flag is kept at id x AIVs per AIC + source, below FLAG_IDS_MAX x this
+# (npusim/engine/_pipe.c's FLAGS_MAX, 2^22)
+AIV_PER_AIC_MAX = 64
+
+
+def _at_most(bound: int):
+    """A validator: the value at most `bound` (a field-level limit the engine relies on)."""
+
+    def check(instance, attribute, value) -> None:
+        if not value <= bound:
+            raise ValueError(f"'{attribute.name}' must be <= {bound}: {short(value)}")
+
+    return check
+
+
+# the smallest L2 line (l2.line_bytes; the 910B's is 512): GM transfers move 32-byte blocks
+# (UB and L1 alignment), and a smaller line only multiplies the lines every transfer walks
+# (with 1-byte lines, 512 x the 910B's: a collective of a few GiB no longer finishes)
+LINE_BYTES_MIN = 32
+
+
+def _line_min(instance, attribute, value) -> None:
+    if not value >= LINE_BYTES_MIN:
+        raise ValueError(f"'{attribute.name}' must be >= {LINE_BYTES_MIN}: {short(value)}")
+
+
 def _pos(help: str):
     return field(validator=_positive, metadata={"help": help})
 
 
 def _nonneg(help: str):
     return field(validator=_non_negative, metadata={"help": help})
+
+
+def _cyc(help: str):
+    """A cost in cycles: >= 0 and at most CYCLES_MAX."""
+    return field(validator=[_non_negative, _cycles], metadata={"help": help})
 
 
 def _fraction(help: str):
@@ -106,8 +160,10 @@ def _fraction(help: str):
 @frozen
 class Chip:
     freq_hz: float = _pos("core clock; one simulated cycle is 1/freq_hz seconds")
-    aic_count: int = _pos("cube cores (AIC) on the die")
-    aiv_per_aic: int = _pos("vector cores (AIV) per cube core; a MIX block takes 1 AIC + this many AIV")
+    aic_count: int = field(validator=[_positive, _at_most(AIC_COUNT_MAX)], metadata={"help": (
+        f"cube cores (AIC) on the die (at most {AIC_COUNT_MAX})")})
+    aiv_per_aic: int = field(validator=[_positive, _at_most(AIV_PER_AIC_MAX)], metadata={"help": (
+        f"vector cores (AIV) per cube core; a MIX block takes 1 AIC + this many AIV (at most {AIV_PER_AIC_MAX})")})
 
 
 @frozen
@@ -130,12 +186,12 @@ class CubeCore:
     bt_bytes: int = _pos("BT buffer (bias table)")
     fb_bytes: int = _pos("FB buffer (fixpipe parameters)")
     mmad_fractals: dict[str, Fractal] = field(metadata={"help": "cube base block per input dtype"})
-    mmad_startup_cycles: int = _nonneg("fixed cost of one Mmad instruction before its fractals")
+    mmad_startup_cycles: int = _cyc("fixed cost of one Mmad instruction before its fractals")
     mte1_l0a_bytes_per_cycle: int = _pos("MTE1 rate L1 -> L0A")
     mte1_l0b_bytes_per_cycle: int = _pos("MTE1 rate L1 -> L0B (also used for L1 -> BT)")
-    mte1_startup_cycles: int = _nonneg("fixed cost of one MTE1 copy")
+    mte1_startup_cycles: int = _cyc("fixed cost of one MTE1 copy")
     fixpipe_bytes_per_cycle: int = _pos("FixPipe rate out of L0C (to L1, and cap of its GM port)")
-    fixpipe_startup_cycles: int = _nonneg("fixed cost of one FixPipe copy")
+    fixpipe_startup_cycles: int = _cyc("fixed cost of one FixPipe copy")
     gm_read_bytes_per_cycle: float = _pos("port cap of this core's reads from GM/L2 (MTE2)")
     gm_write_bytes_per_cycle: float = _pos("port cap of this core's writes to GM/L2 (MTE3, FIX)")
 
@@ -146,10 +202,10 @@ class VectorCore:
 
     ub_bytes: int = _pos("unified buffer")
     vector_repeat_bytes: int = _pos("bytes one vector repeat processes (128 fp16 lanes)")
-    vector_startup_cycles: float = _nonneg("fixed cost of one vector instruction (issue, and the wait for its "
-                                           "result a dependent one makes); an instruction takes whole cycles")
+    vector_startup_cycles: float = _cyc("fixed cost of one vector instruction (issue, and the wait for its "
+                                        "result a dependent one makes); an instruction takes whole cycles")
     vector_cycles_per_repeat: dict[str, float] = field(
-        validator=_positive_values,
+        validator=[_positive_values, _cycle_values],
         metadata={"help": "cycles per 256-byte repeat, per op kind (its cost factor)"},
     )
     gm_read_bytes_per_cycle: float = _pos("port cap of this core's reads from GM/L2 (MTE2)")
@@ -160,17 +216,17 @@ class VectorCore:
 class Sync:
     flag_ids: int = field(validator=[_positive, _flag_ids], metadata={"help": (
         f"event ids per (src pipe, dst pipe) pair for SetFlag/WaitFlag (at most {FLAG_IDS_MAX})")})
-    flag_latency_cycles: int = _nonneg("from SetFlag on one pipe to the waiting pipe seeing it")
-    pipe_barrier_cycles: int = _nonneg("cost of PipeBarrier once the pipes have drained")
-    sync_all_cycles: int = _nonneg("cost of SyncAll once every core has arrived")
-    cross_core_flag_latency_cycles: int = _nonneg("AIC <-> AIV flag latency in MIX kernels (through GM)")
+    flag_latency_cycles: int = _cyc("from SetFlag on one pipe to the waiting pipe seeing it")
+    pipe_barrier_cycles: int = _cyc("cost of PipeBarrier once the pipes have drained")
+    sync_all_cycles: int = _cyc("cost of SyncAll once every core has arrived")
+    cross_core_flag_latency_cycles: int = _cyc("AIC <-> AIV flag latency in MIX kernels (through GM)")
 
 
 @frozen
 class L2:
     l2_bytes: int = _pos("capacity of the shared memory-side cache")
-    line_bytes: int = field(validator=[_positive, _unit_bytes], metadata={"help": (
-        f"cache line; hits, misses and write-backs are counted per line (at most {UNIT_BYTES_MAX})")})
+    line_bytes: int = field(validator=[_positive, _line_min, _unit_bytes], metadata={"help": (
+        f"cache line; hits, misses and write-backs are counted per line ({LINE_BYTES_MIN} to {UNIT_BYTES_MAX})")})
     ways: int = _pos("associativity: lines per set (LRU within a set)")
     bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
 
@@ -186,10 +242,10 @@ class Hbm:
 class Dma:
     burst_bytes: int = field(validator=[_positive, _unit_bytes], metadata={"help": (
         f"GM traffic moves in aligned bursts of this size (the 64-byte rule; at most {UNIT_BYTES_MAX})")})
-    startup_cycles: int = _nonneg("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
-    segment_cycles: float = _nonneg("DMA engine time per segment of a cube core's strided transfer, overlapped with "
-                                    "the data of the segments before it: a transfer takes at least segments x this")
-    vector_segment_cycles: float = _nonneg("the same for a vector core's strided transfer (a DataCopyPad of rows)")
+    startup_cycles: int = _cyc("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
+    segment_cycles: float = _cyc("DMA engine time per segment of a cube core's strided transfer, overlapped with "
+                                 "the data of the segments before it: a transfer takes at least segments x this")
+    vector_segment_cycles: float = _cyc("the same for a vector core's strided transfer (a DataCopyPad of rows)")
     outstanding: int = field(validator=[_positive, _dma_queue], metadata={"help": (
         "GM copies a pipe's DMA engine holds at once: a copy issued right behind another is requested while "
         "that one's data moves, so its start-up overlaps it (1: every copy pays its start-up after the one before)")})
@@ -203,11 +259,11 @@ class Dma:
 class Runtime:
     eager_launch_us: float = _nonneg("host time to launch one kernel op by op (eager mode)")
     graph_launch_us: float = _nonneg("host time per kernel when replaying a captured graph")
-    kernel_start_aic_cycles: int = _nonneg("device-side cost from a cube-only (AIC) kernel reaching the head of its "
-                                           "stream to its first block")
-    kernel_start_aiv_cycles: int = _nonneg("the same for a vector-only (AIV) kernel")
-    kernel_start_mix_cycles: int = _nonneg("the same for a mixed kernel (AIC and AIVs with cross-core flags)")
-    block_start_cycles: int = _nonneg("device-side cost to start one block on a free core")
+    kernel_start_aic_cycles: int = _cyc("device-side cost from a cube-only (AIC) kernel reaching the head of its "
+                                        "stream to its first block")
+    kernel_start_aiv_cycles: int = _cyc("the same for a vector-only (AIV) kernel")
+    kernel_start_mix_cycles: int = _cyc("the same for a mixed kernel (AIC and AIVs with cross-core flags)")
+    block_start_cycles: int = _cyc("device-side cost to start one block on a free core")
     synchronize_us: float = _nonneg("host cost of one synchronize call, on top of the wait")
     event_us: float = _nonneg("host cost of one event record or stream-wait call")
     pcie_bw_bytes_per_s: float = _pos("host <-> device memcpy bandwidth")

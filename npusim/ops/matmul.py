@@ -37,7 +37,7 @@ import attrs
 import numpy as np
 from attrs import frozen, validators
 
-from npusim.errors import ProgramError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, VecOp
@@ -56,6 +56,9 @@ MAX_BASE_M, MAX_BASE_N = 128, 256
 # The choosers' K blocking: a base_k slice is this many fractals deep, an L1 chunk this many slices.
 SLICE_FRACTALS, STEP_K = 4, 4
 _pos = validators.gt(0)
+# The most work units (tiles x L1 chunks of K) one matmul may have: the engine takes about
+# 10 us each (2^20: about 10 s; m=524288 x n=4096 x k=4096 on the 910B2's tiles has this many).
+WORK_MAX = 1 << 20
 
 
 def _n_parts_validator(instance, attribute, value) -> None:
@@ -240,6 +243,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
                            f"slices of k={p.k}")
     k_piece = align_up(cdiv(p.k, t.split_k), t.base_k)
     split_k = cdiv(p.k, k_piece)
+    check_work(p, t, k_piece, split_k, op)
 
     A = gm.tensor("a", batch * _stored_bytes(p.m, p.k, e, p.format_a))
     B = gm.tensor("b", batch * _stored_bytes(p.k, p.n, eb, p.format_b))
@@ -296,6 +300,17 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
         unit="cube", inputs=ins, outputs=outs,
     )
+
+
+def check_work(p: MatmulParams, t: MatmulTiling, k_piece: int, split_k: int, op: str) -> None:
+    """Refuse, in one line, a matmul whose tiles x L1 chunks of K exceed WORK_MAX (the
+    engine's time grows with them, and nothing is printed until the end)."""
+    batch = getattr(p, "batch", 1)
+    work = batch * cdiv(p.m, t.base_m) * cdiv(p.n, t.base_n) * split_k * cdiv(k_piece, t.base_k * t.step_k)
+    if work > WORK_MAX:
+        shape = (f"batch={batch} x " if batch > 1 else "") + f"m={p.m} x n={p.n} x k={p.k}"
+        raise ConfigError(f"op {op}: {shape} is {work} tiles x K chunks of {t.base_m} x {t.base_n} x "
+                          f"{t.base_k * t.step_k}, more than the {WORK_MAX} (2^20) npusim simulates (about 10 s)")
 
 
 def check_tiling(t: MatmulTiling, dtype: str, hw: HwConfig, op: str) -> int:

@@ -239,4 +239,11 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
         raise ConfigError(f"op {op_type}: has no tiling to set (got '{next(iter(tiling))}')")
     if tiling is not None and not isinstance(tiling, s.tiling):  # fields not given: the op's choice
         tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
-    return s.lower(params, hw, gm or GmArena(align_bytes=gm_align_bytes(hw)), tiling)
+    if gm is not None:  # a memory plan placed the tensors (and checked that they fit)
+        return s.lower(params, hw, gm, tiling)
+    arena = GmArena(align_bytes=gm_align_bytes(hw))
+    low = s.lower(params, hw, arena, tiling)
+    if arena.next - GM_BASE > hw.hbm.hbm_bytes:  # (the simulation would walk every line of them)
+        raise ConfigError(f"op {op_type}: its tensors take {arena.next - GM_BASE} bytes of GM, more than "
+                          f"hbm.hbm_bytes {hw.hbm.hbm_bytes}")
+    return low

@@ -46,6 +46,40 @@ BAD_SETS = {
     "zero cores": (["chip.aic_count=0"], r"key 'chip.aic_count': expected a value > 0, got 0"),
     "efficiency above 1": (["hbm.bw_efficiency=1.01"], r"key 'hbm.bw_efficiency': expected a value <= 1, got 1.01"),
     "zero fractal": (["aic.mmad_fractals.fp16.k0=0"], r"key 'aic.mmad_fractals.fp16.k0': expected a value > 0"),
+    # issue 35: values whose products the engine could not hold exactly, or allocate
+    "cycles beyond 2^32": (["dma.startup_cycles=1e18"],
+                           SET + r"key 'dma.startup_cycles': expected a value <= 4294967296 \(2\^32\), got 1e\+18$"),
+    "cycles per repeat beyond 2^32": (["aiv.vector_cycles_per_repeat.exp=1e18"],
+                                      r"key 'aiv.vector_cycles_per_repeat.exp': expected a value <= 4294967296"),
+    "a vector op over UB beyond 2^40": (["aiv.vector_cycles_per_repeat.exp=4294967296"],
+                                        r"key 'aiv.vector_cycles_per_repeat.exp': 4294967296.0: a vector op over "
+                                        r"aiv.ub_bytes 196608 \(768 repeats .*\) takes 3.3e\+12 cycles, more than the "
+                                        r"1099511627776 \(2\^40\) one step may take$"),
+    "a copy at a slow port beyond 2^40": (["aic.gm_read_bytes_per_cycle=1e-9"],
+                                          r"key 'aic.gm_read_bytes_per_cycle': 1e-09: a copy of aic.l1_bytes 524288 "
+                                          r"takes 5.24e\+14 cycles, more than the 1099511627776 \(2\^40\)"),
+    "a host cost beyond 2^40 cycles": (["runtime.graph_launch_us=1e18"],
+                                       r"key 'runtime.graph_launch_us': 1e\+18 us is 1.8e\+21 cycles at chip.freq_hz "
+                                       r"1.8e\+09, more than the 1099511627776 \(2\^40\) one step may take$"),
+    "a fast clock makes a host cost too long": (["chip.freq_hz=1e18"],
+                                                r"key 'runtime.eager_launch_us': 17.3619 us is 1.74e\+13 cycles at "
+                                                r"chip.freq_hz 1e\+18"),
+    "L2 lines beyond the model": (["l2.l2_bytes=1e18"],
+                                  SET + r"key 'l2.l2_bytes': 1000000000000000000 is 1953125000000000 lines of "
+                                  r"l2.line_bytes 512, more than the 16777216 \(2\^24\) the L2 model holds$"),
+    "HBM past the L2's tags": (["hbm.hbm_bytes=1e18"],
+                               r"key 'hbm.hbm_bytes': 1000000000000000000 bytes from GM address 1073741824 reach past "
+                               r"the 27021597764222976 the L2's 32-bit tags name \(2\^31 x 24576 sets x l2.line_bytes "
+                               r"512\)$"),
+    "too many cube cores": (["chip.aic_count=4097"], r"key 'chip.aic_count': expected a value <= 4096, got 4097$"),
+    "too many vector cores per cube core": (["chip.aiv_per_aic=65"],
+                                            r"key 'chip.aiv_per_aic': expected a value <= 64, got 65$"),
+    "line below 32 bytes": (["l2.line_bytes=16", "dma.burst_bytes=16"],
+                            r"key 'l2.line_bytes': expected a value >= 32, got 16$"),
+    "fractal wider than a tile": (["aic.mmad_fractals.fp16.n0=512"],
+                                  r"key 'aic.mmad_fractals.fp16.n0': 512 is larger than the 256 the largest tile has"),
+    "fractal taller than a tile": (["aic.mmad_fractals.int8.m0=256"],
+                                   r"key 'aic.mmad_fractals.int8.m0': 256 is larger than the 128"),
     # wrong types
     "string for a number": (["chip.freq_hz=fast"], r"key 'chip.freq_hz': expected a number, got 'fast'"),
     "list for a number": (["chip.freq_hz=[1, 2]"], r"key 'chip.freq_hz': expected a number, got \[1, 2\]"),
@@ -95,12 +129,52 @@ def test_bad_set_is_one_clean_error(case, capsys):
     fails_cleanly(["hw", "show", *(x for s in sets for x in ("--set", s))], capsys, expect)
 
 
-@pytest.mark.parametrize("case", ["inf rate", "L2 smaller than a set", "key given twice", "hbm.bw"])
+@pytest.mark.parametrize("case", ["inf rate", "L2 smaller than a set", "key given twice", "hbm.bw",
+                                  "cycles beyond 2^32", "L2 lines beyond the model", "HBM past the L2's tags",
+                                  "a host cost beyond 2^40 cycles"])
 def test_bad_set_stops_a_run_before_it_writes(case, capsys, tmp_path):
     sets, expect = BAD_SETS[case]
     out = tmp_path / "out.json"
     fails_cleanly(["run", "--workload", "k3-tiny", "--batch", "1", "--context", "16", "--json", out,
                    *(x for s in sets for x in ("--set", s))], capsys, expect, [out])
+
+
+# each at its bound: accepted, and a tiny op and (True) a decode step run to the end
+AT_THE_BOUNDS = {
+    "cycles": (["dma.startup_cycles=4294967296", "aiv.vector_startup_cycles=4294967296",
+                "aic.mmad_startup_cycles=4294967296", "runtime.kernel_start_aiv_cycles=4294967296"], True),
+    "L2 lines": (["l2.l2_bytes=8589934592"], True),  # 2^24 lines of 512 bytes
+    "L2 lines, one way": (["l2.l2_bytes=8589934592", "l2.ways=1"], True),
+    # one set of 16 lines: its tags name 2^31 x 512 bytes, GM from 2^30
+    "HBM the L2's tags name": (["l2.l2_bytes=8192", "l2.ways=16", "hbm.hbm_bytes=1098437885952"], True),
+    "cube cores": (["chip.aic_count=4096"], True),
+    "vector cores per cube core": (["chip.aiv_per_aic=64"], False),  # (FlashAttention's kernel is written for 2)
+    "host costs": (["runtime.graph_launch_us=610839.79", "runtime.eager_launch_us=610839.79"], True),  # 2^40 cycles
+    "32-byte lines": (["l2.line_bytes=32", "dma.burst_bytes=32"], True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AT_THE_BOUNDS))
+def test_values_at_the_bounds_run_to_the_end(case, capsys):
+    from npusim.cli import main
+
+    values, step = AT_THE_BOUNDS[case]
+    sets = [x for s in values for x in ("--set", s)]
+    for op in (["rms_norm", "shape=8,64"], ["matmul", "m=64", "n=128", "k=256"]):
+        assert main(["op", *op, *sets, "--no-cache"]) == 0, capsys.readouterr().err
+    if step:
+        assert main(["run", "--workload", "k3-tiny", "--batch", "1", "--context", "16", *sets, "--no-cache"]) == 0
+        assert "latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("aivs", [1, 3])
+def test_flash_attention_refuses_other_than_two_aivs_per_aic(aivs, capsys):
+    """Its AIV program halves a q tile's rows: one AIV left half of them undone (a silently
+    short step), three wrote past O (a verify error naming an instruction)."""
+    fails_cleanly(["run", "--workload", "k3-tiny", "--batch", "1", "--context", "16", "--set",
+                   f"chip.aiv_per_aic={aivs}"], capsys,
+                  r"node 'L0.attention': op flash_attention: its MIX kernel splits each q tile's rows between 2 AIVs "
+                  rf"per AIC, and chip.aiv_per_aic is {aivs}$")
 
 
 # ---- config files

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import Affine, CoreType, CrossWaitFlag, Kernel, Loop, Program, moving
 from npusim.ops.build import cdiv
@@ -16,6 +17,10 @@ from npusim.ops.attention.flash_tiling import (
     choose_flash_tiling, _fa_geometry, _FaGeometry, FlashAttentionTiling, _partition, _S_FREE, _splits, _Step, _Tile,
     _tile_steps,
 )
+
+# The AIVs per block the AIV program is written for: `sub` 0 or 1 picks one half of a q
+# tile's rows (flash_cores._Vec), as on the 910B (chip.aiv_per_aic 2).
+FLASH_AIVS = 2
 
 
 def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, o, w,
@@ -185,6 +190,9 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
 
     K and V come from the KV cache in kv_layout (seq_kv = its capacity, `layer` of
     `layers`); see _KvRead for what each layout's loads are."""
+    if hw.chip.aiv_per_aic != FLASH_AIVS:  # fewer would leave rows undone, more would write past O
+        raise ProgramError(f"op flash_attention: its MIX kernel splits each q tile's rows between {FLASH_AIVS} AIVs "
+                           f"per AIC, and chip.aiv_per_aic is {hw.chip.aiv_per_aic}")
     t = tiling or FlashAttentionTiling()
     if not (t.q_tile and t.kv_tile and t.sub_tile):
         t = choose_flash_tiling(p, hw, t)

@@ -9,6 +9,7 @@ from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.collectives import hccl_test
+from npusim.ops.collectives.lower import DTYPES, ELEMENTS_MAX
 from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_bytes, simulate_collective
 
 KEYS = ("bytes", "elements", "devices", "algo", "dtype")
@@ -37,13 +38,19 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
     except ValueError:
         raise ConfigError(f"op {kind}: parameter 'devices' expects an integer, got {params['devices']!r}") from None
     dtype = params.get("dtype", "fp16")
+    if dtype not in DTYPES:  # before its size is needed (the op's parameter says the same)
+        raise ConfigError(f"op {kind}: 'dtype' must be in {DTYPES!r} (got {dtype!r})")
     if "elements" in params and "bytes" in params:
         raise ConfigError(f"op {kind}: give bytes or elements, not both")
     if "elements" in params:  # the op's parameter, as the graph's nodes give it
         params = {**params, "bytes": str(int(parse_bytes(params["elements"], "op: elements")) *
-                                         DTYPE_BYTES.get(dtype, 2))}
-    reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), dtype)
-               for n in sizes(params.get("bytes", "64MiB"))]
+                                         DTYPE_BYTES[dtype])}
+    nbytes = sizes(params.get("bytes", "64MiB"))
+    most = ELEMENTS_MAX * DTYPE_BYTES[dtype]
+    if "elements" not in params and nbytes[-1] > most:  # (elements= is checked as the op's parameter)
+        raise ConfigError(f"op {kind}: bytes {nbytes[-1]} is more than the {most} of {ELEMENTS_MAX} {dtype} elements "
+                          "a collective may have")
+    reports = [simulate_collective(kind, n, devices, hw, params.get("algo", "auto"), dtype) for n in nbytes]
     r = reports[0]
     head = (f"{kind} on {devices} devices of {hw.name} ({hw.topology.intra_node}), algorithm {r.algo}; "
             "one rank simulated, its peers symmetric")

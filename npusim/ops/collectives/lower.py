@@ -25,11 +25,18 @@ from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 
 
+# The largest buffer a collective may have, in elements: 2^32 (8 GiB of fp16, 16 GiB of fp32,
+# within a 910B's 64 GiB). The engine's time and memory grow with it: an all_reduce of 2^32
+# fp16 elements takes 4 s and 300 MB to simulate, 2^36 a minute and 4 GB.
+ELEMENTS_MAX = 1 << 32
+DTYPES = ("fp16", "bf16", "fp32")
+
+
 @frozen
 class CollectiveParams:
-    elements: int = param(1 << 20, "elements of the buffer n (all_gather: its output; reduce_scatter: its input)",
-                          validator=validators.gt(0))
-    dtype: str = param("fp16", "element dtype", validator=validators.in_(("fp16", "bf16", "fp32")))
+    elements: int = param(1 << 20, "elements of the buffer n (all_gather: its output; reduce_scatter: its input; "
+                          f"at most {ELEMENTS_MAX})", validator=[validators.gt(0), validators.le(ELEMENTS_MAX)])
+    dtype: str = param("fp16", "element dtype", validator=validators.in_(DTYPES))
     devices: int = param(8, "ranks in the group", validator=validators.gt(1))
     algo: str = param("auto", "mesh, ring, or auto: HCCL's choice for the topology", validator=validators.in_(ALGOS))
     axis: int = param(0, "all_gather: the axis of the output tensor the ranks' parts are stacked along "
