@@ -39,23 +39,28 @@ def _section(data: dict, dotted: str, make: bool = False) -> tuple[dict | None, 
     return data, key
 
 
+def _has(data: dict, dotted: str) -> bool:
+    holder, key = _section(data, dotted)
+    return holder is not None and key in holder
+
+
 def upgrade(data: dict) -> dict:
     """`data` (a complete config's mapping) with the fields added, renamed or split
     since it was written filled in; a field it gives is never changed."""
     out = copy.deepcopy(data)
     for old, new in RENAMED.items():
-        holder, key = _section(out, old)
-        if holder is not None and key in holder and not any(_section(out, n)[1] in (_section(out, n)[0] or {})
-                                                              for n in new):
+        if _has(out, old) and not any(_has(out, n) for n in new):
+            holder, key = _section(out, old)
             value = holder.pop(key)
             for n in new:
                 target, k = _section(out, n, make=True)
                 if target is not None:
                     target[k] = value
     for new, old in SPLIT_FROM.items():
-        (target, k), (source, ok) = _section(out, new), _section(out, old)
-        if target is not None and k not in target and source is not None and ok in source:
-            target[k] = source[ok]
+        target, k = _section(out, new)
+        if target is not None and k not in target and _has(out, old):
+            source, key = _section(out, old)
+            target[k] = source[key]
     for field, value in ADDED.items():
         target, k = _section(out, field, make=True)
         if target is not None and k not in target:
