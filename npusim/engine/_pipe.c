@@ -934,7 +934,10 @@ static int acc_add_stat(Walker *w, PyObject *counter, PyObject *stat) {
 static int whole_of(Walker *w, double x, int64_t *out) {
     double c = ceil(x);
     if (!(c >= -(double)EXACT && c <= (double)EXACT)) {  /* also NaN: no int64 holds it */
-        PyErr_Format(PyExc_OverflowError, "pipe walk: a copy of %g cycles at its port, beyond 2^53", x);
+        char *text = PyOS_double_to_string(x, 'g', 6, 0, NULL);  /* PyErr_Format has no float format */
+        if (!text) return -1;
+        PyErr_Format(PyExc_OverflowError, "pipe walk: a copy of %s cycles at its port, beyond 2^53", text);
+        PyMem_Free(text);
         return -1;
     }
     if (c == x || c - x < 1.0 - CLEAR) {
