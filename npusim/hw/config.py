@@ -63,44 +63,18 @@ def _positive_values(instance, attribute, value: dict) -> None:
 
 # the most copies a pipe's DMA engine may hold (dma.outstanding; npusim/engine/_pipe.c's QUEUE_MAX)
 DMA_QUEUE_MAX = 16
-
-
-def _dma_queue(instance, attribute, value) -> None:
-    if not value <= DMA_QUEUE_MAX:
-        raise ValueError(f"'{attribute.name}' must be <= {DMA_QUEUE_MAX}: {short(value)}")
-
-
 # the most flag ids per pipe pair (sync.flag_ids; npusim/engine/_pipe.c's FLAG_ID_MAX): far
 # above any chip's (the 910B has 8), and the engine keeps one entry per id it meets
 FLAG_IDS_MAX = 65536
-
-
-def _flag_ids(instance, attribute, value) -> None:
-    if not value <= FLAG_IDS_MAX:
-        raise ValueError(f"'{attribute.name}' must be <= {FLAG_IDS_MAX}: {short(value)}")
-
-
 # the largest L2 line and DMA burst (l2.line_bytes, dma.burst_bytes; npusim/engine/_l2.c's
 # UNIT_MAX): far above any chip's (the 910B: 512 and 64), and the burst rounding walks up
 # to this many segments of a transfer and counts its bytes in 64 bits
 UNIT_BYTES_MAX = 1 << 20
-
-
-def _unit_bytes(instance, attribute, value) -> None:
-    if not value <= UNIT_BYTES_MAX:
-        raise ValueError(f"'{attribute.name}' must be <= {UNIT_BYTES_MAX}: {short(value)}")
-
-
 # the largest cost a config may give in cycles (a start-up, a latency, cycles per repeat or
 # per segment): 2^32, 2.4 s at 1.8 GHz, far above any chip's (the 910B's are below 10^4).
 # The engine's clock is an int, exact up to 2^53 (npusim/engine/_pipe.c's EXACT): 2^21
 # such costs in a row stay within it. hw/checks.py bounds what products of fields make.
 CYCLES_MAX = 1 << 32
-
-
-def _cycles(instance, attribute, value) -> None:
-    if not value <= CYCLES_MAX:
-        raise ValueError(f"'{attribute.name}' must be <= {CYCLES_MAX} (2^32): {short(value)}")
 
 
 def _cycle_values(instance, attribute, value: dict) -> None:
@@ -119,12 +93,14 @@ AIC_COUNT_MAX = 4096
 AIV_PER_AIC_MAX = 64
 
 
-def _at_most(bound: int):
-    """A validator: the value at most `bound` (a field-level limit the engine relies on)."""
+def _at_most(bound: int, said: str = ""):
+    """A validator: the value at most `bound` (a field-level limit the engine relies on;
+    `said`: how the message also writes it, e.g. 2^32)."""
+    shown = f"{bound} ({said})" if said else f"{bound}"
 
     def check(instance, attribute, value) -> None:
         if not value <= bound:
-            raise ValueError(f"'{attribute.name}' must be <= {bound}: {short(value)}")
+            raise ValueError(f"'{attribute.name}' must be <= {shown}: {short(value)}")
 
     return check
 
@@ -150,7 +126,7 @@ def _nonneg(help: str):
 
 def _cyc(help: str):
     """A cost in cycles: >= 0 and at most CYCLES_MAX."""
-    return field(validator=[_non_negative, _cycles], metadata={"help": help})
+    return field(validator=[_non_negative, _at_most(CYCLES_MAX, "2^32")], metadata={"help": help})
 
 
 def _fraction(help: str):
@@ -214,7 +190,7 @@ class VectorCore:
 
 @frozen
 class Sync:
-    flag_ids: int = field(validator=[_positive, _flag_ids], metadata={"help": (
+    flag_ids: int = field(validator=[_positive, _at_most(FLAG_IDS_MAX)], metadata={"help": (
         f"event ids per (src pipe, dst pipe) pair for SetFlag/WaitFlag (at most {FLAG_IDS_MAX})")})
     flag_latency_cycles: int = _cyc("from SetFlag on one pipe to the waiting pipe seeing it")
     pipe_barrier_cycles: int = _cyc("cost of PipeBarrier once the pipes have drained")
@@ -225,7 +201,7 @@ class Sync:
 @frozen
 class L2:
     l2_bytes: int = _pos("capacity of the shared memory-side cache")
-    line_bytes: int = field(validator=[_positive, _line_min, _unit_bytes], metadata={"help": (
+    line_bytes: int = field(validator=[_positive, _line_min, _at_most(UNIT_BYTES_MAX)], metadata={"help": (
         f"cache line; hits, misses and write-backs are counted per line ({LINE_BYTES_MIN} to {UNIT_BYTES_MAX})")})
     ways: int = _pos("associativity: lines per set (LRU within a set)")
     bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
@@ -240,13 +216,13 @@ class Hbm:
 
 @frozen
 class Dma:
-    burst_bytes: int = field(validator=[_positive, _unit_bytes], metadata={"help": (
+    burst_bytes: int = field(validator=[_positive, _at_most(UNIT_BYTES_MAX)], metadata={"help": (
         f"GM traffic moves in aligned bursts of this size (the 64-byte rule; at most {UNIT_BYTES_MAX})")})
     startup_cycles: int = _cyc("fixed cost of one GM transfer (MTE2/MTE3/FixPipe to GM)")
     segment_cycles: float = _cyc("DMA engine time per segment of a cube core's strided transfer, overlapped with "
                                  "the data of the segments before it: a transfer takes at least segments x this")
     vector_segment_cycles: float = _cyc("the same for a vector core's strided transfer (a DataCopyPad of rows)")
-    outstanding: int = field(validator=[_positive, _dma_queue], metadata={"help": (
+    outstanding: int = field(validator=[_positive, _at_most(DMA_QUEUE_MAX)], metadata={"help": (
         "GM copies a pipe's DMA engine holds at once: a copy issued right behind another is requested while "
         "that one's data moves, so its start-up overlaps it (1: every copy pays its start-up after the one before)")})
 
