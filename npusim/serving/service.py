@@ -66,6 +66,7 @@ MAX_HOST_US = 1e7
 MAX_POOL_THREADS = 4096
 # A bucket length (tokens): as a request's.
 MAX_BUCKET_TOKENS = MAX_TOKENS
+_host_us = _within(0, MAX_HOST_US, "us", "10 s; the field is in us")
 
 
 @frozen
@@ -93,11 +94,11 @@ class HostConfig:
     pool_threads: int = _f("threads of the pre-processing pool", 4,
                            _within(1, MAX_POOL_THREADS, "threads", "a pool of threads, not a crowd"))
     tokenize_us: float = _f("host time to tokenize one request (at most 10 s)", 0.0,
-                            _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
+                            _host_us)
     postprocess_us_per_token: float = _f("host time per generated token: sampling, detokenize, stream send (at "
-                                         "most 10 s)", 0.0, _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
+                                         "most 10 s)", 0.0, _host_us)
     step_overhead_us: float = _f("framework time per step on the inference thread before its launches (at most "
-                                 "10 s)", 0.0, _within(0, MAX_HOST_US, "us", "10 s; the field is in us"))
+                                 "10 s)", 0.0, _host_us)
 
 
 @frozen
