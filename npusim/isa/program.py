@@ -167,7 +167,12 @@ class Copy:
 
     Segment i reads [src_addr + i*src_stride, +nbytes) and writes
     [dst_addr + i*dst_stride, +nbytes); strides default to nbytes (contiguous).
-    GM segments pay the burst rule and a per-segment start-up."""
+    GM segments pay the burst rule and a per-segment start-up.
+
+    `convert` (isa.instructions.CONVERSIONS; "" = bytes as they are) is what the copy
+    does to the data on the way, for the functional interpreter: "nd2nz_b16" (MTE2
+    lays ND rows of 16-bit elements out as 16-column fractal blocks), "fix_fp16"
+    (FixPipe converts the fp32 accumulator). It does not change the copy's cost."""
 
     src: Mem
     dst: Mem
@@ -177,6 +182,7 @@ class Copy:
     segments: int = 1
     src_stride: int | None = None
     dst_stride: int | None = None
+    convert: str = ""
 
     @property
     def pipe(self) -> Pipe:
@@ -194,12 +200,16 @@ class Copy:
         """This copy between other addresses (attrs.evolve's result, built directly:
         lowerings move tens of thousands of instructions)."""
         return Copy(self.src, self.dst, src_addr, dst_addr, self.nbytes, self.segments, self.src_stride,
-                    self.dst_stride)
+                    self.dst_stride, self.convert)
 
 
 @record
 class Mmad:
-    """C[m, n] (+)= A[m, k] @ B[k, n] on the cube, A in L0A, B in L0B, C in L0C (fp32 acc)."""
+    """C[m, n] (+)= A[m, k] @ B[k, n] on the cube, A in L0A, B in L0B, C in L0C (fp32 acc).
+
+    `accumulate`: add into C (True) or overwrite it (False); or an index (an Addr over
+    the loop vars) that is 0 where the tile's first K slice starts C afresh and
+    accumulates elsewhere (Ascend C's cmatrixInitVal, decided per iteration)."""
 
     m: int
     n: int
@@ -208,7 +218,7 @@ class Mmad:
     a_addr: Addr = 0
     b_addr: Addr = 0
     c_addr: Addr = 0
-    accumulate: bool = False
+    accumulate: bool | Addr = False
     pipe = Pipe.M
 
     @property
@@ -218,7 +228,16 @@ class Mmad:
 
 @record
 class VecOp:
-    """A vector instruction over `n` elements in UB; `out_n` elements written (default n)."""
+    """A vector instruction over `n` elements in UB; `out_n` elements written (default n).
+
+    The scalar operand of Muls, Adds, Duplicate (isa.instructions.VECTOR_OPS): `scalar`,
+    an immediate, or `scalar_src`, the UB address of an fp32 value the scalar unit has
+    read back (GetValue). `pitches`: where the elements of a strided elementwise
+    instruction sit (Ascend C's repeat strides): levels, outermost first, each
+    (count, dst pitch, src 0 pitch, src 1 pitch, ...) in bytes, the innermost run n /
+    (product of counts) contiguous elements; a pitch of 0 repeats that operand's run
+    (a broadcast); () = every operand contiguous. None of the three changes the cost;
+    the functional interpreter needs them."""
 
     op: str
     n: int
@@ -228,11 +247,15 @@ class VecOp:
     out_dtype: str | None = None
     out_n: int | None = None
     flops_per_elem: int = 1
+    scalar: float | None = None
+    scalar_src: Addr | None = None
+    pitches: tuple[tuple[int, ...], ...] = ()
     pipe = Pipe.V
 
     def moved(self, dst: Addr, srcs: tuple[Addr, ...]) -> VecOp:
         """This instruction on other operands (see Copy.moved)."""
-        return VecOp(self.op, self.n, self.dtype, dst, srcs, self.out_dtype, self.out_n, self.flops_per_elem)
+        return VecOp(self.op, self.n, self.dtype, dst, srcs, self.out_dtype, self.out_n, self.flops_per_elem,
+                     self.scalar, self.scalar_src, self.pitches)
 
 
 @record

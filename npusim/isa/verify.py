@@ -43,6 +43,7 @@ from npusim.isa.program import (
     CrossSetFlag, CrossWaitFlag, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag, SyncAll,
     VecOp, WaitFlag,
 )
+from npusim.isa.instructions import vec_spans
 from npusim.isa.verify_addresses import check_access, hex_range, names
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
@@ -284,11 +285,10 @@ def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
     for dt in (v.dtype, v.out_dtype):
         if dt is not None and dt not in DTYPE_BYTES:
             w.fail(f"dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}", path, v)
-    out_n = v.n if v.out_n is None else v.out_n
-    out_dtype = v.dtype if v.out_dtype is None else v.out_dtype
-    check_access(w, v, path, scope, "dst", Mem.UB, v.dst, out_n * DTYPE_BYTES[out_dtype])
+    dst_bytes, src_bytes = vec_spans(v)  # (a strided instruction: to its farthest element)
+    check_access(w, v, path, scope, "dst", Mem.UB, v.dst, dst_bytes)
     for i, src in enumerate(v.srcs):
-        check_access(w, v, path, scope, f"src {i}", Mem.UB, src, v.n * DTYPE_BYTES[v.dtype])
+        check_access(w, v, path, scope, f"src {i}", Mem.UB, src, src_bytes[i])
 
 
 def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> None:

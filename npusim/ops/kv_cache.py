@@ -201,13 +201,16 @@ def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tilin
                      for t, ub in ((k_new, in_k), (v_new, in_v))]
             if p.layout == "contiguous":
                 # V interleaves K and V per token: [tokens, heads, d] x 2 -> [heads, tokens, row]
-                work = [VecOp("copy", tn * hn * d, p.dtype, out[k], (in_k[k],), flops_per_elem=0),
-                        VecOp("copy", tn * hn * d, p.dtype, out[k] + d * e, (in_v[k],), flops_per_elem=0)]
+                moves = ((tn, row, hn * d * e), (hn, tn * row, d * e))  # token t, head h: a row of d
+                work = [VecOp("copy", tn * hn * d, p.dtype, out[k], (in_k[k],), flops_per_elem=0, pitches=moves),
+                        VecOp("copy", tn * hn * d, p.dtype, out[k] + d * e, (in_v[k],), flops_per_elem=0,
+                              pitches=moves)]
                 stores = [gm_copy(Mem.UB, Mem.GM, out[k], cache.token_addr("k", b, h0, pos), tn * row, hn,
                                   tn * row, cache.head_stride())]
                 return loads, work, stores
             if tn > 1 and hn > 1:  # token-major tile -> head-major runs
-                work = [VecOp("copy", tn * hn * d, p.dtype, o[k], (i[k],), flops_per_elem=0)
+                moves = ((tn, d * e, hn * d * e), (hn, tn * d * e, d * e))  # [tokens, heads, d] -> [heads, tokens, d]
+                work = [VecOp("copy", tn * hn * d, p.dtype, o[k], (i[k],), flops_per_elem=0, pitches=moves)
                         for o, i in ((out_k, in_k), (out_v, in_v))]
                 src = (out_k[k], out_v[k])
             else:  # [1, heads, d] or [tokens, 1, d]: already one run per head

@@ -367,7 +367,7 @@ def _zero_parts(name: str, hw: HwConfig, tensors: list[GmTensor], dtype: str) ->
     quantum = quantum if rows >= 4 * quantum * hw.aiv_count else 1  # each core's share starts on an L2 line
 
     def compute(nr, ub_in, ub_out, tmp, consts):
-        return [VecOp("dup", nr * b // e, dtype, ub, flops_per_elem=0) for b, ub in zip(row_bytes, ub_out)]
+        return [VecOp("dup", nr * b // e, dtype, ub, flops_per_elem=0, scalar=0.0) for b, ub in zip(row_bytes, ub_out)]
 
     return streaming_kernel(name, "fill", hw, rows, [], [Stream(t, b) for t, b in zip(tensors, row_bytes)], compute,
                             quantum=quantum)

@@ -82,7 +82,16 @@ class _Layout:
         """GM -> L1 copy of the tile at `at` = (batch, row, col); steps: loop var -> (rows,
         cols) it moves by (`bb` moves by a whole batch)."""
         seg, nseg, stride = self.pieces(nr, nc)
-        return Copy(Mem.GM, Mem.L1, self._gm(at, steps), dst, seg, nseg, stride, align_up(seg, ALIGN_BYTES[Mem.L1]))
+        return Copy(Mem.GM, Mem.L1, self._gm(at, steps), dst, seg, nseg, stride, align_up(seg, ALIGN_BYTES[Mem.L1]),
+                    self.landing())
+
+    def landing(self) -> str:
+        """What the GM -> L1 DMA does to a tile (isa.instructions.CONVERSIONS): an ND tile
+        is laid out as 16-column fractal blocks (a transposed one from its columns); an
+        NZ tile is already in blocks."""
+        if self.fmt == "NZ":
+            return ""
+        return f"{'dn' if self.t else 'nd'}2nz_b{8 * self.e}"
 
     def _gm(self, at: tuple[int, int, int], steps: dict[str, tuple[int, int]]):
         b0, r0, c0 = at
@@ -91,10 +100,11 @@ class _Layout:
                        for v, (dr, dc) in steps.items()})
 
     def store(self, src: int, at: tuple[int, int, int], nr: int, nc: int, steps: dict[str, tuple[int, int]],
-              src_row_bytes: int) -> Copy:
-        """FixPipe L0C -> GM of the tile at `at` = (batch, row, col)."""
+              src_row_bytes: int, convert: str = "") -> Copy:
+        """FixPipe L0C -> GM of the tile at `at` = (batch, row, col); `convert`: the
+        FixPipe conversion (isa.instructions.CONVERSIONS)."""
         seg, nseg, stride = self.pieces(nr, nc)
-        return Copy(Mem.L0C, Mem.GM, src, self._gm(at, steps), seg, nseg, src_row_bytes, stride)
+        return Copy(Mem.L0C, Mem.GM, src, self._gm(at, steps), seg, nseg, src_row_bytes, stride, convert)
 
 
 @frozen
@@ -182,10 +192,12 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
     b_moves = {"bb": (0, 0), "ni": (0, t.base_n), "kp": (plan.k_piece, 0), "block": (0, plan.block_cols)}
     c_moves = {"bb": (0, 0), "mi": (t.base_m, 0), "ni": (0, t.base_n), "block": (0, plan.block_cols)}
 
-    def slices(kk: int, a_src, b_src) -> list:
+    def slices(kk: int, a_src, b_src, first) -> list:
         """MTE1 feeds the base_k slices of an L1 chunk to L0A/L0B; M multiplies each.
         In L1 the chunk is in fractal layout: A slice s is contiguous, B slice s is
-        one run of s_k x 16 per 16-wide column block."""
+        one run of s_k x 16 per 16-wide column block. `first`: the chunk's index in
+        the tile's K (an Addr of the loop vars): its first Mmad starts L0C afresh where
+        that is 0."""
         out = []
         for s in range(cdiv(kk, t.base_k)):
             q = s % len(plan.a_l0)
@@ -198,7 +210,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
                      align_up(sk * 16 * eb, ALIGN_BYTES[Mem.L0B])),
                 SetFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
                 WaitFlag(Pipe.MTE1, Pipe.M, _SLICE[q]),
-                Mmad(bm, bn, sk, p.dtype, plan.a_l0[q], plan.b_l0[q], plan.c_l0, accumulate=True),
+                Mmad(bm, bn, sk, p.dtype, plan.a_l0[q], plan.b_l0[q], plan.c_l0,
+                     accumulate=True if s else (first if first.__class__ is not int else first != 0)),
                 SetFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
             ]
         return out
@@ -215,10 +228,16 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             else:
                 a_src = plan.a_l1[i]
                 loads.insert(0, la.copy((b0, r0, k0 + k_at), bm, kk, {**a_moves, **j}, a_src))
+            index = addr(j_off, j=2) if in_loop else first_k // plan.kc  # the chunk's index in the tile's K
             return [WaitFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i]), *loads, SetFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]),
-                    WaitFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]), *slices(kk, a_src, plan.b_l1[i]),
+                    WaitFlag(Pipe.MTE2, Pipe.MTE1, _CHUNK[i]), *slices(kk, a_src, plan.b_l1[i], index),
                     SetFlag(Pipe.MTE1, Pipe.MTE2, _CHUNK[i])]
         return make
+
+    # the FixPipe conversion of C's tiles (a split-K piece adds into C atomically); none (not
+    # interpretable yet) where FixPipe also applies a bias or dequant scales
+    add = "add_" if plan.k_piece < p.k else ""
+    fix = f"fix_{add}{p.out_dtype}" if plan.bt is None and plan.fb is None else ""
 
     def tile(c0: int, pieces) -> list:
         """One output tile at column c0: stream its K into L0C, then one FixPipe write
@@ -245,7 +264,7 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             # L0C holds the tile in 16-column fractals: a write starting mid-fractal
             # reads from that fractal's start (the address), skipping the columns before
             out.append(plan.lc[part].store(plan.c_l0 + off // 16 * 16 * 4, (b0, r0, c0 + off - plan.parts[part][0]),
-                                           bm, cols, c_moves, align_up(bn, 16) * 4))
+                                           bm, cols, c_moves, align_up(bn, 16) * 4, fix))
         return out + [SetFlag(Pipe.FIX, Pipe.M, _L0C)]
 
     m_body: list = [Loop("ni", cnt, tile((n0 + j) * t.base_n, pieces))

@@ -140,14 +140,16 @@ def _weight_setup(r: _Rows, dtype: str, n_weights: int):
     return setup, lambda consts, i: consts[i]
 
 
-def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32) -> list:
+def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32, eps: float) -> list:
     """rstd = rsqrt(mean(w^2) + eps); dst = w * rstd * gamma (w, dst fp32 [nr, hp])."""
     n = nr * r.hp
     ops = [vop("mul", n, "fp32", sq, w, w),
            vop("reduce_sum", n, "fp32", st, sq, out_n=nr),
-           vop("muls", nr, "fp32", st, st), vop("adds", nr, "fp32", st, st), vop("rsqrt", nr, "fp32", st, st)]
+           vop("muls", nr, "fp32", st, st, scalar=1.0 / r.h), vop("adds", nr, "fp32", st, st, scalar=eps),
+           vop("rsqrt", nr, "fp32", st, st)]
     ops += scalar_read()
-    ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w)),
+    # row r's rstd is the fp32 at st + 4 r, read back by the scalar unit
+    ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w), scalar_src=addr(st, r=4)),
                                                  vop("mul", r.hp, "fp32", at(dst), at(dst), gamma32)])
     return ops
 
@@ -226,7 +228,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
         n = nr * r.hp
         w = tmp[0] if up else ub_in[0]
         ops = [cast(n, p.dtype, "fp32", w, ub_in[0])] if up else []
-        ops += _rms_ops(nr, r, w, w if up else ub_out[0], tmp[-2], tmp[-1], w32(consts, 0))
+        ops += _rms_ops(nr, r, w, w if up else ub_out[0], tmp[-2], tmp[-1], w32(consts, 0), p.eps)
         return ops + ([cast(n, "fp32", p.dtype, ub_out[0], w)] if up else [])
 
     k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
@@ -268,7 +270,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
         else:
             w = s_ub
             ops = [vop("add", n, dt, s_ub, ub_in[0], ub_in[1])]
-        ops += _rms_ops(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0))
+        ops += _rms_ops(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0), p.eps)
         return ops + ([cast(n, "fp32", dt, y_ub, w)] if dt != "fp32" else [])
 
     k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
@@ -394,9 +396,12 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
         else:
             xs, cs, ss, acc = ub_in[0], ub_in[1], ub_in[2], ub_out[0]
         cdt = "fp32" if bf else p.dtype
-        ops += [vop("muls", n // 2, cdt, t, xs + half * ce), vop("copy", n // 2, cdt, t + half * ce, xs, flops=0)]
-        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(acc, h=d * ce), addr(xs, h=d * ce), cs)])]
-        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(t, h=d * ce), addr(t, h=d * ce), ss)])]
+        halves = ((nr * heads, d * ce, d * ce),)  # one half head per token and head
+        per_head = ((nr, row * ce, row * ce, d * ce),)  # head h of each token times that token's cos / sin row
+        ops += [vop("muls", n // 2, cdt, t, xs + half * ce, scalar=-1.0, pitches=halves),
+                vop("copy", n // 2, cdt, t + half * ce, xs, flops=0, pitches=halves)]
+        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(acc, h=d * ce), addr(xs, h=d * ce), cs, pitches=per_head)])]
+        ops += [Loop("h", heads, [vop("mul", nd, cdt, addr(t, h=d * ce), addr(t, h=d * ce), ss, pitches=per_head)])]
         ops += [vop("add", n, cdt, acc, acc, t)]
         return ops + ([cast(n, "fp32", "bf16", ub_out[0], acc)] if bf else [])
 

@@ -121,8 +121,11 @@ def per_row(nr: int, pitch: int, ops: Callable[[Callable[[int], object]], list])
 
 
 def vop(op: str, n: int, dtype: str, dst, *srcs, out_dtype: str | None = None, out_n: int | None = None,
-        flops: int = 1) -> VecOp:
-    return VecOp(op, n, dtype, dst, tuple(srcs), out_dtype, out_n, flops)
+        flops: int = 1, scalar: float | None = None, scalar_src=None, pitches: tuple = ()) -> VecOp:
+    """A vector instruction; `scalar` / `scalar_src`: the scalar operand of Muls, Adds and
+    Duplicate (an immediate, or the UB address of the fp32 value the scalar unit read);
+    `pitches`: a strided instruction's operand layout (VecOp.pitches)."""
+    return VecOp(op, n, dtype, dst, tuple(srcs), out_dtype, out_n, flops, scalar, scalar_src, tuple(pitches))
 
 
 def cast(n: int, src_dtype: str, dst_dtype: str, dst, src) -> VecOp:
@@ -270,7 +273,8 @@ def lower_relu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
           ins=("x",), outs=("y",))
 def lower_scale(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Multiply by a scalar: y = x * s (Muls)."""
-    return lower_eltwise("scale", p, hw, gm, ("x",), lambda n, s, d, t, dt: [vop("muls", n, dt, d, s[0])], 1)
+    return lower_eltwise("scale", p, hw, gm, ("x",),
+                         lambda n, s, d, t, dt: [vop("muls", n, dt, d, s[0], scalar=p.scale)], 1)
 
 
 @register("scale_add", ScaleParams, reference=eltwise(lambda p, a, r: a * np.float32(p.scale) + r, "x", "r"),
@@ -278,7 +282,8 @@ def lower_scale(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lower
 def lower_scale_add(p: ScaleParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Scale and add: y = x * s + r (Muls then Add)."""
     return lower_eltwise("scale_add", p, hw, gm, ("x", "r"),
-                    lambda n, s, d, t, dt: [vop("muls", n, dt, d, s[0]), vop("add", n, dt, d, d, s[1])], 2)
+                    lambda n, s, d, t, dt: [vop("muls", n, dt, d, s[0], scalar=p.scale),
+                                            vop("add", n, dt, d, d, s[1])], 2)
 
 
 SILU_FLOPS = 4  # per element: silu_ops' instructions
@@ -287,7 +292,7 @@ SIGMOID_FLOPS = 4  # per element: sigmoid_ops' arithmetic (the Duplicate of ones
 
 def one_plus_exp_neg(n: int, x, t, dt: str) -> list:
     """t = 1 + exp(-x): Muls(-1), Exp, Adds(1) - the denominator of sigmoid and silu."""
-    return [vop("muls", n, dt, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t)]
+    return [vop("muls", n, dt, t, x, scalar=-1.0), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t, scalar=1.0)]
 
 
 def silu_ops(n: int, x, dst, t, dt: str) -> list:
@@ -299,7 +304,8 @@ def sigmoid_ops(n: int, x, dst, t, dt: str) -> list:
     """sigmoid(x) = 1 / (1 + exp(-x)) as Ascend C's Sigmoid computes it (CANN 8.1
     sigmoid_impl.h): Muls(-1), Exp, Adds(1), then Duplicate a tensor of ones and Div it
     by the sum (the ones in dst: dst must not be x)."""
-    return one_plus_exp_neg(n, x, t, dt) + [vop("dup", n, dt, dst, flops=0), vop("div", n, dt, dst, dst, t)]
+    return one_plus_exp_neg(n, x, t, dt) + [vop("dup", n, dt, dst, flops=0, scalar=1.0),
+                                            vop("div", n, dt, dst, dst, t)]
 
 
 def sigmoid(v: np.ndarray) -> np.ndarray:
@@ -341,9 +347,10 @@ def lower_exp(p: ExpParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Exp: y = base^(scale*x + shift) (also what a graph-fused AutomaticBufferFusionOp
     computing exp((scale*x + shift) * ln(base)) is: one streaming pass)."""
     steps = exp_steps(p)
+    scalars = {"muls": p.scale * p.ln_base, "adds": p.shift * p.ln_base, "exp": None}
 
     def body(n, s, d, t, dt):
-        return [vop(op, n, dt, d, s[0] if i == 0 else d) for i, op in enumerate(steps)]
+        return [vop(op, n, dt, d, s[0] if i == 0 else d, scalar=scalars[op]) for i, op in enumerate(steps)]
 
     return lower_eltwise("exp", p, hw, gm, ("x",), body, len(steps))
 
@@ -358,14 +365,17 @@ def lower_gelu(p: EltwiseParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowe
 
 
 GELU_FLOPS = 7  # per element: gelu_ops' instructions
+GELU_CUBIC = 0.044715  # the cubic coefficient of GELU's tanh form
 
 
 def gelu_ops(n: int, x, dst, t, dt: str) -> list:
     """gelu(x) (tanh form) into dst with scratch t (t may be dst; dst may be x): 0.5 (1 + tanh z)
     = 1 / (1 + exp(-2z)); the polynomial in Horner form: t = x*x; t = t * (-2c*0.044715) + (-2c);
     t = t * x; exp; +1; x / t  -> 7 ops."""
-    return [vop("mul", n, dt, t, x, x), vop("muls", n, dt, t, t), vop("adds", n, dt, t, t),
-            vop("mul", n, dt, t, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t),
+    c2 = -2.0 * math.sqrt(2.0 / math.pi)
+    return [vop("mul", n, dt, t, x, x), vop("muls", n, dt, t, t, scalar=c2 * GELU_CUBIC),
+            vop("adds", n, dt, t, t, scalar=c2),
+            vop("mul", n, dt, t, t, x), vop("exp", n, dt, t, t), vop("adds", n, dt, t, t, scalar=1.0),
             vop("div", n, dt, dst, x, t)]
 
 

@@ -186,7 +186,7 @@ def fill_kernel(name: str, hw: HwConfig, tensor: GmTensor, value: float, dtype: 
     quantum = max(1, hw.l2.line_bytes // e)  # each core's share starts on an L2 line
 
     def compute(nr, ub_in, ub_out, tmp, consts):
-        return [VecOp("dup", nr, dtype, ub_out[0], flops_per_elem=0)]
+        return [VecOp("dup", nr, dtype, ub_out[0], flops_per_elem=0, scalar=value)]
 
     return streaming_kernel(name, "fill", hw, tensor.nbytes // e, [], [Stream(tensor, e)], compute, quantum=quantum)
 

@@ -19,6 +19,7 @@ would not fit (the full K3 needs tens of GiB; k3-tiny a few MiB).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -220,5 +221,84 @@ def validate_passes(workload: Workload | str = "k3-tiny", passes: str | Sequence
     return validate(g, lambda x: apply(x, passes, **options), seed, min(steps, room + 1))
 
 
-__all__ = ["MIN_COSINE", "OutputCheck", "Validation", "available_host_bytes", "check_host_memory", "validate",
-           "validate_passes"]
+__all__ = ["MIN_COSINE", "OutputCheck", "Validation", "available_host_bytes", "check_host_memory", "pass_report",
+           "validate", "validate_passes"]
+
+
+# ------------------------------------------------------------------ what each pass did
+
+
+def _layers(names) -> str:
+    """Node names grouped by the decoder layer they start with ("L0.qkv" -> L0), the rest by name."""
+    groups = dict.fromkeys(n.split(".", 1)[0] if re.match(r"L\d+\.", n) else n for n in names)
+    return ", ".join(groups)
+
+
+def _diff(before: Graph, after: Graph) -> list[str]:
+    """What changed between two graphs, node by node: removed, added (with op), re-parametrised."""
+    old = {n.name: n for n in before.nodes}
+    new = {n.name: n for n in after.nodes}
+    removed = [n for n in old if n not in new]
+    added = [n for n in new if n not in old]
+    changed = [n for n in new if n in old and (new[n].params, new[n].op_type) != (old[n].params, old[n].op_type)]
+    lines = []
+    if removed or added:
+        ops = ", ".join(f"{op} x{count}" for op, count in _count(new[n].op_type for n in added).items())
+        if not added:
+            lines.append(f"{len(removed)} node(s) removed in {_layers(removed)}")
+        else:
+            lines.append(f"{len(removed)} node(s) replaced by {len(added)} ({ops}) in {_layers(removed or added)}")
+    if changed:
+        moves = _count(f"{k} {old[n].params.get(k)}->{new[n].params.get(k)}" for n in changed
+                       for k in sorted(set(new[n].params) | set(old[n].params))
+                       if new[n].params.get(k) != old[n].params.get(k))
+        shown = ", ".join(list(moves)[:4]) + (", ..." if len(moves) > 4 else "")
+        lines.append(f"{len(changed)} node(s) re-parametrised ({shown}) in {_layers(changed)}")
+    return lines
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def _rules_fired(graph: Graph, fusion_rules) -> list[str]:
+    """The fusion rules that change `graph` when each runs alone (with the others off), and where."""
+    from npusim.passes import fusion
+
+    try:
+        names = list(fusion.load_rules(fusion_rules))
+    except NpusimError as e:
+        return [f"rules not listed: {e}"]
+    out = []
+    for name in names:
+        only = {other: False for other in names if other != name}
+        try:
+            after = fusion.fuse(graph, only if fusion_rules is None else fusion_rules | only)
+        except (NpusimError, TypeError) as e:  # a rules file given by path: not merged here
+            return [f"rules not tried one by one: {e}"]
+        replaced = [n.name for n in graph.nodes if n.name not in {m.name for m in after.nodes}]
+        if replaced:
+            out.append(f"rule {name}: {len(replaced)} node(s) in {_layers(replaced)}")
+    return out
+
+
+def pass_report(graph: Graph, passes: str | Sequence[str] = "optimized", **options) -> str:
+    """Which passes (and fusion rules) changed the graph, and where: the pipeline applied
+    one pass at a time, each step's graph compared with the one before."""
+    from npusim.passes import pass_names
+
+    options = {k: v for k, v in options.items() if v is not None}
+    lines = [f"passes on {graph.phase} (batch {graph.batch}): what each changed"]
+    g = graph
+    for name in pass_names(passes):
+        after = apply(g, [name], **options)
+        what = _diff(g, after) or ["no node changed (annotations only: streams, events, addresses)"]
+        lines.append(f"  {name}: " + "; ".join(what))
+        if name == "fusion":
+            rules = options.get("fusion_rules")
+            lines += [f"    {r}" for r in _rules_fired(g, rules if isinstance(rules, dict) else None)]
+        g = after
+    return "\n".join(lines)

@@ -3,8 +3,10 @@ instruction, and how a block reads K and V from the cache."""
 
 from __future__ import annotations
 
+import attrs
 from attrs import frozen
 
+from npusim.isa.instructions import l0b_block_bytes
 from npusim.isa.program import Copy, CrossSetFlag, CrossWaitFlag, Mmad, SetFlag, VecOp, WaitFlag, moving, offset, shift
 from npusim.ops.build import cdiv
 from npusim.ops.kv_cache import KvCache
@@ -13,7 +15,7 @@ from npusim.ops.attention.common import FIX, GM, L0A, L0B, L0C, L1, M, MTE1, MTE
 from npusim.ops.attention.flash_tiling import (
     _FaGeometry, _K, _O_READY, _P, _P_READY, _Q, _S_FREE, _S_READY, _Step, _Tile, _V,
 )
-from npusim.ops.attention.online_softmax import online_softmax
+from npusim.ops.attention.online_softmax import Rows, online_softmax, per_row
 
 
 @frozen
@@ -36,17 +38,41 @@ class _KvRead:
     head: int = 0
 
     def load(self, which: str, k0, kt: int, dst: int) -> list:
+        """The loads of keys k0 .. k0+kt-1 of K or V, one segment a token (tokens back to
+        back in GM are one DMA segment to the engine), landing in L1 as the cube's
+        fractal blocks: K as B = K^T [head_dim, keys] (its tokens are B's columns), V
+        as B [keys, head_dim]."""
         c = self.cache
         piece = c.layout.head_dim * c.layout.elem_bytes
+        land = f"{'dn' if which == 'k' else 'nd'}2nz_b{8 * c.layout.elem_bytes}"
+        if c.layout.head_dim % 16:  # no room for the fractals' padding: loaded as before, not described
+            return self._unpadded(which, k0, kt, dst, piece)
         if c.layout.layout == "paged":
             assert k0.__class__ is int, "paged steps are not looped: their blocks are data"
             out, off = [], 0
             for a, n in c.runs(which, self.seq, self.head, k0, kt):
-                out.append(Copy(GM, L1, a, dst + off, n * piece))
+                # a run of V is a slice of the rows of V's fractal blocks, one of K its columns from the
+                # (off / piece)-th: a conversion of its own only for all of V, or K from a block's start
+                whole = n == kt if which == "v" else (off // piece) % 16 == 0
+                part = land if whole else "nz_rows"
+                out.append(Copy(GM, L1, a, dst + off, piece, n, piece, piece, part))
                 off += n * piece
             return out
         pitch = c.token_pitch()
-        return [gm_copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece)]
+        return [Copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece,
+                     land)]
+
+    def _unpadded(self, which: str, k0, kt: int, dst: int, piece: int) -> list:
+        c = self.cache
+        if c.layout.layout == "paged":
+            out, off = [], 0
+            for a, n in c.runs(which, self.seq, self.head, k0, kt):
+                out.append(Copy(GM, L1, a, dst + off, n * piece, convert="nz_unpadded"))
+                off += n * piece
+            return out
+        pitch = c.token_pitch()
+        load = gm_copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece)
+        return [attrs.evolve(load, convert="nz_unpadded")]
 
     def start(self, g: _FaGeometry) -> list:
         """Paged: the sequence's block-table entries, once per block."""
@@ -69,9 +95,12 @@ class _Cube:
     def load_q(self, tile: _Tile) -> None:
         g = self.g
         d, e, i = g.p.head_dim, g.e, tile.tp
-        self.out += [WaitFlag(MTE1, MTE2, _Q + i),
-                     Copy(GM, L1, offset(self.q, tile.q0, d * e), g.l1["q"][i], tile.rows * d * e),
-                     SetFlag(MTE2, MTE1, _Q + i)]
+        # one row a segment, back to back (one DMA segment to the engine), landing as fractal
+        # blocks; rows that are not whole fractals (head_dim % 16) one run, not described
+        src, rows = offset(self.q, tile.q0, d * e), tile.rows
+        load = (Copy(GM, L1, src, g.l1["q"][i], d * e, rows, d * e, d * e, f"nd2nz_b{8 * e}") if d % 16 == 0
+                else Copy(GM, L1, src, g.l1["q"][i], rows * d * e, convert="nz_unpadded"))
+        self.out += [WaitFlag(MTE1, MTE2, _Q + i), load, SetFlag(MTE2, MTE1, _Q + i)]
 
     def load_kv(self, st: _Step, which: str) -> None:
         i, fid = st.sp, _K if which == "k" else _V
@@ -105,15 +134,18 @@ class _Cube:
                     SetFlag(M, MTE1, x), SetFlag(M, FIX, c), WaitFlag(M, FIX, c)]
             if u == 0 and reuse:
                 out.append(CrossWaitFlag(FIX, _S_FREE))
-            out += [Copy(L0C, GM, g.l0["c"][c], s_at, rows * nb * 4), SetFlag(FIX, M, c)]
+            out += [Copy(L0C, GM, g.l0["c"][c], s_at, rows * nb * 4, convert="fix_fp32"), SetFlag(FIX, M, c)]
         out.append(CrossSetFlag(FIX, _S_READY))
 
     def load_p(self, st: _Step) -> None:
         g = self.g
         rows, i = st.tile.rows, st.sp
         p_at = shift(self.w, g.ws["p"][i])
+        # P [sub-tiles][rows][keys], one row a segment, back to back; each sub-tile lands as
+        # its own fractal blocks (the rows of a group: `:rows`)
         self.out += [CrossWaitFlag(MTE2, _P_READY), WaitFlag(MTE1, MTE2, _P + i),
-                     Copy(GM, L1, p_at, g.l1["p"][i], rows * st.nsub * st.nb * g.e),
+                     Copy(GM, L1, p_at, g.l1["p"][i], st.nb * g.e, rows * st.nsub, st.nb * g.e, st.nb * g.e,
+                          f"nd2nz_b{8 * g.e}:{rows}"),
                      SetFlag(MTE2, MTE1, _P + i)]
 
     def pv(self, st: _Step) -> None:
@@ -129,8 +161,7 @@ class _Cube:
             if u == 0:
                 out += [WaitFlag(MTE2, MTE1, _P + sp), WaitFlag(MTE2, MTE1, _V + sp)]
             out += [Copy(L1, L0A, g.l1["p"][sp] + u * rows * nb * e, g.l0["a"][x], rows * nb * e),
-                    Copy(L1, L0B, g.l1["v"][sp] + u * nb * d * e, g.l0["b"][x], nb * d * e),
-                    SetFlag(MTE1, M, x)]
+                    self._v_slice(st, u, g.l0["b"][x]), SetFlag(MTE1, M, x)]
             if u == st.nsub - 1:
                 out += [SetFlag(MTE1, MTE2, _P + sp), SetFlag(MTE1, MTE2, _V + sp)]
             out += [WaitFlag(MTE1, M, x)]
@@ -139,8 +170,22 @@ class _Cube:
             out += [Mmad(rows, d, nb, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c], accumulate=u > 0),
                     SetFlag(M, MTE1, x)]
         o_at = shift(self.w, g.ws["o"][sp])
-        out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4),
+        out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4,
+                                                              convert="fix_fp32"),
                 SetFlag(FIX, M, c), CrossSetFlag(FIX, _O_READY)]
+
+    def _v_slice(self, st: _Step, u: int, dst: int) -> Copy:
+        """MTE1: V's sub-tile u into L0B - rows u*nb.. of each 16-column block of V [keys,
+        head_dim] in L1, one segment a block (its bytes: nb * head_dim elements). Where
+        the blocks are not whole (head_dim not a multiple of 16) or the step's keys do
+        not fill its sub-tiles, one run of those bytes, its data not described."""
+        g = self.g
+        d, e, nb = g.p.head_dim, g.e, st.nb
+        src = g.l1["v"][st.sp]
+        if d % 16 or st.nsub * nb != st.kt:
+            return Copy(L1, L0B, src + u * nb * d * e, dst, nb * d * e, convert="nz_rows")
+        blk = 16 * e
+        return Copy(L1, L0B, src + u * nb * blk, dst, nb * blk, d // 16, st.kt * blk, l0b_block_bytes(nb, e))
 
     def prologue(self) -> list:
         return ([SetFlag(MTE1, MTE2, i) for i in range(8)] + [SetFlag(M, MTE1, i) for i in (0, 1)]
@@ -193,7 +238,8 @@ class _Vec:
             if st.masked:  # mask bits: key index (a ramp in UB) > the row's limit; hidden scores -> -inf
                 out += [VecOp("compare", n, "fp32", g.ub["mask"], (s,), "uint8", cdiv(n, 8), 0),
                         VecOp("select", n, "fp32", s, (s,), flops_per_elem=0)]
-            out += online_softmax(n, ns, s, m, l_, a, red, g.ub["p"][x], dt)
+            out += online_softmax(n, ns, s, m, l_, a, red, g.ub["p"][x], dt,
+                                  Rows(rcc, nsub, nb, g.p.head_dim ** -0.5))
             out += [SetFlag(V, MTE2, x), SetFlag(V, MTE3, x), WaitFlag(V, MTE3, x),
                     Copy(UB, GM, g.ub["p"][x], p_at, rcc * nb * e, nsub, rcc * nb * e, rows * nb * e),
                     SetFlag(MTE3, V, x)]
@@ -209,14 +255,15 @@ class _Vec:
         acc, part = g.ub["oacc"], g.ub["opart"]
         self.out += [CrossWaitFlag(MTE2, _O_READY), WaitFlag(V, MTE2, 2),
                      Copy(GM, UB, o_at, part, n * 4), SetFlag(MTE2, V, 2), WaitFlag(MTE2, V, 2)]
-        self.out += [VecOp("mul", n, "fp32", acc, (acc,)), VecOp("add", n, "fp32", acc, (acc, part)),
-                     SetFlag(V, MTE2, 2)]
+        alpha = g.ub["alpha"][st.sp]
+        self.out += [VecOp("mul", n, "fp32", acc, (acc, alpha), pitches=per_row(r, d)),
+                     VecOp("add", n, "fp32", acc, (acc, part)), SetFlag(V, MTE2, 2)]
 
     def reset(self, tp: int, n: int) -> list:
         """Statistics set tp back to max -inf, sum 0 (the next tile but one uses it)."""
         ns = n * STAT // 4
-        return [VecOp("dup", ns, "fp32", self.g.ub["m"][tp], flops_per_elem=0),
-                VecOp("dup", ns, "fp32", self.g.ub["l"][tp], flops_per_elem=0)]
+        return [VecOp("dup", ns, "fp32", self.g.ub["m"][tp], flops_per_elem=0, scalar=-float("inf")),
+                VecOp("dup", ns, "fp32", self.g.ub["l"][tp], flops_per_elem=0, scalar=0.0)]
 
     def finish(self, tile: _Tile) -> None:
         """O / row sum, cast, store this AIV's rows of the q tile; O back to 0."""
@@ -225,17 +272,18 @@ class _Vec:
         r, sub1 = self._rows(tile)
         n = r * d
         o_at = moving(offset(self.o, tile.q0, d * e), "sub", sub1 * d * e)
-        self.out += [VecOp("div", n, "fp32", g.ub["oacc"], (g.ub["oacc"],)), WaitFlag(MTE3, V, 2),
+        self.out += [VecOp("div", n, "fp32", g.ub["oacc"], (g.ub["oacc"], g.ub["l"][tile.tp]), pitches=per_row(r, d)),
+                     WaitFlag(MTE3, V, 2),
                      VecOp("cast", n, "fp32", g.ub["oout"], (g.ub["oacc"],), g.p.dtype, flops_per_elem=0),
                      SetFlag(V, MTE3, 2), *self.reset(tile.tp, r),
-                     VecOp("dup", cdiv(g.qt, 2) * d, "fp32", g.ub["oacc"], flops_per_elem=0),
+                     VecOp("dup", cdiv(g.qt, 2) * d, "fp32", g.ub["oacc"], flops_per_elem=0, scalar=0.0),
                      WaitFlag(V, MTE3, 2), Copy(UB, GM, g.ub["oout"], o_at, n * e), SetFlag(MTE3, V, 2)]
 
     def prologue(self) -> list:
         r = cdiv(self.g.qt, 2)
         return ([SetFlag(V, MTE2, i) for i in range(3)] + [SetFlag(MTE3, V, i) for i in range(3)]
                 + self.reset(0, r) + self.reset(1, r)
-                + [VecOp("dup", r * self.g.p.head_dim, "fp32", self.g.ub["oacc"], flops_per_elem=0)])
+                + [VecOp("dup", r * self.g.p.head_dim, "fp32", self.g.ub["oacc"], flops_per_elem=0, scalar=0.0)])
 
     def epilogue(self) -> list:
         return [WaitFlag(V, MTE2, i) for i in range(3)] + [WaitFlag(MTE3, V, i) for i in range(3)]

@@ -1,0 +1,69 @@
+"""The concrete walk of a program: its instructions in program order, loops unrolled,
+each with the values of the loop vars (and `block`, `sub`) it runs with.
+
+verify() walks a program symbolically (a loop var as its range, never unrolled);
+the functional interpreter needs every iteration's addresses, so it walks this way.
+Both read the same records; this walk is small on the shapes the interpreter takes
+(isa.interpret refuses programs that unroll past its step limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from npusim.errors import NpusimError, ProgramError
+from npusim.isa.program import (
+    Copy, CrossSetFlag, CrossWaitFlag, Loop, Mmad, Pipe, PipeBarrier, Scalar, SetFlag, SyncAll, VecOp, WaitFlag,
+)
+
+
+class TooLarge(NpusimError):
+    """A program that unrolls past the interpreter's limit: refused, not wrong."""
+
+
+def unroll(body: tuple, vars: dict[str, int], limit: int) -> Iterator[tuple[object, dict[str, int]]]:
+    """(instruction, vars) of every instruction `body` runs, in program order; at most
+    `limit` of them, else a one-line TooLarge naming the limit."""
+    count = 0
+    stack = [(iter(body), vars)]
+    while stack:
+        items, scope = stack[-1]
+        instr = next(items, None)
+        if instr is None:
+            stack.pop()
+            continue
+        if instr.__class__ is Loop:
+            # the body once per value of the var, each its own scope (the last first on the stack)
+            for value in reversed(range(instr.count)):
+                stack.append((iter(instr.body), {**scope, instr.var: value}))
+            continue
+        count += 1
+        if count > limit:
+            raise TooLarge(f"program runs more than {limit} instructions once unrolled: too large to interpret "
+                               "(validate --kernels takes small shapes)")
+        yield instr, scope
+
+
+def pipes_of(instr, core_pipes: tuple[Pipe, ...]) -> tuple[Pipe, ...]:
+    """The pipes an instruction occupies on a core with `core_pipes`: one, or every pipe
+    for PipeBarrier(ALL) and SyncAll (they wait for all of them)."""
+    cls = instr.__class__
+    if cls is Copy:
+        return (instr.pipe,)
+    if cls is Mmad:
+        return (Pipe.M,)
+    if cls is VecOp:
+        return (Pipe.V,)
+    if cls is Scalar:
+        return (Pipe.S,)
+    if cls is SetFlag:
+        return (instr.src,)
+    if cls is WaitFlag:
+        return (instr.dst,)
+    if cls is PipeBarrier:
+        return core_pipes if instr.pipe is None else (instr.pipe,)
+    if cls is SyncAll:
+        return core_pipes
+    if cls in (CrossSetFlag, CrossWaitFlag):
+        return (instr.pipe,)
+    raise ProgramError(f"not an instruction: {instr!r}")
