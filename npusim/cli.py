@@ -12,7 +12,8 @@ from npusim.diskcache.command import add_cache_command, add_cache_flags, store_o
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
-from npusim.step_flags import check_outputs, context, inputs, overrides, pass_options, pipeline, step_args
+from npusim.step_flags import (PREFILL_BATCH, check_outputs, context, default_batch, inputs, overrides, pass_options,
+                               pipeline, step_args)
 
 
 def _cmd_hw(args) -> int:
@@ -80,6 +81,13 @@ def _cmd_op(args) -> int:
                 written.append(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
         _say_all(written)
         return 0
+    if args.check:  # the lowered kernels run on numpy data, against the op's reference
+        from npusim.passes.validate_kernels import check_op, table_header
+
+        result = check_op(args.type, params, hw, tiling=tiling or None)
+        say(f"check {args.type}: its kernels run by the functional interpreter vs its numpy reference\n"
+            f"{table_header()}\n{result.row()}\n{result.status.upper() if result.status != 'pass' else 'PASSED'}")
+        return 1 if result.failed else 0
     trace, counters = "instr" if args.trace or args.plot else "kernel", bool(args.trace)
     report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters), hw,
                     lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace,
@@ -175,57 +183,94 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _trace_paths(path: str, names) -> dict[str, str]:
+def _trace_paths(path: str, names, ab: bool = False) -> dict[str, str]:
     """compare --trace PATH: one trace per pipeline, PATH with the pipeline's name
-    before the suffix (trace.json -> trace.baseline.json, trace.fusion+memplan.json)."""
+    before the suffix (trace.json -> trace.baseline.json, trace.fusion+memplan.json);
+    ab=True: per side, A then B (trace.A.json, trace.B.json)."""
     stem, suffix = os.path.splitext(path)
-    return {n: f"{stem}.{n.replace(',', '+')}{suffix or '.json'}" for n in names}
+    tags = ("A", "B") if ab else [n.replace(",", "+") for n in names]
+    return {n: f"{stem}.{tag}{suffix or '.json'}" for n, tag in zip(names, tags)}
 
 
 def _cmd_compare(args) -> int:
-    from npusim.report.contract import provenance
+    from npusim.errors import ConfigError
     from npusim.progress import progress_bar
-    from npusim.report.step import comparison_table, step_json
+    from npusim.report.contract import provenance
+    from npusim.report.step import comparison_table
     from npusim.runtime.decoder import compare
+    from npusim.step_flags import sides as sides_of
 
+    sides = sides_of(args)  # None: pipelines side by side
     if args.plans:
+        if sides:
+            raise ConfigError(f"--plans: compares plans on one config and one set of pass options; drop "
+                              f"{'--variant' if args.variant else 'the second --hw or --fusion-rules'}")
         return _cmd_compare_plans(args)
-    args.passes = args.passes or list(COMPARED_PIPELINES)
+    if sides and args.passes and len(args.passes) > 1:
+        raise ConfigError(f"--passes {' '.join(args.passes)}: comparing {' and '.join(sides)} runs ONE pipeline "
+                          f"(e.g. --passes {args.passes[-1]})")
+    args.passes = args.passes or (["optimized"] if sides else list(COMPARED_PIPELINES))
     pipelines = [pipeline(p) for p in args.passes]
-    traces = _trace_paths(args.trace, pipelines) if args.trace else {}
+    traces = _trace_paths(args.trace, list(sides) if sides else pipelines, sides is not None) if args.trace else {}
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
-        c = compare(args.workload, args.hw, pipelines=pipelines, memo=not args.no_memo, progress=bar,
-                    store=store_of(args), counters=bool(traces), **step)
+        c = compare(args.workload, args.hw if isinstance(args.hw, str) else args.hw[0], pipelines=pipelines,
+                    memo=not args.no_memo, progress=bar, store=store_of(args), counters=bool(traces), sides=sides,
+                    **step)
     say(comparison_table(c, overrides=step["overrides"]))
-    first = next(iter(c.runs.values()))
-    meta = provenance(args.argv, first.hw, step["overrides"], args.workload, inputs(args)["--workload"])
+    where = inputs(args)["--workload"]
+    metas = {n: provenance(args.argv, r.hw, step["overrides"] | (sides or {}).get(n, {}).get("overrides", {}),
+                           args.workload, where) for n, r in c.runs.items()}  # each side's config
+    meta = next(iter(metas.values()))
     written = []
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
-            _write_json({"runs": {k: step_json(r) for k, r in c.runs.items()},
-                         "steps": {k: step_json(r) for k, r in c.steps.items()}, "provenance": meta}, args.json)
-        written += _write_traces(c.runs, traces, meta, "pipeline")
+            _write_json(_compare_json(c, sides) | {"provenance": meta}, args.json)
+        written += _write_traces(c.runs, traces, meta, "side" if sides else "pipeline", metas)
         if args.plot:
             from npusim.report import plots
 
-            written.append(_plots(args.plot, plots.before_after(c, args.plot) + plots.waterfall(c, args.plot)))
+            paths = plots.before_after(c, args.plot) + (plots.waterfall(c, args.plot) if c.steps else [])
+            written.append(_plots(args.plot, paths))
     _say_all(written)
     return 0
 
 
-def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str) -> list[str]:
+def _compare_json(c, sides: dict | None) -> dict:
+    """compare --json: every run (and every pass-by-pass step), and, without steps,
+    the kernels of the first run (A) and the last (B) matched (report.ab); with sides,
+    what each side changed and its config's hash."""
+    from npusim.report.ab import ab_json
+    from npusim.report.contract import config_hash
+    from npusim.report.step import step_json
+
+    out = {"runs": {k: step_json(r) for k, r in c.runs.items()}, "steps": {k: step_json(r) for k, r in c.steps.items()}}
+    names = list(c.runs)
+    if not c.steps and len(names) > 1:
+        out["ab"] = {"a": names[0], "b": names[-1]} | ab_json(c.runs[names[0]], c.runs[names[-1]])
+    if sides:
+        import attrs
+
+        out["sides"] = {name: {k: str(v) if k != "overrides" else dict(v) for k, v in side.items()}
+                        | {"hw_name": c.runs[name].hw.name,
+                           "hw_config_sha256": config_hash(attrs.asdict(c.runs[name].hw))}
+                        for name, side in sides.items()}
+    return out
+
+
+def _write_traces(runs: dict, paths: dict[str, str], meta: dict, key: str, metas: dict | None = None) -> list[str]:
     """compare --trace: the trace of each run named in `paths` (a process group per device
-    under a plan) into its path, `meta` and {key: its name} as its metadata; the line naming
-    them (none if there are none)."""
+    under a plan) into its path, `meta` (or its own in `metas`, by name) and {key: its name}
+    as its metadata; the line naming them (none if there are none)."""
     from npusim.parallel.trace import run_trace
     from npusim.report.step import memory_timeline
     from npusim.report.trace import write_trace
 
     written = {name: path for name, path in paths.items() if name in runs}
     for name, path in written.items():
-        write_trace(run_trace(runs[name], memory_timeline(runs[name])), path, metadata=meta | {key: name})
+        write_trace(run_trace(runs[name], memory_timeline(runs[name])), path,
+                    metadata=(metas or {}).get(name, meta) | {key: name})
     return ["traces: " + ", ".join(written.values())] if written else []
 
 
@@ -284,6 +329,20 @@ def _cmd_validate(args) -> int:
     from npusim.serving.arrivals import check_seed
 
     check_seed(args.seed)  # numpy's generators take no negative seed
+    if args.kernels:  # the lowered kernels run by the functional interpreter
+        from npusim.errors import ConfigError
+        from npusim.hw import load_hw
+        from npusim.passes.validate_kernels import check_step
+
+        if plan_args(args):
+            raise ConfigError("validate --kernels checks one device's kernels: drop the parallel plan flags")
+
+        given = any(a == "--phase" or a.startswith("--phase=") for a in getattr(args, "argv", ()))
+        report = check_step(args.workload, pipeline(args.passes), (args.phase,) if given else ("decode", "prefill"),
+                            args.batch or 2, context(args), load_hw(getattr(args, "hw", None) or "ascend910b2"),
+                            args.seed, **pass_options(args))
+        say(report.table())
+        return 0 if report.passed else 1
     if plan_args(args):  # several devices: every rank's shard with numpy
         return validate_sharded(args, pipeline(args.passes), context(args),
                                 pass_options(args))
@@ -318,9 +377,30 @@ SET_ONE = "override a hardware field, one value per --set (repeat --set for more
 PROGRESS = "progress with an ETA on stderr (default: only when stderr is a terminal)"
 
 
-def _common(p, *, plot: str | None = None, trace: str | None = None, json_: bool = True) -> None:
-    """The flags that mean the same in every subcommand that has them."""
-    p.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
+class _Once(argparse.Action):
+    """A flag that takes its values after one mention (--hw A B): a second mention is a
+    usage error, not silently the only one kept."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault("_mentioned", set())
+        if self.dest in seen:
+            parser.error(f"{option_string} given twice: give its values after one {option_string} "
+                         f"({option_string} A B)")
+        seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+HW_HELP = "hardware config name (hwconfigs/) or path"
+
+
+def _common(p, *, plot: str | None = None, trace: str | None = None, json_: bool = True, two: bool = False) -> None:
+    """The flags that mean the same in every subcommand that has them (two=True: --hw
+    takes two configs to compare, as compare does)."""
+    if two:
+        p.add_argument("--hw", nargs="+", action=_Once, default="ascend910b2", metavar="HW",
+                       help=HW_HELP + ": two (--hw A B) are compared under one pipeline")
+    else:
+        p.add_argument("--hw", default="ascend910b2", help=HW_HELP)
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help=SET_ONE)
     if json_:
         p.add_argument("--json", metavar="PATH", help="write the JSON report (with provenance)")
@@ -330,26 +410,41 @@ def _common(p, *, plot: str | None = None, trace: str | None = None, json_: bool
         p.add_argument("--plot", metavar="DIR", help=f"write plots (PNG and SVG) into DIR: {plot}")
 
 
-def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload: str = "k3"):
+def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload: str = "k3", decode_batch: int = 8):
+    """A command running a step; `decode_batch`: its --batch in decode (prefill: one
+    prompt; step_flags.default_batch)."""
     p = sub.add_parser(name, help=help, description=help, formatter_class=_Help)
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="the step simulated")
     add_plan_flags(p)
-    p.add_argument("--batch", type=int, help="sequences")
+    p.add_argument("--batch", type=int, help=f"sequences (default: {decode_batch} in decode; in prefill "
+                   f"{PREFILL_BATCH}: one prompt)")
+    p.set_defaults(decode_batch=decode_batch)
     p.add_argument("--context", help="decode: context length per sequence (new token included; default the "
                    "workload's max context); prefill: prompt length (default 128); one int, or a comma list "
                    "(one per sequence, ragged)")
-    passes = ("a pipeline (baseline, optimized) or ONE comma list of passes making one pipeline (e.g. "
-              "fusion,memplan); the passes: fusion, layout, quantize, kv_layout, sync, launch, streams, memplan, buckets")
+    from npusim.passes import passes_help  # the registry's pipelines and passes (imports no pass)
+
+    passes = passes_help()
     if passes_nargs:
         p.add_argument("--passes", nargs=passes_nargs, metavar="PIPELINE",
                        help="pipelines to compare, as separate words (--passes baseline optimized); each is "
-                       + passes + f" (default: {' '.join(COMPARED_PIPELINES)}); with --plans ONE pipeline, "
-                       "default optimized")
+                       + passes + f" (default: {' '.join(COMPARED_PIPELINES)}); comparing plans, two configs, "
+                       "what-ifs or two fusion-rules files: ONE pipeline, default optimized")
     else:
         p.add_argument("--passes", default="optimized", help=passes)
-    p.add_argument("--fusion-rules", metavar="PATH", help="fusion switch file (see npusim/passes/fusion_rules.yaml)")
+    rules = "fusion rules file (default: npusim/passes/fusion_rules.yaml, the shipped rules)"
+    if passes_nargs:  # compare
+        p.add_argument("--fusion-rules", nargs="+", action=_Once, metavar="PATH",
+                       help=rules + "; two (--fusion-rules A B) are compared under one pipeline")
+        p.add_argument("--variant", nargs="+", action="append", metavar="KEY.PATH=VALUE",
+                       help="a what-if of the config to compare, as --set words (one value each): once, against "
+                       "the unmodified config (--variant l2.l2_bytes=100663296); twice, one against the other "
+                       "(--variant hbm.peak_bw_bytes_per_s=8e11 --variant hbm.peak_bw_bytes_per_s=3.2e12); "
+                       "--set applies to both sides; under one pipeline")
+    else:
+        p.add_argument("--fusion-rules", metavar="PATH", help=rules)
     p.add_argument("--kv-layout", choices=PASS_KV_LAYOUTS, help="KV layout the kv_layout pass makes "
                    "(default contiguous)")
     p.add_argument("--buckets", metavar="L1,L2,...", help="shape buckets of the buckets pass (default "
@@ -371,6 +466,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        default_batch(namespace)  # a step command's --batch not given: by its --phase
+        namespace.__dict__.pop("_mentioned", None)  # _Once's record
+        return namespace, extras
 
 
 def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
@@ -399,6 +500,8 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     op.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns); "
                     "for a collective, hccl_test's output (DIR/all_reduce_test.txt ...)")
     op.add_argument("--list", action="store_true", help="list the op types")
+    op.add_argument("--check", action="store_true", help="run the lowered kernels on numpy data (functional "
+                    "interpreter) and compare with the op's reference instead of simulating (small shapes)")
     op.add_argument("-h", "--help", action="store_true", help="show this help (with TYPE: and the op's parameters)")
     op.set_defaults(func=replayed(_cmd_op, check_outputs), parser=op)
 
@@ -408,34 +511,40 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--trace-level", choices=("kernel", "block", "instr"), default="kernel",
                      help="detail of --trace: kernel and host spans, + blocks per core, + every instruction")
     run.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
-    compare = _step_parser(sub, "compare", "pipelines side by side and the gain of each pass, or parallel plans side by side (--plans)", "+")
-    _common(compare, plot="before_after, waterfall; with --plans plan_scaling (latency and communication share "
-            "against the devices)",
-            trace="write a Chrome trace (kernel level) per pipeline (with --plans: per plan): PATH with its name "
-                  "before the suffix (trace.json -> trace.baseline.json, trace.optimized.json; trace.tp2.json)")
+    compare = _step_parser(sub, "compare", "pipelines side by side (and each pass's gain when the first is "
+                           "baseline); or, under one pipeline, two configs (--hw A B), what-ifs (--variant) or "
+                           "fusion-rules files (--fusion-rules A B), with the kernels that changed most; or parallel "
+                           "plans (--plans)", "+")
+    _common(compare, plot="before_after, waterfall (when the first pipeline is baseline); with --plans "
+            "plan_scaling (latency and communication share against the devices)",
+            trace="write a Chrome trace (kernel level) per pipeline (with --plans: per plan; A and B: per side): "
+                  "PATH with its name before the suffix (trace.json -> trace.baseline.json, trace.optimized.json; "
+                  "trace.tp2.json; trace.A.json, trace.B.json)", two=True)
     compare.add_argument("--plans", nargs="+", metavar="PLAN", help="compare parallel plans instead of "
                          "pipelines, as separate words (--plans tp1 tp2 tp4); each is tpN, spN or ONE comma list "
                          "of both (tp2,sp2), under one pipeline of --passes")
     for p_ in (run, compare):
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
-        p_.set_defaults(batch=8)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")
     run.set_defaults(func=replayed(_cmd_run, check_outputs))
     compare.set_defaults(func=_cmd_compare)
 
     sweep = _step_parser(sub, "sweep", "hardware what-if: one step at every point of a grid, in parallel")
-    sweep.set_defaults(batch=8, func=_cmd_sweep)
+    sweep.set_defaults(func=_cmd_sweep)
     from npusim.sweep_command import add_arguments as _sweep_arguments
 
     _sweep_arguments(sweep, PROGRESS)
 
     validate = _step_parser(sub, "validate", "check passes keep the numbers: numpy run vs an FP32 reference",
-                            default_workload="k3-tiny")
-    validate.set_defaults(batch=2, context="64")
+                            default_workload="k3-tiny", decode_batch=2)
+    validate.set_defaults(context="64")
     for action in validate._actions:
         if action.dest == "context":
             action.help = "context length per sequence (decode) or prompt length (prefill); one int, or a comma list"
     validate.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    validate.add_argument("--kernels", action="store_true", help="run every distinct lowered kernel of the step "
+                          "(decode and prefill unless --phase) on numpy data with the functional interpreter and "
+                          "compare with the op's reference; also what each pass changed")
     validate.set_defaults(func=_cmd_validate)
 
     serve = sub.add_parser("serve", help="a service under load: arrivals, batching, host; TTFT, TPOT, P99")

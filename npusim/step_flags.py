@@ -1,7 +1,8 @@
 """The step's command-line flags as the commands that run steps read them (run,
-compare, sweep, validate, op): context lengths, a pass pipeline, --set overrides,
-pass options; and the check, before anything runs, that every output can be written
-and lands neither on an input nor on another output."""
+compare, sweep, validate, op): context lengths, the batch (one prompt in prefill), a
+pass pipeline, --set overrides, pass options, the two sides of `compare --hw A B`,
+`--variant` and `--fusion-rules A B`; and the check, before anything runs, that every
+output can be written and lands neither on an input nor on another output."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def pass_options(args) -> dict:
             raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
     from npusim.passes import check_options
 
-    options = dict(fusion_rules=args.fusion_rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin,
+    rules = args.fusion_rules  # compare --fusion-rules A B: a list, each side given its own (step_flags.sides)
+    rules = rules[0] if isinstance(rules, list) else rules
+    options = dict(fusion_rules=rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin,
                    quant=args.quant, quant_layers=args.quant_layers, smooth_alpha=args.smooth_alpha)
     check_options([args.passes] if isinstance(args.passes, str) else args.passes, options)
     return options
@@ -69,6 +72,99 @@ def pass_options(args) -> dict:
 def context(args):
     """--context as the step takes it (None: the workload's default)."""
     return lengths(args.context) if args.context else None
+
+
+PREFILL_BATCH = 1  # --phase prefill without --batch: one prompt
+
+
+def default_batch(args) -> None:
+    """--batch not given: one prompt in prefill, the command's decode default
+    (`decode_batch`, which its --help shows) in decode. Set on a step command's
+    parsed arguments, before anything reads them."""
+    if getattr(args, "batch", 0) is None and hasattr(args, "decode_batch"):
+        args.batch = PREFILL_BATCH if args.phase == "prefill" else args.decode_batch
+
+
+def _label(value: str, others) -> str:
+    """A side's column name: a path's file stem, a name as given; as given when two
+    stems are the same."""
+    stems = [os.path.splitext(os.path.basename(v))[0] for v in others]
+    return value if len(set(stems)) < len(stems) else os.path.splitext(os.path.basename(value))[0]
+
+
+def _variant(words: list[str]) -> dict:
+    """One --variant group: KEY.PATH=VALUE words, one value each (as --set)."""
+    from npusim.errors import ConfigError
+    from npusim.hw.load import parse_set_args
+
+    try:
+        overrides = parse_set_args(words)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--set", "--variant", 1)) from None
+    for key, value in overrides.items():
+        if "," in value:
+            raise ConfigError(f"--variant {key}={value}: takes one value (a list of values is a sweep: "
+                              f"npusim sweep --set {key}={value} --out DIR)")
+    return overrides
+
+
+def sides(args) -> dict[str, dict] | None:
+    """compare's two sides, {column name: what it changes (compare's `sides`)}, from
+    `--hw A B`, `--variant K=V...` (once: against the unmodified config; twice: one
+    against the other) or `--fusion-rules A B`; None when none is given (pipelines are
+    compared). A flag given one value is left as that value, as the rest of the command
+    reads it; the two of `--hw A B` or `--fusion-rules A B` stay a list (both are inputs:
+    step_flags.inputs)."""
+    from npusim.errors import ConfigError
+
+    hws = args.hw if isinstance(args.hw, list) else [args.hw]
+    rules = args.fusion_rules if isinstance(args.fusion_rules, list) else [args.fusion_rules]
+    variants = args.variant or []
+    for flag, values in (("--hw", hws), ("--fusion-rules", rules), ("--variant", variants)):
+        if len(values) > 2:
+            shown = " ".join(" ".join(v) if isinstance(v, list) else v for v in values)
+            raise ConfigError(f"{flag} {shown}: expected at most two to compare (A and B), got {len(values)}")
+    given = [flag for flag, n in (("--hw A B", len(hws)), ("--fusion-rules A B", len(rules)),
+                                  ("--variant", 2 * len(variants))) if n > 1]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: compare one thing at a time (two configs, two --variant groups "
+                          "or two fusion-rules files), the rest the same on both sides")
+    args.hw = hws[0] if len(hws) == 1 else hws
+    args.fusion_rules = rules[0] if len(rules) == 1 else rules
+    if not given:
+        return None
+    if len(hws) == 2:
+        out = {_label(h, hws): {"hw": h} for h in hws}
+        same = len(out) < 2 or _same_file(hws, "hwconfigs")
+        what = f"--hw {' '.join(hws)}"
+    elif len(rules) == 2:
+        out = {_label(r, rules): {"fusion_rules": r} for r in rules}
+        same = len(out) < 2 or _same_file(rules, None)
+        what = f"--fusion-rules {' '.join(rules)}"
+    else:
+        groups = [_variant(v) for v in variants]
+        if len(groups) == 1:
+            groups.insert(0, {})
+        out = {(" ".join(f"{k}={v}" for k, v in g.items()) or "unmodified"): {"overrides": g} for g in groups}
+        same = len(out) < 2
+        what = " ".join("--variant " + " ".join(v) for v in variants)
+    if same:
+        raise ConfigError(f"{what}: the same on both sides, nothing to compare (give two different ones)")
+    return out
+
+
+def _same_file(values, kind: str | None) -> bool:
+    """Whether two config names or paths are the same file."""
+    from npusim.errors import ConfigError
+    from npusim.hw.load import find_file
+
+    def where(v):
+        try:
+            return os.path.realpath(find_file(v, kind) if kind else v)
+        except ConfigError:
+            return v  # unknown: the run reports it
+
+    return where(values[0]) == where(values[1])
 
 
 def step_args(args) -> dict:
@@ -89,9 +185,14 @@ def inputs(args) -> dict:
         except ConfigError:  # unknown: the command reports it in its turn
             return value if os.path.exists(value) else None
 
-    return {"--hw": path(getattr(args, "hw", None), "hwconfigs"),
+    def each(flag, values, kind):  # compare --hw A B, --fusion-rules A B: both are inputs
+        if not isinstance(values, list):
+            return {flag: path(values, kind) if kind else values}
+        return {(flag if i == 0 else f"{flag} (B)"): path(v, kind) if kind else v for i, v in enumerate(values)}
+
+    return {**each("--hw", getattr(args, "hw", None), "hwconfigs"),
             "--workload": path(getattr(args, "workload", None), "workloads"),
-            "--fusion-rules": getattr(args, "fusion_rules", None)}
+            **each("--fusion-rules", getattr(args, "fusion_rules", None), None)}
 
 
 def check_outputs(args, extra: dict | None = None) -> None:
@@ -111,4 +212,5 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["check_outputs", "context", "inputs", "lengths", "overrides", "pass_options", "pipeline", "step_args"]
+__all__ = ["PREFILL_BATCH", "check_outputs", "context", "default_batch", "inputs", "lengths",
+           "overrides", "pass_options", "pipeline", "sides", "step_args"]

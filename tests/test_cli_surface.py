@@ -29,11 +29,11 @@ def help_of(*command: str) -> str:
 
 
 @pytest.mark.parametrize(("command", "defaults"), [
-    ("run", {"--batch": "8", "--phase": "decode", "--passes": "optimized", "--hw": "ascend910b2",
+    ("run", {"--batch": "8 in decode; in prefill 1: one prompt", "--phase": "decode", "--passes": "optimized", "--hw": "ascend910b2",
              "--workload": "k3", "--trace-level": "kernel"}),
-    ("compare", {"--batch": "8", "--phase": "decode", "--passes": "baseline optimized", "--hw": "ascend910b2"}),
-    ("sweep", {"--batch": "8", "--phase": "decode", "--passes": "optimized", "--hw": "ascend910b2"}),
-    ("validate", {"--batch": "2", "--context": "64", "--passes": "optimized", "--workload": "k3-tiny"}),
+    ("compare", {"--batch": "8 in decode; in prefill 1: one prompt", "--phase": "decode", "--passes": "baseline optimized", "--hw": "ascend910b2"}),
+    ("sweep", {"--batch": "8 in decode; in prefill 1: one prompt", "--phase": "decode", "--passes": "optimized", "--hw": "ascend910b2"}),
+    ("validate", {"--batch": "2 in decode; in prefill 1: one prompt", "--context": "64", "--passes": "optimized", "--workload": "k3-tiny"}),
     ("op", {"--hw": "ascend910b2"}),
 ])
 def test_help_shows_the_defaults(command, defaults):

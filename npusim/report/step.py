@@ -76,12 +76,15 @@ def by_type(run: GraphRun) -> list[tuple[str, int, float]]:
     return sorted(((k, c, t) for k, (c, t) in out.items()), key=lambda x: -x[2])
 
 
-def step_title(run: GraphRun, overrides=None) -> str:
+def step_title(run: GraphRun, overrides=None, hw: bool = True) -> str:
+    """"k3 decode on ascend910b2 (--set ...): batch 8 x context 4096, passes: ..."; hw=False
+    leaves out " on ascend910b2" (a comparison of configs names them in its columns)."""
     g = run.graph
     lengths = g.lengths[0] if len(set(g.lengths)) == 1 else f"{min(g.lengths)}..{max(g.lengths)}"
     what = "context" if g.phase == "decode" else "prompt"
     passes = ", ".join(g.applied) or "none"
-    return (f"{g.workload.name} {g.phase} on {run.hw.name}{set_note(overrides)}: batch {g.batch} x {what} {lengths}, "
+    on = f" on {run.hw.name}" if hw else ""
+    return (f"{g.workload.name} {g.phase}{on}{set_note(overrides)}: batch {g.batch} x {what} {lengths}, "
             f"passes: {passes}" + ("" if run.memo else " (every layer simulated)"))
 
 
@@ -155,6 +158,7 @@ _ROWS = (
     ("DMA segments", lambda r: r.result.stats.dma_segments),
     ("wasted burst bytes", lambda r: r.result.stats.wasted_burst_bytes),
     ("weight bytes (GB)", lambda r: r.memory.weights_bytes / GB),
+    ("L2 hit rate (%)", lambda r: 100 * r.result.stats.l2_hit_rate),
     ("peak memory (MiB)", lambda r: r.memory.total_bytes / MIB),
     ("host launch (us)", lambda r: r.hw.us(r.result.host_launch_cycles)),
     ("host wait (us)", lambda r: r.hw.us(r.result.host_wait_cycles)),
@@ -166,11 +170,20 @@ def _fmt(v: float) -> str:
 
 
 def comparison_table(c: Comparison, overrides=None) -> str:
-    """The pipelines side by side, then each pass's gain (added in pipeline order)."""
+    """The runs side by side; then, when the first is the baseline, each pass's gain
+    (added in pipeline order); otherwise the kernels of the first run (A) and the last
+    (B) that changed most (report.ab). Runs of one pipeline (compare's sides) name it in
+    the title; runs on configs of different names name them in the columns only."""
+    from npusim.report.ab import kernel_table
+
     names = list(c.runs)
-    first = next(iter(c.runs.values()))
-    w = max(16, *(len(n) + 2 for n in names))  # a column per pipeline, as wide as its name
-    lines = [step_title(first, overrides).split(", passes:")[0], "", f"  {'':22s}" + "".join(f"{n:>{w}s}" for n in names)]
+    first, last = c.runs[names[0]], c.runs[names[-1]]
+    one_hw = all(r.hw.name == first.hw.name for r in c.runs.values())  # (what-ifs of one config: its name)
+    title = step_title(first, overrides, hw=one_hw)
+    if len({r.graph.applied for r in c.runs.values()}) > 1:  # pipelines are the columns
+        title = title.split(", passes:")[0]
+    w = max(16, *(len(n) + 2 for n in names))  # a column per run, as wide as its name
+    lines = [title, "", f"  {'':22s}" + "".join(f"{n:>{w}s}" for n in names)]
     for label, get in _ROWS:
         lines.append(f"  {label:22s}" + "".join(f"{_fmt(get(r)):>{w}s}" for r in c.runs.values()))
     scores = [validation_score(r) for r in c.runs.values()]
@@ -178,13 +191,16 @@ def comparison_table(c: Comparison, overrides=None) -> str:
     if "n/a" in scores:
         lines.append("  (n/a: the numpy check of this shape is too large to run here, or a sequence-parallel step "
                      "with fused attention; npusim validate says which)")
-    lines += ["", "  each pass added in order (latency, then the figure it targets):"]
-    prev = c.runs.get("baseline", first)
-    for name, r in c.steps.items():
-        change = r.latency_us - prev.latency_us
-        lines.append(f"  + {name:12s} {r.latency_us:>14,.1f} us  ({change:+,.1f} us, {100 * change / prev.latency_us:+.1f}%)"
-                     f"  {_target(name, prev, r)}")
-        prev = r
+    if c.steps:
+        lines += ["", "  each pass added in order (latency, then the figure it targets):"]
+        prev = first
+        for name, r in c.steps.items():
+            change = r.latency_us - prev.latency_us
+            lines.append(f"  + {name:12s} {r.latency_us:>14,.1f} us  ({change:+,.1f} us, "
+                         f"{100 * change / prev.latency_us:+.1f}%)  {_target(name, prev, r)}")
+            prev = r
+    elif len(names) > 1:
+        lines += ["", kernel_table((names[0], names[-1]), first, last)]
     return "\n".join(lines)
 
 

@@ -177,23 +177,35 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
 
 @frozen
 class Comparison:
-    """Runs of the same step: each named pipeline, and the passes added one at a
-    time in pipeline order (`steps`: pass name -> the run with it and every
-    earlier pass of the last pipeline on)."""
+    """Runs of the same step: each named pipeline (or, with compare's `sides`, one
+    pipeline on each side: two configs, two sets of overrides, two fusion-rules files),
+    and - when the first pipeline is the baseline - the passes added one at a time in
+    pipeline order (`steps`: pass name -> the run with it and every earlier pass of the
+    last pipeline on; empty otherwise, as a pass's gain is measured from the baseline)."""
 
     runs: dict[str, GraphRun]
     steps: dict[str, GraphRun]
+
+
+SIDE_KEYS = ("hw", "overrides", "fusion_rules")  # what one side of compare's `sides` may change
 
 
 def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase: str = "decode", batch: int = 1,
             context=None, pipelines: Sequence[str] = ("baseline", "optimized"), *,
             overrides: Mapping[str, Any] | None = None, memo: bool = True,
             progress: Callable[[int, int], None] | None = None, store: DiskCache | None = None,
-            counters: bool = True, **options) -> Comparison:
-    """Each pipeline, and the last one's passes added one at a time (a run already
-    made for a pipeline is reused). `progress(runs done, runs in all)` is called as
-    each distinct run starts and at the end; the runs share one LoweringCache and `store`
-    (the on-disk cache, see run_decoder)."""
+            counters: bool = True, sides: Mapping[str, Mapping[str, Any]] | None = None, **options) -> Comparison:
+    """Each pipeline, and, when the first is the baseline, the last one's passes added
+    one at a time (a run already made for a pipeline is reused).
+
+    `sides` ({name: {"hw": ..., "overrides": {...}, "fusion_rules": path}}, two or
+    more): instead, ONE pipeline once per side, each side's hw (default `hw`), its
+    overrides on top of `overrides`, its fusion rules (default the `fusion_rules`
+    option); `runs` is keyed by side name and `steps` is empty.
+
+    `progress(runs done, runs in all)` is called as each distinct run starts and at the
+    end; the runs share one LoweringCache (keyed by the config's value) and `store` (the
+    on-disk cache, see run_decoder)."""
     if isinstance(pipelines, str) or not isinstance(pipelines, Sequence):
         raise TypeError(f"pipelines: expected a sequence of pipelines, e.g. ('baseline', 'optimized'), "
                         f"got {short(pipelines)}")
@@ -201,10 +213,13 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
         raise ConfigError("pipelines: expected at least one pipeline, got none")
     for p in pipelines:
         _check_args(workload, phase, batch, context, p, hw=hw, overrides=overrides, memo=memo)
+    cache = LoweringCache()
+    if sides is not None:
+        return _compare_sides(workload, hw, phase, batch, context, pipelines, overrides, sides, cache,
+                              dict(memo=memo, store=store, counters=counters), progress, options)
     hw = load_hw(hw, overrides)
     done: dict[tuple[str, ...], GraphRun] = {}
-    order = pass_names(pipelines[-1])
-    cache = LoweringCache()
+    order = pass_names(pipelines[-1]) if not pass_names(pipelines[0]) else ()
     total = len({pass_names(p) for p in pipelines} | {order[:i + 1] for i in range(len(order))})
 
     def run(passes) -> GraphRun:
@@ -221,6 +236,37 @@ def compare(workload: Workload | str, hw: HwConfig | str = "ascend910b2", phase:
     if progress:
         progress(total, total)
     return comparison
+
+
+def _compare_sides(workload, hw, phase, batch, context, pipelines, overrides, sides, cache, run_options, progress,
+                   options) -> Comparison:
+    """compare(..., sides=...): one pipeline on each side."""
+    if not isinstance(sides, Mapping) or len(sides) < 2:
+        raise ConfigError(f"sides: expected at least two sides to compare, got {short(sides)}")
+    if len(pipelines) != 1:
+        raise ConfigError(f"pipelines: comparing sides ({', '.join(map(str, sides))}) runs ONE pipeline, got "
+                          f"{len(pipelines)}: {', '.join(pipelines)}")
+    for name, side in sides.items():
+        if not isinstance(side, Mapping) or set(side) - set(SIDE_KEYS):
+            raise ConfigError(f"sides[{name!r}]: expected a mapping of {', '.join(SIDE_KEYS)}, got {short(side)}")
+        _check_args(workload, phase, batch, context, pipelines[0], hw=side.get("hw", hw),
+                    overrides=side.get("overrides"))
+    runs = {}
+    for i, (name, side) in enumerate(sides.items()):
+        if progress:
+            progress(i, len(sides))
+        config = load_hw(side.get("hw", hw), overrides)
+        if side.get("overrides"):
+            try:
+                config = load_hw(config, side["overrides"])
+            except ConfigError as e:  # the side's own overrides are wrong: name the side
+                raise ConfigError(f"{name}: {e}") from None
+        opts = options | ({"fusion_rules": side["fusion_rules"]} if side.get("fusion_rules") else {})
+        runs[name] = run_decoder(workload, config, phase, batch, context, pipelines[0], cache=cache, **run_options,
+                                 **opts)
+    if progress:
+        progress(len(sides), len(sides))
+    return Comparison(runs, {})
 
 
 __all__ = ["Comparison", "Step", "compare", "run_decoder", "step"]
