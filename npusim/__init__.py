@@ -1,6 +1,6 @@
 """npusim: a cycle-approximate simulator of a 910B-like NPU.
 
-The public API, stage by stage (see README.md):
+The public API, stage by stage (see docs/api.md):
     npusim.hw       load_hw(name, overrides)                   -> HwConfig
     npusim.workload load_workload(name | path | config.json)   -> Workload
     npusim.graph    build_decoder(workload, phase, batch, lengths) -> Graph; execute(graph)

@@ -12,7 +12,7 @@ import npusim.demo
 
 ROOT = Path(__file__).resolve().parents[1]
 # the README and the manual pages it links (docs/*.md), in its order: what a user reads
-_PAGES = re.findall(r"\]\((docs/[\w-]+\.md)\)", (ROOT / "README.md").read_text())
+_PAGES = list(dict.fromkeys(re.findall(r"\]\((docs/[\w-]+\.md)\)", (ROOT / "README.md").read_text())))
 README = "\n".join((ROOT / page).read_text() for page in ("README.md", *_PAGES))
 
 
@@ -160,3 +160,51 @@ def test_the_fidelity_table_shows_what_the_shipped_config_gives():
         shown[name.strip()] = (int(rows), int(pcts[2]), int(pcts[3]))
     now = {name: (rows, round(100 * med), round(100 * mx)) for name, rows, med, mx in as_shipped()}
     assert shown == now
+
+
+def test_the_readme_is_short():
+    """The README starts with the user and sends the rest to docs/: about 300 lines."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def _prose(text: str) -> str:
+    """`text` without its fenced blocks, inline code and link targets: what is read as prose."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def _held_out_table() -> dict[str, tuple[int, int, int]]:
+    """The README's fidelity table: family -> (rows, held-out median %, held-out max %)."""
+    (block,) = [b for b in re.findall(r"```\n(family .*?)```", README, flags=re.S)]
+    table = {}
+    for line in block.splitlines()[2:]:
+        name, rows, *pcts = re.match(r"(.+?)\s+(\d+)\s+" + r"\s+".join([r"(\d+)%"] * 6) + r"\s*$", line).groups()
+        table[name.strip()] = (int(rows), int(pcts[4]), int(pcts[5]))
+    return table
+
+
+def test_every_figure_in_the_readme_prose_is_checked():
+    """The README's figures are in the outputs the tests above compare with a run; a figure
+    in its prose is one of these, each checked against what it states."""
+    from npusim.hw import load_hw
+
+    readme = (ROOT / "README.md").read_text()
+    target = "the held-out target (median 8%, max 25%)"
+    met = {name for name, (rows, med, mx) in _held_out_table().items() if rows >= 5 and med <= 8 and mx <= 25}
+    checks = {
+        "64": lambda: load_hw("ascend910b2").dma.burst_bytes == 64,  # the 64-byte burst rule
+        "1": lambda: "|simulated /\nmeasured - 1|" in readme,  # the error's formula
+        "8%": lambda: f"Every family misses {target} except copy" in readme and met == {"copy"},
+        "25%": lambda: f"Every family misses {target} except copy" in readme and met == {"copy"},
+    }
+    prose = _prose(readme)
+    figures = set(re.findall(r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?%?(?!\w)", prose))
+    unchecked = sorted(figures - set(checks))
+    assert not unchecked, f"README prose quotes {unchecked}: show them in a checked output or add their check here"
+    for figure in figures:
+        assert checks[figure](), figure
+    said = {"thirteen notebooks": len(list((ROOT / "notebooks").glob("*.ipynb"))) == 13,
+            "four small c files": len(list((ROOT / "npusim" / "engine").glob("*.c"))) == 4}
+    for phrase, holds in said.items():
+        assert phrase not in prose.lower() or holds, phrase

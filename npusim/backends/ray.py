@@ -105,7 +105,7 @@ class RayBackend:
             hint = ""
             if self.address and self.address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ:
                 hint = (" (a head with token authentication, Ray's default, answers only a client with "
-                        "RAY_AUTH_MODE=token and its token: see the README)")
+                        "RAY_AUTH_MODE=token and its token: see docs/sweeps.md)")
             raise BackendError(f"{where}: {one_line(e)}{hint}") from None
         return True
 

@@ -1,5 +1,5 @@
 """The text `npusim op` prints: an op report's figures, each under the name the JSON
-and CSV give it (README, "Reading the figures"), and an op type's parameter help."""
+and CSV give it (docs/operators.md, "Reading the figures"), and an op type's parameter help."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def op_help(op_type: str) -> str:
 
 
 def op_summary(r, overrides=None) -> str:
-    """The op's figures, each under the name the JSON and CSV give it (README, "Reading the figures")."""
+    """The op's figures, each under the name the JSON and CSV give it (docs/operators.md, "Reading the figures")."""
     low, hw = r.lowered, r.hw
     n = len(low.kernels)
     parts = f"kernel start{'s' * (n > 1)} {hw.us(r.start_cycles):.2f} + kernel{'s' * (n > 1)} {hw.us(r.kernel_cycles):.2f}"
