@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 from attrs import field, frozen, validators
 from cattrs.errors import ForbiddenExtraKeysError
 
@@ -156,6 +157,13 @@ def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
             raise ConfigError(f"{where}: missing key '{key}'") from None
         if isinstance(exc, ConfigError):
             raise ConfigError(f"{where}: {exc}") from None
+        # attrs' in_ validator raises ValueError(message, attribute, options, value) in the
+        # record's __init__, so the path stops at the record: the field comes from the attribute
+        if isinstance(exc, ValueError) and len(exc.args) == 4 and isinstance(exc.args[1], attrs.Attribute):
+            _, field, options, value = exc.args
+            key = ".".join((*path, field.name))
+            raise ConfigError(f"{where}: key '{key}': expected one of {', '.join(map(str, options))}, "
+                              f"got {value!r}") from None
         raise ConfigError(f"{where}: key '{key}': {exc}" if key else f"{where}: {exc}") from None
 
 

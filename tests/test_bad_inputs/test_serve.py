@@ -52,6 +52,8 @@ def no_temporary_files(folder: Path) -> None:
     (["--rate", "5", "--service-set", "host.tokenize_us=.inf"],
      r"key 'host': 'tokenize_us' must be from 0 to 1e\+07 us"),
     (["--rate", "5", "--service-set", "host.pool_threads=100000000000"], r"'pool_threads' must be from 1 to 4096"),
+    (["--rate", "5", "--service-set", "host.preprocess_on=thread_pool"],
+     r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'thread_pool'$"),
     (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),
     # issue 35: hangs (the dynamic scheduler's next scan lost to rounding), refused at a stated bound
     (["--rate", "1e-16"], r"--rate: the 5 requests would arrive over .* more than the 1e\+09 s"),
