@@ -48,22 +48,12 @@ def pipes_of(instr, core_pipes: tuple[Pipe, ...]) -> tuple[Pipe, ...]:
     """The pipes an instruction occupies on a core with `core_pipes`: one, or every pipe
     for PipeBarrier(ALL) and SyncAll (they wait for all of them)."""
     cls = instr.__class__
-    if cls is Copy:
-        return (instr.pipe,)
-    if cls is Mmad:
-        return (Pipe.M,)
-    if cls is VecOp:
-        return (Pipe.V,)
-    if cls is Scalar:
-        return (Pipe.S,)
     if cls is SetFlag:
         return (instr.src,)
     if cls is WaitFlag:
         return (instr.dst,)
-    if cls is PipeBarrier:
-        return core_pipes if instr.pipe is None else (instr.pipe,)
-    if cls is SyncAll:
+    if cls is SyncAll or (cls is PipeBarrier and instr.pipe is None):
         return core_pipes
-    if cls in (CrossSetFlag, CrossWaitFlag):
-        return (instr.pipe,)
+    if cls in (Copy, Mmad, VecOp, Scalar, PipeBarrier, CrossSetFlag, CrossWaitFlag):
+        return (instr.pipe,)  # a copy's own pipe, the unit's (Mmad: M, VecOp: V, Scalar: S), the one named
     raise ProgramError(f"not an instruction: {instr!r}")
