@@ -2,6 +2,7 @@
 interpreter agree with each op's reference, and a lowering with a planted bug (a
 swapped tile offset, a dropped K slice, a skipped vector instruction) fails, named."""
 
+import attrs
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ from npusim.errors import DeadlockError
 from npusim.hw import load_hw
 from npusim.isa.interpret import Gm, run_kernel
 from npusim.isa.program import Copy, CoreType, GmTensor, Kernel, Mem, Pipe, Program, Scalar, SetFlag, VecOp, \
-    WaitFlag
+    WaitFlag, shift
 from npusim.isa.values import decode, encode
 from npusim.ops import matmul_program, rowwise, vector
 from npusim.ops.attention import flash_cores
@@ -34,12 +35,28 @@ def test_matmul_lowering_matches_its_reference(params):
     assert c.max_rel < 2 ** -9  # fp16 output: within a few roundings (split K: one a piece), not at the edge
 
 
-@pytest.mark.xfail(strict=True, reason="found by this check: with K % 16 != 0 the last K slice's L1 -> L0A copy "
-                   "moves bm * sk elements, not whole 16-column fractals (bm * align16(sk)), so half of the last "
-                   "fractal's rows never reach L0A; fixing it changes the simulated MTE1 bytes")
-def test_matmul_with_k_not_a_multiple_of_16():
-    c = check_op("matmul", dict(m=40, n=80, k=1000, trans_b=True), HW)
+@pytest.mark.parametrize("params", [dict(m=40, n=80, k=1000, trans_b=True), dict(m=40, n=80, k=1000, format_a="NZ"),
+                                    dict(m=33, n=80, k=1000, dtype="fp32", out_dtype="fp32")])
+def test_matmul_with_k_not_a_multiple_of_16(params):
+    """Found by this check: the last K slice's L1 -> L0A copy moved bm * sk elements, not
+    whole 16-column fractal blocks, so half of the last block's rows never reached L0A.
+    It moves whole blocks now (bm * align16(sk)), as the cube reads them."""
+    c = check_op("matmul", params, HW)
     assert c.status == "pass", c.row()
+
+
+def test_the_last_k_slice_moves_whole_fractal_blocks_to_l0a():
+    """k=1000: the last slice holds 1000 % 64 = 40 columns of K, 2.5 fractal blocks; MTE1
+    moves 3 blocks of the tile's rows."""
+    from npusim.isa.program import Mem
+    from npusim.isa.walk import unroll
+    from npusim.ops import lower
+
+    low = lower("matmul", dict(m=40, n=80, k=1000, trans_b=True), HW)
+    body = low.kernels[-1].program(CoreType.AIC, 0).body
+    sizes = {c.nbytes for c, _ in unroll(body, {"block": 0, "sub": 0}, 10 ** 5)
+             if isinstance(c, Copy) and c.dst is Mem.L0A}
+    assert sizes == {40 * 64 * 2, 40 * 48 * 2}, sizes  # the one tile's 40 rows: whole slices, and the last
 
 
 @pytest.mark.parametrize("op, params", [
@@ -75,10 +92,60 @@ def test_attention_kernels_match_their_references(op, params):
     assert c.status == "pass", c.row()
 
 
-def test_causal_attention_is_reported_not_checked_with_the_reason():
-    """The causal mask's instructions do not say what they compare: named, never passed."""
+@pytest.mark.parametrize("params", [
+    dict(FLASH, causal=True),  # k3-tiny prefill: one step per tile, its diagonal masked
+    dict(FLASH, causal=True, kv_layout="paged"),
+    # 40 queries at the end of 512 keys: the last step masked, the earlier ones whole
+    dict(batch=1, heads=2, kv_heads=2, head_dim=64, seq_q=40, seq_kv=512, causal=True),
+    # 300 keys: short last steps (their last sub-tile's V rows and P V depth: the keys it has)
+    dict(batch=1, heads=2, kv_heads=2, head_dim=64, seq_q=300, seq_kv=300, causal=True),
+    dict(batch=1, heads=2, kv_heads=1, head_dim=64, seq_q=40, seq_kv=40),  # padding keys masked, not causal
+    # GQA-packed (a mixed step's short prompt, speculative tokens): row i is query i % seq_q of its head
+    dict(batch=2, heads=4, kv_heads=2, head_dim=64, seq_q=16, seq_kv=64, causal=True),
+    dict(batch=1, heads=8, kv_heads=2, head_dim=64, seq_q=7, seq_kv=100, causal=True, kv_layout="paged"),
+    # a paged cache's runs of V land as rows of V's fractal blocks (pages of 48 tokens: runs inside a step)
+    dict(batch=2, heads=4, kv_heads=2, head_dim=128, seq_q=64, seq_kv=1000, causal=True, kv_layout="paged",
+         block_tokens=48),
+    # head_dim not whole 16-column fractals (only per-layer caches allow it): Q and V padded in L1
+    dict(batch=1, heads=4, kv_heads=2, head_dim=40, seq_q=100, seq_kv=300, causal=True, kv_layout="per_layer"),
+    dict(batch=2, heads=4, kv_heads=2, head_dim=72, seq_q=16, seq_kv=64, causal=True, kv_layout="per_layer",
+         dtype="bf16"),
+])
+def test_masked_and_uneven_attention_matches_its_reference(params):
+    """Causal or padded steps: the mask is built by the program (an index ramp once, then
+    per masked chunk each row's limit, compare, select); short steps, packed GQA rows and
+    a head_dim that is not whole fractals are described too."""
+    c = check_op("flash_attention", params, HW)
+    assert c.status == "pass", c.row()
+
+
+@pytest.mark.parametrize("bug", ["limit off by one", "sub 1 given sub 0's rows", "no mask"])
+def test_a_wrong_causal_mask_fails_named(monkeypatch, bug):
+    mask = flash_cores._Vec.mask
+
+    def planted(self, st, row0, rcc, sub1, s):
+        if bug == "no mask":
+            return []
+        out = mask(self, st, row0, rcc, 0 if bug.startswith("sub") else sub1, s)
+        if bug == "limit off by one":
+            out[0] = attrs.evolve(out[0], scalar=shift(out[0].scalar, 1))
+        return out
+
+    monkeypatch.setattr(flash_cores._Vec, "mask", planted)
     c = check_op("flash_attention", dict(FLASH, causal=True), HW)
-    assert c.status == "not checked" and "causal mask" in c.reason, c.row()
+    assert c.failed and "off by" in c.reason, c.row()
+
+
+def test_packed_rows_see_what_their_own_query_sees(monkeypatch):
+    """Packed GQA rows limited as if they were queries in order (the lowering's old
+    assumption: head gi's rows skip (group - 1 - gi) * seq_q keys they see) fail."""
+    from npusim.ops.attention import flash
+
+    lower_flash = flash._lower_flash
+    monkeypatch.setattr(flash, "_lower_flash", lambda *a, period=0: lower_flash(*a))
+    c = check_op("flash_attention", dict(batch=2, heads=4, kv_heads=2, head_dim=64, seq_q=16, seq_kv=64, causal=True),
+                 HW)
+    assert c.failed and "off by" in c.reason, c.row()
 
 
 def test_k3_tiny_steps_pass_and_say_what_was_not_checked():
@@ -87,7 +154,8 @@ def test_k3_tiny_steps_pass_and_say_what_was_not_checked():
     print("\n" + text)
     assert r.passed and "FAIL" not in text
     ops = {c.op for c in r.checks if c.status == "pass"}
-    assert {"matmul", "rms_norm", "add_rms_norm", "swiglu", "rope", "kv_cache_write", "add", "decode_attention"} <= ops
+    assert {"matmul", "rms_norm", "add_rms_norm", "swiglu", "rope", "kv_cache_write", "add", "decode_attention",
+            "flash_attention"} <= ops  # causal prefill attention too
     assert all(c.reason for c in r.checks if c.status == "not checked")
     assert "rule qkv_proj" in text and "fusion:" in text and "layout:" in text  # which passes and rules fired
 

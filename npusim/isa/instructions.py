@@ -45,7 +45,9 @@ class Conversion:
 
 _WIDTH = {8: "int8", 16: "fp16", 32: "fp32"}  # an element width's stand-in dtype (only its bytes matter)
 # A conversion may end in ":R": the segments are groups of R rows, each group its own NZ tile
-# (a FlashAttention P of several sub-tiles), the groups back to back.
+# (a FlashAttention P of several sub-tiles), the groups back to back. An nd2nz may end in
+# "@R": the segments are rows of an NZ tile of R rows, from the row the dst address is at
+# in its first block (a run of V's keys from a paged cache).
 CONVERSIONS: dict[str, Conversion] = {"": Conversion("bytes", "uint8", "segments copied byte for byte")}
 for _bits, _dt in _WIDTH.items():
     CONVERSIONS[f"nd2nz_b{_bits}"] = Conversion(
@@ -55,11 +57,8 @@ for _bits, _dt in _WIDTH.items():
         "dn2nz", _dt, f"MTE2 transposed ND -> NZ ({_bits}-bit elements): segment i is column i of a "
         "[nbytes/elem, segments] tile (a [n, k] weight read as B [k, n]); it lands as 16-column fractal blocks")
 CONVERSIONS["nz_rows"] = Conversion(
-    "undescribed", "uint8", "some rows of an NZ tile (a run of V's keys): where they land among its fractal "
-    "blocks is not described")
-CONVERSIONS["nz_unpadded"] = Conversion(
-    "undescribed", "uint8", "rows that are not whole 16-column fractals (head_dim not a multiple of 16) land in an "
-    "L1 tile with no room for the fractals' padding")
+    "undescribed", "uint8", "some columns of an NZ tile from inside a fractal block (a run of K's keys from a "
+    "paged cache): where they land is not described")
 for _dt in ("fp16", "bf16", "fp32"):
     CONVERSIONS[f"fix_{_dt}"] = Conversion(
         "fix", _dt, f"FixPipe L0C -> GM/L1: each segment's nbytes/{DTYPE_BYTES[_dt]} fp32 accumulator values "
@@ -76,12 +75,18 @@ for _dt in ("fp16", "bf16", "fp32"):
 class VectorKind:
     """A vector op's semantics: `arity` UB sources of n elements, a `scalar` operand
     (VecOp.scalar or scalar_src) or not, and `fn(srcs, scalar) -> result` on float32
-    (or int) numpy arrays; `reduce`: out_n groups of n/out_n elements -> one value each."""
+    (or int) numpy arrays; `reduce`: out_n groups of n/out_n elements -> one value each.
+    `bits_out`: the result is one bit per element (a mask), packed from bit 0 of the
+    first byte in the order the elements are enumerated (VecOp.pitches' order), written
+    contiguously at dst (out_n = ceil(n / 8) bytes; dst pitches unused). `mask_in`: the
+    last source is such a mask of n bits, contiguous."""
 
     arity: int
     fn: Callable
     scalar: bool = False
     reduce: bool = False
+    bits_out: bool = False
+    mask_in: bool = False
 
 
 def _rsqrt(x):
@@ -116,6 +121,11 @@ VECTOR_OPS: dict[str, VectorKind] = {
     "copy": VectorKind(1, lambda s, k: s[0]),
     "cast": VectorKind(1, lambda s, k: s[0]),  # the conversion is the store into out_dtype
     "dup": VectorKind(0, lambda s, k: k, scalar=True),
+    # Ascend C Compare(dst, src0, src1, CMPMODE::LE): bit i set where src0[i] <= src1[i]
+    # (the causal mask: a key index <= its row's limit - the key is visible)
+    "compare": VectorKind(2, lambda s, k: s[0] <= s[1], bits_out=True),
+    # Ascend C Select(dst, mask, src0, scalar, VSEL_TENSOR_SCALAR_MODE): src0 where the bit is set, else the scalar
+    "select": VectorKind(2, lambda s, k: np.where(s[1], s[0], k), scalar=True, mask_in=True),
     "reduce_sum": VectorKind(1, lambda s, k: np.sum(s[0], axis=-1), reduce=True),
     "reduce_max": VectorKind(1, lambda s, k: np.max(s[0], axis=-1), reduce=True),
 }
@@ -123,10 +133,9 @@ VECTOR_OPS: dict[str, VectorKind] = {
 
 # Vector ops the interpreter knows the kernels use but the IR does not describe yet: why.
 UNDESCRIBED_OPS = {
-    "compare": "the causal mask compares a key ramp with each row's limit, and no instruction of the program "
-               "builds either",
-    "select": "it picks by mask bits the IR's compare does not describe",
-    "gather": "it picks elements by indices the IR does not carry (argmax's index of the max)",
+    "gather": "argmax: it moves each row's index out of ReduceMax's (value, index) record; the IR says neither that "
+              "reduce_max computes the index (calIndex) nor how the index (bits in a slot of the logits' dtype) "
+              "becomes int32",
     "mrgsort": "the sort's pairs are not described", "sort32": "the sort's pairs are not described",
 }
 
@@ -134,6 +143,17 @@ UNDESCRIBED_OPS = {
 def vec_spans(v: VecOp) -> tuple[int, tuple[int, ...]]:
     """Bytes from each operand's address to the end of what it touches: (dst, (src, ...)).
     Contiguous operands: their elements; with pitches, the farthest element (see VecOp)."""
+    dst, srcs = _spans(v)
+    kind = VECTOR_OPS.get(v.op)
+    if kind is not None and len(v.srcs) == kind.arity:  # a mask is n bits, contiguous
+        if kind.bits_out:
+            dst = -(-v.n // 8)
+        if kind.mask_in:
+            srcs = (*srcs[:-1], -(-v.n // 8))
+    return dst, srcs
+
+
+def _spans(v: VecOp) -> tuple[int, tuple[int, ...]]:
     out_n = v.n if v.out_n is None else v.out_n
     e, eo = DTYPE_BYTES[v.dtype], DTYPE_BYTES[v.out_dtype or v.dtype]
     if not v.pitches:

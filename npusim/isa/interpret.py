@@ -257,8 +257,9 @@ def _write(core: _Core, mem: Mem, offsets: np.ndarray, raw: np.ndarray, gm: Gm |
 
 def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     name, _, group = c.convert.partition(":")
+    name, _, tile_rows = name.partition("@")
     conv = CONVERSIONS.get(name)
-    if conv is None or (group and not group.isdigit()):
+    if conv is None or (group and not group.isdigit()) or (tile_rows and not tile_rows.isdigit()):
         raise NotInterpretable(f"copy conversion {c.convert!r} is not in isa.instructions.CONVERSIONS")
     if conv.kind == "undescribed":
         raise NotInterpretable(f"copy conversion {c.convert!r}: {conv.help}")
@@ -289,6 +290,10 @@ def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     else:  # dn2nz: segment i = column i, element j = row j
         rows, r, col = n, j, i
     tile = 0
+    if tile_rows:  # rows of an NZ tile of R rows, from the row dst is at
+        if conv.kind != "nd2nz" or group:
+            raise NotInterpretable(f"{c.convert}: '@R' is for rows (nd2nz) of one tile")
+        rows = int(tile_rows)
     if group:  # groups of R rows (segments), each its own NZ tile, back to back
         if conv.kind != "nd2nz" or c.segments % int(group):
             raise NotInterpretable(f"{c.convert}: {c.segments} segments are not whole groups of {group} rows")
@@ -335,18 +340,32 @@ def _vec(core: _Core, v: VecOp, vars: dict) -> None:
     if v.pitches and kind.reduce:
         _reduce_rows(core, v, kind, vars)
         return
+    data = v.srcs[:-1] if kind.mask_in else v.srcs
     srcs = [decode(_read(core, Mem.UB, _elements(_placed(v, at(s, vars), e, 1 + i), e)).reshape(-1), v.dtype)
-            for i, s in enumerate(v.srcs)]
+            for i, s in enumerate(data)]
+    if kind.mask_in:  # n bits from bit 0 of the mask's first byte
+        bits = _read(core, Mem.UB, _segments(at(v.srcs[-1], vars), -(-v.n // 8), 1, 0)).reshape(-1)
+        srcs.append(np.unpackbits(bits, bitorder="little")[:v.n].astype(bool))
     scalar = None
     if kind.scalar:
-        if v.scalar is not None:
-            scalar = np.float32(v.scalar) if v.dtype in ("fp16", "bf16", "fp32") else int(v.scalar)
+        if v.scalar is not None:  # an immediate, or one the scalar unit computes from the loop vars (an Affine)
+            k = v.scalar if isinstance(v.scalar, (int, float)) else at(v.scalar, vars)
+            scalar = np.float32(k) if v.dtype in ("fp16", "bf16", "fp32") else int(k)
         elif v.scalar_src is not None:
             scalar = decode(_read(core, Mem.UB, _segments(at(v.scalar_src, vars), 4, 1, 0)).reshape(-1), "fp32")[0]
         else:
             raise NotInterpretable(f"vector op {v.op!r} takes a scalar operand and the IR has none "
                                "(VecOp.scalar / scalar_src)")
     out_n = v.n if v.out_n is None else v.out_n
+    if kind.bits_out:  # one bit an element, in the order the pitches enumerate them, contiguous at dst
+        if out_n != -(-v.n // 8) or (v.out_dtype or v.dtype) != "uint8":
+            raise NotInterpretable(f"{v.op} of {v.n} elements writes a mask of {-(-v.n // 8)} uint8 bytes, "
+                                   f"not out_n={out_n} {v.out_dtype}")
+        with np.errstate(invalid="ignore"):
+            bits = np.asarray(kind.fn(srcs, scalar), dtype=bool)
+        raw = np.packbits(bits, bitorder="little")
+        _write(core, Mem.UB, _segments(at(v.dst, vars), raw.size, 1, 0), raw.reshape(1, -1))
+        return
     if kind.reduce:
         if v.n % out_n:
             raise ProgramError(f"{v.op} of {v.n} elements into {out_n}: not whole groups")

@@ -230,13 +230,15 @@ class Mmad:
 class VecOp:
     """A vector instruction over `n` elements in UB; `out_n` elements written (default n).
 
-    The scalar operand of Muls, Adds, Duplicate (isa.instructions.VECTOR_OPS): `scalar`,
-    an immediate, or `scalar_src`, the UB address of an fp32 value the scalar unit has
-    read back (GetValue). `pitches`: where the elements of a strided elementwise
-    instruction sit (Ascend C's repeat strides): levels, outermost first, each
-    (count, dst pitch, src 0 pitch, src 1 pitch, ...) in bytes, the innermost run n /
-    (product of counts) contiguous elements; a pitch of 0 repeats that operand's run
-    (a broadcast); () = every operand contiguous. None of the three changes the cost;
+    The scalar operand of Muls, Adds, Duplicate, Select (isa.instructions.VECTOR_OPS):
+    `scalar`, an immediate (a number, or an Affine of the loop variables, `block` and
+    `sub` that the scalar unit computes, e.g. a row's causal limit), or `scalar_src`, the
+    UB address of an fp32 value the scalar unit has read back (GetValue). `pitches`:
+    where the elements of a strided elementwise instruction sit (Ascend C's repeat
+    strides): levels, outermost first, each (count, dst pitch, src 0 pitch, src 1
+    pitch, ...) in bytes, the innermost run n / (product of counts) contiguous
+    elements; a pitch of 0 repeats that operand's run (a broadcast); () = every
+    operand contiguous. None of the three changes the cost;
     the functional interpreter needs them."""
 
     op: str
@@ -247,7 +249,7 @@ class VecOp:
     out_dtype: str | None = None
     out_n: int | None = None
     flops_per_elem: int = 1
-    scalar: float | None = None
+    scalar: float | Affine | None = None
     scalar_src: Addr | None = None
     pitches: tuple[tuple[int, ...], ...] = ()
     pipe = Pipe.V

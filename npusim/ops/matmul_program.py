@@ -204,7 +204,10 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
             sk = min(t.base_k, kk - s * t.base_k)
             out += [
                 WaitFlag(Pipe.M, Pipe.MTE1, _SLICE[q]),
-                Copy(Mem.L1, Mem.L0A, shift(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * sk * e),
+                # whole 16-column fractal blocks of A (bm x 16 each, row-major inside): a last
+                # slice of K that ends mid-block moves that block whole, padding columns too
+                # (the cube reads L0A by fractals; bm x sk bytes would cut the block's rows)
+                Copy(Mem.L1, Mem.L0A, shift(a_src, s * t.base_k * bm * e), plan.a_l0[q], bm * align_up(sk, 16) * e),
                 Copy(Mem.L1, Mem.L0B, shift(b_src, s * t.base_k * 16 * eb), plan.b_l0[q], sk * 16 * eb,
                      cdiv(bn, 16), align_up(kk * 16 * eb, ALIGN_BYTES[Mem.L1]),
                      align_up(sk * 16 * eb, ALIGN_BYTES[Mem.L0B])),

@@ -35,7 +35,8 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, 
     iteration: ping and pong); in a non-causal head whole tiles look alike and loop
     (unless loops=False: steps whose addresses are data, as a paged cache's)."""
     cube, vec = _Cube(g, q, kv, w), _Vec(g, o, w)
-    cube.out, vec.out = cube.prologue() + kv.start(g), vec.prologue()
+    masked = any(step[2] for t in tiles for step in specs[t][1])
+    cube.out, vec.out = cube.prologue() + kv.start(g), vec.prologue(masked)
     nsteps = [len(specs[t][1]) for t in tiles]
     start = [0]
     for n in nsteps:
@@ -155,19 +156,21 @@ def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
     most PACKED_ROWS query rows (decode, a few speculative tokens) and no tiling is
     given, the group is one Q tile of a kernel over the KV heads: q's heads of a group
     are consecutive, so their rows are too, and each KV head is read once for the
-    group instead of once per query head. # assumption: the causal limit of the packed
-    rows is that of the tile's rows in order (a row may skip up to (group - 1) * seq_q
-    keys it would see; a key step is skipped only when no row sees it)."""
+    group instead of once per query head. Causal: packed row i is query i % seq_q of
+    its head and sees the keys that query sees (a key step is skipped only when no row
+    sees it; the masks hold each row's query index, _FaGeometry.period)."""
     packed_rows = p.seq_q * p.group
     if tiling is None and p.group > 1 and packed_rows <= PACKED_ROWS and (not p.causal or packed_rows <= p.seq_kv):
-        low = _lower_flash(attrs.evolve(p, heads=p.kv_heads, seq_q=packed_rows), hw, gm, None)
+        low = _lower_flash(attrs.evolve(p, heads=p.kv_heads, seq_q=packed_rows), hw, gm, None,
+                           period=p.seq_q if p.causal else 0)
         ins, outs = _io(p)
         return attrs.evolve(low, params=p, flops=4.0 * p.batch * p.heads * p.head_dim * p.visible_pairs(),
                             inputs=[ins[0], *low.inputs[1:]], outputs=outs)
     return _lower_flash(p, hw, gm, tiling)
 
 
-def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: FlashAttentionTiling | None) -> Lowered:
+def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: FlashAttentionTiling | None,
+                 period: int = 0) -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
 
     A block (1 AIC + 2 AIVs) takes q tiles of one head. For each step of keys
@@ -195,8 +198,8 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
                            f"per AIC, and chip.aiv_per_aic is {hw.chip.aiv_per_aic}")
     t = tiling or FlashAttentionTiling()
     if not (t.q_tile and t.kv_tile and t.sub_tile):
-        t = choose_flash_tiling(p, hw, t)
-    g = _fa_geometry(p, t, hw)
+        t = choose_flash_tiling(p, hw, t, period)
+    g = _fa_geometry(p, t, hw, period)
     e, d, grp = g.e, p.head_dim, p.group
     bkv = p.batch * p.kv_heads
     hs = p.seq_q * d * e

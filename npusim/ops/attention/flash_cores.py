@@ -3,14 +3,14 @@ instruction, and how a block reads K and V from the cache."""
 
 from __future__ import annotations
 
-import attrs
 from attrs import frozen
 
 from npusim.isa.instructions import l0b_block_bytes
-from npusim.isa.program import Copy, CrossSetFlag, CrossWaitFlag, Mmad, SetFlag, VecOp, WaitFlag, moving, offset, shift
-from npusim.ops.build import cdiv
+from npusim.isa.program import (
+    Copy, CrossSetFlag, CrossWaitFlag, Mmad, SetFlag, VecOp, WaitFlag, moving, offset, shift,
+)
+from npusim.ops.build import align_up, cdiv
 from npusim.ops.kv_cache import KvCache
-from npusim.ops.layout import gm_copy
 from npusim.ops.attention.common import FIX, GM, L0A, L0B, L0C, L1, M, MTE1, MTE2, MTE3, STAT, _table_read, UB, V
 from npusim.ops.attention.flash_tiling import (
     _FaGeometry, _K, _O_READY, _P, _P_READY, _Q, _S_FREE, _S_READY, _Step, _Tile, _V,
@@ -45,34 +45,21 @@ class _KvRead:
         c = self.cache
         piece = c.layout.head_dim * c.layout.elem_bytes
         land = f"{'dn' if which == 'k' else 'nd'}2nz_b{8 * c.layout.elem_bytes}"
-        if c.layout.head_dim % 16:  # no room for the fractals' padding: loaded as before, not described
-            return self._unpadded(which, k0, kt, dst, piece)
         if c.layout.layout == "paged":
             assert k0.__class__ is int, "paged steps are not looped: their blocks are data"
-            out, off = [], 0
+            out, first = [], 0
             for a, n in c.runs(which, self.seq, self.head, k0, kt):
-                # a run of V is a slice of the rows of V's fractal blocks, one of K its columns from the
-                # (off / piece)-th: a conversion of its own only for all of V, or K from a block's start
-                whole = n == kt if which == "v" else (off // piece) % 16 == 0
-                part = land if whole else "nz_rows"
-                out.append(Copy(GM, L1, a, dst + off, piece, n, piece, piece, part))
-                off += n * piece
+                if which == "v":  # rows first.. of V's fractal blocks (a tile of kt rows), from that row of block 0
+                    at, part = dst + first * 16 * c.layout.elem_bytes, land if n == kt else f"{land}@{kt}"
+                else:  # columns first.. of K^T's: a conversion of its own from a block's start only
+                    at, part = dst + first * piece, land if first % 16 == 0 else "nz_rows"
+                out.append(Copy(GM, L1, a, at, piece, n, piece, piece, part))
+                first += n
             return out
         pitch = c.token_pitch()
-        return [Copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece,
-                     land)]
-
-    def _unpadded(self, which: str, k0, kt: int, dst: int, piece: int) -> list:
-        c = self.cache
-        if c.layout.layout == "paged":
-            out, off = [], 0
-            for a, n in c.runs(which, self.seq, self.head, k0, kt):
-                out.append(Copy(GM, L1, a, dst + off, n * piece, convert="nz_unpadded"))
-                off += n * piece
-            return out
-        pitch = c.token_pitch()
-        load = gm_copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch, piece)
-        return [attrs.evolve(load, convert="nz_unpadded")]
+        # the dst stride: a token's piece padded to the L1 alignment, as the DMA lands it in fractals
+        return [Copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch,
+                     align_up(piece, 32), land)]
 
     def start(self, g: _FaGeometry) -> list:
         """Paged: the sequence's block-table entries, once per block."""
@@ -96,10 +83,9 @@ class _Cube:
         g = self.g
         d, e, i = g.p.head_dim, g.e, tile.tp
         # one row a segment, back to back (one DMA segment to the engine), landing as fractal
-        # blocks; rows that are not whole fractals (head_dim % 16) one run, not described
+        # blocks (a head_dim that is not whole blocks: the last one padded, _fa_geometry)
         src, rows = offset(self.q, tile.q0, d * e), tile.rows
-        load = (Copy(GM, L1, src, g.l1["q"][i], d * e, rows, d * e, d * e, f"nd2nz_b{8 * e}") if d % 16 == 0
-                else Copy(GM, L1, src, g.l1["q"][i], rows * d * e, convert="nz_unpadded"))
+        load = Copy(GM, L1, src, g.l1["q"][i], d * e, rows, d * e, align_up(d * e, 32), f"nd2nz_b{8 * e}")
         self.out += [WaitFlag(MTE1, MTE2, _Q + i), load, SetFlag(MTE2, MTE1, _Q + i)]
 
     def load_kv(self, st: _Step, which: str) -> None:
@@ -121,9 +107,8 @@ class _Cube:
                 out.append(WaitFlag(MTE2, MTE1, _K + sp))
                 if st.first:
                     out.append(WaitFlag(MTE2, MTE1, _Q + tp))
-            out += [Copy(L1, L0A, g.l1["q"][tp], g.l0["a"][x], rows * d * e),
-                    Copy(L1, L0B, g.l1["k"][sp] + u * nb * d * e, g.l0["b"][x], nb * d * e),
-                    SetFlag(MTE1, M, x)]
+            out += [Copy(L1, L0A, g.l1["q"][tp], g.l0["a"][x], rows * align_up(d, 16) * e),  # whole fractal blocks
+                    self._k_slice(st, u, g.l0["b"][x]), SetFlag(MTE1, M, x)]
             if u == st.nsub - 1:
                 out.append(SetFlag(MTE1, MTE2, _K + sp))
                 if st.last:
@@ -167,25 +152,42 @@ class _Cube:
             out += [WaitFlag(MTE1, M, x)]
             if u == 0:
                 out.append(WaitFlag(FIX, M, c))
-            out += [Mmad(rows, d, nb, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c], accumulate=u > 0),
+            out += [Mmad(rows, d, self.sub_keys(st, u), g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c],
+                         accumulate=u > 0),
                     SetFlag(M, MTE1, x)]
         o_at = shift(self.w, g.ws["o"][sp])
-        out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4,
-                                                              convert="fix_fp32"),
-                SetFlag(FIX, M, c), CrossSetFlag(FIX, _O_READY)]
+        # L0C rows are whole 16-column fractals: a head_dim that is not, one row a segment
+        o = (Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4, convert="fix_fp32") if d % 16 == 0 else
+             Copy(L0C, GM, g.l0["c"][c], o_at, d * 4, rows, align_up(d, 16) * 4, d * 4, "fix_fp32"))
+        out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), o, SetFlag(FIX, M, c), CrossSetFlag(FIX, _O_READY)]
+
+    def _k_slice(self, st: _Step, u: int, dst: int) -> Copy:
+        """MTE1: K's sub-tile u into L0B as B = K^T [head_dim, nb]: its nb / 16 blocks of 16
+        keys (head_dim rows each), one run; where a block's rows are not whole 512-byte
+        L0B units (head_dim not a multiple of 16), one segment a block, each on its boundary."""
+        g = self.g
+        d, e, nb = g.p.head_dim, g.e, st.nb
+        src = g.l1["k"][st.sp] + u * nb * d * e
+        if l0b_block_bytes(d, e) == d * 16 * e:
+            return Copy(L1, L0B, src, dst, nb * d * e)
+        return Copy(L1, L0B, src, dst, d * 16 * e, nb // 16, d * 16 * e, l0b_block_bytes(d, e))
 
     def _v_slice(self, st: _Step, u: int, dst: int) -> Copy:
         """MTE1: V's sub-tile u into L0B - rows u*nb.. of each 16-column block of V [keys,
-        head_dim] in L1, one segment a block (its bytes: nb * head_dim elements). Where
-        the blocks are not whole (head_dim not a multiple of 16) or the step's keys do
-        not fill its sub-tiles, one run of those bytes, its data not described."""
+        head_dim] in L1 (the step's kt rows a block; the last block's padding columns too),
+        one segment a block: the sub-tile's keys (sub_keys: the last sub-tile of a short
+        step has fewer than nb), landing as B [keys, head_dim] for an Mmad of that depth."""
         g = self.g
         d, e, nb = g.p.head_dim, g.e, st.nb
         src = g.l1["v"][st.sp]
-        if d % 16 or st.nsub * nb != st.kt:
-            return Copy(L1, L0B, src + u * nb * d * e, dst, nb * d * e, convert="nz_rows")
-        blk = 16 * e
-        return Copy(L1, L0B, src + u * nb * blk, dst, nb * blk, d // 16, st.kt * blk, l0b_block_bytes(nb, e))
+        blk, keys = 16 * e, self.sub_keys(st, u)
+        return Copy(L1, L0B, src + u * nb * blk, dst, keys * blk, cdiv(d, 16), st.kt * blk,
+                    l0b_block_bytes(keys, e))
+
+    def sub_keys(self, st: _Step, u: int) -> int:
+        """Keys in sub-tile u of a step: nb, but fewer in the last sub-tile of a short step
+        (P V multiplies those; the padding keys' P is 0 and their V rows are not loaded)."""
+        return min(st.nb, st.kt - u * st.nb)
 
     def prologue(self) -> list:
         return ([SetFlag(MTE1, MTE2, i) for i in range(8)] + [SetFlag(M, MTE1, i) for i in (0, 1)]
@@ -235,15 +237,64 @@ class _Vec:
             n, so = rcc * kp, row0 * STAT
             s, m, l_, a, red = g.ub["s"][x], g.ub["m"][tp] + so, g.ub["l"][tp] + so, g.ub["alpha"][sp] + so, g.ub["red"]
             ns = rcc * STAT // 4
-            if st.masked:  # mask bits: key index (a ramp in UB) > the row's limit; hidden scores -> -inf
-                out += [VecOp("compare", n, "fp32", g.ub["mask"], (s,), "uint8", cdiv(n, 8), 0),
-                        VecOp("select", n, "fp32", s, (s,), flops_per_elem=0)]
+            if st.masked:
+                out += self.mask(st, row0, rcc, sub1, s)
             out += online_softmax(n, ns, s, m, l_, a, red, g.ub["p"][x], dt,
                                   Rows(rcc, nsub, nb, g.p.head_dim ** -0.5))
             out += [SetFlag(V, MTE2, x), SetFlag(V, MTE3, x), WaitFlag(V, MTE3, x),
                     Copy(UB, GM, g.ub["p"][x], p_at, rcc * nb * e, nsub, rcc * nb * e, rows * nb * e),
                     SetFlag(MTE3, V, x)]
         out.append(CrossSetFlag(MTE3, _P_READY))
+
+    def mask(self, st: _Step, row0: int, rcc: int, sub1: int, s) -> list:
+        """Hide the scores of keys a row may not see (past its causal limit, or a sub-tile's
+        padding past the step's keys): each row's limit, as a key index in the step, into
+        `red` (one STAT block a row, as the statistics: the ramp's row index plus the limit
+        of the chunk's first row, which the scalar unit computes from the tile, the step
+        and `sub`); mask bits = key index (the ramp) <= the row's limit; hidden scores ->
+        -inf. Without causality every row's limit is the step's last key."""
+        g = self.g
+        p, nb, nsub, red, ramp = g.p, st.nb, st.nsub, g.ub["red"], g.ub["ramp"]
+        n, ns, blk = rcc * nsub * nb, rcc * STAT // 4, STAT // 4
+        assert st.k0.__class__ is int, "masked steps are not looped"
+        if g.period:  # causal, GQA-packed rows: query (row % period), its index held in UB (row_query)
+            rows = moving(offset(g.ub["row_query"], st.tile.q0, STAT), "sub", sub1 * STAT)
+            limit = VecOp("adds", ns, "fp32", red, (shift(rows, row0 * STAT),), scalar=p.seq_kv - g.period - st.k0)
+        elif p.causal:  # row q sees keys <= q + seq_kv - seq_q; the chunk's rows are q0 + sub * sub1 + row0 + i
+            first = moving(shift(st.tile.q0, row0 + p.seq_kv - p.seq_q - st.k0), "sub", sub1)
+            limit = VecOp("adds", ns, "fp32", red, (ramp,), scalar=first, pitches=((rcc, STAT, 4), (blk, 4, 0)))
+        else:  # keys past the step's are the padding of its last sub-tile
+            limit = VecOp("dup", ns, "fp32", red, flops_per_elem=0, scalar=float(st.kt - 1))
+        keys = ((nsub, 0, nb * 4, 0), (rcc, 0, 0, STAT), (nb, 0, 4, 0))  # S is [nsub][rcc][nb]: key u * nb + j
+        return [limit, VecOp("compare", n, "fp32", g.ub["mask"], (ramp, red), "uint8", cdiv(n, 8), 0, pitches=keys),
+                VecOp("select", n, "fp32", s, (s, g.ub["mask"]), flops_per_elem=0, scalar=-float("inf"))]
+
+    def ramp(self) -> list:
+        """The ramp 0, 1, 2, ... of key and row indices the masks compare, built once, as
+        Ascend C's ArithProgression does: the first 32-byte block, then doubling by Adds
+        (aligned). # assumption: the first block (ArithProgression's 8 scalar SetValues;
+        the IR has no scalar write to UB) costs two Duplicates and a ReduceSum: row i sums
+        8 of [0 x 8, 1 x 8] from element i."""
+        g = self.g
+        at, red, size = g.ub["ramp"], g.ub["red"], self.ramp_len()
+        out = [VecOp("dup", 8, "fp32", red, flops_per_elem=0, scalar=0.0),
+               VecOp("dup", 8, "fp32", red + 32, flops_per_elem=0, scalar=1.0),
+               VecOp("reduce_sum", 64, "fp32", at, (red,), out_n=8, pitches=((8, 4, 4), (8, 0, 4)))]
+        have = 8
+        while have < size:
+            m = min(have, size - have)
+            out.append(VecOp("adds", m, "fp32", at + have * 4, (at,), scalar=float(have)))
+            have += m
+        if "row_query" in g.ub:  # packed rows: query i % period of each head, one STAT block a row
+            heads, period = align_up(g.p.seq_q, g.period) // g.period, g.period
+            out.append(VecOp("copy", heads * period * STAT // 4, "fp32", g.ub["row_query"], (at,), flops_per_elem=0,
+                             pitches=((heads, period * STAT, 0), (period, STAT, 4), (STAT // 4, 4, 0))))
+        return out
+
+    def ramp_len(self) -> int:
+        """Indices the masks read: the keys of a step, the rows of a chunk, the queries of a
+        packed head (whole 32-byte blocks)."""
+        return align_up(max(self.g.kt, self.g.rc, self.g.period), 8)
 
     def update(self, st: _Step) -> None:
         """O = O * alpha + O_part (O starts at 0)."""
@@ -279,10 +330,11 @@ class _Vec:
                      VecOp("dup", cdiv(g.qt, 2) * d, "fp32", g.ub["oacc"], flops_per_elem=0, scalar=0.0),
                      WaitFlag(V, MTE3, 2), Copy(UB, GM, g.ub["oout"], o_at, n * e), SetFlag(MTE3, V, 2)]
 
-    def prologue(self) -> list:
+    def prologue(self, masked: bool = False) -> list:
+        """Flags, statistics, O = 0; and the index ramp if some step is masked."""
         r = cdiv(self.g.qt, 2)
         return ([SetFlag(V, MTE2, i) for i in range(3)] + [SetFlag(MTE3, V, i) for i in range(3)]
-                + self.reset(0, r) + self.reset(1, r)
+                + (self.ramp() if masked else []) + self.reset(0, r) + self.reset(1, r)
                 + [VecOp("dup", r * self.g.p.head_dim, "fp32", self.g.ub["oacc"], flops_per_elem=0, scalar=0.0)])
 
     def epilogue(self) -> list:

@@ -9,6 +9,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
+from npusim.isa.instructions import l0b_block_bytes
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.registry import param
@@ -76,6 +77,9 @@ class _FaGeometry:
     ub: dict
     ws_bytes: int  # workspace per block
     ws: dict  # workspace offsets: S/P/O slot of parity sp
+    # 0: row i of q is query i; else (causal only) rows are GQA-packed (flash.lower_flash_attention):
+    # query head after query head of `period` queries each, row i being query i % period
+    period: int = 0
 
     def step_shape(self, kt: int) -> tuple[int, int]:
         """(sub-tiles, keys per sub-tile) of a step loading kt keys."""
@@ -83,8 +87,9 @@ class _FaGeometry:
         return nsub, min(self.nb, align_up(cdiv(kt, nsub), 16))
 
 
-def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _FaGeometry:
-    """Allocate every local buffer (L0 first: it is what a large head_dim runs out of)."""
+def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, period: int = 0) -> _FaGeometry:
+    """Allocate every local buffer (L0 first: it is what a large head_dim runs out of).
+    period: see _FaGeometry (a causal packed kernel keeps each row's query index in UB)."""
     f = mmad_fractal(hw, p.dtype)
     for name, v in (("q_tile", t.q_tile), ("kv_tile", t.kv_tile), ("sub_tile", t.sub_tile)):
         if v % 16 or not v:
@@ -95,16 +100,21 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _
     qt = min(t.q_tile, align_up(p.seq_q, f.m0))
     nb = min(t.sub_tile, align_up(p.seq_kv, 16))
     kt = min(t.kv_tile, align_up(p.seq_kv, nb))  # whole sub-tiles: a short step's padding stays inside
+    # Q and V [.., head_dim] sit as whole 16-column fractal blocks (dp columns, the last
+    # block's padding unused); K^T [head_dim, keys] as blocks of 16 keys of head_dim rows,
+    # each on an L0B boundary in L0B (the cube reads B by blocks)
+    dp = align_up(d, 16)
     cube = Buffers(hw, "flash_attention")
     l0 = {
-        "a": [cube.alloc(f"a_l0_{i}", L0A, qt * max(d, nb) * e) for i in (0, 1)],
-        "b": [cube.alloc(f"b_l0_{i}", L0B, d * nb * e) for i in (0, 1)],
-        "c": [cube.alloc(f"c_l0_{i}", L0C, qt * max(nb, d) * 4) for i in (0, 1)],
+        "a": [cube.alloc(f"a_l0_{i}", L0A, qt * max(dp, nb) * e) for i in (0, 1)],
+        "b": [cube.alloc(f"b_l0_{i}", L0B, max(dp * nb * e, nb // 16 * l0b_block_bytes(d, e))) for i in (0, 1)],
+        "c": [cube.alloc(f"c_l0_{i}", L0C, qt * max(nb, dp) * 4) for i in (0, 1)],
     }
     l1 = {
-        "q": [cube.alloc(f"q_l1_{i}", L1, qt * d * e) for i in (0, 1)],
-        "k": [cube.alloc(f"k_l1_{i}", L1, kt * d * e) for i in (0, 1)],
-        "v": [cube.alloc(f"v_l1_{i}", L1, kt * d * e) for i in (0, 1)],
+        "q": [cube.alloc(f"q_l1_{i}", L1, qt * dp * e) for i in (0, 1)],
+        # (a key's piece of K takes its DMA's 32-byte-aligned share: verify's reach of the load)
+        "k": [cube.alloc(f"k_l1_{i}", L1, kt * align_up(d * e, 32)) for i in (0, 1)],
+        "v": [cube.alloc(f"v_l1_{i}", L1, kt * dp * e) for i in (0, 1)],
         "p": [cube.alloc(f"p_l1_{i}", L1, qt * kt * e) for i in (0, 1)],
     }
     if _table_bytes(p, p.seq_kv):
@@ -123,9 +133,11 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _
             "l": [vec.alloc(f"row_sum_{i}", UB, r * STAT) for i in (0, 1)],
             "alpha": [vec.alloc(f"rescale_{i}", UB, r * STAT) for i in (0, 1)],
             "red": vec.alloc("reduce", UB, r * STAT),
-            "ramp": vec.alloc("key_ramp", UB, kt * 4),
+            "ramp": vec.alloc("key_ramp", UB, align_up(max(kt, rc, period), 8) * 4),  # 0, 1, 2, ...: indices
             "mask": vec.alloc("mask_bits", UB, rc * cdiv(kt, 8)),
         }
+        if period:  # each packed row's query index, one STAT block a row
+            ub["row_query"] = vec.alloc("row_query", UB, align_up(p.seq_q, period) * STAT)
         return vec, ub
 
     if t.vec_rows:
@@ -137,7 +149,8 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig) -> _
     s_b, p_b, o_b = qt * kt * 4, qt * kt * e, qt * d * 4
     ws = {"s": (0, s_b), "p": (2 * s_b, 2 * s_b + p_b), "o": (2 * s_b + 2 * p_b, 2 * s_b + 2 * p_b + o_b)}
     ws_bytes = align_up(2 * (s_b + p_b + o_b), 512)
-    return _FaGeometry(p, t, e, qt, kt, nb, rc, tuple(cube.buffers), tuple(vec.buffers), l1, l0, ub, ws_bytes, ws)
+    return _FaGeometry(p, t, e, qt, kt, nb, rc, tuple(cube.buffers), tuple(vec.buffers), l1, l0, ub, ws_bytes, ws,
+                       period)
 
 
 def _fits(build) -> bool:
@@ -148,8 +161,8 @@ def _fits(build) -> bool:
         return False
 
 
-def choose_flash_tiling(p: AttentionParams, hw: HwConfig,
-                        given: FlashAttentionTiling = FlashAttentionTiling()) -> FlashAttentionTiling:
+def choose_flash_tiling(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling = FlashAttentionTiling(),
+                        period: int = 0) -> FlashAttentionTiling:
     """The largest tiles (of those not `given`) whose buffers fit twice over (ping-pong)
     in L1, L0 and UB: q_tile 128 x kv_tile 256 for head_dim <= 128, smaller for larger
     heads. A head too large for even the smallest tiles raises the error naming the buffer."""
@@ -161,7 +174,7 @@ def choose_flash_tiling(p: AttentionParams, hw: HwConfig,
                     continue
                 t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb)
                 try:
-                    _fa_geometry(p, t, hw)
+                    _fa_geometry(p, t, hw, period)
                     return t
                 except ProgramError as e:
                     err = e
@@ -178,13 +191,17 @@ def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]
     p = g.p
     q0 = t * g.qt
     rows = min(g.qt, p.seq_q - q0)
-    off = p.seq_kv - p.seq_q
-    kv_end = min(p.seq_kv, q0 + rows + off) if p.causal else p.seq_kv
+    if g.period:  # GQA-packed rows: query (q0 + i) % period of its head
+        queries = [(q0 + i) % g.period for i in range(rows)]
+        first, last, off = min(queries), max(queries), p.seq_kv - g.period
+    else:
+        first, last, off = q0, q0 + rows - 1, p.seq_kv - p.seq_q
+    kv_end = min(p.seq_kv, last + 1 + off) if p.causal else p.seq_kv
     steps = []
     for k0 in range(0, kv_end, g.kt):
         kt = min(g.kt, kv_end - k0)
         nsub, nb = g.step_shape(kt)
-        masked = (p.causal and k0 + kt - 1 > q0 + off) or nsub * nb > kt
+        masked = (p.causal and k0 + kt - 1 > first + off) or nsub * nb > kt
         steps.append((k0, kt, masked))
     return rows, steps
 
