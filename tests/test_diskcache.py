@@ -2,12 +2,14 @@
 writers never corrupt each other, the size cap evicts the least recently used, a
 folder that cannot be written runs uncached, and a warm run writes what a cold one did."""
 
+import enum
 import errno
 import json
 import multiprocessing
 import os
 import tempfile
 
+import attrs
 import pytest
 
 from npusim.cli import main
@@ -72,21 +74,55 @@ def test_entry_of_another_version_is_recomputed(tmp_path):
     assert store.get("c" * 64) == "new answer"
 
 
-def test_the_version_follows_the_model_source_not_the_serving_layer(tmp_path):
-    """An edited engine file changes the source hash; an edited scheduler or service
-    config does not (serving points are versioned by stepcost.POINT_SCHEME)."""
-    from npusim.diskcache.keys import source_hash
+def test_results_are_keyed_on_the_model_version_not_the_source(tmp_path, monkeypatch):
+    """A computed value survives an edit of npusim's source (its version names no source
+    hash) and goes stale when MODEL_VERSION is bumped."""
+    import npusim
+    import npusim.model_version
+    from npusim.diskcache import keys
 
-    for rel in ("engine/pipe.py", "engine/_l2.c", "serving/dynamic.py", "services/a.yaml", "x/serving/y.py"):
+    assert keys.version() == f"{npusim.__version__}+model{npusim.model_version.MODEL_VERSION}"
+    calls = []
+
+    def compute(hw):
+        calls.append(1)
+        return hw.l2.line_bytes
+
+    hw = load_hw()
+    assert cached(DiskCache(tmp_path), "test", ("x",), hw, compute) == 512
+    monkeypatch.setattr(keys, "source_hash", lambda root: "an edited source")  # what an edit would change
+    keys.source_version.cache_clear()
+    assert cached(DiskCache(tmp_path), "test", ("x",), hw, compute) == 512 and len(calls) == 1
+    monkeypatch.setattr(npusim.model_version, "MODEL_VERSION", npusim.model_version.MODEL_VERSION + 1)
+    keys.version.cache_clear()
+    try:
+        store = DiskCache(tmp_path)
+        assert cached(store, "test", ("x",), hw, compute) == 512 and len(calls) == 2
+    finally:
+        keys.version.cache_clear()
+        keys.source_version.cache_clear()
+
+
+def test_printed_outputs_follow_the_source(tmp_path, monkeypatch):
+    """What `run` printed is the reports' text as much as the model's: its key follows a
+    hash of every source file (the serving layer's too), not only MODEL_VERSION."""
+    import argparse
+
+    from npusim.diskcache import keys, replay
+
+    for rel in ("engine/pipe.py", "engine/_l2.c", "serving/dynamic.py", "services/a.yaml", "report/text.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("one")
-    before = source_hash(tmp_path)
-    for rel, moves in (("serving/dynamic.py", False), ("services/a.yaml", False), ("engine/pipe.py", True),
-                       ("engine/_l2.c", True), ("x/serving/y.py", True)):
+    before = keys.source_hash(tmp_path)
+    for rel in ("engine/pipe.py", "engine/_l2.c", "serving/dynamic.py", "services/a.yaml", "report/text.py"):
         (tmp_path / rel).write_text("two")
-        after = source_hash(tmp_path)
-        assert (after != before) == moves, rel
+        after = keys.source_hash(tmp_path)
+        assert after != before, rel
         before = after
+    args = argparse.Namespace(command="run", hw="ascend910b2", set=None, workload="k3-tiny", batch=2, context=64)
+    first = replay._key(args)
+    monkeypatch.setattr(keys, "source_version", lambda: "0+edited")
+    assert first is not None and replay._key(args) != first
 
 
 def test_entry_stored_under_another_key_is_not_served(tmp_path):
@@ -236,6 +272,104 @@ def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
     path.write_text("".join(f"{k}: true\n" for k in rules))  # the same file name, other rules: simulated again
     c = run_decoder(fusion_rules=str(path), **args)
     assert b.latency_us == a.latency_us and c.latency_us != b.latency_us
+
+
+@attrs.frozen
+class Rec:
+    """A record class as stored values hold them (test_a_record_that_gained_a_field_is_recomputed)."""
+
+    latency_us: float
+    kind: "Kind"
+
+
+class Kind(enum.Enum):
+    CUBE = 1
+    VECTOR = 2
+
+
+def test_a_record_that_gained_a_field_is_recomputed(tmp_path, monkeypatch):
+    """Entries outlive edits that keep results (they are keyed on MODEL_VERSION), so one
+    may hold a record class that has since gained or lost a field, or an enum whose
+    members changed: it is a miss, recomputed, never read back half-filled. An edit that
+    leaves the fields alone (a method, a docstring) keeps it."""
+    import sys
+
+    module = sys.modules[__name__]
+    store = DiskCache(tmp_path)
+    calls = []
+    hw = load_hw()
+
+    def compute(hw):
+        calls.append(1)
+        return [module.Rec(1.5, module.Kind.CUBE)]
+
+    assert cached(store, "test", (), hw, compute) == [Rec(1.5, Kind.CUBE)]
+
+    @attrs.frozen
+    class Rec2:  # same fields, a method more: the entry is still read
+        latency_us: float
+        kind: Kind
+
+        def doubled(self):
+            return 2 * self.latency_us
+
+    Rec2.__name__ = Rec2.__qualname__ = "Rec"
+    monkeypatch.setattr(module, "Rec", Rec2)
+    (hit,) = cached(DiskCache(tmp_path), "test", (), hw, compute)
+    assert len(calls) == 1 and hit.doubled() == 3.0
+
+    @attrs.frozen
+    class Rec3:  # a field more
+        latency_us: float
+        kind: Kind
+        bytes_moved: int = 0
+
+    Rec3.__name__ = Rec3.__qualname__ = "Rec"
+    monkeypatch.setattr(module, "Rec", Rec3)
+    store = DiskCache(tmp_path)
+    (value,) = cached(store, "test", (), hw, compute)
+    assert len(calls) == 2 and store.dropped == 1 and value.bytes_moved == 0
+
+    monkeypatch.setattr(module, "Kind", enum.Enum("Kind", {"CUBE": 2, "VECTOR": 1}))  # members renumbered
+    store = DiskCache(tmp_path)
+    (value,) = cached(store, "test", (), hw, compute)
+    assert len(calls) == 3 and store.dropped == 1 and value.kind.name == "CUBE"
+
+
+class Packed:
+    """A value pickled through a function of its fields, in order (as runtime.run.GraphRun)."""
+
+    def __init__(self, latency_us: float, kernels: int):
+        self.latency_us, self.kernels = latency_us, kernels
+
+    def __reduce__(self):
+        return _unpack, (self.latency_us, self.kernels)
+
+
+def _unpack(latency_us, kernels):
+    return Packed(latency_us, kernels)
+
+
+def test_a_value_whose_rebuilding_function_changed_is_recomputed(tmp_path, monkeypatch):
+    import sys
+
+    module = sys.modules[__name__]
+    calls = []
+
+    def compute(hw):
+        calls.append(1)
+        return Packed(2.5, 3)
+
+    assert cached(DiskCache(tmp_path), "test", (), load_hw(), compute).kernels == 3
+    def reordered(kernels, latency_us):
+        return Packed(latency_us, kernels)
+
+    reordered.__name__ = reordered.__qualname__ = "_unpack"
+    monkeypatch.setattr(module, "_unpack", reordered)  # and the class's reduction with it
+    monkeypatch.setattr(Packed, "__reduce__", lambda self: (reordered, (self.kernels, self.latency_us)))
+    store = DiskCache(tmp_path)
+    value = cached(store, "test", (), load_hw(), compute)
+    assert len(calls) == 2 and store.dropped == 1 and (value.latency_us, value.kernels) == (2.5, 3)
 
 
 # ------------------------------------------------------------------ hostile folders and entries

@@ -245,3 +245,18 @@ def test_devices_to_fit_takes_the_step_weights():
     w, hw = load_workload("k3"), load_hw("ascend910b2")
     assert devices_to_fit(w, 14, 8192, hw) == 2
     assert devices_to_fit(w, 14, 8192, hw, lambda tp: device_weight_bytes(w, tp) // w.dtype_bytes) == 1
+
+
+@pytest.mark.parametrize("tp, sp", [(2, 1), (1, 2)])
+def test_the_buckets_pass_rebuilds_the_same_shard(tp, sp):
+    """buckets rebuilds the graph at the bucket's length: one device's shard still, with
+    its collectives (it rebuilt the unsharded graph, so a TP step with buckets ran alone)."""
+    from npusim.passes import apply
+
+    g = build_decoder("k3-tiny", "prefill" if sp > 1 else "decode", 2, 300, tp=tp, sp=sp)
+    bucketed = apply(g, "buckets")
+    assert (bucketed.tp, bucketed.sp) == (tp, sp) and bucketed.context > g.context
+    collectives = {n.op_type for n in bucketed.nodes} & set(OPS) - {n.op_type for n in build_decoder(
+        "k3-tiny", g.phase, 2, 300).nodes}
+    assert collectives and collectives == {n.op_type for n in g.nodes} - {n.op_type for n in build_decoder(
+        "k3-tiny", g.phase, 2, 300).nodes}

@@ -33,7 +33,8 @@ def _cmd_cache(args) -> int:
     total = sum(size for _, size, _ in entries)
     say(f"cache {store.path}\n  entries: {len(entries)}\n  size: {_size(total)} of {_size(store.max_bytes)} "
         f"(least recently used entries go beyond that; NPUSIM_CACHE_MAX_BYTES sets it)\n"
-        f"  npusim version: {version()} (entries of other versions are recomputed)")
+        f"  npusim version: {version()} (the model version: simulated results of another are recomputed; "
+        f"printed outputs follow the source)")
     return 0
 
 

@@ -2,9 +2,10 @@
 
     value = cached(store, "step", inputs, hw, lambda hw: run_graph(...))
 
-The entry's key is the kind, the npusim version, the inputs other than the config
-(their values: a workload, a step's shape, pass names and options, file contents
-by hash) and the values of the config fields the computation read (reads.py).
+The entry's key is the kind, the npusim model version (keys.version: not its
+source), the inputs other than the config (their values: a workload, a step's
+shape, pass names and options, file contents by hash) and the values of the
+config fields the computation read (reads.py).
 Which fields that is, is known only after a first run: a small "reads" entry per
 (kind, inputs) lists the field sets runs have read so far, each then tried in
 turn. Two processes updating that list at once may lose one set (the last writer
@@ -27,7 +28,7 @@ import attrs
 
 from npusim.diskcache.keys import digest, version
 from npusim.diskcache.reads import recording, tracked, values_of
-from npusim.diskcache.store import DiskCache, dumps, loads
+from npusim.diskcache.store import DiskCache, dumps, loads_with_layout
 from npusim.hw import HwConfig
 
 T = TypeVar("T")
@@ -52,10 +53,12 @@ def cached(store: DiskCache | None, kind: str, inputs: Any, hw: HwConfig, comput
     with recording() as reads:
         value = compute(copy)
     fields = sorted(reads)
-    payload = store.put(digest(base, values_of(hw, fields)), value, _refs(copy))
+    payload = dumps(value, _refs(copy))
+    value, layout = loads_with_layout(payload, mine)  # what a hit will give (and the classes it holds)
+    store.write(digest(base, values_of(hw, fields)), payload, layout)
     known = [f for f in store.get(reads_key, expected=_field_sets) or () if f != fields]
     store.put(reads_key, [fields, *known][:MAX_READ_SETS])
-    return loads(payload if payload is not None else dumps(value, _refs(copy)), mine)
+    return value
 
 
 def _field_sets(value) -> bool:

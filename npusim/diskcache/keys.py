@@ -1,12 +1,20 @@
 """Cache keys: SHA-256 of a canonical JSON form of what a value depends on.
 
-The npusim version an entry carries is the package version plus a hash of the
-package's own source and data files (.py, .yaml, .c): an edited engine, lowering or
-default config makes every older entry foreign, so a developer never reads a
-result an older model computed. The serving layer is left out of the hash: what it
-caches are engine points (a step of a given shape, simulated as `npusim run` does),
-and what a point simulates is versioned by serving.stepcost.POINT_SCHEME, so an
-edit to a scheduler or a report does not throw away hours of simulated K3 steps.
+Two versions go into keys. A computed value - a step, an operator, a serving
+point - is keyed on `version()`: npusim's package version and its model version
+(npusim.model_version.MODEL_VERSION, bumped by the change that makes npusim
+simulate something else), beside its inputs by value. So an edit that leaves
+results alone keeps the cache warm; the regression corpus
+(tests/test_engine_regression.py) fails when results change without the bump.
+What a stored value is made of - the fields of its record classes - is checked by
+the store on every read (store.py), so a record that gained or lost a field is
+recomputed, not read back half-filled.
+
+What `run` and `op` printed and wrote (replay.py) is keyed on `source_version()`:
+the package version plus a hash of the package's source and data files (.py,
+.yaml, .c), since that text is the reports' as much as the model's. Such an entry
+is cheap to remake: the step or operator behind it comes from the cache (not a
+pipelined `run --pp`'s stages, which are simulated again).
 """
 
 from __future__ import annotations
@@ -21,25 +29,30 @@ from pathlib import Path
 import attrs
 
 _SOURCE_SUFFIXES = (".py", ".yaml", ".c")
-# Folders of the package outside the hash (see the module doc): the serving layer and its configs.
-_UNVERSIONED = {"serving", "services"}
 
 
 @functools.cache
 def version() -> str:
-    """npusim's version and a hash of its source (see the module doc)."""
+    """npusim's version and model version: what computed values are keyed on (see the module doc)."""
+    from npusim import __version__
+    from npusim.model_version import MODEL_VERSION
+
+    return f"{__version__}+model{MODEL_VERSION}"
+
+
+@functools.cache
+def source_version() -> str:
+    """npusim's version and a hash of its source: what a command's printed output is keyed on."""
     from npusim import __version__
 
     return f"{__version__}+{source_hash(Path(__file__).resolve().parents[1])[:16]}"
 
 
 def source_hash(root: Path) -> str:
-    """SHA-256 of the source and data files under `root` (names and contents), but
-    those in its top-level folders _UNVERSIONED."""
+    """SHA-256 of the source and data files under `root` (names and contents)."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
-        top = Path(dirpath) == root
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not (top and d in _UNVERSIONED))
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(filenames):
             if name.endswith(_SOURCE_SUFFIXES):
                 p = Path(dirpath, name)
@@ -91,4 +104,4 @@ def options_key(options: dict) -> dict:
     return options
 
 
-__all__ = ["digest", "file_digest", "options_key", "version"]
+__all__ = ["digest", "file_digest", "options_key", "source_hash", "source_version", "version"]

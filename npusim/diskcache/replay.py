@@ -3,7 +3,8 @@
 `npusim run` and `npusim op` print a summary and may write a JSON report; neither
 needs the simulated run itself once those exist. `replayed(command)` keys a
 command on its arguments (output paths left out), the hardware config and the
-workload by value, the files they came from and npusim's version: on a hit it
+workload by value, the files they came from and npusim's source (keys.source_version:
+the printed text is the reports' as much as the model's): on a hit it
 prints what the first run printed and writes its JSON with this command line in
 the provenance, without importing the pipeline at all - which is what makes a
 warm rerun of a K3 decode step take a fraction of a second. On a miss the command
@@ -45,7 +46,7 @@ class _Tee(io.TextIOBase):
 def _key(args) -> str | None:
     """The command's key, or None when its inputs do not load (the command then runs
     and reports the problem in its own words)."""
-    from npusim.diskcache.keys import digest, file_digest, version
+    from npusim.diskcache.keys import digest, file_digest, source_version
     from npusim.errors import NpusimError
     from npusim.hw import load_hw
     from npusim.hw.load import find_file, parse_set_args
@@ -62,7 +63,7 @@ def _key(args) -> str | None:
                 parts["workload_file"] = str(find_file(args.workload, "workloads").resolve())
         if getattr(args, "fusion_rules", None):
             parts["fusion_rules"] = file_digest(args.fusion_rules)
-        return digest("command", args.command, version(), hw, parts)
+        return digest("command", args.command, source_version(), hw, parts)
     except (NpusimError, OSError, TypeError, ValueError):
         return None
 

@@ -1,14 +1,19 @@
 """The on-disk store: content-addressed entries, written atomically, checked on read.
 
 An entry is one file `<dir>/<key>.entry`: a header line (magic, format, the key,
-the npusim version that wrote it, the payload's size and SHA-256) and the payload,
-a pickle. A read trusts an entry only when every header field matches what the
-reader expects and the payload hashes to the recorded digest; anything else (a
-truncated file, another npusim version's entry, bytes that are not an entry) is a
-miss, the file is removed (only a file that carries the store's header: the store
-never deletes what it did not write) and the caller computes the value again. Only
-regular files are read, no more than they hold (a FIFO or a link to a device is a
-miss, left alone).
+the npusim version that wrote it, the payload's size and SHA-256, the layout of the
+classes it holds) and the payload, a pickle. A read trusts an entry only when every
+header field matches what the reader expects, the payload hashes to the recorded
+digest and the classes the pickle names have the fields they had when it was
+written (the layout: an attrs record's field names, an enum's members, the
+parameters of a function that rebuilds a value). Entries outlive edits of npusim
+that keep its results (keys.py), so a record that has since gained or lost a field
+must not be read back half-filled. Anything else (a truncated file, another npusim
+version's entry, such a record, bytes that are not an entry) is a miss, the file
+is removed (only a file that carries the store's header: the store never deletes
+what it did not write) and the caller computes the value again. Only regular
+files are read, no more than they hold (a FIFO or a link to a device is a miss,
+left alone).
 
 Writes go through `outputs.atomic_write` (a temporary file in the same folder, then
 `os.replace`): two processes writing one key at once each replace the file whole,
@@ -28,7 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import dataclasses
+import enum
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -40,10 +48,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from npusim.outputs import OutputError, atomic_write, err
 
 MAGIC = b"NPUSIM-CACHE"
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes (2: the layout of the payload's classes)
 SUFFIX = ".entry"
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: hundreds of K3 steps (a decode step's entry is a few MB)
 _WARNED: set[Path] = set()  # folders this process has warned about
@@ -100,13 +110,16 @@ class DiskCache:
         if data is None:
             self.misses += 1
             return None
-        payload = self._payload(data, key)
+        payload, layout = self._payload(data, key)
         value = None
         if payload is not None:
             try:
-                value = loads(payload, refs)
+                value, found = loads_with_layout(payload, refs)
             except Exception:  # noqa: BLE001 - an entry whose classes no longer load is recomputed
                 payload = None
+            else:
+                if found != layout:  # a class it holds has other fields now: not read back half-filled
+                    payload = None
             if payload is not None and expected is not None and not expected(value):
                 payload = None
         if payload is None:
@@ -122,22 +135,23 @@ class DiskCache:
             os.utime(path, ns=(now, now))
         return value
 
-    def _payload(self, data: bytes, key: str) -> bytes | None:
-        """The payload of an entry's bytes if its header matches and its digest holds, else None."""
+    def _payload(self, data: bytes, key: str) -> tuple[bytes | None, str | None]:
+        """(payload, layout of its classes) of an entry's bytes if its header matches and
+        its digest holds, else (None, None)."""
         end = data.find(b"\n", 0, _MAX_HEADER)
         if end < 0 or not data.startswith(MAGIC + b" "):
-            return None
+            return None, None
         try:
             head = json.loads(data[len(MAGIC) + 1:end])
         except ValueError:
-            return None
+            return None, None
         payload = data[end + 1:]
         expected = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload)}
         if not isinstance(head, dict) or any(head.get(k) != v for k, v in expected.items()):
-            return None
-        if head.get("sha256") != hashlib.sha256(payload).hexdigest():
-            return None
-        return payload
+            return None, None
+        if head.get("sha256") != hashlib.sha256(payload).hexdigest() or not isinstance(head.get("layout"), str):
+            return None, None
+        return payload, head["layout"]
 
     # ---- writing
 
@@ -150,8 +164,15 @@ class DiskCache:
         if not self._usable() or _foreign(self.entry_path(key)):
             return None
         payload = dumps(value, refs)
+        return self.write(key, payload, loads_with_layout(payload, refs)[1])
+
+    def write(self, key: str, payload: bytes, layout: str) -> bytes | None:
+        """put() of a value already pickled by dumps, `layout` that of its classes
+        (loads_with_layout); the payload, or None as put."""
+        if not self._usable() or _foreign(self.entry_path(key)):
+            return None
         head = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload),
-                "sha256": hashlib.sha256(payload).hexdigest()}
+                "sha256": hashlib.sha256(payload).hexdigest(), "layout": layout}
         try:
             # not durable: an entry a machine crash leaves empty or short fails its digest, and is recomputed
             with atomic_write(self.entry_path(key), "wb", durable=False) as f:
@@ -317,16 +338,20 @@ def _named(name: str) -> Any:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Reads a pickle of dumps, its named objects taken from `refs`."""
+    """Reads a pickle of dumps, its named objects taken from `refs`; `found` collects
+    the classes (and functions) the pickle names, by their names in it."""
 
     def __init__(self, payload: bytes, refs: Mapping[str, Any] | None):
         super().__init__(io.BytesIO(payload))
         self.refs = refs or {}
+        self.found: dict[tuple[str, str], Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__ and name == _named.__name__:
             return self.refs.__getitem__  # a name refs lacks: KeyError, a damaged entry
-        return super().find_class(module, name)
+        obj = super().find_class(module, name)  # once per class and pickle: the pickler memoises them
+        self.found[module, name] = obj
+        return obj
 
 
 def loads(payload: bytes, refs: Mapping[str, Any] | None = None) -> Any:
@@ -334,4 +359,46 @@ def loads(payload: bytes, refs: Mapping[str, Any] | None = None) -> Any:
     return _Unpickler(payload, refs).load()
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "DiskCache", "dumps", "loads"]
+def loads_with_layout(payload: bytes, refs: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """loads(), and the layout of the classes the pickle names: a digest of each one's
+    name and fields (_fields), what an entry records when written and must show when read."""
+    u = _Unpickler(payload, refs)
+    value = u.load()
+    layout = [[module, name, _fields(obj)] for (module, name), obj in sorted(u.found.items())]
+    return value, hashlib.sha256(json.dumps(layout).encode()).hexdigest()
+
+
+def _fields(obj: Any) -> list | None:
+    """What an instance of a class is unpickled into: an attrs or dataclass record's field
+    names, a named tuple's, an enum's members (names and values: a member is pickled by
+    its value), __slots__; a function's parameters (one a class's __reduce__ names, called
+    with its fields in order: runtime.run._unpickle_run); None for other objects (a class
+    whose instances keep a __dict__: its pickles name no fields to check)."""
+    if not isinstance(obj, type):
+        try:
+            return [[p.name, p.kind.name] for p in inspect.signature(obj).parameters.values()]
+        except (TypeError, ValueError):  # not a callable, or a builtin without a signature
+            return None
+    if attrs.has(obj):
+        return [a.name for a in attrs.fields(obj)]
+    if dataclasses.is_dataclass(obj):
+        return [f.name for f in dataclasses.fields(obj)]
+    if issubclass(obj, enum.Enum):
+        return [[m.name, _member_value(m.value)] for m in obj.__members__.values()]
+    if issubclass(obj, tuple) and hasattr(obj, "_fields"):
+        return list(obj._fields)
+    slots = [n for c in obj.__mro__ for n in ([c.__dict__["__slots__"]] if isinstance(c.__dict__.get("__slots__"), str)
+                                              else c.__dict__.get("__slots__", ()))]
+    return slots or None
+
+
+def _member_value(v: Any) -> Any:
+    """An enum member's value as a layout holds it: as it is (a number, a string), else by
+    its repr, or its type where the repr is an address (not the same in another process)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    text = repr(v)
+    return type(v).__qualname__ if " at 0x" in text else text
+
+
+__all__ = ["DEFAULT_MAX_BYTES", "DiskCache", "dumps", "loads", "loads_with_layout"]

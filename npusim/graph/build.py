@@ -289,7 +289,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     parted = tuple(f"L{i}.attn" for i in range(w.layers)) if len(parts) > 1 else ()
     return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w,
                  capacity=capacity if capacity != max(lengths) else None, new_tokens=chunks,
-                 written_in_parts=parted).check()
+                 written_in_parts=parted, tp=tp, sp=sp).check()
 
 
 def _attention(b: _Builder, P: str, i: int, q_rot: str, k_rot: str, val: str, attn: tuple[str, tuple], batch: int,

@@ -134,6 +134,10 @@ class Graph:
     new_tokens: tuple[int, ...] = field(default=(), converter=tuple)
     # activations several nodes write, each its own rows (a mixed step's two attention parts)
     written_in_parts: tuple[str, ...] = field(default=(), converter=tuple)
+    # the tensor- and sequence-parallel degrees its shapes are one device's shard of (a pass
+    # that rebuilds the graph, as buckets does, builds the same shard)
+    tp: int = 1
+    sp: int = 1
 
     # ---- shape facts
 

@@ -9,7 +9,6 @@ pager, `| head`) drops the rest of the summary, never the files."""
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOK
                                      check_seed, load_trace, parse_ramp, synthetic)
 from npusim.serving.report import metrics, requests_csv, summary, write_json
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
-from npusim.serving.simulate import ServingRun, simulate
+from npusim.serving.cluster import check_cluster
+from npusim.serving.simulate import ServingRun, serve
 from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 
 
@@ -54,15 +54,11 @@ def load_service_args(name: str, args) -> ServiceConfig:
 
 
 def step_cost(svc: ServiceConfig, args, hw, bar) -> StepCost:
-    """The service's step-cost model; `bar` counts the engine points it simulates."""
-    started = itertools.count(1)
-
-    def on_point(key: tuple) -> None:
-        phase, *shape = key
-        bar(next(started), None, note=f"{phase} {' x '.join(map(str, shape))}")
-
+    """The service's step-cost model; `bar` (progress.pricing_progress) counts the engine
+    points it needs and prices (the points it will need only when the bar is drawn)."""
     return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
-                    tol=args.tol, store=store_of(args), on_point=on_point, jobs=args.jobs)
+                    tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
+                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp)
 
 
 def compare_table(a: dict, b: dict) -> str:
@@ -115,11 +111,13 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
     slowest = 10 * n / MAX_SPAN_S  # a probe's load must arrive within MAX_SPAN_S (10x: a Poisson tail)
 
     def ok(rate: float) -> bool:
-        good = sustainable(metrics(simulate(probe_load(args, rate), svc, cost)), svc.slo)
+        bar.probing(rate, lo, hi)
+        good = sustainable(metrics(serve(probe_load(args, rate), svc, cost, args.cards, args.router)), svc.slo)
         seen.append((rate, good))
         return good
 
     rate = check_rate(args.rate if args.rate is not None else 1.0)
+    lo = hi = None  # the highest rate met, the lowest missed
     lo, hi = (rate, None) if ok(rate) else (None, rate)
     for _ in range(20):  # bracket: at most 2^20 x away from the first guess
         if lo is not None and hi is not None:
@@ -150,6 +148,7 @@ def check_args(args) -> None:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
     if args.jobs < 1:
         raise ConfigError(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
+    check_cluster(args.tp if args.cards is None else args.cards, args.tp, args.router)
     if args.max_rate:  # its probes are Poisson loads at rates of its choosing, each a run of its own
         unused = [flag for flag, given in (("--trace-file", args.trace_file), ("--ramp", args.ramp),
                                            (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")))
@@ -212,9 +211,9 @@ def main(args) -> int:
     files, folders = outputs_of(args, services)
     check_paths(files, inputs_of(args, names), folders)
     check_writable(files, folders)
-    from npusim.progress import progress_bar
+    from npusim.progress import pricing_progress
 
-    with progress_bar("serve", "engine steps", args.progress) as bar:
+    with pricing_progress("serve", args.progress) as bar:
         if args.max_rate:
             return _max_rates(args, hw, services, bar)
         return _serve(args, hw, services, requests, bar)
@@ -242,7 +241,7 @@ def _max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
 def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
     runs, results = [], []
     for svc in services:
-        run = simulate(requests, svc, step_cost(svc, args, hw, bar))
+        run = serve(requests, svc, step_cost(svc, args, hw, bar), args.cards, args.router)
         bar.close()
         runs.append(run)
         results.append(metrics(run))
@@ -320,6 +319,13 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace: steps, request lifetimes, batch and KV "
                    "counters")
     p.add_argument("--plot", metavar="DIR", help="write plots: latency CDF, batch and KV cache over time")
+    p.add_argument("--cards", type=int, help="cards serving the load: --cards / --tp replicas of the service, "
+                   "each on --tp cards, behind --router (default: --tp, one replica)")
+    p.add_argument("--tp", type=int, default=1, help="cards per replica: each step is one card's tensor-parallel "
+                   "shard with its all_reduces, priced as `npusim run --tp` prices a step")
+    p.add_argument("--router", default="round-robin", metavar="NAME", help="which replica a request goes to as it "
+                   "arrives: round-robin (in turn), shortest-queue (the fewest requests in the replica) or "
+                   "least-loaded (the fewest prompt + output tokens in it)")
     add_cache_flags(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")

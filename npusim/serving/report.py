@@ -93,14 +93,24 @@ def metrics(run: ServingRun) -> dict:
                       "prefill_knots": dict(zip(("batch", "prompt"), c.prefill.knots)),
                       "mixed_knots": dict(zip(("decodes", "chunks", "chunk", "context_room"), c.mixed.knots))},
     }
+    if run.cards > 1:  # a cluster: its shape and each replica's load (one card: the figures as they were)
+        data |= {"cards": run.cards, "tp": run.tp, "router": run.router,
+                 "replicas": [_replica(r, span_s) for r in run.replicas]}
     return _rounded(data)
+
+
+def _replica(r, span_s: float) -> dict:
+    return {"replica": r.index, "cards": list(range(r.first_card, r.first_card + r.tp)), "requests": r.requests,
+            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "completed": r.completed,
+            "steps": r.steps, "busy_s": r.busy_us / 1e6, "utilisation": r.busy_us / 1e6 / span_s,
+            "kv_capacity_tokens": r.kv_capacity_tokens}
 
 
 def timeline(run: ServingRun, points: int = TIMELINE_POINTS) -> dict:
     """Mean decode batch and KV occupancy in equal time bins, weighted by step time."""
     if not run.steps:
         return {"t_s": [], "decode_batch": [], "kv_occupancy": []}
-    t0, t1 = run.steps[0].start_us, run.steps[-1].end_us
+    t0, t1 = run.steps[0].start_us, max(st.end_us for st in run.steps)
     width = max(t1 - t0, 1e-9) / points
     w = np.zeros(points)
     b = np.zeros(points)
@@ -151,10 +161,26 @@ def summary(m: dict) -> str:
     lines.append(f"  steps {m['steps']} (compiling {m['compile_s']:.2f} s); decode batch mean "
                  f"{m['decode_batch']['mean']:.1f}, max {m['decode_batch']['max']}; KV occupancy mean "
                  f"{100 * m['kv_occupancy']['mean']:.1f}%, max {100 * m['kv_occupancy']['max']:.1f}% of "
-                 f"{m['kv_capacity_tokens']} tokens")
+                 f"{m['kv_capacity_tokens']} tokens" + (" per replica" if "replicas" in m else ""))
     sc = m["step_cost"]
     lines.append(f"  step costs interpolated from {sc['engine_points']} engine-simulated steps")
+    if "replicas" in m:
+        lines += replica_lines(m)
     return "\n".join(lines)
+
+
+def replica_lines(m: dict) -> list[str]:
+    """A cluster's shape and each replica's load and utilisation (busy time / the run's span)."""
+    n = len(m["replicas"])
+    lines = [f"  {m['cards']} cards: {n} replica{'s' if n > 1 else ''} of tp {m['tp']}, router {m['router']}",
+             f"  {'replica':>9s}{'cards':>8s}{'requests':>10s}{'prompt tok':>12s}{'output tok':>12s}{'busy s':>9s}"
+             f"{'utilisation':>13s}"]
+    for r in m["replicas"]:
+        c = r["cards"]
+        cards = str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"
+        lines.append(f"  {r['replica']:>9d}{cards:>8s}{r['requests']:>10d}{r['prompt_tokens']:>12d}"
+                     f"{r['output_tokens']:>12d}{r['busy_s']:>9.2f}{100 * r['utilisation']:>12.1f}%")
+    return lines
 
 
 def write_json(m: dict, path) -> None:
@@ -166,9 +192,11 @@ CSV_COLUMNS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "status", "g
 
 
 def requests_csv(run: ServingRun) -> str:
+    """One row per request; on a cluster of several cards a last column names its replica."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
+    cluster = run.cards > 1
+    w.writerow(CSV_COLUMNS + (("replica",) if cluster else ()))
     for s in run.seqs:
         r = s.req
 
@@ -180,8 +208,9 @@ def requests_csv(run: ServingRun) -> str:
         e2e = s.done_us - s.arrival_us if s.status == "ok" else None
         queue = s.started_us - s.arrival_us if s.started_us is not None else None
         w.writerow((r.id, f"{r.arrival_s:.6f}", r.prompt_tokens, r.output_tokens, s.status, s.generated,
-                    s.preemptions, ms(queue), ms(ttft), ms(tpot), ms(e2e)))
+                    s.preemptions, ms(queue), ms(ttft), ms(tpot), ms(e2e))
+                   + (("" if s.replica is None else s.replica,) if cluster else ()))
     return buf.getvalue()
 
 
-__all__ = ["CSV_COLUMNS", "metrics", "requests_csv", "summary", "timeline", "write_json"]
+__all__ = ["CSV_COLUMNS", "metrics", "replica_lines", "requests_csv", "summary", "timeline", "write_json"]

@@ -1,5 +1,6 @@
-"""What the serving loop and the schedulers share: a request's progress (`Seq`)
-and one iteration's work (`Work`).
+"""What the serving loop, the schedulers and the reports share: a request's progress
+(`Seq`), one iteration's work (`Work`) and a finished run's records (`StepRecord`,
+`ReplicaRecord`, `ServingRun`).
 
 `Seq` is the one mutable record of the serving package: the simulation loop
 advances it step by step. A sequence's KV cache holds `prefilled` tokens; the
@@ -10,9 +11,15 @@ decode step adds one token.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from attrs import define, field, frozen
 
 from npusim.serving.arrivals import Request
+
+if TYPE_CHECKING:
+    from npusim.serving.service import ServiceConfig
+    from npusim.serving.stepcost import StepCost
 
 STATUSES = ("ok", "rejected", "timeout", "oom")  # oom: its batch did not fit in the device memory
 
@@ -31,6 +38,7 @@ class Seq:
     status: str | None = None  # None while in flight, else one of STATUSES
     preemptions: int = 0
     blocks: int = 0  # KV blocks held (paged schedulers)
+    replica: int | None = None  # the replica the router sent it to (None: rejected at the door)
 
     @property
     def arrival_us(self) -> float:
@@ -106,4 +114,56 @@ class Work:
         return [s for s, _ in self.prefill] + list(self.decode)
 
 
-__all__ = ["STATUSES", "Seq", "Work"]
+@frozen
+class StepRecord:
+    start_us: float
+    end_us: float
+    device_us: float
+    compile_us: float
+    decode_batch: int
+    prefill_tokens: int
+    kv_tokens: int  # KV-cache tokens held (reserved) during the step
+    replica: int = 0  # the replica that ran it
+
+
+@frozen
+class ReplicaRecord:
+    """One replica of a finished run: its cards, what the router gave it and how busy it was."""
+
+    index: int
+    first_card: int  # its cards are first_card .. first_card + tp - 1
+    tp: int
+    requests: int  # requests routed to it
+    prompt_tokens: int  # their prompts' tokens
+    output_tokens: int  # tokens it generated (preempted and recomputed ones once)
+    completed: int
+    busy_us: float  # time its loop spent in steps: framework overhead, compiling and the step itself
+    steps: int
+    kv_capacity_tokens: int
+
+
+@frozen
+class ServingRun:
+    """A finished simulation: every request's record and every step's (of every
+    replica, in order of start). `kv_capacity_tokens` is one replica's KV pool."""
+
+    service: ServiceConfig
+    cost: StepCost
+    seqs: tuple[Seq, ...]
+    steps: tuple[StepRecord, ...]
+    kv_capacity_tokens: int
+    preemptions: int
+    blocking_sync: bool
+    replicas: tuple[ReplicaRecord, ...] = ()
+    router: str = "round-robin"
+
+    @property
+    def cards(self) -> int:
+        return sum(r.tp for r in self.replicas) or 1
+
+    @property
+    def tp(self) -> int:
+        return self.replicas[0].tp if self.replicas else 1
+
+
+__all__ = ["ReplicaRecord", "STATUSES", "Seq", "ServingRun", "StepRecord", "Work"]

@@ -36,8 +36,9 @@ model was not built from.
 
 Engine runs are kept in memory and, when a store is given, on disk in npusim's
 cache (npusim.diskcache: one entry per point, keyed by the workload, passes,
-options, shape, the hardware fields the point's run read and npusim's version,
-so a change to the engine invalidates it). With jobs > 1 the points a check reads
+options, shape, the hardware fields the point's run read, npusim's model version
+and POINT_SCHEME, so a change to what the engine or this model simulates, which
+bumps one of them, invalidates it). With jobs > 1 the points a check reads
 together (an edge's ends and midpoint, the two halves of a split edge, a cell's
 corners) are priced at once in worker processes; the grid is the same either way.
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -81,8 +83,8 @@ from npusim.workload import Workload, load_workload
 MIN_SPAN_TOKENS = 1
 DEFAULT_TOL = 0.005  # relative error an edge midpoint may show before its cell is split
 # Bump when what a point simulates changes (_lengths, graph): cached points go stale. The
-# npusim version in the cache key leaves the serving layer out (diskcache.keys): this is
-# what versions a point's meaning.
+# model version in the cache key (npusim.model_version) versions what the engine simulates;
+# this, what a grid point is made to simulate (tests/test_engine_regression.py records both).
 POINT_SCHEME = 3
 
 
@@ -205,12 +207,21 @@ class StepCost:
     `store`: the on-disk cache engine points persist in between runs (None: memory only);
     `on_point(key)`: called as the engine starts simulating a point, key = (phase, *shape)
     (a progress display: on K3 a large batched prefill takes minutes), for a worker too;
-    `jobs`: worker processes that price points the grid reads together at once."""
+    `on_plan(keys)`: the points the grid is about to read that the engine will have to
+    price (neither known nor in the store), as soon as it knows them; `on_priced(key,
+    seconds)`: a point started is priced, in that many seconds of wall time (with workers,
+    the batch's time shared among its points) - with on_point, what serve's display
+    counts and its ETA comes from;
+    `jobs`: worker processes that price points the grid reads together at once;
+    `tp`: cards of a tensor-parallel group: each point is one card's sharded step with its
+    collectives, as `npusim run --tp` prices it (one card simulated, its peers symmetric)."""
 
     def __init__(self, workload: Workload | str, hw: HwConfig | str = "ascend910b2", passes="optimized",
                  options: Mapping[str, Any] | None = None, max_batch: int = 32, tol: float = DEFAULT_TOL,
                  store: DiskCache | None = None, refine: bool = True,
-                 on_point: Callable[[tuple], None] | None = None, jobs: int = 1):
+                 on_plan: Callable[[list[tuple]], None] | None = None,
+                 on_priced: Callable[[tuple, float], None] | None = None,
+                 on_point: Callable[[tuple], None] | None = None, jobs: int = 1, tp: int = 1):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
@@ -220,7 +231,9 @@ class StepCost:
         self.max_batch = max_batch
         self.store = store
         self.on_point = on_point
+        self.on_plan, self.on_priced = on_plan, on_priced
         self.jobs = jobs
+        self.tp = tp  # tensor-parallel degree: every point is one card's shard (graph.build_decoder(tp=))
         self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
@@ -253,7 +266,8 @@ class StepCost:
     def _grid(self, key: Callable[..., tuple], knots, tol: float, min_span, fixed) -> Grid:
         """A grid over the points key(*x) = (phase, *shape)."""
         return Grid(lambda *x: self.point(*key(*x)).latency_us, knots, tol, min_span, fixed,
-                    prefetch=(lambda xs: self.prefetch([key(*x) for x in xs])) if self.jobs > 1 else None)
+                    prefetch=(lambda xs: self.prefetch([key(*x) for x in xs]))
+                    if self.jobs > 1 or self.on_plan is not None else None)
 
     # ---- shapes
 
@@ -305,8 +319,9 @@ class StepCost:
         nor in the store, when that is two or more and jobs > 1; otherwise nothing (each
         is priced when first read). A point is the same either way: one engine run or
         its cached result, whichever process runs it (forked: a copy of this model). A
-        point whose worker fails is left to be priced here when it is read."""
-        if self.jobs < 2:
+        point whose worker fails is left to be priced here when it is read. With on_plan,
+        the points left to price are told to it first (jobs 1 too)."""
+        if self.jobs < 2 and self.on_plan is None:
             return
         todo = []
         for k in dict.fromkeys(keys):
@@ -316,21 +331,29 @@ class StepCost:
                     todo.append(k)
                 else:
                     self.points[k] = stored
-        if len(todo) < 2:
+        if todo and self.on_plan is not None:
+            self.on_plan(todo)
+        if self.jobs < 2 or len(todo) < 2:
             return
         for k in todo:
             if self.on_point is not None:
                 self.on_point(k)
+        last = time.perf_counter()
 
         def done(i: int, result: tuple[Point, bool]) -> None:
+            nonlocal last
             self.points[todo[i]], ran = result
             self.engine_runs += ran
+            if self.on_priced is not None:  # the batch's wall time, shared among its points as they finish
+                now = time.perf_counter()
+                self.on_priced(todo[i], now - last)
+                last = now
 
         run_tasks(self._price_in_worker, [(k,) for k in todo], self.jobs, done, lambda i, reason: None)
 
     def _price_in_worker(self, k: tuple) -> tuple[Point, bool]:
         """A worker's task: the point, and whether the engine ran for it (not the cache)."""
-        self.on_point = None  # the parent told its display as it handed the point out
+        self.on_point = self.on_plan = self.on_priced = None  # the parent tells its display
         runs = self.engine_runs
         return self._simulate(k), self.engine_runs > runs
 
@@ -338,10 +361,10 @@ class StepCost:
         """The decoder graph of a point after the passes, as `npusim run` builds it."""
         if phase == "mixed":
             lengths, new_tokens = self._mixed_lengths(*shape)
-            g = build_decoder(self.workload, "mixed", len(lengths), lengths, new_tokens=new_tokens)
+            g = build_decoder(self.workload, "mixed", len(lengths), lengths, new_tokens=new_tokens, tp=self.tp)
         else:
             batch, key = shape
-            g = build_decoder(self.workload, phase, batch, self._lengths(phase, batch, key))
+            g = build_decoder(self.workload, phase, batch, self._lengths(phase, batch, key), tp=self.tp)
         return apply(g, self.passes, **self.options, hw=hw or self.pricing_hw)
 
     def _simulate(self, k: tuple, engine: bool = True) -> Point | None:
@@ -353,12 +376,15 @@ class StepCost:
                 raise _NotStored
             if self.on_point is not None:
                 self.on_point(k)
+            began = time.perf_counter()
             run = run_graph(self.graph(*k, hw=hw), hw, counters=False)
             self.engine_runs += 1
+            if self.on_priced is not None:
+                self.on_priced(k, time.perf_counter() - began)
             return Point(run.latency_us, run.memory)
 
         inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
-                  POINT_SCHEME) if self.store is not None else None
+                  POINT_SCHEME) + ((self.tp,) if self.tp > 1 else ()) if self.store is not None else None
         try:
             pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
         except _NotStored:

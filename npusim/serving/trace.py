@@ -1,8 +1,9 @@
 """A serving run as a Chrome trace (Perfetto, chrome://tracing): one span per
-step on the device track (batch, prefill tokens, compile time in its args), one
-span per request from arrival to its last token on the request lanes (a request
-takes the first lane free at its arrival, so spans on a lane never overlap), and
-counters of the decode batch and the KV cache in use. Times are µs."""
+step on the device track (batch, prefill tokens, compile time in its args; on a
+cluster a thread per replica, and its own counters), one span per request from
+arrival to its last token on the request lanes (a request takes the first lane
+free at its arrival, so spans on a lane never overlap), and counters of the
+decode batch and the KV cache in use. Times are µs."""
 
 from __future__ import annotations
 
@@ -16,15 +17,21 @@ from npusim.serving.simulate import ServingRun
 def chrome_trace(run: ServingRun) -> dict:
     meta = [{"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": n}}
             for p, n in ((1, "device steps"), (2, "requests"))]
+    if run.cards > 1:  # a cluster: a thread of steps per replica
+        meta += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": r.index,
+                  "args": {"name": f"replica {r.index} (cards {r.first_card}-{r.first_card + r.tp - 1})"
+                           if r.tp > 1 else f"replica {r.index} (card {r.first_card})"}} for r in run.replicas]
     events = []
     for st in run.steps:
         events.append({"name": "step", "cat": "step", "ph": "X", "ts": st.start_us, "dur": st.end_us - st.start_us,
-                       "pid": 1, "tid": 0, "args": {"decode_batch": st.decode_batch,
-                                                    "prefill_tokens": st.prefill_tokens,
-                                                    "device_us": st.device_us, "compile_us": st.compile_us}})
-        events.append({"name": "batch", "ph": "C", "ts": st.start_us, "pid": 1, "tid": 0,
+                       "pid": 1, "tid": st.replica, "args": {"decode_batch": st.decode_batch,
+                                                              "prefill_tokens": st.prefill_tokens,
+                                                              "device_us": st.device_us,
+                                                              "compile_us": st.compile_us}})
+        counter = "" if run.cards == 1 else f" {st.replica}"  # a counter track per replica
+        events.append({"name": "batch" + counter, "ph": "C", "ts": st.start_us, "pid": 1, "tid": 0,
                        "args": {"decode_batch": st.decode_batch}})
-        events.append({"name": "kv_cache", "ph": "C", "ts": st.start_us, "pid": 1, "tid": 0,
+        events.append({"name": "kv_cache" + counter, "ph": "C", "ts": st.start_us, "pid": 1, "tid": 0,
                        "args": {"tokens": st.kv_tokens}})
     lanes: list[tuple[float, int]] = []  # (free from, lane)
     count = 0

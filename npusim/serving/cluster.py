@@ -1,0 +1,110 @@
+"""A service on many cards: `cards / tp` replicas behind a router.
+
+Each replica (replica.py) is one serving process on `tp` cards of one node: its
+own scheduler, tokenizer pool, compiled shapes and KV blocks, its steps priced by
+the step-cost model of one card's tensor-parallel shard (StepCost(tp=...): the
+sharded decoder and its all_reduces on the engine, as `npusim run --tp` prices a
+step). The router (routers.py) sends each request to a replica as it arrives.
+One replica on one card is `simulate` (simulate.py): the same loop, the same
+figures.
+
+Memory is checked per card: a replica's weights, activations and workspace (one
+card's shard, at the scheduler's largest decode batch) must fit each of its
+cards, and what is left of a card, times the service's kv_memory_fraction, holds
+that card's share of the replica's KV blocks; a token's KV cache is split over
+the tp cards with the K/V heads, so the replica's pool is tp times a card's share.
+
+The run is deterministic: requests are routed in arrival order (ties by their
+order in the load), the replicas are advanced in index order up to each arrival,
+and routers break ties by the lowest index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from npusim.errors import ConfigError
+from npusim.parallel.plan import Plan, check_plan
+from npusim.serving.arrivals import Request
+from npusim.serving.replica import Replica, StepCostModel
+from npusim.serving.routers import make_router
+from npusim.serving.service import ServiceConfig
+from npusim.serving.state import Seq, ServingRun
+
+# Cards of one cluster: the router looks at every replica for every request.
+MAX_CARDS = 4096
+
+
+def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
+    """One-line ConfigError for cards and tp that do not make whole replicas, or an unknown router."""
+    for flag, n in (("--cards", cards), ("--tp", tp)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CARDS:
+            raise ConfigError(f"{flag}: expected a whole number of cards from 1 to {MAX_CARDS}, got {n!r}")
+    if cards % tp:
+        raise ConfigError(f"--cards {cards} is not a multiple of --tp {tp}: each replica runs on --tp cards")
+    if router is not None:
+        make_router(router)
+
+
+class Cluster:
+    """`cards / cost.tp` replicas of `service` behind the router named `router`."""
+
+    def __init__(self, service: ServiceConfig, cost: StepCostModel, cards: int | None = None,
+                 router: str = "round-robin"):
+        tp = cost.tp
+        cards = tp if cards is None else cards
+        check_cluster(cards, tp, router)
+        check_plan(Plan(tp), cost.workload, cost.hw)  # tp divides the heads, within a node
+        self.service, self.cost, self.cards, self.router_name = service, cost, cards, router
+        self.kv_capacity_tokens = replica_kv_tokens(service, cost)
+        self.next_arrival_us: float | None = None  # what the replicas wait on (replica.Feed)
+
+    def run(self, requests: Sequence[Request]) -> ServingRun:
+        """Serve `requests` on fresh replicas (each run starts empty)."""
+        ctx = self.cost.workload.max_context_tokens
+        route = make_router(self.router_name).route
+        replicas = [Replica(k, self.service, self.cost, self.kv_capacity_tokens, self)
+                    for k in range(self.cards // self.cost.tp)]
+        seqs = [Seq(r) for r in requests]
+        for s in seqs:  # longer than the model's context: rejected on arrival, never routed
+            if s.prompt + s.output > ctx:
+                s.finish("rejected", s.arrival_us)
+        for s in sorted((s for s in seqs if s.status is None), key=lambda s: s.arrival_us):
+            self.next_arrival_us = s.arrival_us
+            for r in replicas:  # each up to the arrival: the router sees them as they are then
+                r.advance()
+            replicas[route(s, replicas, s.arrival_us)].receive(s)
+        self.next_arrival_us = None
+        for r in replicas:
+            r.advance()
+        steps = replicas[0].steps if len(replicas) == 1 else sorted(
+            (st for r in replicas for st in r.steps), key=lambda st: (st.start_us, st.replica))
+        return ServingRun(self.service, self.cost, tuple(seqs), tuple(steps), self.kv_capacity_tokens,
+                          sum(r.sched.preemptions for r in replicas), replicas[0].blocking,
+                          tuple(r.record() for r in replicas), self.router_name)
+
+
+def replica_kv_tokens(service: ServiceConfig, cost: StepCostModel) -> int:
+    """KV-cache tokens one replica's blocks hold: each of its tp cards holds 1/tp of a
+    token's KV (its K/V heads) in what its weights, activations and workspace leave.
+    ConfigError when those alone do not fit a card."""
+    if cost.kv_capacity_bytes(1.0) <= 0:
+        raise ConfigError(_does_not_fit(service, cost))
+    per_card = cost.workload.kv_bytes_per_token // cost.tp
+    return cost.kv_capacity_bytes(service.scheduler.kv_memory_fraction) // per_card
+
+
+def _does_not_fit(service: ServiceConfig, cost) -> str:
+    from npusim.runtime.memory import size
+
+    what = f"a replica of {cost.workload.name} on {cost.tp} card{'s' if cost.tp > 1 else ''} (--tp {cost.tp})"
+    try:  # StepCost: the decode step of max_batch its KV capacity is read from
+        m = cost.point("decode", cost.max_batch, cost.decode.knots[1][0]).memory
+    except AttributeError:
+        return f"{what} does not fit a card: no memory is left for its KV cache"
+    return (f"{what} does not fit a card: weights {size(m.weights_bytes)} + activations {size(m.activation_bytes)} "
+            f"+ workspace {size(m.workspace_bytes)} per card at batch {cost.max_batch} leave no room for KV cache "
+            f"in {size(cost.hw.hbm.hbm_bytes)} (more cards per replica: --tp; or a smaller scheduler.max_batch)")
+
+
+__all__ = ["Cluster", "MAX_CARDS", "check_cluster", "replica_kv_tokens"]

@@ -1,0 +1,81 @@
+"""Routers: which replica of a cluster a request goes to, as it arrives.
+
+A router is a small class in a registry keyed by its name (`--router NAME`). The
+cluster asks it once per request, at the request's arrival, with the replicas in
+index order; it answers a replica's index. What a replica holds at that moment
+comes from `Replica.outstanding(now)`: the requests routed to it and not finished
+by `now`, and their tokens (prompt + output), exact at the arrival time (a
+replica's steps that end later do not count yet). Ties go to the lowest index, so
+a run is deterministic.
+
+    round-robin     the replicas in turn, whatever they hold
+    shortest-queue  the fewest requests in the replica (waiting or running): join the shortest queue
+    least-loaded    the fewest tokens in the replica (its requests' prompt + output tokens):
+                    a long request weighs more than a short one
+
+Add one with `@router("name")` on a class with `route(seq, replicas, now) -> int`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from npusim.errors import ConfigError
+from npusim.serving.state import Seq
+
+
+class Loaded(Protocol):
+    """What a router reads of a replica."""
+
+    def outstanding(self, now: float) -> tuple[int, int]:
+        """(requests, tokens) routed to it and not finished by `now` (µs)."""
+
+
+class Router(Protocol):
+    def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int: ...
+
+
+ROUTERS: dict[str, Callable[[], Router]] = {}
+
+
+def router(name: str):
+    """Register a router class under `name`."""
+
+    def register(cls):
+        ROUTERS[name] = cls
+        return cls
+
+    return register
+
+
+@router("round-robin")
+class RoundRobin:
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int:
+        k = self.turn % len(replicas)
+        self.turn += 1
+        return k
+
+
+@router("shortest-queue")
+class ShortestQueue:
+    def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int:
+        return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[0], k))
+
+
+@router("least-loaded")
+class LeastLoaded:
+    def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int:
+        return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[1], k))
+
+
+def make_router(name: str) -> Router:
+    if name not in ROUTERS:
+        raise ConfigError(f"--router {name}: unknown router (expected one of {', '.join(sorted(ROUTERS))})")
+    return ROUTERS[name]()
+
+
+__all__ = ["ROUTERS", "Router", "make_router", "router"]
