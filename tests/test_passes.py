@@ -193,7 +193,10 @@ def test_buckets_trade_padding_for_compiles():
           f"{compiles_over(trace)}, {first_run_compile_us(padded, HW) / 1e3:.0f} ms each "
           f"({distinct_kernels(padded)} kernels)")
     assert padding(padded) > padding(exact)
-    assert b.latency_us >= a.latency_us  # the padding is computed on
+    # the padding is computed on: more FLOPs and bytes (the latency of this tiny model is its kernel
+    # starts, within a few ns either way: a short last key step's masking against a full one's)
+    assert b.result.stats.flops > a.result.stats.flops
+    assert b.result.stats.gm_read_bytes > a.result.stats.gm_read_bytes
     assert compiles_over(trace) < compiles_over(trace, None)
     assert validate_passes(TINY, "optimized,buckets", batch=2, context=lengths).passed
     assert [bucket_of(n) for n in (1, 512, 513, 4096, 4097)] == [512, 512, 1024, 4096, 8192]

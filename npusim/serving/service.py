@@ -19,6 +19,7 @@ from attrs import field, frozen, validators
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
+from npusim.graph.build import MAX_BATCH
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
 from npusim.hw.parse import strict_converter
 from npusim.serving.arrivals import MAX_TOKENS
@@ -74,7 +75,8 @@ _host_us = _within(0, MAX_HOST_US, "us", "10 s; the field is in us")
 class SchedulerConfig:
     kind: str = _f("static (wait for max_batch, run to completion), dynamic (scan, group, launch at max_batch or "
                    "timeout), continuous (iteration level, paged KV) or chunked (continuous + a token budget)")
-    max_batch: int = _f("most sequences in one batch (static: the batch it waits for)", 32, _pos)
+    max_batch: int = _f("most sequences in one batch (static: the batch it waits for)", 32,
+                        _within(1, MAX_BATCH, "sequences", "a decoder step's most"))
     scan_period_ms: float = _f("dynamic: how often the queue is scanned (0.1 ms to an hour)", 5.0,
                                _within(*SCAN_PERIOD_MS, "ms", "0.1 ms to an hour"))
     timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long", 10.0, _nonneg)

@@ -127,7 +127,7 @@ def test_serve_outputs_checked_before_the_run(argv, expect, capsys, tmp_path, mo
     shutil.copy(ROOT / "services" / "seed-optimized.yaml", tmp_path / "seed-optimized.yaml")
     before = {p: p.read_bytes() for p in tmp_path.iterdir()}
     priced = []
-    monkeypatch.setattr("npusim.serving.command.simulate", lambda *a: priced.append(a))
+    monkeypatch.setattr("npusim.serving.command.serve", lambda *a: priced.append(a))
     fails_cleanly([*SERVE, *(a.format(d=tmp_path) for a in argv)], capsys, expect)
     assert not priced
     assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
