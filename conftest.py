@@ -27,25 +27,30 @@ def _own_cache(tmp_path_factory, monkeypatch):
 _STOP = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
-@pytest.fixture(autouse=True)
-def _signals_as_they_were(request):
-    """Every test starts with Ctrl-C and SIGTERM as a fresh process has them (and a
-    subprocess inherits an ignored or blocked signal): a test that leaves them otherwise
-    is named in a warning and they are put back. On a fresh clone the full suite saw
-    Ctrl-C ignored from somewhere in the first tests (not found yet: it does not happen
-    in a part of the suite), which failed every interruption test after it."""
-    yield
+def _put_back() -> list[str]:
+    """Ctrl-C and SIGTERM as a fresh interactive process has them; the names of those that were not."""
     changed = [signal.Signals(s).name for s, h in _STOP.items() if signal.getsignal(s) is not h]
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(_STOP) if hasattr(signal, "pthread_sigmask") else set()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(_STOP)
     for s, h in _STOP.items():
         signal.signal(s, h)
     if blocked:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-    if changed or blocked:
+    return changed + [f"{signal.Signals(s).name} blocked" for s in blocked]
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_they_were(request):
+    """Every test starts with Ctrl-C and SIGTERM as an interactive process has them (a
+    process started in the background by a non-interactive shell, as CI runs the suite,
+    inherits Ctrl-C ignored, and so would every subprocess a test starts); a test that
+    leaves them otherwise is named in a warning and they are put back."""
+    _put_back()
+    yield
+    changed = _put_back()
+    if changed:
         import warnings
 
-        warnings.warn(f"{request.node.nodeid} left {', '.join(changed + [f'{signal.Signals(s).name} blocked' for s in blocked])}"
-                      " changed; put back")
+        warnings.warn(f"{request.node.nodeid} left {', '.join(changed)} changed; put back")
 
 
 def pytest_unconfigure(config):
