@@ -153,13 +153,16 @@ def test_decode_is_memory_bound_near_hbm_bandwidth():
 
 
 @pytest.mark.parametrize("op, params, tiling, buffer", [
-    ("flash_attention", attn(heads=1, head_dim=4096, seq_q=128), None, "L0A: buffer 'a_l0_"),
-    ("flash_attention", attn(heads=1, head_dim=512, seq_q=128), dict(q_tile=128), "L0A: buffer 'a_l0_0'"),
+    ("flash_attention", attn(heads=1, head_dim=4096, seq_q=128), None, "L1: buffer 'k_l1_"),
+    ("flash_attention", attn(heads=1, head_dim=512, seq_q=128), dict(q_tile=128), "UB: buffer 'o_part'"),
+    ("flash_attention", attn(heads=1, head_dim=512, seq_q=128), dict(q_tile=128, d_chunk=512), "L0A: buffer 'a_l0_0'"),
     ("decode_attention", dict(batch=1, heads=1, kv_heads=1, head_dim=16384, context=64), None, "UB: buffer 'k_ub_0'"),
 ])
 def test_a_tile_that_does_not_fit_is_one_line_naming_the_buffer(op, params, tiling, buffer):
     """The tiling picks smaller tiles for larger heads; past the smallest, the error
-    names the buffer that overflows (L0 first: a head's row has to sit there whole)."""
+    names the buffer that overflows. FlashAttention splits a large head over head_dim
+    in L0 (tiling.d_chunk), so L1 and UB, which hold it whole, run out first; with
+    the whole head in L0 (d_chunk >= head_dim) L0A does."""
     with pytest.raises(ProgramError) as e:
         lower(op, params, HW, tiling=tiling)
     assert buffer in str(e.value)

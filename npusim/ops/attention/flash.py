@@ -175,7 +175,9 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
 
     A block (1 AIC + 2 AIVs) takes q tiles of one head. For each step of keys
     (kv_tile) the AIC loads K, computes S = Q K^T (Mmad per sub_tile into L0C) and
-    FixPipes it to the block's workspace; the AIVs (half the rows each) scale,
+    FixPipes it to the block's workspace; a head too large for L0 is split over
+    head_dim (d_chunk: S summed in L0C over the chunks, P V made a column chunk of O
+    at a time), L1 and UB holding it whole; the AIVs (half the rows each) scale,
     mask, update the running max and sum, write P = exp(S - max) back (fp16) and
     signal; the AIC loads P and V, computes P V and FixPipes the partial O, which
     the AIVs rescale-accumulate in UB. At the end of a q tile the AIVs divide by
@@ -197,7 +199,7 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
         raise ProgramError(f"op flash_attention: its MIX kernel splits each q tile's rows between {FLASH_AIVS} AIVs "
                            f"per AIC, and chip.aiv_per_aic is {hw.chip.aiv_per_aic}")
     t = tiling or FlashAttentionTiling()
-    if not (t.q_tile and t.kv_tile and t.sub_tile):
+    if not (t.q_tile and t.kv_tile and t.sub_tile and t.d_chunk):
         t = choose_flash_tiling(p, hw, t, period)
     g = _fa_geometry(p, t, hw, period)
     e, d, grp = g.e, p.head_dim, p.group

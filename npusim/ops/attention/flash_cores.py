@@ -94,29 +94,38 @@ class _Cube:
                      SetFlag(MTE2, MTE1, fid + i)]
 
     def qk(self, st: _Step, reuse: bool) -> None:
-        """S = Q K^T, one Mmad and FixPipe per sub-tile of keys; then S_READY. reuse: the
-        workspace slot held S of two steps back: wait until the AIVs have loaded it."""
+        """S = Q K^T, one L0C tile and FixPipe per sub-tile of keys, summed there over the
+        head_dim chunks (one Mmad each: the chunk's Q and K^T slices in L0A / L0B); then
+        S_READY. reuse: the workspace slot held S of two steps back: wait until the AIVs
+        have loaded it."""
         g, out = self.g, self.out
-        d, e, rows, nb, sp, tp = g.p.head_dim, g.e, st.tile.rows, st.nb, st.sp, st.tile.tp
+        e, rows, nb, sp, tp = g.e, st.tile.rows, st.nb, st.sp, st.tile.tp
+        chunks = g.chunks()
         for u in range(st.nsub):
-            x, c = self.mm % 2, self.cc % 2
-            self.mm += 1
+            c = self.cc % 2
             self.cc += 1
-            out.append(WaitFlag(M, MTE1, x))
-            if u == 0:
-                out.append(WaitFlag(MTE2, MTE1, _K + sp))
-                if st.first:
-                    out.append(WaitFlag(MTE2, MTE1, _Q + tp))
-            out += [Copy(L1, L0A, g.l1["q"][tp], g.l0["a"][x], rows * align_up(d, 16) * e),  # whole fractal blocks
-                    self._k_slice(st, u, g.l0["b"][x]), SetFlag(MTE1, M, x)]
-            if u == st.nsub - 1:
-                out.append(SetFlag(MTE1, MTE2, _K + sp))
-                if st.last:
-                    out.append(SetFlag(MTE1, MTE2, _Q + tp))
+            for j, (c0, cols) in enumerate(chunks):
+                x = self.mm % 2
+                self.mm += 1
+                out.append(WaitFlag(M, MTE1, x))
+                if u == 0 and j == 0:
+                    out.append(WaitFlag(MTE2, MTE1, _K + sp))
+                    if st.first:
+                        out.append(WaitFlag(MTE2, MTE1, _Q + tp))
+                # the chunk's 16-column blocks of Q (whole fractal blocks), back to back in L1
+                out += [Copy(L1, L0A, g.l1["q"][tp] + rows * c0 * e, g.l0["a"][x], rows * align_up(cols, 16) * e),
+                        self._k_slice(st, u, c0, cols, g.l0["b"][x]), SetFlag(MTE1, M, x)]
+                if u == st.nsub - 1 and j == len(chunks) - 1:
+                    out.append(SetFlag(MTE1, MTE2, _K + sp))
+                    if st.last:
+                        out.append(SetFlag(MTE1, MTE2, _Q + tp))
+                out.append(WaitFlag(MTE1, M, x))
+                if j == 0:
+                    out.append(WaitFlag(FIX, M, c))
+                out += [Mmad(rows, nb, cols, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c], accumulate=j > 0),
+                        SetFlag(M, MTE1, x)]
             s_at = shift(self.w, g.ws["s"][sp] + u * rows * nb * 4)
-            out += [WaitFlag(MTE1, M, x), WaitFlag(FIX, M, c),
-                    Mmad(rows, nb, d, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c]),
-                    SetFlag(M, MTE1, x), SetFlag(M, FIX, c), WaitFlag(M, FIX, c)]
+            out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c)]
             if u == 0 and reuse:
                 out.append(CrossWaitFlag(FIX, _S_FREE))
             out += [Copy(L0C, GM, g.l0["c"][c], s_at, rows * nb * 4, convert="fix_fp32"), SetFlag(FIX, M, c)]
@@ -134,54 +143,63 @@ class _Cube:
                      SetFlag(MTE2, MTE1, _P + i)]
 
     def pv(self, st: _Step) -> None:
-        """O_part = P V accumulated over the sub-tiles in one L0C tile; FixPipe; O_READY."""
+        """O_part = P V, a head_dim column chunk at a time: each chunk accumulated over the
+        sub-tiles in one L0C tile and FixPipe'd to its columns of the workspace's O
+        (P's sub-tiles go to L0A again for every chunk); then O_READY."""
         g, out = self.g, self.out
         d, e, rows, nb, sp = g.p.head_dim, g.e, st.tile.rows, st.nb, st.sp
-        c = self.cc % 2
-        self.cc += 1
-        for u in range(st.nsub):
-            x = self.mm % 2
-            self.mm += 1
-            out.append(WaitFlag(M, MTE1, x))
-            if u == 0:
-                out += [WaitFlag(MTE2, MTE1, _P + sp), WaitFlag(MTE2, MTE1, _V + sp)]
-            out += [Copy(L1, L0A, g.l1["p"][sp] + u * rows * nb * e, g.l0["a"][x], rows * nb * e),
-                    self._v_slice(st, u, g.l0["b"][x]), SetFlag(MTE1, M, x)]
-            if u == st.nsub - 1:
-                out += [SetFlag(MTE1, MTE2, _P + sp), SetFlag(MTE1, MTE2, _V + sp)]
-            out += [WaitFlag(MTE1, M, x)]
-            if u == 0:
-                out.append(WaitFlag(FIX, M, c))
-            out += [Mmad(rows, d, self.sub_keys(st, u), g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c],
-                         accumulate=u > 0),
-                    SetFlag(M, MTE1, x)]
+        chunks = g.chunks()
         o_at = shift(self.w, g.ws["o"][sp])
-        # L0C rows are whole 16-column fractals: a head_dim that is not, one row a segment
-        o = (Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4, convert="fix_fp32") if d % 16 == 0 else
-             Copy(L0C, GM, g.l0["c"][c], o_at, d * 4, rows, align_up(d, 16) * 4, d * 4, "fix_fp32"))
-        out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), o, SetFlag(FIX, M, c), CrossSetFlag(FIX, _O_READY)]
+        for j, (c0, cols) in enumerate(chunks):
+            c = self.cc % 2
+            self.cc += 1
+            for u in range(st.nsub):
+                x = self.mm % 2
+                self.mm += 1
+                out.append(WaitFlag(M, MTE1, x))
+                if u == 0 and j == 0:
+                    out += [WaitFlag(MTE2, MTE1, _P + sp), WaitFlag(MTE2, MTE1, _V + sp)]
+                out += [Copy(L1, L0A, g.l1["p"][sp] + u * rows * nb * e, g.l0["a"][x], rows * nb * e),
+                        self._v_slice(st, u, c0, cols, g.l0["b"][x]), SetFlag(MTE1, M, x)]
+                if u == st.nsub - 1 and j == len(chunks) - 1:
+                    out += [SetFlag(MTE1, MTE2, _P + sp), SetFlag(MTE1, MTE2, _V + sp)]
+                out += [WaitFlag(MTE1, M, x)]
+                if u == 0:
+                    out.append(WaitFlag(FIX, M, c))
+                out += [Mmad(rows, cols, self.sub_keys(st, u), g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c],
+                             accumulate=u > 0),
+                        SetFlag(M, MTE1, x)]
+            # L0C rows are whole 16-column fractals: a chunk that is not (or one of several:
+            # O's rows are head_dim wide), one row a segment
+            o = (Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4, convert="fix_fp32") if cols == d and d % 16 == 0
+                 else Copy(L0C, GM, g.l0["c"][c], shift(o_at, c0 * 4), cols * 4, rows, align_up(cols, 16) * 4, d * 4,
+                           "fix_fp32"))
+            out += [SetFlag(M, FIX, c), WaitFlag(M, FIX, c), o, SetFlag(FIX, M, c)]
+        out.append(CrossSetFlag(FIX, _O_READY))
 
-    def _k_slice(self, st: _Step, u: int, dst: int) -> Copy:
-        """MTE1: K's sub-tile u into L0B as B = K^T [head_dim, nb]: its nb / 16 blocks of 16
-        keys (head_dim rows each), one run; where a block's rows are not whole 512-byte
+    def _k_slice(self, st: _Step, u: int, c0: int, cols: int, dst: int) -> Copy:
+        """MTE1: K's sub-tile u, head_dim rows c0 .. c0+cols, into L0B as B = K^T [cols, nb]:
+        from each of its nb / 16 blocks of 16 keys (head_dim rows each) the chunk's rows.
+        The whole head: one run; else, or where a block's rows are not whole 512-byte
         L0B units (head_dim not a multiple of 16), one segment a block, each on its boundary."""
         g = self.g
         d, e, nb = g.p.head_dim, g.e, st.nb
-        src = g.l1["k"][st.sp] + u * nb * d * e
-        if l0b_block_bytes(d, e) == d * 16 * e:
+        src = g.l1["k"][st.sp] + u * nb * d * e + c0 * 16 * e
+        if cols == d and l0b_block_bytes(d, e) == d * 16 * e:
             return Copy(L1, L0B, src, dst, nb * d * e)
-        return Copy(L1, L0B, src, dst, d * 16 * e, nb // 16, d * 16 * e, l0b_block_bytes(d, e))
+        return Copy(L1, L0B, src, dst, cols * 16 * e, nb // 16, d * 16 * e, l0b_block_bytes(cols, e))
 
-    def _v_slice(self, st: _Step, u: int, dst: int) -> Copy:
-        """MTE1: V's sub-tile u into L0B - rows u*nb.. of each 16-column block of V [keys,
-        head_dim] in L1 (the step's kt rows a block; the last block's padding columns too),
-        one segment a block: the sub-tile's keys (sub_keys: the last sub-tile of a short
-        step has fewer than nb), landing as B [keys, head_dim] for an Mmad of that depth."""
+    def _v_slice(self, st: _Step, u: int, c0: int, cols: int, dst: int) -> Copy:
+        """MTE1: V's sub-tile u, head_dim columns c0 .. c0+cols, into L0B - rows u*nb.. of
+        each of the chunk's 16-column blocks of V [keys, head_dim] in L1 (the step's kt
+        rows a block; the last block's padding columns too), one segment a block: the
+        sub-tile's keys (sub_keys: the last sub-tile of a short step has fewer than nb),
+        landing as B [keys, cols] for an Mmad of that depth."""
         g = self.g
-        d, e, nb = g.p.head_dim, g.e, st.nb
-        src = g.l1["v"][st.sp]
+        e, nb = g.e, st.nb
         blk, keys = 16 * e, self.sub_keys(st, u)
-        return Copy(L1, L0B, src + u * nb * blk, dst, keys * blk, cdiv(d, 16), st.kt * blk,
+        src = g.l1["v"][st.sp] + c0 // 16 * st.kt * blk
+        return Copy(L1, L0B, src + u * nb * blk, dst, keys * blk, cdiv(cols, 16), st.kt * blk,
                     l0b_block_bytes(keys, e))
 
     def sub_keys(self, st: _Step, u: int) -> int:

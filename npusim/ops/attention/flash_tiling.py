@@ -14,6 +14,7 @@ from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.registry import param
 from npusim.ops.attention.common import AttentionParams, L0A, L0B, L0C, L1, STAT, _table_bytes, UB
+from npusim.ops.attention.online_softmax import F32
 
 
 # ================================================================ FlashAttention
@@ -27,6 +28,11 @@ class FlashAttentionTiling:
                          validator=validators.ge(0))
     sub_tile: int = param(0, "keys per Mmad / L0C tile inside a step (divides kv_tile); 0 = auto",
                           validator=validators.ge(0))
+    d_chunk: int = param(0, "head_dim columns per cube pass (a multiple of 16; >= head_dim = the whole head): "
+                            "Q K^T accumulates in L0C over head_dim chunks, P V makes O a column chunk at a "
+                            "time; 0 = auto (the whole head where it fits L0, else the widest chunk that fits "
+                            "with the tiles chosen)",
+                         validator=validators.ge(0))
     vec_rows: int = param(0, "rows per AIV chunk of a step (ping-pong in UB); 0 = most that fit",
                           validator=validators.ge(0))
     q_splits: int = param(0, "parts the q tiles of each leftover head are split into; 0 = balance the cores",
@@ -69,6 +75,7 @@ class _FaGeometry:
     qt: int
     kt: int
     nb: int
+    dc: int  # head_dim columns per cube pass (d_chunk): the whole head, padded to fractal blocks, if unsplit
     rc: int  # AIV rows per chunk
     aic: tuple  # AIC buffers
     aiv: tuple  # AIV buffers
@@ -86,9 +93,16 @@ class _FaGeometry:
         nsub = cdiv(kt, self.nb)
         return nsub, min(self.nb, align_up(cdiv(kt, nsub), 16))
 
+    def chunks(self) -> list[tuple[int, int]]:
+        """(first column, columns) of each head_dim chunk: [(0, head_dim)] unsplit; the
+        last chunk takes what is left (its fractal blocks padded as the whole head's)."""
+        d = self.p.head_dim
+        return [(c0, min(self.dc, d - c0)) for c0 in range(0, d, self.dc)]
+
 
 def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, period: int = 0) -> _FaGeometry:
-    """Allocate every local buffer (L0 first: it is what a large head_dim runs out of).
+    """Allocate every local buffer (L0 first: it is what a large head_dim runs out of
+    unless tiling.d_chunk splits the head there; L1 and UB hold it whole).
     period: see _FaGeometry (a causal packed kernel keeps each row's query index in UB)."""
     f = mmad_fractal(hw, p.dtype)
     for name, v in (("q_tile", t.q_tile), ("kv_tile", t.kv_tile), ("sub_tile", t.sub_tile)):
@@ -100,16 +114,11 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
     qt = min(t.q_tile, align_up(p.seq_q, f.m0))
     nb = min(t.sub_tile, align_up(p.seq_kv, 16))
     kt = min(t.kv_tile, align_up(p.seq_kv, nb))  # whole sub-tiles: a short step's padding stays inside
-    # Q and V [.., head_dim] sit as whole 16-column fractal blocks (dp columns, the last
-    # block's padding unused); K^T [head_dim, keys] as blocks of 16 keys of head_dim rows,
-    # each on an L0B boundary in L0B (the cube reads B by blocks)
-    dp = align_up(d, 16)
+    dc = _chunk_cols(p, t.d_chunk)
     cube = Buffers(hw, "flash_attention")
-    l0 = {
-        "a": [cube.alloc(f"a_l0_{i}", L0A, qt * max(dp, nb) * e) for i in (0, 1)],
-        "b": [cube.alloc(f"b_l0_{i}", L0B, max(dp * nb * e, nb // 16 * l0b_block_bytes(d, e))) for i in (0, 1)],
-        "c": [cube.alloc(f"c_l0_{i}", L0C, qt * max(nb, dp) * 4) for i in (0, 1)],
-    }
+    l0 = _l0_buffers(cube, p, qt, nb, dc)
+    # L1 holds the whole head (Q and V as whole 16-column fractal blocks, dp columns)
+    dp = align_up(d, 16)
     l1 = {
         "q": [cube.alloc(f"q_l1_{i}", L1, qt * dp * e) for i in (0, 1)],
         # (a key's piece of K takes its DMA's 32-byte-aligned share: verify's reach of the load)
@@ -149,8 +158,38 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
     s_b, p_b, o_b = qt * kt * 4, qt * kt * e, qt * d * 4
     ws = {"s": (0, s_b), "p": (2 * s_b, 2 * s_b + p_b), "o": (2 * s_b + 2 * p_b, 2 * s_b + 2 * p_b + o_b)}
     ws_bytes = align_up(2 * (s_b + p_b + o_b), 512)
-    return _FaGeometry(p, t, e, qt, kt, nb, rc, tuple(cube.buffers), tuple(vec.buffers), l1, l0, ub, ws_bytes, ws,
-                       period)
+    return _FaGeometry(p, t, e, qt, kt, nb, dc, rc, tuple(cube.buffers), tuple(vec.buffers), l1, l0, ub, ws_bytes,
+                       ws, period)
+
+
+def _chunk_cols(p: AttentionParams, d_chunk: int) -> int:
+    """The head_dim columns of a cube pass for tiling.d_chunk: the whole head (padded to
+    fractal blocks) when it is 0 or not narrower than the head, else d_chunk, which
+    must be whole 16-column fractal blocks (a chunk's Q and V slices are whole blocks
+    in L1, and K^T's whole rows of its key blocks)."""
+    d = p.head_dim
+    if not d_chunk or d_chunk >= d:
+        return align_up(d, 16)
+    if d_chunk % 16:
+        raise ProgramError(f"op flash_attention: tiling d_chunk={d_chunk} is not a multiple of 16 "
+                           f"(nor >= head_dim={d})")
+    return d_chunk
+
+
+def _l0_buffers(cube: Buffers, p: AttentionParams, qt: int, nb: int, dc: int) -> dict:
+    """The L0 tiles (ping-pong) of q tile rows qt, nb keys a sub-tile and head_dim chunks
+    of dc columns. Q and V [.., head_dim] sit as whole 16-column fractal blocks (dc
+    columns: a chunk's, or the whole head padded; the last block's padding unused);
+    K^T [head_dim, keys] as blocks of 16 keys of a chunk's head_dim rows, each on an
+    L0B boundary in L0B (the cube reads B by blocks). L0C holds S [qt, nb] (summed over
+    the chunks) or a column chunk of O [qt, dc]."""
+    e = DTYPE_BYTES[p.dtype]
+    rows_k = min(dc, p.head_dim)  # K^T rows of the widest chunk (the whole head: unpadded)
+    return {
+        "a": [cube.alloc(f"a_l0_{i}", L0A, qt * max(dc, nb) * e) for i in (0, 1)],
+        "b": [cube.alloc(f"b_l0_{i}", L0B, max(dc * nb * e, nb // 16 * l0b_block_bytes(rows_k, e))) for i in (0, 1)],
+        "c": [cube.alloc(f"c_l0_{i}", L0C, qt * max(nb, dc) * 4) for i in (0, 1)],
+    }
 
 
 def _fits(build) -> bool:
@@ -161,27 +200,102 @@ def _fits(build) -> bool:
         return False
 
 
+def _l0_fits(p: AttentionParams, hw: HwConfig, qt: int, nb: int, dc: int) -> bool:
+    """Whether the L0 tiles of q_tile qt, sub_tile nb (as the geometry caps them by the
+    sequence lengths) and head_dim chunks of dc columns fit."""
+    qt, nb = min(qt, align_up(p.seq_q, mmad_fractal(hw, p.dtype).m0)), min(nb, align_up(p.seq_kv, 16))
+    return _fits(lambda: _l0_buffers(Buffers(hw, "flash_attention"), p, qt, nb, dc))
+
+
+def _widest_chunk(p: AttentionParams, hw: HwConfig, qt: int, nb: int) -> int:
+    """d_chunk: the widest head_dim chunk whose L0 tiles fit with q tile qt and sub-tile
+    nb: the whole head if it fits, else the head cut into 2, 3, ... near-equal chunks
+    of whole fractal blocks (the narrowest, one block, if nothing fits: the geometry
+    then names the buffer). Each further chunk costs Mmad start-ups and, in P V, a
+    reload of P into L0A; L1 and UB hold the whole head either way."""
+    dp = align_up(p.head_dim, 16)
+    widths = dict.fromkeys(align_up(cdiv(dp, n), 16) for n in range(1, dp // 16 + 1))
+    return next((w for w in widths if _l0_fits(p, hw, qt, nb, w)), 16)
+
+
+# choose_flash_tiling's candidates, largest first
+Q_TILES, KV_TILES, SUB_TILES = (128, 64, 32, 16), (256, 128, 64, 32), (128, 64, 32, 16)
+
+
+def _candidates(given: FlashAttentionTiling):
+    """(q_tile, kv_tile, sub_tile) of the fields not `given`, largest first."""
+    for qt in (given.q_tile,) if given.q_tile else Q_TILES:
+        for kt in (given.kv_tile,) if given.kv_tile else KV_TILES:
+            for nb in (given.sub_tile,) if given.sub_tile else SUB_TILES:
+                if nb <= kt and kt % nb == 0:
+                    yield qt, kt, nb
+
+
 def choose_flash_tiling(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling = FlashAttentionTiling(),
                         period: int = 0) -> FlashAttentionTiling:
-    """The largest tiles (of those not `given`) whose buffers fit twice over (ping-pong)
-    in L1, L0 and UB: q_tile 128 x kv_tile 256 for head_dim <= 128, smaller for larger
-    heads. A head too large for even the smallest tiles raises the error naming the buffer."""
+    """The tiles (of those not `given`) whose buffers fit twice over (ping-pong) in L1,
+    L0 and UB. A head whose L0 tiles fit whole at the largest tiles (head_dim <= 128),
+    or a given d_chunk: the largest tiles that fit, q_tile 128 x kv_tile 256 for
+    head_dim <= 128 (_largest). A larger head is split over head_dim in L0 (the widest
+    chunk that fits), so that L1 and UB, which hold it whole, set the tiles rather than
+    L0; of the tiles that then fit, the least GM traffic (_least_traffic). A head too
+    large for even the smallest tiles raises the error naming the buffer."""
+    whole = align_up(p.head_dim, 16)
+    if given.d_chunk or _l0_fits(p, hw, given.q_tile or Q_TILES[0], given.sub_tile or SUB_TILES[0], whole):
+        return _largest(p, hw, attrs.evolve(given, d_chunk=given.d_chunk or whole), period)
+    return _least_traffic(p, hw, given, period)
+
+
+def _no_tiling(given: FlashAttentionTiling) -> ProgramError:
+    return ProgramError(f"op flash_attention: tiling sub_tile={given.sub_tile} does not divide "
+                        f"kv_tile={given.kv_tile}")
+
+
+def _largest(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int) -> FlashAttentionTiling:
+    """The first tiles (largest q_tile, then kv_tile, then sub_tile) that fit, d_chunk given."""
     err = None
-    for qt in (given.q_tile,) if given.q_tile else (128, 64, 32, 16):
-        for kt in (given.kv_tile,) if given.kv_tile else (256, 128, 64, 32):
-            for nb in (given.sub_tile,) if given.sub_tile else (128, 64, 32, 16):
-                if nb > kt or kt % nb:
-                    continue
-                t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb)
-                try:
-                    _fa_geometry(p, t, hw, period)
-                    return t
-                except ProgramError as e:
-                    err = e
-    if err is None:
-        raise ProgramError(
-            f"op flash_attention: tiling sub_tile={given.sub_tile} does not divide kv_tile={given.kv_tile}")
-    raise err
+    for qt, kt, nb in _candidates(given):
+        t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb)
+        try:
+            _fa_geometry(p, t, hw, period)
+            return t
+        except ProgramError as e:
+            err = e
+    raise err or _no_tiling(given)
+
+
+def _least_traffic(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int) -> FlashAttentionTiling:
+    """A split head's tiles, each with its widest fitting head_dim chunk: of those that
+    fit, the ones whose AIVs take a step's rows in one UB chunk (a q tile larger than
+    that adds vector instructions, and their start-ups, to every step: UB holds the
+    whole head's O twice, so a large head leaves little room for scores), then the
+    least _pair_bytes; on a tie the wider chunk (fewer O chunks, each FixPipe'd one row
+    a segment), then the larger tiles."""
+    best, err = None, None
+    for qt, kt, nb in _candidates(given):
+        t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb, d_chunk=_widest_chunk(p, hw, qt, nb))
+        try:
+            g = _fa_geometry(p, t, hw, period)
+        except ProgramError as e:
+            err = e
+            continue
+        key = (g.rc < cdiv(g.qt, 2), _pair_bytes(g), -g.dc)
+        if best is None or key < best[0]:
+            best = (key, t)
+    if best is None:
+        raise err or _no_tiling(given)
+    return best[1]
+
+
+def _pair_bytes(g: _FaGeometry) -> float:
+    """GM bytes per (query, key) pair that depend on the tiles: K and V read again for
+    every q tile (head_dim elements each per key, shared by the tile's rows) and the
+    partial O of every step (head_dim fp32 a row, FixPipe'd by the cube and read back by
+    the AIVs, shared by the step's keys). # assumption: these set a large head's time
+    (the cube's MTE2, its FixPipe and the AIVs' MTE2 move them); S and P cost every
+    tiling the same per pair"""
+    d = g.p.head_dim
+    return 2 * d * g.e / g.qt + 2 * d * F32 / g.kt
 
 
 def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]]]:
