@@ -259,8 +259,8 @@ def test_memory_is_checked_per_card(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--cards", "3", "--tp", "2"], "--cards 3 is not a multiple of --tp 2"),
-    (["--cards", "2", "--router", "fastest"], "--router fastest: unknown router (expected one of least-loaded, "
-                                              "round-robin, shortest-queue)"),
+    (["--cards", "2", "--router", "fastest"], "--router fastest: unknown router (expected one of kv-local, "
+                                              "least-loaded, round-robin, shortest-queue)"),
     (["--tp", "3", "--cards", "3"], "--tp 3 does not divide k3-tiny's heads 4"),
     (["--cards", "0"], "--cards: expected a whole number of cards"),
     (["--tp", "2", "--set", "topology.node_device_count=1"], "--tp 2 spans nodes"),

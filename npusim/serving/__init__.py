@@ -7,7 +7,9 @@ runs -> TTFT, TPOT, P99, throughput and goodput.
     print(summary(metrics(run)))
 
 On many cards (cluster.py): `serve(requests, service, StepCost(..., tp=2), cards=8,
-router="shortest-queue")` runs 8 / 2 replicas behind a router (routers.py).
+router="shortest-queue")` runs 8 / 2 replicas behind a router (routers.py);
+`serve(..., cards=8, pd=(2, 6))` prefills on 2 cards and decodes on 6, the KV cache
+sent between them (disagg.py). plan.py finds the fewest cards meeting the SLOs.
 """
 
 from npusim.serving.arrivals import Request, load_trace, synthetic

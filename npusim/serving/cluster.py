@@ -15,18 +15,19 @@ that card's share of the replica's KV blocks; a token's KV cache is split over
 the tp cards with the K/V heads, so the replica's pool is tp times a card's share.
 
 The run is deterministic: requests are routed in arrival order (ties by their
-order in the load), the replicas are advanced in index order up to each arrival,
+order in the load; a decode side routes them as their prefill instances send
+their KV caches, disagg.py), the replicas are advanced in index order up to each arrival,
 and routers break ties by the lowest index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from npusim.errors import ConfigError
 from npusim.parallel.plan import Plan, check_plan
 from npusim.serving.arrivals import Request
-from npusim.serving.replica import Replica, StepCostModel
+from npusim.serving.replica import KvArrival, Replica, StepCostModel
 from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig
 from npusim.serving.state import Seq, ServingRun
@@ -47,41 +48,67 @@ def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
 
 
 class Cluster:
-    """`cards / cost.tp` replicas of `service` behind the router named `router`."""
+    """`cards / cost.tp` replicas of `service` behind the router named `router`.
+
+    Under disaggregation (disagg.py) a cluster is one side: `role` names it ("prefill" or
+    "decode"), its replicas are numbered from `first_index` (their cards from first_index x
+    tp), and a decode side's replicas take requests whose KV cache `kv_arrival` prices."""
 
     def __init__(self, service: ServiceConfig, cost: StepCostModel, cards: int | None = None,
-                 router: str = "round-robin"):
+                 router: str = "round-robin", role: str = "", first_index: int = 0,
+                 kv_arrival: KvArrival | None = None):
         tp = cost.tp
         cards = tp if cards is None else cards
         check_cluster(cards, tp, router)
         check_plan(Plan(tp), cost.workload, cost.hw)  # tp divides the heads, within a node
         self.service, self.cost, self.cards, self.router_name = service, cost, cards, router
+        self.role, self.first_index, self.kv_arrival = role, first_index, kv_arrival
         self.kv_capacity_tokens = replica_kv_tokens(service, cost)
         self.next_arrival_us: float | None = None  # what the replicas wait on (replica.Feed)
 
     def run(self, requests: Sequence[Request]) -> ServingRun:
         """Serve `requests` on fresh replicas (each run starts empty)."""
-        ctx = self.cost.workload.max_context_tokens
+        seqs = at_the_door(requests, self.cost.workload.max_context_tokens)
+        replicas = self.serve([s for s in seqs if s.status is None], lambda s: s.arrival_us)
+        return finished(self, seqs, replicas)
+
+    def serve(self, seqs: Sequence[Seq], door: Callable[[Seq], float]) -> list[Replica]:
+        """Route `seqs` to fresh replicas, each at its `door` time (its arrival; on a decode
+        side, when its prefill instance starts sending its KV cache), and run them to the end."""
         route = make_router(self.router_name).route
-        replicas = [Replica(k, self.service, self.cost, self.kv_capacity_tokens, self)
-                    for k in range(self.cards // self.cost.tp)]
-        seqs = [Seq(r) for r in requests]
-        for s in seqs:  # longer than the model's context: rejected on arrival, never routed
-            if s.prompt + s.output > ctx:
-                s.finish("rejected", s.arrival_us)
-        for s in sorted((s for s in seqs if s.status is None), key=lambda s: s.arrival_us):
-            self.next_arrival_us = s.arrival_us
+        replicas = [Replica(self.first_index + k, self.service, self.cost, self.kv_capacity_tokens, self, self.role,
+                            self.kv_arrival) for k in range(self.cards // self.cost.tp)]
+        for s in sorted(seqs, key=door):  # stable: ties in their order in the load
+            self.next_arrival_us = door(s)
             for r in replicas:  # each up to the arrival: the router sees them as they are then
                 r.advance()
-            replicas[route(s, replicas, s.arrival_us)].receive(s)
+            replicas[route(s, replicas, door(s))].receive(s)
         self.next_arrival_us = None
         for r in replicas:
             r.advance()
-        steps = replicas[0].steps if len(replicas) == 1 else sorted(
-            (st for r in replicas for st in r.steps), key=lambda st: (st.start_us, st.replica))
-        return ServingRun(self.service, self.cost, tuple(seqs), tuple(steps), self.kv_capacity_tokens,
-                          sum(r.sched.preemptions for r in replicas), replicas[0].blocking,
-                          tuple(r.record() for r in replicas), self.router_name)
+        return replicas
+
+
+def at_the_door(requests: Sequence[Request], context_tokens: int) -> list[Seq]:
+    """A sequence per request; one longer than the model's context (`context_tokens`) is
+    rejected on arrival, never routed."""
+    seqs = [Seq(r) for r in requests]
+    for s in seqs:
+        if s.prompt + s.output > context_tokens:
+            s.finish("rejected", s.arrival_us)
+    return seqs
+
+
+def finished(cluster, seqs: Sequence[Seq], replicas: Sequence[Replica], pd: tuple[int, int] | None = None
+             ) -> ServingRun:
+    """The run's record: every request, every replica's steps in order of start (ties by
+    replica), and each replica's record; `cluster` gives the service, the step-cost model,
+    a replica's KV pool and the router's name."""
+    steps = replicas[0].steps if len(replicas) == 1 else sorted(
+        (st for r in replicas for st in r.steps), key=lambda st: (st.start_us, st.replica))
+    return ServingRun(cluster.service, cluster.cost, tuple(seqs), tuple(steps), cluster.kv_capacity_tokens,
+                      sum(r.sched.preemptions for r in replicas), replicas[0].blocking,
+                      tuple(r.record() for r in replicas), cluster.router_name, pd)
 
 
 def replica_kv_tokens(service: ServiceConfig, cost: StepCostModel) -> int:
@@ -107,4 +134,4 @@ def _does_not_fit(service: ServiceConfig, cost) -> str:
             f"in {size(cost.hw.hbm.hbm_bytes)} (more cards per replica: --tp; or a smaller scheduler.max_batch)")
 
 
-__all__ = ["Cluster", "MAX_CARDS", "check_cluster", "replica_kv_tokens"]
+__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cluster", "finished", "replica_kv_tokens"]

@@ -1,4 +1,6 @@
-"""`npusim serve`: a load, one service (or two side by side), a summary and files.
+"""`npusim serve`: a load, one service (or two side by side; with --pd, disaggregated
+beside colocated on the same cards), a summary and files; --max-rate searches the
+highest rate a service sustains, --plan the fewest cards that serve a rate (plan.py).
 
 Everything the command line gives is checked before the first step is priced: the
 numbers (main, arrivals' bounds), the services, the load (drawn or read whole), and
@@ -13,17 +15,21 @@ import math
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
-from npusim.errors import ConfigError
+from npusim.errors import ConfigError, NpusimError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
 from npusim.outputs import all_or_none, check_paths, check_writable, say, write_text
 from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOKENS, check_rate, check_requests,
                                      check_seed, load_trace, parse_ramp, synthetic)
-from npusim.serving.report import metrics, requests_csv, summary, write_json
+from npusim.serving.report import metrics, requests_csv, slo_line, summary, sustainable, write_json
+from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
-from npusim.serving.cluster import check_cluster
+from npusim.serving.cluster import MAX_CARDS, check_cluster
+from npusim.serving.disagg import DECODE_SCHEDULERS, DEFAULT_PD_ROUTER, check_pd, parse_pd
+from npusim.serving.plan import Shape, check_slo, plan_json, search, shapes, table
 from npusim.serving.simulate import ServingRun, serve
 from npusim.serving.stepcost import DEFAULT_TOL, StepCost
+from npusim.workload import load_workload
 
 
 def load_requests(args):
@@ -53,22 +59,25 @@ def load_service_args(name: str, args) -> ServiceConfig:
     return svc
 
 
-def step_cost(svc: ServiceConfig, args, hw, bar) -> StepCost:
-    """The service's step-cost model; `bar` (progress.pricing_progress) counts the engine
-    points it needs and prices (the points it will need only when the bar is drawn)."""
+def step_cost(svc: ServiceConfig, args, hw, bar, tp: int | None = None) -> StepCost:
+    """The service's step-cost model (replicas of `tp` cards, default --tp); `bar`
+    (progress.pricing_progress) counts the engine points it needs and prices (the
+    points it will need only when the bar is drawn)."""
     return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
-                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp)
+                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp)
 
 
-def compare_table(a: dict, b: dict) -> str:
-    """Two runs' headline figures side by side, with the change."""
+def compare_table(a: dict, b: dict, labels: tuple[str, str] | None = None) -> str:
+    """Two runs' headline figures side by side, with the change; `labels`: their column
+    heads (default: their services' names)."""
     rows = [("requests/s", "requests_per_s", None), ("output tokens/s", "output_tokens_per_s", None),
             ("goodput req/s", "goodput_requests_per_s", None), ("completed", "completed", None),
             ("failed (OOM)", "failed_oom", None), ("timed out", "timed_out", None)]
     for key in ("ttft", "tpot", "e2e"):
         rows += [(f"{key.upper()} {p} ms", key, f"{p.lower()}_ms") for p in ("P50", "P90", "P99")]
-    lines = [f"{'':18s}{a['service']:>18s}{b['service']:>18s}{'change':>10s}"]
+    la, lb = labels or (a["service"], b["service"])
+    lines = [f"{'':18s}{la:>18s}{lb:>18s}{'change':>10s}"]
     for label, key, sub in rows:
         va = a[key][sub] if sub else a[key]
         vb = b[key][sub] if sub else b[key]
@@ -77,14 +86,6 @@ def compare_table(a: dict, b: dict) -> str:
         fb = "-" if vb is None else f"{vb:.1f}" if isinstance(vb, float) else str(vb)
         lines.append(f"{label:18s}{fa:>18s}{fb:>18s}{change:>10s}")
     return "\n".join(lines)
-
-
-def sustainable(m: dict, slo) -> bool:
-    """The run meets the SLOs as capacity searches use them (Vidur's): TTFT P90,
-    TPOT P99 and end-to-end P90 within their limits, and no request lost."""
-    checks = ((m["ttft"]["p90_ms"], slo.ttft_ms), (m["tpot"]["p99_ms"], slo.tpot_ms), (m["e2e"]["p90_ms"], slo.e2e_ms))
-    lost = m["timed_out"] + m["failed_oom"]
-    return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
 
 
 def probe_load(args, rate: float):
@@ -112,7 +113,8 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
 
     def ok(rate: float) -> bool:
         bar.probing(rate, lo, hi)
-        good = sustainable(metrics(serve(probe_load(args, rate), svc, cost, args.cards, args.router)), svc.slo)
+        good = sustainable(metrics(serve(probe_load(args, rate), svc, cost, args.cards, args.router, pd_of(args),
+                                         args.pd_router)), svc.slo)
         seen.append((rate, good))
         return good
 
@@ -148,7 +150,25 @@ def check_args(args) -> None:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
     if args.jobs < 1:
         raise ConfigError(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
-    check_cluster(args.tp if args.cards is None else args.cards, args.tp, args.router)
+    pd = pd_of(args)
+    if pd is not None:
+        check_pd(pd, args.cards, args.tp)
+    check_cluster(cards_of(args), args.tp, args.router)
+    if pd is not None or args.plan:
+        make_router(args.pd_router, "--pd-router")
+    elif args.pd_router != DEFAULT_PD_ROUTER:
+        raise ConfigError(f"--pd-router {args.pd_router}: only --pd (and --plan's P:D splits) use it")
+    if pd is not None:
+        if args.compare:
+            raise ConfigError("--compare: --pd compares disaggregated serving with colocated serving on the same "
+                              "cards itself (leave --compare out)")
+    if args.plan:
+        check_plan_args(args)
+    else:
+        for flag, given in (("--max-cards", args.max_cards is not None), ("--backend", args.backend),
+                            ("--address", args.address)):
+            if given:
+                raise ConfigError(f"{flag}: only --plan uses it (the serve of one cluster runs in this process)")
     if args.max_rate:  # its probes are Poisson loads at rates of its choosing, each a run of its own
         unused = [flag for flag, given in (("--trace-file", args.trace_file), ("--ramp", args.ramp),
                                            (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")))
@@ -160,6 +180,47 @@ def check_args(args) -> None:
         if per_run:
             raise ConfigError(f"{per_run}: --max-rate runs many probes, not one run to write (leave it out; "
                               f"--json writes the rate found and every probe)")
+
+
+def pd_of(args) -> tuple[int, int] | None:
+    """--pd P:D as (P, D), or None."""
+    return parse_pd(args.pd) if args.pd else None
+
+
+def cards_of(args) -> int:
+    """The cards serving the load: --cards, or P + D with --pd, or --tp (one replica)."""
+    pd = pd_of(args)
+    return args.cards if args.cards is not None else sum(pd) if pd else args.tp
+
+
+def check_plan_args(args) -> None:
+    """--plan's combinations: one service, a Poisson rate, the most cards, and no flag it does not use."""
+    if args.max_cards is None:
+        raise ConfigError("--plan: give --max-cards C (the most cards the search may use)")
+    if not 1 <= args.max_cards <= MAX_CARDS:
+        raise ConfigError(f"--max-cards: expected a whole number of cards from 1 to {MAX_CARDS}, got {args.max_cards}")
+    if args.rate is None:
+        raise ConfigError("--plan: give --rate R (the Poisson load, requests per second, the cards must serve)")
+    if args.backend is not None:
+        from npusim.backends import BACKENDS
+
+        if args.backend not in BACKENDS:
+            raise ConfigError(f"--backend {args.backend}: unknown backend (expected one of: {', '.join(BACKENDS)})")
+        if args.address is not None and args.backend != "ray":
+            raise ConfigError(f"--address {args.address}: only the ray backend connects to a cluster "
+                              f"(add --backend ray)")
+    elif args.address is not None:
+        raise ConfigError(f"--address {args.address}: only --backend ray connects to a cluster")
+    unused = [flag for flag, given in (("--max-rate", args.max_rate), ("--compare", args.compare),
+                                       (f"--pd {args.pd}", args.pd),
+                                       ("--cards", args.cards is not None), (f"--tp {args.tp}", args.tp != 1),
+                                       ("--trace-file", args.trace_file), ("--ramp", args.ramp),
+                                       (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")),
+                                       *((f, getattr(args, f[2:])) for f in ("--csv", "--trace", "--plot")))
+              if given]
+    if unused:
+        raise ConfigError(f"{unused[0]}: not used by --plan, which serves a Poisson load at --rate on the clusters "
+                          f"it tries, each of its own cards and tp (leave it out; --json writes every one)")
 
 
 def outputs_of(args, services: list[ServiceConfig]) -> tuple[dict, dict]:
@@ -201,7 +262,13 @@ def main(args) -> int:
     hw = load_hw(args.hw, parse_set_args(args.set))
     names = args.compare or [args.service]
     services = [load_service_args(n, args) for n in names]
-    if args.max_rate:
+    if args.pd:
+        check_pd(pd_of(args), args.cards, args.tp, services[0])
+    if args.plan:
+        check_slo(services[0].slo)
+        probe_load(args, check_rate(args.rate))  # its lengths and seed, now
+        requests = None
+    elif args.max_rate:
         for svc in services:
             check_max_rate(svc)
         probe_load(args, check_rate(args.rate if args.rate is not None else 1.0))  # its lengths and seed, now
@@ -214,6 +281,8 @@ def main(args) -> int:
     from npusim.progress import pricing_progress
 
     with pricing_progress("serve", args.progress) as bar:
+        if args.plan:
+            return _plan(args, hw, services[0], bar)
         if args.max_rate:
             return _max_rates(args, hw, services, bar)
         return _serve(args, hw, services, requests, bar)
@@ -227,7 +296,7 @@ def _max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
         rate, seen = max_rate(svc, args, hw, bar)
         bar.close()
         tried = ", ".join(f"{r:.3g}{'' if good else ' x'}" for r, good in seen)
-        say(f"{svc.name}: highest sustainable rate {rate:.3g} req/s within {_slo_line(svc.slo)} "
+        say(f"{svc.name}: highest sustainable rate {rate:.3g} req/s within {slo_line(svc.slo)} "
             f"({args.requests or 1000} Poisson requests per probe; tried {tried}; x = missed)")
         found[svc.name] = {"service": svc.name, "max_rate_requests_per_s": rate, "slo": attrs.asdict(svc.slo),
                            "requests_per_probe": args.requests or 1000, "seed": args.seed,
@@ -238,10 +307,73 @@ def _max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
     return 0
 
 
+def _plan(args, hw, svc: ServiceConfig, bar) -> int:
+    """The capacity planner (plan.py) on --max-rate's probe load at --rate: the candidates
+    of a card count served one after another here, or at once on --backend."""
+    load = probe_load(args, args.rate)
+    if args.backend is None:
+        points: dict[int, dict] = {}  # by tp: the engine points priced so far, shared by the candidates
+
+        def serve_all(shapes_n: list[Shape]) -> list:
+            return [serve_cluster(args, hw, svc, load, points, bar, shape) for shape in shapes_n]
+    else:
+        from npusim.backends import get_backend
+
+        backend = get_backend(args.backend, args.jobs, args.address)
+        # a worker prices its own engine points (or reads them from the cache), one at a time; a task is
+        # serve_cluster itself with all it reads (Ray runs a module's function, not a closure)
+        ctx = (argparse.Namespace(**(vars(args) | {"jobs": 1})), hw, svc, load, None, None)
+
+        def serve_all(shapes_n: list[Shape]) -> list:
+            out: list = [None] * len(shapes_n)
+            lost: dict[int, str] = {}
+            backend.run(serve_cluster, [(*ctx, shape) for shape in shapes_n], out.__setitem__, lost.__setitem__)
+            if lost:
+                i, why = min(lost.items())
+                raise NpusimError(f"--plan: {shapes_n[i].name} on {shapes_n[i].cards} cards could not be served on "
+                                  f"--backend {args.backend}: {why}")
+            return out
+
+    w = load_workload(args.workload)
+    split = svc.scheduler.kind in DECODE_SCHEDULERS  # P/D candidates: decode instances batch at iteration level
+    found = search(serve_all, lambda n: shapes(n, w, hw, split), svc.slo, args.rate, args.max_cards)
+    bar.close()
+    n = args.requests or 1000
+    say(f"{svc.name} on {w.name} / {hw.name}: {n} Poisson requests at {args.rate:g} req/s (seed {args.seed}), "
+        f"router {args.router}" + (f", prefill -> decode {args.pd_router}" if split else "")
+        + "; the best cluster of each card count tried (latencies in ms):")
+    say(table(found))
+    if args.json:
+        with all_or_none():
+            write_json(plan_json(found, service=svc.name, workload=w.name, hw=hw.name, requests=n, seed=args.seed,
+                                 router=args.router), args.json)
+        say(f"wrote {args.json}: the answer, the frontier and all {len(found.tried)} clusters tried")
+    return 0
+
+
+def serve_cluster(args, hw, svc: ServiceConfig, load, points: dict | None, bar, shape: Shape) -> dict | str:
+    """--plan's candidate `shape` serving `load`: its metrics, or why it does not fit a card.
+    Each on a fresh step-cost model (its grid refined as for this cluster alone, so its
+    figures are what `npusim serve` prints for it, whatever was tried before or beside it)
+    that starts from `points` (by tp: the engine points priced so far in this process;
+    None in a worker: its own, and the disk cache's). `bar`: the pricing display (None: none)."""
+    from npusim.progress import pricing_progress
+
+    cost = step_cost(svc, args, hw, bar or pricing_progress("serve", False), shape.tp)
+    if points is not None:
+        cost.points = points.setdefault(shape.tp, {})
+    try:
+        return metrics(serve(load, svc, cost, shape.cards, args.router, shape.pd, args.pd_router))
+    except ConfigError as e:  # it does not fit a card: a candidate that misses, and why
+        return str(e)
+
+
 def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
     runs, results = [], []
+    pd = pd_of(args)
     for svc in services:
-        run = serve(requests, svc, step_cost(svc, args, hw, bar), args.cards, args.router)
+        cost = step_cost(svc, args, hw, bar)
+        run = serve(requests, svc, cost, args.cards, args.router, pd, args.pd_router)
         bar.close()
         runs.append(run)
         results.append(metrics(run))
@@ -249,6 +381,12 @@ def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
     if len(results) == 2:
         say("")
         say(compare_table(*results))
+    if pd is not None:  # colocated on the same cards, beside it
+        colocated = metrics(serve(requests, services[0], cost, sum(pd), args.router))
+        bar.close()
+        say("")
+        say(compare_table(colocated, results[0], ("colocated", f"P:D {pd[0]}:{pd[1]}")))
+        results[0] = results[0] | {"colocated": colocated}
     plotted = []
     one = len(services) == 1
     with all_or_none():  # written once every run has finished: an interruption leaves none of them
@@ -270,12 +408,6 @@ def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
     for line in plotted:
         say(line)
     return 0
-
-
-def _slo_line(slo) -> str:
-    parts = [f"TTFT P90 <= {slo.ttft_ms:g} ms" if slo.ttft_ms else "", f"TPOT P99 <= {slo.tpot_ms:g} ms"
-             if slo.tpot_ms else "", f"end-to-end P90 <= {slo.e2e_ms:g} ms" if slo.e2e_ms else ""]
-    return ", ".join(p for p in parts if p)
 
 
 def _suffixed(path: str, name: str) -> str:
@@ -313,8 +445,23 @@ def add_arguments(p) -> None:
                    "service's")
     p.add_argument("--max-rate", action="store_true", help="find the highest Poisson rate meeting the SLOs by "
                    "bisection (starting from --rate)")
+    p.add_argument("--pd", metavar="P:D", help="prefill/decode disaggregation: P cards of prefill instances and D of "
+                   "decode instances (each of --tp cards; P + D = --cards), the KV cache of each prompt sent between "
+                   "them over the topology's links; compared with colocated serving on the same cards")
+    p.add_argument("--pd-router", default=DEFAULT_PD_ROUTER, metavar="NAME", help="--pd: which decode instance a "
+                   "prefilled request goes to: kv-local (the fewest requests, then one on the prefill instance's "
+                   "node) or any --router")
+    p.add_argument("--plan", action="store_true", help="capacity planner: the fewest cards (up to --max-cards) "
+                   "whose best cluster (cards x tp x replicas, and P:D splits with a continuous or chunked scheduler) "
+                   "meets the SLOs at --rate; prints the frontier")
+    p.add_argument("--max-cards", type=int, metavar="C", help="--plan: the most cards the search may use")
+    p.add_argument("--backend", metavar="NAME", help="--plan: where the candidate clusters of a card count are "
+                   "served at once: local (--jobs worker processes) or ray (a Ray cluster, --address); the figures "
+                   "do not depend on it (default: one after another in this process)")
+    p.add_argument("--address", metavar="ADDR", help="--backend ray: the cluster (auto, HOST:PORT or "
+                   "ray://HOST:PORT; default: a local Ray instance of --jobs CPUs)")
     p.add_argument("--json", metavar="PATH", help="write the metrics as JSON (--max-rate: the rate found and its "
-                   "probes)")
+                   "probes; --plan: the answer, the frontier and every cluster tried)")
     p.add_argument("--csv", metavar="PATH", help="write one row per request")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace: steps, request lifetimes, batch and KV "
                    "counters")
@@ -330,7 +477,9 @@ def add_arguments(p) -> None:
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
     p.add_argument("--jobs", type=int, default=1, help="worker processes pricing the step-cost model's engine "
-                   "points at once (a split cell's two halves, a cell's corners); the results do not depend on it")
+                   "points at once (a split cell's two halves, a cell's corners); with --plan --backend, those "
+                   "serving candidate clusters at once (each pricing its own points); the results do not depend on "
+                   "it")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="count the steps the engine "
                    "simulates for the step-cost model, on stderr (default: only when stderr is a terminal)")
 

@@ -24,7 +24,9 @@ request that could reach it by its current time, and pauses (yields) when a
 request arriving at or before that time has not been routed yet, or when it is
 idle and its next request is not yet known. Each replica has its own tokenizer
 pool, compiled shapes and KV blocks; replicas of one cluster share the step-cost
-model (their cards are alike).
+model (their cards are alike). Under disaggregation (disagg.py) a replica is a
+prefill or a decode instance (`role`); a decode instance tokenizes nothing: it
+takes each request once its KV cache has arrived (`kv_arrival`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ class StepCostModel(Protocol):
         """KV-cache bytes one card holds beside its weights, activations and workspace, x fraction."""
 
 
+class KvArrival(Protocol):
+    """A decode instance's (disagg.py): when the KV cache of `seq`, routed to `replica`, reaches it (µs)."""
+
+    def __call__(self, seq: Seq, replica: Replica) -> float: ...
+
+
 class Feed(Protocol):
     """The cluster, as its replicas see it."""
 
@@ -73,15 +81,21 @@ class Replica:
     far as the requests routed so far allow, `record` sums it up once the run is over."""
 
     def __init__(self, index: int, service: ServiceConfig, cost: StepCostModel, kv_capacity_tokens: int,
-                 feed: Feed):
+                 feed: Feed, role: str = "", kv_arrival: KvArrival | None = None):
         self.index = index
         self.service = service
         self.cost = cost
         self.feed = feed
+        self.role = role  # "prefill" or "decode" instance under disaggregation, "" colocated
+        self.kv_arrival = kv_arrival  # a decode instance: when a routed request's KV cache reaches it
+        self.node = index * cost.tp // cost.hw.topology.node_device_count  # the node of its first card
         self.kv_capacity_tokens = kv_capacity_tokens
         self.sched = make_scheduler(service.scheduler, kv_capacity_tokens)
         self.blocking = "sync" not in cost.passes  # event callbacks only with the sync pass
         self.on_pool = service.host.preprocess_on == "pool"
+        # the loop takes a request as it is ready, without tokenizing it: tokenized on the pool,
+        # or (a decode instance) tokenized on the prefill instance, ready when its KV cache is in
+        self.direct = self.on_pool or kv_arrival is not None
         self.free = [0.0] * service.host.pool_threads  # the tokenizer pool: when each thread is free
         self.queue: list[Seq] = []  # routed here, in the order the loop takes them
         self.i = 0  # queue[:i] are taken
@@ -97,7 +111,9 @@ class Replica:
     def receive(self, seq: Seq) -> None:
         """The router sends `seq` here at its arrival."""
         seq.replica = self.index
-        if self.on_pool:  # FIFO over the pool's threads: each request takes the first free one
+        if self.kv_arrival is not None:  # its prompt's KV cache is sent here from its prefill instance
+            seq.ready_us = self.kv_arrival(seq, self)
+        elif self.on_pool:  # FIFO over the pool's threads: each request takes the first free one
             t = max(seq.arrival_us, heapq.heappop(self.free))
             seq.ready_us = t + self.service.host.tokenize_us
             heapq.heappush(self.free, seq.ready_us)
@@ -112,7 +128,7 @@ class Replica:
 
     def _key(self, s: Seq) -> tuple[float, int]:
         """When the loop can take a request (tokenized on the pool, or arrived), then its id."""
-        return (s.ready_us if self.on_pool else s.arrival_us), s.req.id
+        return (s.ready_us if self.direct else s.arrival_us), s.req.id
 
     # ---- the cluster's side
 
@@ -129,13 +145,13 @@ class Replica:
                              sum(s.status == "ok" for s in self.routed),
                              sum(st.end_us - st.start_us + st.compile_us + self.service.host.step_overhead_us
                                  for st in self.steps), len(self.steps),
-                             self.kv_capacity_tokens)
+                             self.kv_capacity_tokens, self.role)
 
     # ---- the loop
 
     def _run(self) -> Iterator[None]:
         service, cost, sched, feed, queue = self.service, self.cost, self.sched, self.feed, self.queue
-        host, blocking, on_pool = service.host, self.blocking, self.on_pool
+        host, blocking, on_pool, direct = service.host, self.blocking, self.on_pool, self.direct
         timeout = service.slo.timeout_ms * 1e3 if service.slo.timeout_ms else None
         shapes_seen: set = set()
         steps = self.steps
@@ -143,7 +159,7 @@ class Replica:
         now, owed = 0.0, 0.0  # owed: inference-thread post-processing not done yet (µs)
 
         def key(s: Seq) -> float:
-            return s.ready_us if on_pool else s.arrival_us
+            return s.ready_us if direct else s.arrival_us
 
         def unrouted_by(t: float) -> bool:
             """A request arriving at or before t has not been routed yet."""
@@ -168,7 +184,7 @@ class Replica:
             while self.i < len(queue) and key(queue[self.i]) <= now:
                 incoming.append(queue[self.i])
                 self.i += 1
-            if on_pool:
+            if direct:
                 for s in incoming:
                     sched.add(s, now)
                 incoming = []
@@ -241,4 +257,4 @@ def _advance(work: Work, end: float, host, on_pool: bool) -> float:
     return 0.0 if on_pool else len(emitting) * post
 
 
-__all__ = ["Feed", "Replica", "StepCostModel"]
+__all__ = ["Feed", "KvArrival", "Replica", "StepCostModel"]

@@ -7,7 +7,9 @@ Definitions (per completed request, times from its arrival):
   first step; end-to-end: arrival -> last token delivered;
 - TPOT: (last token - first token) / (output tokens - 1), requests of 2+ tokens;
 - inter-token latency: every gap between two successive tokens of a request;
-- goodput: completed requests within every SLO the service sets, per second.
+- goodput: completed requests within every SLO the service sets, per second;
+- disaggregated (disagg.py): TTFT includes the KV cache's transfer from the
+  prefill instance to the decode instance, whose times `pd.kv_transfer` gives.
 Rates divide by the span from the first arrival to the last event.
 """
 
@@ -96,6 +98,9 @@ def metrics(run: ServingRun) -> dict:
     if run.cards > 1:  # a cluster: its shape and each replica's load (one card: the figures as they were)
         data |= {"cards": run.cards, "tp": run.tp, "router": run.router,
                  "replicas": [_replica(r, span_s) for r in run.replicas]}
+    if run.pd:  # disaggregated: the split and the KV caches sent (the requests that went on to decode)
+        data["pd"] = {"prefill_cards": run.pd[0], "decode_cards": run.pd[1],
+                      "kv_transfer": _stats([s.kv_transfer_us for s in ok if s.kv_transfer_us is not None])}
     return _rounded(data)
 
 
@@ -103,7 +108,7 @@ def _replica(r, span_s: float) -> dict:
     return {"replica": r.index, "cards": list(range(r.first_card, r.first_card + r.tp)), "requests": r.requests,
             "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "completed": r.completed,
             "steps": r.steps, "busy_s": r.busy_us / 1e6, "utilisation": r.busy_us / 1e6 / span_s,
-            "kv_capacity_tokens": r.kv_capacity_tokens}
+            "kv_capacity_tokens": r.kv_capacity_tokens} | ({"role": r.role} if r.role else {})
 
 
 def timeline(run: ServingRun, points: int = TIMELINE_POINTS) -> dict:
@@ -142,6 +147,14 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _instances(n: int) -> str:
+    return f"{n} instance{'s' if n > 1 else ''}"
+
+
+def _us(ms) -> str:
+    return "-" if ms is None else f"{ms * 1e3:.1f}"
+
+
 def summary(m: dict) -> str:
     lines = [
         f"{m['service']} ({m['scheduler']} batching, sync {m['sync']}, passes {','.join(m['passes']) or 'none'}) "
@@ -172,15 +185,40 @@ def summary(m: dict) -> str:
 def replica_lines(m: dict) -> list[str]:
     """A cluster's shape and each replica's load and utilisation (busy time / the run's span)."""
     n = len(m["replicas"])
-    lines = [f"  {m['cards']} cards: {n} replica{'s' if n > 1 else ''} of tp {m['tp']}, router {m['router']}",
-             f"  {'replica':>9s}{'cards':>8s}{'requests':>10s}{'prompt tok':>12s}{'output tok':>12s}{'busy s':>9s}"
-             f"{'utilisation':>13s}"]
+    pd = m.get("pd")
+    if pd:
+        kv = pd["kv_transfer"]
+        lines = [f"  {m['cards']} cards, P:D {pd['prefill_cards']}:{pd['decode_cards']}: "
+                 f"prefill on {_instances(pd['prefill_cards'] // m['tp'])}, decode on "
+                 f"{_instances(pd['decode_cards'] // m['tp'])}, of tp {m['tp']}; routers {m['router']}",
+                 f"  KV cache sent prefill -> decode: mean {_us(kv['mean_ms'])} us, P99 {_us(kv['p99_ms'])} us "
+                 f"(in TTFT)"]
+    else:
+        lines = [f"  {m['cards']} cards: {n} replica{'s' if n > 1 else ''} of tp {m['tp']}, router {m['router']}"]
+    lines.append(f"  {'replica':>9s}{'cards':>8s}{'requests':>10s}{'prompt tok':>12s}{'output tok':>12s}{'busy s':>9s}"
+                 f"{'utilisation':>13s}" + ("  role" if pd else ""))
     for r in m["replicas"]:
         c = r["cards"]
         cards = str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"
         lines.append(f"  {r['replica']:>9d}{cards:>8s}{r['requests']:>10d}{r['prompt_tokens']:>12d}"
-                     f"{r['output_tokens']:>12d}{r['busy_s']:>9.2f}{100 * r['utilisation']:>12.1f}%")
+                     f"{r['output_tokens']:>12d}{r['busy_s']:>9.2f}{100 * r['utilisation']:>12.1f}%"
+                     + (f"  {r['role']}" if pd else ""))
     return lines
+
+
+def sustainable(m: dict, slo) -> bool:
+    """The run meets the SLOs as capacity searches use them (Vidur's): TTFT P90,
+    TPOT P99 and end-to-end P90 within their limits, and no request lost."""
+    checks = ((m["ttft"]["p90_ms"], slo.ttft_ms), (m["tpot"]["p99_ms"], slo.tpot_ms), (m["e2e"]["p90_ms"], slo.e2e_ms))
+    lost = m["timed_out"] + m["failed_oom"]
+    return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
+
+
+def slo_line(slo) -> str:
+    """The SLOs as capacity searches check them, in words."""
+    parts = [f"TTFT P90 <= {slo.ttft_ms:g} ms" if slo.ttft_ms else "", f"TPOT P99 <= {slo.tpot_ms:g} ms"
+             if slo.tpot_ms else "", f"end-to-end P90 <= {slo.e2e_ms:g} ms" if slo.e2e_ms else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def write_json(m: dict, path) -> None:
@@ -213,4 +251,5 @@ def requests_csv(run: ServingRun) -> str:
     return buf.getvalue()
 
 
-__all__ = ["CSV_COLUMNS", "metrics", "replica_lines", "requests_csv", "summary", "timeline", "write_json"]
+__all__ = ["CSV_COLUMNS", "metrics", "replica_lines", "requests_csv", "slo_line", "summary", "sustainable",
+           "timeline", "write_json"]

@@ -12,6 +12,10 @@ a run is deterministic.
     shortest-queue  the fewest requests in the replica (waiting or running): join the shortest queue
     least-loaded    the fewest tokens in the replica (its requests' prompt + output tokens):
                     a long request weighs more than a short one
+    kv-local        prefill -> decode (disagg.py): the fewest requests in the decode instance,
+                    as shortest-queue, and among those a decode instance on the node the
+                    prompt's KV cache was prefilled on (Seq.kv_node: the transfer goes over
+                    HCCS, not the NIC between nodes)
 
 Add one with `@router("name")` on a class with `route(seq, replicas, now) -> int`.
 """
@@ -27,6 +31,8 @@ from npusim.serving.state import Seq
 
 class Loaded(Protocol):
     """What a router reads of a replica."""
+
+    node: int  # the node of its first card (topology.node_device_count cards a node)
 
     def outstanding(self, now: float) -> tuple[int, int]:
         """(requests, tokens) routed to it and not finished by `now` (µs)."""
@@ -72,9 +78,17 @@ class LeastLoaded:
         return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[1], k))
 
 
-def make_router(name: str) -> Router:
+@router("kv-local")
+class KvLocal:
+    def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int:
+        return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[0],
+                                                        replicas[k].node != seq.kv_node, k))
+
+
+def make_router(name: str, flag: str = "--router") -> Router:
+    """The router called `name`; `flag`: the option that named it, for the error."""
     if name not in ROUTERS:
-        raise ConfigError(f"--router {name}: unknown router (expected one of {', '.join(sorted(ROUTERS))})")
+        raise ConfigError(f"{flag} {name}: unknown router (expected one of {', '.join(sorted(ROUTERS))})")
     return ROUTERS[name]()
 
 

@@ -39,6 +39,12 @@ class Seq:
     preemptions: int = 0
     blocks: int = 0  # KV blocks held (paged schedulers)
     replica: int | None = None  # the replica the router sent it to (None: rejected at the door)
+    # prefill/decode disaggregation (disagg.py): its prompt's KV cache came from a prefill
+    # instance on node `kv_node`, taking kv_transfer_us over the links; kv_ready until a
+    # decode instance admits it (then it decodes at once: no prefill)
+    kv_node: int | None = None
+    kv_transfer_us: float | None = None
+    kv_ready: bool = False
 
     @property
     def arrival_us(self) -> float:
@@ -54,7 +60,13 @@ class Seq:
 
     def admit(self) -> None:
         """(Re)start its prefill: the prompt, and after a preemption the tokens it had
-        generated (recomputed; the prefill ends with its next token)."""
+        generated (recomputed; the prefill ends with its next token). A sequence whose
+        KV cache came with it (kv_ready) holds its prompt and first token already: it
+        decodes from its next step."""
+        if self.kv_ready:
+            self.prefilled = self.goal = self.prompt + self.generated
+            self.decoding, self.kv_ready = True, False
+            return
         self.prefilled, self.goal, self.decoding = 0, self.prompt + self.generated, False
 
     @property
@@ -140,6 +152,7 @@ class ReplicaRecord:
     busy_us: float  # time its loop spent in steps: framework overhead, compiling and the step itself
     steps: int
     kv_capacity_tokens: int
+    role: str = ""  # under disaggregation: "prefill" or "decode" instance ("": prefill and decode colocated)
 
 
 @frozen
@@ -156,6 +169,7 @@ class ServingRun:
     blocking_sync: bool
     replicas: tuple[ReplicaRecord, ...] = ()
     router: str = "round-robin"
+    pd: tuple[int, int] | None = None  # disaggregated: (prefill cards, decode cards)
 
     @property
     def cards(self) -> int:

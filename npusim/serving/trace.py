@@ -17,10 +17,11 @@ from npusim.serving.simulate import ServingRun
 def chrome_trace(run: ServingRun) -> dict:
     meta = [{"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": n}}
             for p, n in ((1, "device steps"), (2, "requests"))]
-    if run.cards > 1:  # a cluster: a thread of steps per replica
+    if run.cards > 1:  # a cluster: a thread of steps per replica (disaggregated: its role first)
         meta += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": r.index,
-                  "args": {"name": f"replica {r.index} (cards {r.first_card}-{r.first_card + r.tp - 1})"
-                           if r.tp > 1 else f"replica {r.index} (card {r.first_card})"}} for r in run.replicas]
+                  "args": {"name": (f"{r.role} " if r.role else "") + (
+                      f"replica {r.index} (cards {r.first_card}-{r.first_card + r.tp - 1})" if r.tp > 1
+                      else f"replica {r.index} (card {r.first_card})")}} for r in run.replicas]
     events = []
     for st in run.steps:
         events.append({"name": "step", "cat": "step", "ph": "X", "ts": st.start_us, "dur": st.end_us - st.start_us,

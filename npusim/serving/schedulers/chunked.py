@@ -28,6 +28,8 @@ class Chunked(IterationLevel):
             if not new:
                 break
             s = new[0]
+            if s.decoding:  # its KV cache came with it (disaggregated): it decodes from the next step
+                continue
             n = min(s.goal, budget)
             chunks.append((s, n))
             budget -= n
