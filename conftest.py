@@ -30,11 +30,12 @@ _STOP = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_D
 def _put_back() -> list[str]:
     """Ctrl-C and SIGTERM as a fresh interactive process has them; the names of those that were not."""
     changed = [signal.Signals(s).name for s, h in _STOP.items() if signal.getsignal(s) is not h]
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(_STOP)
+    mask = getattr(signal, "pthread_sigmask", None)  # a test may take it away (as on Windows)
+    blocked = mask(signal.SIG_BLOCK, []) & set(_STOP) if mask else set()
     for s, h in _STOP.items():
         signal.signal(s, h)
     if blocked:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        mask(signal.SIG_UNBLOCK, blocked)
     return changed + [f"{signal.Signals(s).name} blocked" for s in blocked]
 
 
