@@ -35,11 +35,12 @@ def _gemvs():
 
 
 # how far a decode GEMV's weight rate is from silicon's today: the issue's target is 10%,
-# met by the largest (1 x 4096 x 14336, 2%); the two smaller ones stream 20-26% slower,
-# as the cube kernel's start (8.4 us, fitted on small GEMMs) and the lockstep start-ups
-# of the cores (identical blocks start together and stay together in the engine) are a
-# larger share of them. README, "Where npusim is still off".
-GEMV_RATE_TOLERANCE = 0.25
+# met by the largest (1 x 4096 x 14336, 1%); the two smaller ones stream 12-15% slower:
+# their bodies run at the sustained HBM rate, and the excess is the cube kernel's start
+# (8.8 us), which the fit sets high for rows whose kernels do more on silicon than
+# npusim's lowerings (W8A16 matmuls, a mixed cube and vector kernel there, lowered as a
+# cube kernel here). README, "Where npusim is still off".
+GEMV_RATE_TOLERANCE = 0.16
 
 
 @pytest.mark.parametrize("row", _gemvs(), ids=lambda r: r.op_name)
@@ -69,27 +70,29 @@ def _errors(rows, hw) -> list[float]:
     return [op_time_us(map_row(r).key, hw) / r.duration_us - 1 for r in rows]
 
 
-def test_a_dma_queue_brings_the_gemvs_near_silicon_and_leaves_large_gemms_fast():
-    """With dma.outstanding 4 (back-to-back copies pay their start-up once) the decode
-    GEMVs come near silicon's rate, but the large GEMMs come out fast: the serial
-    start-ups stand in for cube-side losses npusim does not model, which is why the
-    shipped config keeps 1. docs/fidelity.md states these figures (this test prints them)."""
+def test_the_dma_queue_brings_the_gemvs_nearer_and_the_large_gemms_stay_near():
+    """dma.outstanding 4 (back-to-back copies pay their start-up once) against 1 (each
+    copy waits for the start-up of the one before), the rest as shipped: each decode GEMV
+    comes nearer silicon, and the GEMMs with M >= 2048 stay near it, held there by the
+    cube's Mmad start-up fitted beside the queue (the serial start-ups used to stand in
+    for it). docs/fidelity.md states these figures (this test prints them)."""
     from pathlib import Path
 
-    queued = load_hw("ascend910b2", overrides={"dma.outstanding": 4})
-    gemv = [abs(e) for e in _errors(_gemvs(), queued)]
+    serial = load_hw("ascend910b2", overrides={"dma.outstanding": 1})
+    queued, alone = [abs(e) for e in _errors(_gemvs(), HW)], [abs(e) for e in _errors(_gemvs(), serial)]
     large = [r for r in read_csv(DATA / "gemm.csv") + read_csv(DATA / "quant_matmul.csv")
              if r.op_type.startswith("MatMul") and dict(map_row(r).params)["m"] >= 2048]
-    gemm = _errors(large, queued)
-    assert len(gemv) == 3 and len(large) >= 6 and all(e < 0 for e in gemm)
-    said = (f"With `--set dma.outstanding=4` the three decode GEMVs land within {min(gemv):.0%}-{max(gemv):.0%} "
-            f"of silicon, but the {len(large)} GEMMs with M >= 2048 come out {-max(gemm):.0%}-{-min(gemm):.0%} fast")
-    readme = " ".join((Path(__file__).parents[1] / "docs" / "fidelity.md").read_text().split())
-    assert said in readme, said
+    gemm = [abs(e) for e in _errors(large, HW)]
+    assert len(queued) == 3 and len(large) >= 6 and all(q < a for q, a in zip(queued, alone))
+    said = (f"the three decode GEMVs land within {min(queued):.0%}-{max(queued):.0%} of silicon "
+            f"({min(alone):.0%}-{max(alone):.0%} without the queue), and the {len(large)} GEMMs with "
+            f"M >= 2048 within {max(gemm):.0%}")
+    page = " ".join((Path(__file__).parents[1] / "docs" / "fidelity.md").read_text().split())
+    assert said in page, said
     from npusim.hw.derived import cube_peak_flops_per_s
 
     (square,) = [r for r in large if r.input_shapes[0] == (4096, 4096) and dict(map_row(r).params)["dtype"] == "fp16"]
-    flops, peak = 2 * 4096**3, cube_peak_flops_per_s(queued, "fp16") / 1e6
-    shares = (flops / square.duration_us / peak, flops / op_time_us(map_row(square).key, queued) / peak)
-    said = f"large GEMMs reach about {shares[0]:.0%} of the cube's peak, npusim's {shares[1]:.0%} with the queue"
-    assert said in readme, said
+    flops, peak = 2 * 4096**3, cube_peak_flops_per_s(HW, "fp16") / 1e6
+    shares = (flops / square.duration_us / peak, flops / op_time_us(map_row(square).key, HW) / peak)
+    said = f"4096^3 reaches {shares[0]:.0%} of the cube's peak on silicon, {shares[1]:.0%} in npusim"
+    assert said in page, said

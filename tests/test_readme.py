@@ -215,7 +215,7 @@ _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 
 def _skeleton(line: str) -> str:
     """A printed line with its numbers masked: what stays when the model moves."""
-    return _NUMBER.sub("#", line.rstrip())
+    return " ".join(_NUMBER.sub("#", line).split())
 
 
 def rewrite_shown(page: Path) -> list[str]:
