@@ -9,6 +9,7 @@ import sys
 from npusim.errors import NpusimError
 from npusim.outputs import all_or_none, err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
+from npusim.step_flags import add_exact_flag, fast_forward_key
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
@@ -89,9 +90,9 @@ def _cmd_op(args) -> int:
             f"{table_header()}\n{result.row()}\n{result.status.upper() if result.status != 'pass' else 'PASSED'}")
         return 1 if result.failed else 0
     trace, counters = "instr" if args.trace or args.plot else "kernel", bool(args.trace)
-    report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters), hw,
-                    lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace,
-                                           counters=counters))
+    report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters) + fast_forward_key(args.exact),
+                    hw, lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace,
+                                               counters=counters, exact=args.exact))
     say(op_summary(report, sets))
     meta = provenance(args.argv, hw, sets)
     written = []
@@ -150,7 +151,7 @@ def _cmd_run(args) -> int:
     with progress_bar("run", "kernels", args.progress) as bar:
         run = run_decoder(args.workload, args.hw, passes=pipeline(args.passes), memo=not args.no_memo,
                           trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
-                          **step)
+                          exact=args.exact, **step)
     say(summary(run, overrides=step["overrides"]))
     say_plan(run, step)
     say(statistic_table(run.result))
@@ -555,6 +556,8 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
     for p_ in (op, run, compare, sweep):
         add_cache_flags(p_)
+    for p_ in (op, run):
+        add_exact_flag(p_)
     add_cache_command(sub)
     calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to msprof and/or hccl_test measurements",
                                formatter_class=_Help)

@@ -167,6 +167,24 @@ def _same_file(values, kind: str | None) -> bool:
     return where(values[0]) == where(values[1])
 
 
+def add_exact_flag(p) -> None:
+    """--exact (run, op, serve): simulate every kernel in full, none fast-forwarded
+    (npusim.engine.fastforward)."""
+    p.add_argument("--exact", action="store_true", help="simulate every wave of every kernel: no fast-forward "
+                   "of kernels that repeat many identical waves (priced from a few; the summary says which)")
+
+
+def fast_forward_key(exact: bool) -> tuple:
+    """What a cached result's key adds for how it was priced: nothing when exact (as every
+    result was before fast-forward existed), the fast-forward's parameters otherwise."""
+    if exact:
+        return ()
+    from npusim.engine import fastforward as ff
+
+    return (("fast-forward", ff.FF_KEEP, ff.FF_INCREMENTS, ff.FF_STRIDE_DIVISOR, ff.FF_TOLERANCE,
+             ff.FF_TRAFFIC_TOLERANCE, ff.FF_MIN_SKIP, ff.FF_HEAD_TAIL_WAVES, ff.FF_MIN_GAIN),)
+
+
 def step_args(args) -> dict:
     return dict(phase=args.phase, batch=args.batch, context=context(args),
                 overrides=overrides(args), **pass_options(args), **plan_args(args))
@@ -212,5 +230,5 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["PREFILL_BATCH", "check_outputs", "context", "default_batch", "inputs", "lengths",
+__all__ = ["PREFILL_BATCH", "add_exact_flag", "check_outputs", "fast_forward_key", "context", "default_batch", "inputs", "lengths",
            "overrides", "pass_options", "pipeline", "sides", "step_args"]

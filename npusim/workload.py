@@ -34,7 +34,11 @@ DEFAULT_WORKLOAD = "k3"
 # The dtypes the decoder's operators take (the cube has no fp32 matmul input).
 DTYPES = ("fp16", "bf16")
 NORMS = ("rms_norm",)  # the builder models pre-norm RMSNorm only
-MLPS = ("swiglu",)  # and the SwiGLU FFN only
+MLPS = ("swiglu", "moe")  # a SwiGLU FFN, or a mixture of SwiGLU experts (npusim.graph.blocks)
+ROUTER_SCORING = ("softmax", "sigmoid")  # what turns the router's logits into expert scores
+# How a run's tokens are routed to experts (npusim.graph.routing): the router's
+# choices depend on the data, which a timing run does not have, so they are drawn.
+ROUTINGS = ("uniform", "zipf", "trace")
 
 # Upper bounds of the size fields (assumed): far above any public decoder (the
 # largest have ~130 layers, hidden ~25k, FFN ~100k, vocabularies ~256k, contexts
@@ -42,16 +46,18 @@ MLPS = ("swiglu",)  # and the SwiGLU FFN only
 # millions of nodes before the memory check can refuse it.
 LIMITS = {"layers": 1024, "hidden_size": 1 << 20, "heads": 1 << 12, "kv_heads": 1 << 12, "ffn_size": 1 << 20,
           "vocab_size": 1 << 24, "max_context_tokens": 1 << 24, "head_dim": 1 << 12}
+# Upper bounds of the MoE size fields (assumed, as LIMITS): public MoE decoders have
+# up to a few hundred routed experts (DeepSeek-V3: 256) and route to at most ~16.
+MOE_LIMITS = {"experts": 1 << 12, "experts_per_token": 1 << 8, "expert_ffn_size": 1 << 20, "shared_experts": 1 << 6}
 
 # Architecture features some configs carry that the builder does not model: key ->
 # (is it on?, what it is). A config with one on is refused rather than simulated as
 # the dense decoder it is not. Keys as Hugging Face's config.json spells them (a
 # workload YAML using one gets the same message).
 UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
-    "num_local_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts (Mixtral)"),
-    "num_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts"),
-    "n_routed_experts": (lambda v, d: v not in (None, 0, 1), "mixture of experts (DeepSeek)"),
-    "moe_intermediate_size": (lambda v, d: v not in (None, 0), "mixture of experts"),
+    "shared_expert_intermediate_size": (lambda v, d: v not in (None, 0),
+                                        "a shared expert behind its own sigmoid gate (Qwen2-MoE)"),
+    "decoder_sparse_step": (lambda v, d: v not in (None, 1), "MoE layers only every few layers"),
     "sliding_window": (lambda v, d: v is not None and d.get("use_sliding_window", True) is not False
                        and not (isinstance(v, int) and v >= d.get("max_position_embeddings", math.inf)),
                        "sliding-window attention"),
@@ -74,9 +80,12 @@ def _default_head_dim(w: Workload) -> int:
 
 @frozen
 class Workload:
-    """A dense pre-norm decoder: embedding, `layers` x (RMSNorm, attention with RoPE
-    and a KV cache, residual add, RMSNorm, SwiGLU FFN, residual add), final RMSNorm,
-    LM head."""
+    """A pre-norm decoder: embedding, `layers` x (RMSNorm, attention with RoPE
+    and a KV cache, residual add, RMSNorm, FFN, residual add), final RMSNorm,
+    LM head. The FFN is SwiGLU (mlp: swiglu) or a mixture of SwiGLU experts
+    (mlp: moe: a router picks experts_per_token of `experts` for each token, plus
+    `shared_experts` every token uses; the first `first_dense_layers` layers keep a
+    dense SwiGLU FFN of ffn_size)."""
 
     name: str = _help("workload name (the file's stem when not given)")
     layers: int = _help("decoder layers")
@@ -94,7 +103,30 @@ class Workload:
                           default=attrs.Factory(_default_head_dim, takes_self=True))
     qkv_bias: bool = _help("the Q, K and V projections add a bias (Qwen2 does)", default=False)
     norm: str = _help("normalisation: rms_norm (the only one modelled)", default="rms_norm")
-    mlp: str = _help("FFN kind: swiglu (the only one modelled)", default="swiglu")
+    mlp: str = _help("FFN kind: swiglu, or moe (a mixture of SwiGLU experts)", default="swiglu")
+    qk_norm: bool = _help("an RMSNorm over each head of Q and K before RoPE (Qwen3's q_norm, k_norm)",
+                          default=False)
+    experts: int = _help("routed experts per MoE layer (0 = a dense decoder)", default=0)
+    experts_per_token: int = _help("experts a token is routed to (the router's top-k)", default=0)
+    expert_ffn_size: int = _help("SwiGLU intermediate size of one expert (routed or shared)", default=0)
+    shared_experts: int = _help("experts every token goes through besides its routed ones", default=0)
+    router_scoring: str = _help("router scores from its logits: softmax (over all experts) or sigmoid",
+                                default="softmax")
+    router_norm_topk: bool = _help("the k chosen scores are divided by their sum (weights summing to 1)",
+                                   default=True)
+    first_dense_layers: int = _help("leading layers with a dense SwiGLU FFN of ffn_size instead of experts",
+                                    default=0)
+    # The run's routing draw, not the architecture: a timing run has no data to route
+    # by, so each MoE layer's expert choices are drawn (npusim.graph.routing); set them
+    # in a workload file or with load_workload's overrides ({"routing": "zipf"}). The
+    # numpy checks route by the router's own scores.
+    routing: str = _help("how tokens are routed in a timing run: uniform, zipf (skewed expert popularity) "
+                         "or trace (routing_trace)", default="uniform")
+    routing_zipf_exponent: float = _help("zipf routing: expert of popularity rank r drawn with weight r^-s "
+                                         "(s = this)", default=1.0)
+    routing_trace: str = _help("trace routing: a YAML/JSON file, per MoE layer a list of per-token lists of "
+                               "expert ids", default="")
+    routing_seed: int = _help("seed of the uniform and zipf routing draws", default=0)
     # assumption (numpy checks only, no effect on timing): real LLMs carry a few
     # hidden channels with activations tens of times larger than the rest; random
     # weights do not, so they can be planted: every norm's gamma is multiplied by
@@ -130,20 +162,44 @@ class Workload:
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    def layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Weights of one decoder layer, Linear layout [out, in] (matmuls take them trans_b)."""
+    @property
+    def is_moe(self) -> bool:
+        return self.mlp == "moe"
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer `layer` has experts (not one of the first dense layers)."""
+        return self.is_moe and layer >= self.first_dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(map(self.is_moe_layer, range(self.layers)))
+
+    def layer_weight_shapes(self, layer: int | None = None) -> dict[str, tuple[int, ...]]:
+        """Weights of decoder layer `layer` (None: the last, a MoE layer in a MoE
+        decoder), Linear layout [out, in] (matmuls take them trans_b); an expert
+        weight is [experts, out, in]."""
         h, q, kv, f = self.hidden_size, self.q_size, self.kv_size, self.ffn_size
         shapes = {"attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h)}
         if self.qkv_bias:
             shapes |= {"bq": (q,), "bk": (kv,), "bv": (kv,)}
-        return shapes | {"wo": (h, q), "ffn_norm": (h,), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f)}
+        if self.qk_norm:
+            shapes |= {"q_norm": (self.head_dim,), "k_norm": (self.head_dim,)}
+        shapes |= {"wo": (h, q), "ffn_norm": (h,)}
+        if not self.is_moe_layer(self.layers - 1 if layer is None else layer):
+            return shapes | {"w_gate": (f, h), "w_up": (f, h), "w_down": (h, f)}
+        e, fe = self.experts, self.expert_ffn_size
+        shapes |= {"w_router": (e, h), "w_gate_experts": (e, fe, h), "w_up_experts": (e, fe, h),
+                   "w_down_experts": (e, h, fe)}
+        if self.shared_experts:
+            fs = self.shared_experts * fe
+            shapes |= {"w_gate_shared": (fs, h), "w_up_shared": (fs, h), "w_down_shared": (h, fs)}
+        return shapes
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight: embedding, per layer "L{i}.<name>", final norm, LM head (unless tied)."""
         out = {"embed": (self.vocab_size, self.hidden_size)}
-        layer = self.layer_weight_shapes()
         for i in range(self.layers):
-            out |= {f"L{i}.{k}": s for k, s in layer.items()}
+            out |= {f"L{i}.{k}": s for k, s in self.layer_weight_shapes(i).items()}
         out["final_norm"] = (self.hidden_size,)
         if not self.tie_embeddings:
             out["lm_head"] = (self.vocab_size, self.hidden_size)
@@ -153,6 +209,7 @@ class Workload:
 
     @property
     def layer_params(self) -> int:
+        """Parameters of the last layer (in a MoE decoder: a MoE layer, every expert counted)."""
         return sum(_numel(s) for s in self.layer_weight_shapes().values())
 
     @property
@@ -160,7 +217,16 @@ class Workload:
         """Parameters of the whole model (a tied LM head counted once): weight_shapes()
         counted without listing every layer's weights."""
         table = self.vocab_size * self.hidden_size
-        return table * (1 if self.tie_embeddings else 2) + self.layers * self.layer_params + self.hidden_size
+        dense = self.layers - self.moe_layers
+        layers = self.moe_layers * self.layer_params + (
+            dense * sum(_numel(s) for s in self.layer_weight_shapes(0).values()) if dense else 0)
+        return table * (1 if self.tie_embeddings else 2) + layers + self.hidden_size
+
+    @property
+    def active_param_count(self) -> int:
+        """Parameters one token uses: param_count less the routed experts it is not sent to."""
+        idle = self.experts - self.experts_per_token
+        return self.param_count - self.moe_layers * idle * 3 * self.hidden_size * self.expert_ffn_size
 
     @property
     def weight_bytes(self) -> int:
@@ -179,11 +245,18 @@ class Workload:
     def summary(self) -> str:
         """A few lines for a notebook or the CLI."""
         attn = "MHA" if self.group == 1 else f"GQA, {self.group} query heads per K/V head"
+        ffn = f"SwiGLU FFN {self.ffn_size}"
+        if self.is_moe:
+            ffn = (f"MoE FFN: {self.experts_per_token} of {self.experts} experts x {self.expert_ffn_size}"
+                   + (f" + {self.shared_experts} shared" if self.shared_experts else "")
+                   + (f", first {self.first_dense_layers} layers dense {self.ffn_size}"
+                      if self.first_dense_layers else ""))
+        active = f", {_count(self.active_param_count)} active per token" if self.is_moe else ""
         return "\n".join([
             f"{self.name}: {self.layers} layers, hidden {self.hidden_size}, {self.heads} heads x {self.head_dim} "
-            f"({self.kv_heads} K/V heads: {attn}), SwiGLU FFN {self.ffn_size}, vocab {self.vocab_size}"
+            f"({self.kv_heads} K/V heads: {attn}), {ffn}, vocab {self.vocab_size}"
             f"{' (tied)' if self.tie_embeddings else ''}, {self.dtype}, context up to {self.max_context_tokens}",
-            f"  parameters {_count(self.param_count)} ({_count(self.layer_params)} per layer), "
+            f"  parameters {_count(self.param_count)} ({_count(self.layer_params)} per layer{active}), "
             f"weights {_bytes(self.weight_bytes)}",
             f"  KV cache {_bytes(self.kv_bytes_per_token)} per token, "
             f"{_bytes(self.kv_bytes(1, self.max_context_tokens))} per sequence at full context",
@@ -231,9 +304,8 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
             return key, f"expected a value > 0, got {getattr(w, key)!r}"
     if w.hidden_size % w.heads:
         return "heads", f"{w.heads} does not divide {nm('hidden_size')} {w.hidden_size}"
-    if w.head_dim * w.heads != w.hidden_size:
-        return "head_dim", (f"{w.head_dim} x {nm('heads')} {w.heads} = {w.head_dim * w.heads}, "
-                            f"expected {nm('hidden_size')} {w.hidden_size}")
+    # heads x head_dim may differ from hidden_size (Qwen3-30B-A3B: 32 x 128 = 4096 on a
+    # hidden size of 2048): Q and the attention output are heads x head_dim wide, wo maps back
     if w.head_dim % 2:
         return "head_dim", f"RoPE rotates pairs of elements: expected an even value, got {w.head_dim}"
     if w.kv_heads > w.heads or w.heads % w.kv_heads:
@@ -244,9 +316,36 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
                                    f"got {short(bad[0])}"
     if not (math.isfinite(w.outlier_scale) and w.outlier_scale > 0):
         return "outlier_scale", f"expected a finite value > 0, got {w.outlier_scale!r}"
-    for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS)):
+    for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS), ("router_scoring", ROUTER_SCORING),
+                         ("routing", ROUTINGS)):
         if getattr(w, key) not in allowed:
             return key, f"expected one of {', '.join(allowed)}, got {short(getattr(w, key))}"
+    return _moe_inconsistency(w, nm)
+
+
+def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | None:
+    """(key, what is wrong) for the first MoE field out of range or not fitting the others."""
+    for key, limit in MOE_LIMITS.items():
+        if getattr(w, key) < 0:
+            return key, f"expected a value >= 0, got {short(getattr(w, key))}"
+        if getattr(w, key) > limit:
+            return key, f"expected a value <= {limit} (a sanity bound), got {short(getattr(w, key))}"
+    if not w.is_moe:
+        moe = [k for k in MOE_LIMITS if getattr(w, k)]
+        return (moe[0], f"set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
+    for key in ("experts", "experts_per_token", "expert_ffn_size"):
+        if getattr(w, key) < 1:
+            return key, f"expected a value > 0 for a MoE FFN (mlp: moe), got {short(getattr(w, key))}"
+    if w.experts_per_token > w.experts:
+        return "experts_per_token", (f"top-k {w.experts_per_token} is more than the {nm('experts')} "
+                                     f"{w.experts} it picks from")
+    if not 0 <= w.first_dense_layers <= w.layers:
+        return "first_dense_layers", f"expected 0 .. {nm('layers')} {w.layers}, got {w.first_dense_layers}"
+    if not (math.isfinite(w.routing_zipf_exponent) and w.routing_zipf_exponent >= 0):
+        return "routing_zipf_exponent", f"expected a finite value >= 0, got {w.routing_zipf_exponent!r}"
+    if (w.routing == "trace") != bool(w.routing_trace):
+        return "routing_trace", ("expected a file for routing: trace" if w.routing == "trace"
+                                 else f"a trace file needs routing: trace, got routing: {w.routing}")
     return None
 
 
@@ -272,7 +371,19 @@ HF_KEYS = {
     "rope_theta": "rope_theta",
     "tie_word_embeddings": "tie_embeddings",
     "attention_bias": "qkv_bias",
+    # mixture of experts (Qwen3-MoE's spelling; HF_MOE_ALIASES has the other models')
+    "num_experts": "experts",
+    "num_experts_per_tok": "experts_per_token",
+    "moe_intermediate_size": "expert_ffn_size",
+    "norm_topk_prob": "router_norm_topk",
+    "n_shared_experts": "shared_experts",
+    "first_k_dense_replace": "first_dense_layers",
+    "scoring_func": "router_scoring",
 }
+# Other models' spellings of a MoE key: Mixtral's num_local_experts, DeepSeek's n_routed_experts.
+HF_MOE_ALIASES = {"num_local_experts": "num_experts", "n_routed_experts": "num_experts"}
+# Models whose attention normalises each head of Q and K (no config key says so).
+HF_QK_NORM_MODELS = ("qwen3", "qwen3_moe")
 HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
                "max_position_embeddings", "rms_norm_eps")
 HF_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
@@ -297,7 +408,8 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         name_or_path = Path(name_or_path) / "config.json"
     path = find_file(name_or_path, "workloads")
     if path.suffix == ".json":
-        raw, nm = _from_hf(path), _hf_name
+        raw, spelt = _from_hf(path)
+        nm = lambda k: spelt.get(k) or _hf_name(k)  # noqa: E731
     else:
         raw, nm = read_yaml(path), (lambda k: k)
         _refuse_unsupported(raw, str(path))
@@ -354,19 +466,27 @@ def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], s
 
 
 _HF_NAME = {v: k for k, v in HF_KEYS.items()}
+_MOE_FIELDS = ("experts", "experts_per_token", "expert_ffn_size", "router_norm_topk", "shared_experts",
+               "first_dense_layers", "router_scoring")
 
 
 def _hf_name(field_name: str) -> str:
     return {"dtype": "torch_dtype"}.get(field_name) or _HF_NAME.get(field_name, field_name)
 
 
-def _from_hf(path: Path) -> dict:
-    """A Hugging Face config.json -> the Workload's fields. Keys the decoder does not
+def _from_hf(path: Path) -> tuple[dict, dict[str, str]]:
+    """A Hugging Face config.json -> (the Workload's fields, field -> the key this file
+    spells it with where that is not HF_KEYS' spelling). Keys the decoder does not
     need (architectures, token ids, ...) are ignored; the ones it needs must be there
     and have the right type; features it does not model are refused."""
     data = parse_json(read_text(path), str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    spelt = {}
+    for alias, key in HF_MOE_ALIASES.items():
+        if data.get(alias) is not None and data.get(key) is None:
+            data[key] = data[alias]
+            spelt[HF_KEYS[key]] = alias
     for key in HF_REQUIRED:
         if key not in data:
             raise ConfigError(f"{path}: missing key '{key}'")
@@ -384,10 +504,39 @@ def _from_hf(path: Path) -> dict:
     raw.setdefault("tie_embeddings", False)  # Llama-style configs' default
     if data.get("model_type") in HF_QKV_BIAS_MODELS:
         raw["qkv_bias"] = True
+    if data.get("model_type") in HF_QK_NORM_MODELS:
+        raw["qk_norm"] = True
+    if data.get("num_experts") not in (None, 0, 1):
+        raw |= _hf_moe(path, data, spelt)
+    elif "expert_ffn_size" in raw:
+        raise ConfigError(f"{path}: key 'moe_intermediate_size' without experts (expected num_experts, "
+                          "num_local_experts or n_routed_experts too)")
+    else:  # one expert or none (a config of a MoE family set up dense): its MoE keys say nothing
+        raw = {k: v for k, v in raw.items() if k not in _MOE_FIELDS}
     dtype_key = "torch_dtype" if "torch_dtype" in data else "dtype"  # newer transformers write "dtype"
     dtype = data.get(dtype_key, "float16")  # assumed fp16 when the config does not say
     if not isinstance(dtype, str) or dtype not in HF_DTYPES:
         raise ConfigError(f"{path}: key '{dtype_key}': expected one of {', '.join(HF_DTYPES)}, got {short(dtype)}")
     raw["dtype"] = HF_DTYPES[dtype]
     raw["name"] = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return raw
+    return raw, spelt
+
+
+def _hf_moe(path: Path, data: Mapping[str, Any], spelt: dict[str, str]) -> dict:
+    """The MoE fields HF_KEYS does not map one to one: the kind, Mixtral's expert size
+    (its intermediate_size), the router's defaults, Qwen3-MoE's mlp_only_layers."""
+    out: dict[str, Any] = {"mlp": "moe"}
+    if data.get("moe_intermediate_size") is None:  # Mixtral: every FFN is an expert of intermediate_size
+        out["expert_ffn_size"] = data["intermediate_size"]
+        spelt["expert_ffn_size"] = "intermediate_size"
+    # Mixtral renormalises its top-k (a softmax over the k chosen logits); Qwen3-MoE and
+    # DeepSeek say so in norm_topk_prob (transformers' default for both: false)
+    out.setdefault("router_norm_topk", data.get("norm_topk_prob", "num_local_experts" in data))
+    dense = data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        raise ConfigError(f"{path}: key 'mlp_only_layers': expected the first layers [0, 1, ..] (dense layers "
+                          f"elsewhere are not modelled), got {short(dense)}")
+    if dense:
+        out["first_dense_layers"] = len(dense)
+        spelt["first_dense_layers"] = "mlp_only_layers"
+    return out

@@ -131,10 +131,10 @@ BAD_YAML = [
     ("heads", "3", r"key 'heads': 3 does not divide hidden_size 256"),
     ("kv_heads", "3", r"key 'kv_heads': 3 does not divide heads 4"),
     ("kv_heads", "8", r"key 'kv_heads': 8 does not divide heads 4"),
-    ("head_dim", "32", r"key 'head_dim': 32 x heads 4 = 128, expected hidden_size 256"),
+    ("head_dim", "31", r"key 'head_dim': RoPE rotates pairs of elements: expected an even value, got 31"),
     ("dtype", "fp32", r"key 'dtype': expected one of fp16, bf16, got 'fp32'"),
     ("norm", "layer_norm", r"key 'norm': expected one of rms_norm, got 'layer_norm'"),
-    ("mlp", "gelu", r"key 'mlp': expected one of swiglu, got 'gelu'"),
+    ("mlp", "gelu", r"key 'mlp': expected one of swiglu, moe, got 'gelu'"),
 ]
 
 
@@ -211,7 +211,7 @@ BAD_HF = [
     ("tie_word_embeddings", "false", r"key 'tie_word_embeddings': expected true or false, got 'false'"),
     ("num_key_value_heads", 5, r"key 'num_key_value_heads': 5 does not divide num_attention_heads 32"),
     ("num_attention_heads", 30, r"key 'num_attention_heads': 30 does not divide hidden_size 4096"),
-    ("head_dim", 64, r"key 'head_dim': 64 x num_attention_heads 32 = 2048, expected hidden_size 4096"),
+    ("head_dim", 63, r"key 'head_dim': RoPE rotates pairs of elements: expected an even value, got 63"),
     ("intermediate_size", 0, r"key 'intermediate_size': expected a value > 0, got 0"),
     ("torch_dtype", "float32", r"key 'torch_dtype': expected one of float16, bfloat16, got 'float32'"),
     ("hidden_act", "gelu", r"key 'hidden_act': expected 'silu'"),

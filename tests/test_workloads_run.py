@@ -16,7 +16,8 @@ from npusim.runtime import LoweringCache
 from npusim.runtime.decoder import run_decoder
 from npusim.workload import load_workload
 
-SHIPPED_WORKLOADS = ("k3", "k3-tiny", "k3-tiny-outliers", "llama2-7b", "qwen2.5-7b", "yi-1.5-6b")
+SHIPPED_WORKLOADS = ("k3", "k3-tiny", "k3-tiny-moe", "k3-tiny-outliers", "llama2-7b", "mixtral-8x7b", "qwen2.5-7b",
+                     "qwen3-30b-a3b", "yi-1.5-6b")
 SHIPPED_HW = ("ascend910b1", "ascend910b2", "ascend910b3", "ascend910b4")
 PIPELINES = ("baseline", "optimized")
 # decode: context per sequence (the new token included); prefill: prompt length

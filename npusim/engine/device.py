@@ -110,6 +110,7 @@ class KernelRecord:
     end: float
     stats: KernelStats
     owner: Owner | None = None
+    skipped: int = 0  # waves fast-forwarded (engine.fastforward): priced from a few, not simulated; 0: in full
 
     @property
     def cycles(self) -> float:
@@ -161,7 +162,7 @@ class _KernelRun:
 
 class Device:
     def __init__(self, env: simpy.Environment, hw: HwConfig, tracer: Tracer, dedup: bool = True,
-                 counters: bool = True):
+                 counters: bool = True, fast_forward: Callable | None = None):
         self.env = env
         self.hw = hw
         self.tracer = tracer
@@ -184,7 +185,11 @@ class Device:
         # every kernel launched later), runs one at a time; None: grouping throughout
         self.lone_from: tuple[int, int] | None = None
         self.active: list[_KernelRun] = []  # kernels started and not finished
-        self.replays: dict[tuple, tuple[float, KernelStats]] = {}  # Reuse key -> (cycles, stats) of a lone run
+        # Reuse key -> (cycles, stats, waves fast-forwarded) of a lone run
+        self.replays: dict[tuple, tuple[float, KernelStats, int]] = {}
+        # fast_forward(kernel, device) -> (stats, waves skipped) or None: prices a kernel that starts
+        # alone from a few of its waves (engine.fastforward); None: every kernel is simulated in full
+        self.fast_forward = fast_forward
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
 
     # ---------------------------------------------------------------- kernels
@@ -200,37 +205,60 @@ class Device:
         for other in self.active:
             other.alone = False
         self.active.append(kr)
+        kr.skipped = 0
         if reuse is not None and reuse.key in self.replays and kr.alone:
             self.env.process(self._replay(kr, *self.replays[reuse.key]))
             return kr.done
+        if self.fast_forward is not None and kr.alone and self._fills_cores(kernel):
+            priced = self.fast_forward(kernel, self)
+            if priced is not None:
+                stats, kr.skipped = priced
+                self.env.process(self._replay(kr, stats.cycles, stats, kr.skipped))
+                return kr.done
         kr.sync_parties = sum(self._parties(kernel, b) for b in range(kernel.block_dim))
         self.pending.append(kr)
         self._dispatch()
         return kr.done
 
-    def _replay(self, kr: _KernelRun, cycles: float, stats: KernelStats):
-        """Run a kernel as its lone twin ran (see the module doc)."""
+    def _replay(self, kr: _KernelRun, cycles: float, stats: KernelStats, skipped: int = 0):
+        """Run a kernel as its lone twin ran (see the module doc), or as engine.fastforward
+        priced it (`skipped`: the waves it did not simulate)."""
         held = {kind: self.free[kind] for kind in self._kinds(kr.kernel)}
         for kind in held:
             self.free[kind] = []
         yield self.env.timeout(cycles)
         for kind, cores in held.items():
             self.free[kind] = sorted(self.free[kind] + cores)
-        for start, nbytes in kr.reuse.reads:
-            self.memory.touch(start, nbytes, False)
-        for start, nbytes in kr.reuse.writes:
-            self.memory.touch(start, nbytes, True)
+        if kr.reuse is not None:
+            for start, nbytes in kr.reuse.reads:
+                self.memory.touch(start, nbytes, False)
+            for start, nbytes in kr.reuse.writes:
+                self.memory.touch(start, nbytes, True)
+        else:  # a fast-forwarded kernel launched without its footprint: the GM tensors it names, as read
+            # assumption: which of them it writes is not known here; their lines are left clean
+            for t in kr.kernel.gm:
+                self.memory.touch(t.addr, t.nbytes, False)
+        kr.skipped = skipped
         self._finish(kr, stats)
         self._dispatch()
+
+    def _fills_cores(self, kernel: Kernel) -> bool:
+        """Do the kernel's blocks fill every core of its type in every wave (block_dim a whole
+        number of times the cores)? Only such a kernel is fast-forwarded: it is run as a replay,
+        which holds every core of its type(s) throughout, as the kernel itself then does.
+        # assumption: a core freed between two of its blocks is taken by its next block at
+        # once, so no other kernel could have slipped in."""
+        cores = self.hw.chip.aic_count if kernel.core_type is not CoreType.AIV else self.hw.aiv_count
+        return kernel.block_dim % cores == 0
 
     def _finish(self, kr: _KernelRun, stats: KernelStats) -> None:
         k = kr.kernel
         rec = KernelRecord(kr.id, k.name, k.op_type or k.name, k.core_type.value, k.block_dim, kr.stream,
-                           kr.queued, kr.start, self.env.now, stats, kr.owner)
+                           kr.queued, kr.start, self.env.now, stats, kr.owner, kr.skipped)
         self.records.append(rec)
         self.active.remove(kr)
         if kr.reuse is not None and kr.alone:
-            self.replays.setdefault(kr.reuse.key, (rec.cycles, stats))
+            self.replays.setdefault(kr.reuse.key, (rec.cycles, stats, kr.skipped))
         kr.done.succeed(rec)
         if self.on_finish is not None:
             self.on_finish(len(self.records))

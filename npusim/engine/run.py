@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from attrs import field, frozen
 
 from npusim.diskcache.reads import note, recording
+from npusim.engine import fastforward
 from npusim.engine.device import Device, KernelRecord
 from npusim.engine.events import Environment
 from npusim.engine.grouping import Diverged
@@ -69,6 +70,20 @@ class RunResult:
         return sum((k.stats for k in self.kernels), KernelStats())
 
     @property
+    def fast_forwarded(self) -> tuple[KernelRecord, ...]:
+        """The kernels priced from a few of their waves (engine.fastforward), not simulated in full."""
+        # (a record pickled before KernelRecord had `skipped`, read back from the disk cache, has none)
+        return tuple(k for k in self.kernels if getattr(k, "skipped", 0))
+
+    def fast_forward_note(self) -> str:
+        """'' when every kernel was simulated in full, else what the summaries print."""
+        ff = self.fast_forwarded
+        if not ff:
+            return ""
+        return (f"{len(ff)} fast-forwarded ({sum(k.skipped for k in ff):,} identical waves priced from the few "
+                "simulated before them; --exact simulates every wave)")
+
+    @property
     def hbm_bw_bytes_per_s(self) -> float:
         """Achieved HBM bandwidth (read + write) over the whole run."""
         s = self.stats
@@ -77,7 +92,8 @@ class RunResult:
 
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
         on_device: Callable[[Device], None] | None = None,
-        progress: Callable[[int, int], None] | None = None, counters: bool = True) -> RunResult:
+        progress: Callable[[int, int], None] | None = None, counters: bool = True,
+        exact: bool = False, checked: bool = False) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
     caller look at (or instrument) the Device before the run starts (each attempt's,
@@ -85,14 +101,21 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     progress(kernels finished, kernels launched in all) is called as each kernel ends
     (of the first attempt).
     counters=False records no bandwidth samples (Trace.counters is empty): they only feed
-    a Chrome trace, and a long step makes hundreds of thousands of them."""
+    a Chrome trace, and a long step makes hundreds of thousands of them.
+    exact=False lets a kernel with many identical waves that starts alone be priced from a
+    few of them (engine.fastforward; its record's `skipped` says how many were not
+    simulated); exact=True simulates every kernel in full, as before fast-forward existed.
+    checked=True: the calls are known to be well formed and their kernels to pass verify()
+    (fast-forward's truncated runs: a verified kernel with a loop cut short)."""
     calls = list(calls)
-    _check_calls(calls, hw)
+    fast = None if exact else _fast_forward(hw, dedup)
+    if not checked:
+        _check_calls(calls, hw)
 
     def attempt(lone_from: tuple[int, int] | None):
         env = Environment()
         tracer = Tracer(trace)
-        device = Device(env, hw, tracer, dedup, counters)
+        device = Device(env, hw, tracer, dedup, counters, fast)
         device.lone_from = lone_from
         if on_device is not None:
             on_device(device)
@@ -119,6 +142,41 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
         host_wait_cycles=host.wait_cycles,
         trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), samples),
     )
+
+
+def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
+    """The device's fast_forward (see Device): engine.fastforward.price of a kernel, each
+    truncated run simulated exactly on a device of its own whose L2 starts as the
+    calling device's."""
+
+    lowered: dict = {}  # the truncated runs' devices share their instruction lowerings (compile.compile_program)
+
+    def simulate(kernel: Kernel, on_device: Callable[[Device], None]) -> KernelStats:
+        def setup(device: Device) -> None:
+            device._lowered = lowered.setdefault("by kind", device._lowered)
+            on_device(device)
+
+        # checked: the kernel passed verify() before its loop was cut short, which changes no
+        # tile, address or flag of it (a flag a cut loop would leave unbalanced would deadlock
+        # the truncated run: an error, and the kernel is simulated in full)
+        return run([Launch(kernel, 0), Synchronize()], hw, "kernel", dedup, on_device=setup, counters=False,
+                   exact=True, checked=True).kernels[0].stats
+
+    # Prices made in this run, by kernel (identity), launch time and L2 clock: until_even runs
+    # the program again from the start when a group diverges, and up to that group the rerun
+    # is the same run, so a kernel launched at the same time on the same L2 gets the same price.
+    priced: dict[tuple, tuple] = {}
+
+    def price(kernel: Kernel, device: Device):
+        key = (id(kernel), device.env.now, device.memory.l2.clock)
+        if key not in priced:
+            if not fastforward.plan(fastforward.waves(kernel))[2]:
+                return None
+            priced[key] = (kernel, fastforward.price(
+                kernel, hw.l2.l2_bytes, lambda: fastforward.l2_image(device.memory.l2), simulate))
+        return priced[key][1]
+
+    return price
 
 
 def until_even(attempt: Callable[[tuple[int, int] | None], tuple[list[Device], object]]):
@@ -195,6 +253,7 @@ def _deadlock_message(stuck: dict, now: float) -> str:
     return f"deadlock at cycle {now:.0f}: {shown or 'work left that nothing will start'}{more}"
 
 
-def simulate(kernel: Kernel, hw: HwConfig, trace: str = "instr", mode: str = "eager") -> RunResult:
-    """One kernel: launch it on stream 0 and synchronize."""
-    return run([Launch(kernel, 0, mode), Synchronize()], hw, trace)
+def simulate(kernel: Kernel, hw: HwConfig, trace: str = "instr", mode: str = "eager",
+             exact: bool = False) -> RunResult:
+    """One kernel: launch it on stream 0 and synchronize (exact: see run)."""
+    return run([Launch(kernel, 0, mode), Synchronize()], hw, trace, exact=exact)

@@ -5,6 +5,8 @@
                -> kv_cache_write (per_layer cache) -> batch_matmul Q K^T -> scale
                -> [add mask] -> softmax -> batch_matmul P V -> o matmul -> add (residual)
                -> rms_norm -> gate, up matmuls -> silu -> mul -> down matmul -> add (residual)
+               (a MoE layer's FFN: router, permute, grouped expert GEMMs, combine; the
+               blocks are npusim.graph.blocks)
     [prefill, mixed: gather each sequence's last token]
     final rms_norm -> lm_head matmul -> argmax
 
@@ -37,11 +39,11 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 from npusim.errors import ConfigError
-from npusim.graph.ir import Graph, Node, TensorSpec
+from npusim.graph.blocks import GraphBuilder, Layer, attention_block, ffn_block
+from npusim.graph.ir import Graph
 from npusim.workload import Workload, load_workload
 
 # Added to the scores of hidden (query, key) pairs: exp() of it is 0 in fp16 and
@@ -49,47 +51,11 @@ from npusim.workload import Workload, load_workload
 MASK_VALUE = -10000.0
 
 
-class _Builder:
-    def __init__(self, w: Workload):
-        self.w = w
-        self.tensors: dict[str, TensorSpec] = {}
-        self.nodes: list[Node] = []
-
-    def tensor(self, name: str, shape: Sequence[int], kind: str = "activation", dtype: str | None = None,
-               format: str = "ND") -> str:
-        if name in self.tensors:
-            raise ValueError(f"tensor '{name}' declared twice")
-        self.tensors[name] = TensorSpec(name, tuple(shape), dtype or self.w.dtype, format, kind)
-        return name
-
-    def weight(self, name: str, shape: Sequence[int], dtype: str | None = None, format: str = "ND") -> str:
-        return self.tensors[name].name if name in self.tensors else self.tensor(name, shape, "weight", dtype, format)
-
-    def node(self, name: str, op_type: str, params: dict[str, Any], inputs: dict[str, str],
-             outputs: dict[str, str], layer: int | None = None) -> None:
-        self.nodes.append(Node(name, op_type, params, inputs, outputs, layer))
-
-    def matmul(self, name: str, a: str, w: str, out: str, m: int, n: int, k: int, layer: int | None,
-               bias: str | None = None) -> None:
-        """out [m, n] = a [m, k] @ w[n, k]^T (+ bias). The weight is stored NZ (converted
-        offline, the cube's operand layout; a tied embedding stays ND); the naive framework converts the ND
-        activation to NZ with its own TransData before every matmul (what the layout
-        pass removes)."""
-        dt = self.w.dtype
-        a_nz = self.tensor(f"{name}.a_nz", (m, k), format="NZ")
-        self.node(f"{name}.to_nz", "trans_data", dict(shape=(m, k), dtype=dt, src_format="ND", dst_format="NZ"),
-                  {"x": a}, {"y": a_nz}, layer)
-        params = dict(m=m, n=n, k=k, dtype=dt, out_dtype=dt, trans_b=True, bias=bias is not None,
-                      format_a="NZ", format_b=self.tensors[w].format)
-        ins = {"a": a_nz, "b": w} | ({"bias": bias} if bias else {})
-        self.node(name, "matmul", params, ins, {"c": out}, layer)
-
-
-def tp_layer_weight_shapes(w: Workload, tp: int) -> dict[str, tuple[int, ...]]:
-    """One device's weights of a layer under tensor parallelism `tp` (Megatron): Q, K, V,
-    gate and up split by output rows (heads, K/V heads, FFN columns), O and down by
-    input columns; norms replicated."""
-    shapes = dict(w.layer_weight_shapes())
+def tp_layer_weight_shapes(w: Workload, tp: int, layer: int | None = None) -> dict[str, tuple[int, ...]]:
+    """One device's weights of layer `layer` (None: the last) under tensor parallelism
+    `tp` (Megatron): Q, K, V, gate and up split by output rows (heads, K/V heads, FFN
+    columns), O and down by input columns; norms replicated."""
+    shapes = dict(w.layer_weight_shapes(layer))
     for name, (axis, size) in {"wq": (0, w.q_size), "wk": (0, w.kv_size), "wv": (0, w.kv_size),
                                "bq": (0, w.q_size), "bk": (0, w.kv_size), "bv": (0, w.kv_size),
                                "w_gate": (0, w.ffn_size), "w_up": (0, w.ffn_size),
@@ -101,13 +67,36 @@ def tp_layer_weight_shapes(w: Workload, tp: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def ep_layer_weight_shapes(w: Workload, ep: int, layer: int | None = None) -> dict[str, tuple[int, ...]]:
+    """One device's weights of layer `layer` under expert parallelism `ep`: experts / ep of
+    each expert weight, everything else whole (attention is data parallel)."""
+    return {name: (s[0] // ep, *s[1:]) if name.endswith("_experts") else s
+            for name, s in w.layer_weight_shapes(layer).items()}
+
+
 def check_tp(w: Workload, tp: int) -> None:
     """ConfigError unless `tp` splits the heads, the K/V heads and the FFN evenly."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp: expected a positive integer, got {tp!r}")
+    if tp > 1 and w.is_moe:
+        raise ConfigError(f"--tp {tp}: {w.name} is a mixture of experts; sharding its experts over a "
+                          "tensor-parallel group is not modelled (run it on one device)")
     for key, n in (("heads", w.heads), ("kv_heads", w.kv_heads), ("ffn_size", w.ffn_size)):
         if n % tp:
             raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")
+
+
+def check_ep(w: Workload, ep: int) -> None:
+    """ConfigError unless `ep` splits the workload's routed experts evenly."""
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ConfigError(f"--ep: expected a positive integer, got {ep!r}")
+    if ep == 1:
+        return
+    if not w.is_moe:
+        raise ConfigError(f"--ep {ep}: {w.name} has no experts to place (expert parallelism is for mlp: moe)")
+    if w.experts % ep:
+        raise ConfigError(f"--ep {ep} does not divide {w.name}'s experts {w.experts} (each device holds "
+                          "experts / ep of them)")
 
 
 def check_sp(w: Workload, phase: str, lengths: Sequence[int], sp: int) -> None:
@@ -128,7 +117,7 @@ def _short_lengths(lengths: Sequence[int]) -> str:
 
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
                   lengths: int | Sequence[int] | None = None, capacity: int | None = None,
-                  new_tokens: Sequence[int] | None = None, tp: int = 1, sp: int = 1) -> Graph:
+                  new_tokens: Sequence[int] | None = None, tp: int = 1, sp: int = 1, ep: int = 1) -> Graph:
     """The baseline (unfused) graph of one decode step, one prefill or one mixed step.
 
     `workload`: a Workload or a name / path for load_workload. `phase`: "decode"
@@ -157,9 +146,15 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     attend over the whole prompt. The device simulated is the last: under the
     causal mask it attends to the most keys, so it is the slowest and sets the
     step's time.
+
+    `ep`: the graph of one device of an expert-parallel group of `ep` (each runs its own
+    `batch` sequences' attention - data parallel - and holds experts / ep of every MoE
+    layer's experts; an all_to_all sends each token's rows to its experts' devices and
+    one brings them back: npusim.graph.blocks.moe_ffn).
     """
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     check_tp(w, tp)
+    check_ep(w, ep)
     lengths = _lengths(w, phase, batch, lengths)
     chunks = _new_tokens(w, phase, batch, lengths, new_tokens)
     decode = phase == "decode"
@@ -170,8 +165,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
                               f"length {ctx} and max_context_tokens {w.max_context_tokens}")
         ctx = capacity
     check_sp(w, phase, lengths, sp)
-    h, d, nh, kvh, f, v = w.hidden_size, w.head_dim, w.heads // tp, w.kv_heads // tp, w.ffn_size // tp, w.vocab_size
-    layer_shapes = tp_layer_weight_shapes(w, tp)
+    h, d, nh, v = w.hidden_size, w.head_dim, w.heads // tp, w.vocab_size
     dt = w.dtype
     # the attention parts: (name prefix, sequences, new tokens each, masked)
     if phase == "mixed":
@@ -186,7 +180,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
         rows = (batch, s)
     n = rows[0] * rows[1]  # token-major rows
 
-    b = _Builder(w)
+    b = GraphBuilder(w)
     tokens = b.tensor("tokens", (n,), "input", "int32")
     cos = b.tensor("rope_cos", (n, d), "input")
     sin = b.tensor("rope_sin", (n, d), "input")
@@ -204,73 +198,10 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
            {"ids": tokens, "table": embed}, {"y": x})
 
     for i in range(w.layers):
-        L = f"L{i}."
-
-        def act(name: str, shape: Sequence[int], format: str = "ND") -> str:
-            return b.tensor(L + name, shape, format=format)
-
-        def wt(name: str) -> str:
-            if name in ("bq", "bk", "bv"):  # fp32 bias rows
-                return b.weight(L + name, layer_shapes[name], "fp32")
-            return b.weight(L + name, layer_shapes[name], format="NZ" if name.startswith("w") else "ND")
-
-        def all_reduce(name: str, partial: str) -> str:
-            """Sum a row-split GEMM's partial output over the tensor-parallel group."""
-            if tp == 1:
-                return partial
-            out = act(name + "_sum", b.tensors[partial].shape)
-            b.node(L + name + "_all_reduce", "all_reduce", dict(elements=n * h, dtype=dt, devices=tp),
-                   {"x": partial}, {"y": out}, i)
-            return out
-
-        norm = act("attn_norm_out", (n, h))
-        b.node(L + "attn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
-               {"x": x, "gamma": wt("attn_norm")}, {"y": norm}, i)
-        q, k, val = act("q", (n, nh * d)), act("k", (n, kvh * d)), act("v", (*rows, kvh, d))
-        for proj, out, size in (("q", q, nh * d), ("k", k, kvh * d), ("v", val, kvh * d)):
-            b.matmul(L + f"{proj}_proj", norm, wt(f"w{proj}"), out, n, size, h, i,
-                     bias=wt(f"b{proj}") if w.qkv_bias else None)
-        q_rot = act("q_rot", (*rows, nh, d), "BSND")
-        k_rot = act("k_rot", (*rows, kvh, d))
-        for name, src, dst, heads in (("rope_q", q, q_rot, nh), ("rope_k", k, k_rot, kvh)):
-            b.node(L + name, "rope", dict(shape=(n, heads, d), dtype=dt),
-                   {"x": src, "cos": cos, "sin": sin}, {"y": dst}, i)
-        written = None  # tokens each part writes into its cache (default its new tokens)
-        if sp > 1:  # every device's K and V of the prompt, in token order
-            # assumption: the gathered K/V land in the order kv_cache_write reads (no reorder kernel)
-            for name in ("k_rot", "v"):
-                whole = act(name + "_all", (batch, ctx, kvh, d))
-                b.node(L + name + "_all_gather", "all_gather", dict(elements=batch * ctx * kvh * d, dtype=dt,
-                                                                    devices=sp, axis=1),
-                       {"x": k_rot if name == "k_rot" else val}, {"y": whole}, i)
-                k_rot, val = (whole, val) if name == "k_rot" else (k_rot, whole)
-            written = ctx
-        attn = L + "attn"  # declared by the first part (after its caches and scores)
-        for p, pb, ps, masked in parts:
-            _attention(b, L + p, i, q_rot, k_rot, val, (attn, (*rows, nh, d)), pb, ps, ctx, masked,
-                       f"{p}attn_mask", position=-1 if phase != "prefill" else 0, tp=tp, written=written)
-        o = act("o", (n, h))
-        b.matmul(L + "o_proj", attn, wt("wo"), o, n, h, nh * d, i)
-        o = all_reduce("o", o)
-        x_attn = act("x_attn", (n, h))
-        b.node(L + "attn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": o}, {"y": x_attn}, i)
-        # FFN
-        norm2 = act("ffn_norm_out", (n, h))
-        b.node(L + "ffn_norm", "rms_norm", dict(shape=(n, h), dtype=dt, eps=w.norm_eps),
-               {"x": x_attn, "gamma": wt("ffn_norm")}, {"y": norm2}, i)
-        gate, up = act("gate", (n, f)), act("up", (n, f))
-        b.matmul(L + "gate_proj", norm2, wt("w_gate"), gate, n, f, h, i)
-        b.matmul(L + "up_proj", norm2, wt("w_up"), up, n, f, h, i)
-        gate_act = act("gate_act", (n, f))
-        b.node(L + "silu", "silu", dict(shape=(n, f), dtype=dt), {"x": gate}, {"y": gate_act}, i)
-        ffn = act("ffn_act", (n, f))
-        b.node(L + "mul", "mul", dict(shape=(n, f), dtype=dt), {"x1": gate_act, "x2": up}, {"y": ffn}, i)
-        down = act("down", (n, h))
-        b.matmul(L + "down_proj", ffn, wt("w_down"), down, n, h, f, i)
-        down = all_reduce("down", down)
-        out = act("out", (n, h))
-        b.node(L + "ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x_attn, "x2": down}, {"y": out}, i)
-        x = out
+        layer = Layer(b, i, n, tp, ep_layer_weight_shapes(w, ep, i) if ep > 1 else tp_layer_weight_shapes(w, tp, i),
+                      ep)
+        x_attn = attention_block(layer, x, rows, parts, cos, sin, batch, ctx, sp, phase, _attention)
+        x = ffn_block(w, i)(layer, x_attn)
 
     if gather:  # logits only for each sequence's last new token: a row gather
         last = b.tensor("last_hidden", (batch, h))
@@ -289,11 +220,11 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     parted = tuple(f"L{i}.attn" for i in range(w.layers)) if len(parts) > 1 else ()
     return Graph(b.tensors, b.nodes, inputs, (logits, next_tokens), phase, batch, lengths, w,
                  capacity=capacity if capacity != max(lengths) else None, new_tokens=chunks,
-                 written_in_parts=parted, tp=tp, sp=sp).check()
+                 written_in_parts=parted, tp=tp, sp=sp, ep=ep).check()
 
 
-def _attention(b: _Builder, P: str, i: int, q_rot: str, k_rot: str, val: str, attn: tuple[str, tuple], batch: int,
-               s: int, ctx: int, masked: bool, mask: str, position: int, tp: int = 1,
+def _attention(b: GraphBuilder, P: str, i: int, q_rot: str, k_rot: str, val: str, attn: tuple[str, tuple],
+               batch: int, s: int, ctx: int, masked: bool, mask: str, position: int, tp: int = 1,
                written: int | None = None) -> None:
     """One attention part, unfused: the new K and V into this part's per-layer caches
     [batch, kv_heads, ctx, head_dim], then QK^T, scale, [mask], softmax, PV into the
@@ -448,5 +379,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_sp", "check_tp", "host_inputs", "node_params",
-           "positions", "rope_tables", "tp_layer_weight_shapes"]
+__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
+           "ep_layer_weight_shapes", "host_inputs", "node_params", "positions", "rope_tables", "tp_layer_weight_shapes"]

@@ -138,6 +138,7 @@ class Graph:
     # that rebuilds the graph, as buckets does, builds the same shard)
     tp: int = 1
     sp: int = 1
+    ep: int = 1  # expert-parallel degree: a MoE layer's experts split over this many devices
 
     # ---- shape facts
 

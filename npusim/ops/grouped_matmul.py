@@ -16,7 +16,8 @@ groups of a few tokens (decode) use tiles down to one fractal (16 rows). K is no
 split: a unit is a whole tile.
 
 The group sizes are known when the op is lowered (a static tiling, as for every op
-here); the few bytes of CANN's group_list tensor are not modelled.
+here); the few bytes of CANN's group_list tensor are not read by the kernel. A graph
+may bind it (a MoE layer does): the numpy reference then splits rows by its values.
 """
 
 from __future__ import annotations
@@ -128,14 +129,22 @@ def choose_grouped_tiling(p: GroupedMatmulParams, hw: HwConfig) -> MatmulTiling:
 
 
 def reference_grouped_matmul(p: GroupedMatmulParams, x, specs, ctx) -> dict:
-    """y[rows of group g] = x[rows of g] @ weight[g] (+ bias[g]), in fp32, group by group."""
+    """y[rows of group g] = x[rows of g] @ weight[g] (+ bias[g]), in fp32, group by group.
+    With a `group_list` operand (a MoE layer's row counts per expert, from
+    moe_init_routing) its values split the rows: the router's choices in a numpy run,
+    where group_sizes are the timing run's drawn counts (npusim.graph.routing)."""
     experts = len(p.group_sizes)
+    sizes = p.group_sizes
+    if "group_list" in x:
+        sizes = tuple(int(g) for g in x["group_list"].reshape(-1))
+        if len(sizes) != experts or sum(sizes) != p.m:
+            raise ValueError(f"group_list {sizes} does not split the {p.m} rows over {experts} groups")
     a = x["x"].reshape(p.m, p.k)
     w = x["weight"].reshape(experts, p.n, p.k).transpose(0, 2, 1) if p.trans_b else x["weight"].reshape(
         experts, p.k, p.n)
     bias = x["bias"].reshape(experts, p.n) if p.bias else None
     y = np.zeros((p.m, p.n), np.float32)
-    for g, (lo, hi) in enumerate(itertools.pairwise(np.cumsum((0, *p.group_sizes)))):
+    for g, (lo, hi) in enumerate(itertools.pairwise(np.cumsum((0, *sizes)))):
         y[lo:hi] = a[lo:hi] @ w[g]
         if bias is not None:
             y[lo:hi] += bias[g]
@@ -143,7 +152,7 @@ def reference_grouped_matmul(p: GroupedMatmulParams, x, specs, ctx) -> dict:
 
 
 @register("grouped_matmul", GroupedMatmulParams, MatmulTiling, choose_grouped_tiling,
-          reference=reference_grouped_matmul, ins=("x", "weight", "bias"), outs=("y",))
+          reference=reference_grouped_matmul, ins=("x", "weight", "bias", "group_list"), outs=("y",))
 def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Grouped matrix multiply on the cube (MoE experts): each group's rows of x times its own weight."""
     op = "grouped_matmul"

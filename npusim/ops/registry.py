@@ -142,7 +142,7 @@ class OpSpec:
 # npusim.ops) or calling ops_where() imports them all. OPS lists op types in the order
 # they were registered, which depends on what a process imported first: sort it to show it.
 OP_MODULES = ("copy", "matmul", "vector", "rowwise", "sampling", "layout", "kv_cache", "attention", "geglu",
-              "logit_softcap", "quant", "collectives", "grouped_matmul", "transpose", "maximum")
+              "logit_softcap", "quant", "collectives", "grouped_matmul", "moe", "transpose", "maximum")
 _REGISTERED: dict[str, OpSpec] = {}
 
 

@@ -162,11 +162,13 @@ class OpReport:
         return {p: self.stats.utilisation(p) for p in sorted(self.stats.busy_cycles)}
 
 
-def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: bool = True) -> OpReport:
+def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: bool = True,
+                exact: bool = False) -> OpReport:
     """Launch the op's kernels in order on one stream (graph mode) and synchronize.
-    counters=False: no bandwidth samples in the trace (engine.run; only a Chrome trace shows them)."""
+    counters=False: no bandwidth samples in the trace (engine.run; only a Chrome trace shows them).
+    exact=True: no kernel fast-forwarded (engine.run)."""
     calls = [Launch(k, 0, "graph") for k in lowered.kernels] + [Synchronize()]
-    result = run(calls, hw, trace, counters=counters)
+    result = run(calls, hw, trace, counters=counters, exact=exact)
     ks = result.kernels
     stats = sum((k.stats for k in ks), KernelStats())
     return OpReport(lowered, result, ks[-1].end - ks[0].queued, stats, roofline(lowered, hw))

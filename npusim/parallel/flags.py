@@ -12,13 +12,17 @@ def add_plan_flags(p) -> None:
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (run only): the layers split over "
                    "this many devices, the batch into --microbatches flowing through them")
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipelined step (with --pp)")
-    p.add_argument("--devices", type=int, help="devices the step runs on (must equal tp x sp x pp; default that)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (a MoE decoder): each device runs its "
+                   "own batch's attention and holds experts / ep of every MoE layer's experts; all_to_alls carry "
+                   "the tokens' rows to their experts and back; the busiest device is simulated")
+    p.add_argument("--devices", type=int, help="devices the step runs on (must equal tp x sp x pp, or ep; "
+                   "default that)")
 
 
 def plan_args(args) -> dict:
     """run_decoder's plan keywords from parsed flags (only what differs from one device)."""
     out = {}
-    for key in ("tp", "sp", "pp", "microbatches"):
+    for key in ("tp", "sp", "ep", "pp", "microbatches"):
         if getattr(args, key, 1) != 1:
             out[key] = getattr(args, key)
     if getattr(args, "devices", None) is not None:
@@ -28,7 +32,7 @@ def plan_args(args) -> dict:
 
 def say_plan(run, step: dict) -> None:
     """`run`'s line on communication, under a plan of several devices."""
-    if step.get("tp", 1) > 1 or step.get("sp", 1) > 1:
+    if step.get("tp", 1) > 1 or step.get("sp", 1) > 1 or step.get("ep", 1) > 1:
         from npusim.outputs import say
         from npusim.parallel.breakdown import comm_breakdown
 
@@ -49,6 +53,9 @@ def validate_sharded(args, passes, context, options: dict) -> int:
     from npusim.outputs import say
     from npusim.parallel.numerics import check_sharded
 
+    if getattr(args, "ep", 1) != 1:
+        raise ConfigError("validate --ep: the numerics of an expert-parallel step are not modelled; validate checks "
+                          "the MoE layer on one device (drop --ep)")
     if args.pp != 1 or args.microbatches != 1:
         raise ConfigError("--pp: a pipeline's stages compute what the unsplit decoder does layer by layer; "
                           "validate checks tensor and sequence parallel shards (--tp, --sp)")

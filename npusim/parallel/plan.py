@@ -5,7 +5,11 @@ K/V heads (and their KV cache) and the FFN columns; an all_reduce after the O an
 down projections sums the partial outputs (graph.build_decoder(tp=...)).
 Sequence parallel (prefill): each of `sp` devices holds 1/sp of every prompt's
 tokens and all_gathers each layer's K and V (graph.build_decoder(sp=...)); each
-keeps the whole KV cache of its K/V heads. The
+keeps the whole KV cache of its K/V heads. Expert parallel (a MoE decoder): each of
+`ep` devices runs its own batch's attention (data parallel) and holds experts / ep
+of every MoE layer's experts; all_to_alls send each token's rows to its experts'
+devices and back (graph.build_decoder(ep=...)); the device simulated is, layer by
+layer, the one whose experts receive the most rows. The
 devices are symmetric: one is simulated, its collectives' peers are assumed to run
 the same program (engine.links.SymmetricFabric; tests/test_parallel.py checks this
 against simulating every rank).
@@ -18,14 +22,15 @@ from collections.abc import Callable
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.graph.build import check_tp, tp_layer_weight_shapes
+from npusim.graph.build import check_ep, check_tp, ep_layer_weight_shapes, tp_layer_weight_shapes
 from npusim.hw import HwConfig
 from npusim.workload import Workload
 
 
 # The plan axis each collective of the decoder spans: graph.build_decoder puts an
-# all_reduce over the tensor-parallel group, an all_gather over the sequence-parallel one.
-GROUP_AXIS = {"all_reduce": "tp", "all_gather": "sp"}
+# all_reduce over the tensor-parallel group, an all_gather over the sequence-parallel one,
+# all_to_alls over the expert-parallel one.
+GROUP_AXIS = {"all_reduce": "tp", "all_gather": "sp", "all_to_all": "ep"}
 
 
 @frozen
@@ -35,16 +40,18 @@ class Plan:
 
     tp: int = 1
     sp: int = 1
-    devices: int | None = None  # None: tp x sp
+    devices: int | None = None  # None: tp x sp x ep
+    ep: int = 1  # expert parallel (with data-parallel attention); not combined with tp or sp
 
     @property
     def world(self) -> int:
-        return self.tp * self.sp if self.devices is None else self.devices
+        return self.tp * self.sp * self.ep if self.devices is None else self.devices
 
     @property
     def name(self) -> str:
-        """tp2, sp4, tp2,sp2 - or tp1 for one device: as `compare --plans` takes it."""
-        return ",".join(f"{axis}{n}" for axis, n in (("tp", self.tp), ("sp", self.sp)) if n > 1) or "tp1"
+        """tp2, sp4, tp2,sp2, ep8 - or tp1 for one device: as `compare --plans` takes it."""
+        return ",".join(f"{axis}{n}" for axis, n in (("tp", self.tp), ("sp", self.sp), ("ep", self.ep))
+                        if n > 1) or "tp1"
 
     @property
     def simulated_device(self) -> int:
@@ -53,7 +60,8 @@ class Plan:
         return (self.sp - 1) * self.tp
 
     def as_json(self) -> dict:
-        return {"tp": self.tp, "sp": self.sp, "devices": self.world, "simulated_device": self.simulated_device}
+        return {"tp": self.tp, "sp": self.sp} | ({"ep": self.ep} if self.ep > 1 else {}) | {
+            "devices": self.world, "simulated_device": self.simulated_device}
 
     def group(self, kind: str, device: int) -> tuple[int, ...]:
         """The devices of `device`'s group for a collective of `kind`, in rank order."""
@@ -63,14 +71,16 @@ class Plan:
             return tuple(part * self.tp + j for j in range(self.tp))
         if axis == "sp":
             return tuple(j * self.tp + t for j in range(self.sp))
+        if axis == "ep":  # (ep is not combined with tp or sp: every device)
+            return tuple(range(self.ep))
         raise ValueError(f"{kind}: the decoder's plans place no {kind} (known: {', '.join(GROUP_AXIS)})")
 
 
 def graph_plan(graph) -> Plan:
     """The plan a decoder graph is one device's shard of, read from its collectives."""
     degree = {axis: max((n.args.devices for n in graph.nodes if GROUP_AXIS.get(n.op_type) == axis), default=1)
-              for axis in ("tp", "sp")}
-    return Plan(degree["tp"], degree["sp"])
+              for axis in ("tp", "sp", "ep")}
+    return Plan(degree["tp"], degree["sp"], ep=degree["ep"])
 
 
 def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
@@ -78,14 +88,18 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     heads or FFN; devices other than tp x sp; more devices than the topology has; a
     tensor-parallel group spanning nodes. (build_decoder checks that sp splits the prompt.)"""
     check_tp(w, plan.tp)
+    check_ep(w, plan.ep)
     if isinstance(plan.sp, bool) or not isinstance(plan.sp, int) or plan.sp < 1:
         raise ConfigError(f"--sp: expected a positive integer, got {plan.sp!r}")
+    if plan.ep > 1 and plan.tp * plan.sp > 1:
+        raise ConfigError(f"--ep {plan.ep} with --tp {plan.tp} / --sp {plan.sp}: expert parallelism with "
+                          "data-parallel attention is modelled alone (drop --tp and --sp)")
     if plan.devices is not None:
         if isinstance(plan.devices, bool) or not isinstance(plan.devices, int) or plan.devices < 1:
             raise ConfigError(f"--devices: expected a positive integer, got {plan.devices!r}")
-        if plan.devices != plan.tp * plan.sp:
-            raise ConfigError(f"--devices {plan.devices} must equal --tp {plan.tp} x --sp {plan.sp} = "
-                              f"{plan.tp * plan.sp}")
+        if plan.devices != plan.tp * plan.sp * plan.ep:
+            product = f"--ep {plan.ep}" if plan.ep > 1 else f"--tp {plan.tp} x --sp {plan.sp}"
+            raise ConfigError(f"--devices {plan.devices} must equal {product} = {plan.tp * plan.sp * plan.ep}")
     topo = hw.topology
     if plan.world > topo.max_devices:
         raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.size_text()}")
@@ -95,10 +109,13 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     return plan
 
 
-def device_weight_bytes(w: Workload, tp: int) -> int:
-    """Weights one device holds: its shard of every layer, the embedding, final norm and
-    LM head whole.
+def device_weight_bytes(w: Workload, tp: int, ep: int = 1) -> int:
+    """Weights one device holds: its shard of every layer (under `ep`: experts / ep of
+    each MoE layer's experts), the embedding, final norm and LM head whole.
     # assumption: embedding and LM head are replicated, not split over the vocabulary."""
+    if ep > 1:
+        layer = sum(_numel(s) for s in ep_layer_weight_shapes(w, ep).values())
+        return w.weight_bytes - w.moe_layers * (w.layer_params - layer) * w.dtype_bytes
     layer = sum(_numel(s) for s in tp_layer_weight_shapes(w, tp).values())
     return w.weight_bytes - w.layers * (w.layer_params - layer) * w.dtype_bytes
 
@@ -110,10 +127,12 @@ def device_kv_bytes(w: Workload, batch: int, tokens: int, tp: int) -> int:
 
 def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig,
                    weight_bytes: Callable[[int], int] | None = None) -> int | None:
-    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node.
+    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node
+    (a mixture of experts: 1 or None).
     `weight_bytes(tp)`: one device's weights (default device_weight_bytes; an INT8 step passes its own)."""
     weight_bytes = weight_bytes or (lambda tp: device_weight_bytes(w, tp))
-    for tp in range(1, hw.topology.node_device_count + 1):
+    # a mixture of experts is not split by tensor parallelism (graph.build.check_tp): one device or none
+    for tp in range(1, 2 if getattr(w, "is_moe", False) else hw.topology.node_device_count + 1):
         if w.heads % tp or w.kv_heads % tp or w.ffn_size % tp:
             continue
         if weight_bytes(tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:

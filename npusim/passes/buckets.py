@@ -45,7 +45,7 @@ def pad_to_bucket(graph: Graph, buckets: Sequence[int] = DEFAULT_BUCKETS, margin
     w = graph.workload
     capacity = min(bucket_of(max(graph.lengths), buckets, margin), w.max_context_tokens)
     g = build_decoder(w, graph.phase, graph.batch, graph.lengths, capacity=max(capacity, max(graph.lengths)),
-                      new_tokens=graph.new_tokens or None, tp=graph.tp, sp=graph.sp)
+                      new_tokens=graph.new_tokens or None, tp=graph.tp, sp=graph.sp, ep=graph.ep)
     return attrs.evolve(g, applied=("buckets",))
 
 

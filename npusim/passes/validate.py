@@ -70,10 +70,12 @@ class Validation:
     # decode: (tokens whose top-1 equals the FP32 reference's, tokens) over `steps` decode steps
     agreement: tuple[int, int] | None = None
     steps: int = 0
+    # MoE layers: (layer, cosine of the FP32 run's permuted, grouped FFN output to a dense reference)
+    moe: tuple[tuple[int, float], ...] = ()
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks) and not self.overflow
+        return all(c.passed for c in self.checks) and not self.overflow and all(c >= MIN_COSINE for _, c in self.moe)
 
     def table(self) -> str:
         lines = [f"validate passes: {', '.join(self.passes) or 'none'} (cosine to the FP32 reference; "
@@ -82,6 +84,10 @@ class Validation:
         for c in self.checks:
             lines.append(f"  {c.name:28s}{c.baseline:>12.6f}{c.transformed:>14.6f}  {c.result()}")
         lines.append("  fp16 overflow: " + (", ".join(self.overflow) if self.overflow else "none"))
+        if self.moe:
+            lines.append("  MoE layers, the permuted, grouped FFN vs a dense reference (every expert on every token, "
+                         "a dense gate matrix), FP32 run: " + ", ".join(
+                             f"L{i} {c:.6f} {'ok' if c >= MIN_COSINE else 'FAIL'}" for i, c in self.moe))
         if self.agreement:
             same, total = self.agreement
             lines.append(f"  top-1 tokens equal to the FP32 reference's over {self.steps} decode steps (each step "
@@ -99,7 +105,9 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
     """Check `transform(baseline)` against an FP32 run of `baseline`; with `steps` (decode
     only), also the top-1 agreement over that many decode steps (decode_agreement)."""
     after = transform(baseline)
-    ref = _outputs(baseline, execute(baseline, "reference", seed))
+    moe = getattr(baseline.workload, "is_moe", False)
+    ref_run = execute(baseline, "reference", seed, keep=moe)
+    ref = _outputs(baseline, ref_run)
     base = _outputs(baseline, execute(baseline, "device", seed))
     run = execute(after, "device", seed)
     new = _outputs(after, run)
@@ -115,7 +123,30 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
         checks.append(OutputCheck(name, _equal_fraction(base[name], r), _equal_fraction(new[name], r), False,
                                   differing))
     agreement = decode_agreement(baseline, transform, steps, seed) if steps and baseline.phase == "decode" else None
-    return Validation(after.applied, tuple(checks), run.overflow, agreement, steps)
+    return Validation(after.applied, tuple(checks), run.overflow, agreement, steps,
+                      moe_checks(baseline, ref_run.values) if moe else ())
+
+
+def moe_checks(graph: Graph, values: dict[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
+    """(layer, cosine) of every MoE layer of a run of the builder's graph (`values`: its
+    tensors): the layer's output against npusim.ops.moe.dense_moe on the same input
+    plus the residual - the check that routing, permutation and combine are right."""
+    from npusim.ops.moe import MoeGatingParams, dense_moe
+
+    w = graph.workload
+    out = []
+    for i in range(w.layers):
+        if not w.is_moe_layer(i):
+            continue
+        v = {k[len(f"L{i}."):]: x for k, x in values.items() if k.startswith(f"L{i}.")}
+        n = v["ffn_norm_out"].shape[0]
+        gp = MoeGatingParams(tokens=n, experts=w.experts, k=w.experts_per_token, dtype=w.dtype,
+                             scoring=w.router_scoring, norm_topk=w.router_norm_topk)
+        shared = tuple(v[f"w_{p}_shared"] for p in ("gate", "up", "down")) if w.shared_experts else None
+        dense = dense_moe(v["ffn_norm_out"], v["w_router"], tuple(v[f"w_{p}_experts"] for p in ("gate", "up", "down")),
+                          gp, shared) + v["x_attn"]
+        out.append((i, cosine(v["out"], dense)))
+    return tuple(out)
 
 
 def decode_agreement(baseline: Graph, transform: Callable[[Graph], Graph], steps: int,

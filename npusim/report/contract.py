@@ -32,7 +32,8 @@ def _kernel_entry(k: KernelRecord, hw: HwConfig) -> dict:
         "start_cost_us": hw.us(k.start - k.queued),
         "pipe_busy": {p: k.stats.utilisation(p) for p in k.stats.busy_cycles},
         "stalls_percent": {st.pipe: {w: getattr(st, w) for w in STALLS} for st in stalls(k.stats)},
-    }
+    } | ({"fast_forwarded_waves": k.skipped} if getattr(k, "skipped", 0) else {})  # engine.fastforward
+    # (getattr: a record pickled before KernelRecord had `skipped`, from the disk cache)
 
 
 def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra: dict | None = None) -> dict:
@@ -54,6 +55,8 @@ def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra
         "l2_hit_rate": s.l2_hit_rate,
         "peak_memory_bytes": peak_memory_bytes,
         "kernel_count": len(result.kernels),
+        # kernels priced from a few of their waves (engine.fastforward; --exact: none)
+        "fast_forwarded_kernels": len(result.fast_forwarded),
         "host_launch_us": hw.us(result.host_launch_cycles),
         "host_wait_us": hw.us(result.host_wait_cycles),
         "ops": [_kernel_entry(k, hw) for k in result.kernels],

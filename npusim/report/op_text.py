@@ -49,4 +49,6 @@ def op_summary(r, overrides=None) -> str:
     ]
     if low.tiling is not None:
         lines.append(f"  tiling: {low.tiling}")
+    if r.run.fast_forward_note():
+        lines.append(f"  kernels: {r.run.fast_forward_note()}")
     return "\n".join(lines)

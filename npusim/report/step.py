@@ -10,6 +10,7 @@ from attrs import frozen
 from npusim.graph.lifetimes import PLANNED_KINDS
 from npusim.passes.buckets import distinct_kernels, first_run_compile_us, padding
 from npusim.report.contract import run_json, set_note
+from npusim.report.moe import moe_breakdown, moe_lines
 from npusim.runtime.decoder import Comparison
 from npusim.runtime.memory import size
 from npusim.runtime.run import GraphRun
@@ -26,7 +27,7 @@ class Floor:
     """Where a step's time goes relative to reading every weight once from HBM.
 
     floor_us: bytes of the weights read in full (the embedding table is only gathered
-    from) / sustained HBM bandwidth - no step can be faster.
+    from; of the experts, those routed to) / sustained HBM bandwidth - no step can be faster.
     other_hbm_us: the rest of the HBM traffic (KV cache, activations) at that bandwidth.
     idle_us: time no kernel ran (host launch and synchronisation gaps, kernel start costs).
     kernel_excess_us: what remains - kernels running slower than their HBM traffic
@@ -45,9 +46,13 @@ class Floor:
 
 def floor_weight_bytes(graph) -> int:
     """Weight bytes a step must read in full: every weight a node other than an embedding
-    reads (an embedding gathers one row of its table per token, not the table)."""
-    read = {t for n in graph.nodes if n.op_type != "embedding" for t in n.inputs.values()}
-    return sum(spec.nbytes for t, spec in graph.tensors.items() if spec.kind == "weight" and t in read)
+    reads (an embedding gathers one row of its table per token, not the table); of a
+    grouped matmul's expert weights, only the experts that have rows (the routing)."""
+    read = {t for n in graph.nodes if n.op_type not in ("embedding", "grouped_matmul") for t in n.inputs.values()}
+    experts = {n.inputs["weight"]: n.args.group_sizes for n in graph.nodes if n.op_type == "grouped_matmul"}
+    return sum(spec.nbytes for t, spec in graph.tensors.items() if spec.kind == "weight" and t in read) + sum(
+        graph.tensors[t].nbytes * sum(1 for g in groups if g) // len(groups)
+        for t, groups in experts.items() if t not in read)
 
 
 def floor_of(run: GraphRun) -> Floor:
@@ -99,7 +104,7 @@ def summary(run: GraphRun, top: int = 5, overrides=None) -> str:
         f"  HBM traffic    read {s.hbm_read_bytes / GB:.3f} GB, write {s.hbm_write_bytes / GB:.3f} GB "
         f"({r.hbm_bw_bytes_per_s / 1e12:.3f} TB/s); L2 hit rate {100 * s.l2_hit_rate:.1f}%",
         f"  peak memory    {size(m.total_bytes)}: {m.line()}",
-        f"  kernels        {len(r.kernels)}",
+        f"  kernels        {len(r.kernels)}" + (f", {note}" if (note := r.fast_forward_note()) else ""),
         f"  host           launch {hw.us(r.host_launch_cycles):,.1f} us, wait {hw.us(r.host_wait_cycles):,.1f} us "
         "(blocked in synchronize: the device was behind)",
         f"  weight floor   {f.floor_us:,.1f} us (weights read in full / sustained HBM bandwidth); this step is "
@@ -111,6 +116,9 @@ def summary(run: GraphRun, top: int = 5, overrides=None) -> str:
     workspaces = _workspaces(run)
     if workspaces:
         lines.append("  workspace      " + "; ".join(workspaces))
+    moe = moe_breakdown(run)
+    if moe:
+        lines += moe_lines(moe)
     return "\n".join(lines)
 
 
@@ -145,7 +153,7 @@ def step_json(run: GraphRun) -> dict:
         "workspace_bytes_by_kernel": dict(run.workspace),
         "weight_floor": {"floor_us": f.floor_us, "ratio": f.ratio, "other_hbm_us": f.other_hbm_us,
                          "idle_us": f.idle_us, "kernel_excess_us": f.kernel_excess_us},
-    })
+    } | ({"moe": moe} if (moe := moe_breakdown(run)) else {}))
 
 
 _ROWS = (

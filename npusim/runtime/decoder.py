@@ -28,6 +28,7 @@ from npusim.passes import apply, pass_names
 from npusim.runtime.compile import LoweringCache
 from npusim.runtime.memory import MemoryBreakdown, OutOfMemoryError, place, size
 from npusim.runtime.run import GraphRun, run_graph
+from npusim.step_flags import fast_forward_key
 from npusim.workload import Workload, load_workload
 
 
@@ -43,10 +44,11 @@ class Step:
     options: Mapping[str, Any] = {}  # pass options: fusion_rules, kv_layout
     tp: int = 1  # tensor-parallel degree: the graph is one device's shard (npusim.parallel)
     sp: int = 1  # sequence-parallel degree (prefill)
+    ep: int = 1  # expert-parallel degree (a MoE decoder; attention data parallel)
 
     def graph(self, batch: int | None = None, lengths=None, hw: HwConfig | None = None) -> Graph:
         g = build_decoder(self.workload, self.phase, batch or self.batch,
-                          self.lengths if lengths is None else lengths, tp=self.tp, sp=self.sp)
+                          self.lengths if lengths is None else lengths, tp=self.tp, sp=self.sp, ep=self.ep)
         return apply(g, self.passes, **dict(self.options), hw=hw)
 
 
@@ -87,7 +89,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
                 cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
                 store: DiskCache | None = None, counters: bool = True, tp: int = 1, sp: int = 1,
-                devices: int | None = None, **options) -> GraphRun:
+                devices: int | None = None, ep: int = 1, exact: bool = False, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
@@ -95,7 +97,8 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
     `store`: the on-disk cache the step is served from or stored into (npusim.diskcache).
     counters=False: no bandwidth samples in the trace (they only feed a Chrome trace; on a long
     prefill they are most of the simulation's memory and half its time).
-    `tp` / `sp` / `devices`: a parallel plan (npusim.parallel.Plan); the run is one
+    exact=True: no kernel fast-forwarded (npusim.engine.fastforward; its key in `store` says which).
+    `tp` / `sp` / `ep` / `devices`: a parallel plan (npusim.parallel.Plan); the run is one
     device's, its peers symmetric, and memory is checked per device.
     Raises OutOfMemoryError, with the breakdown and the largest batch and context
     that fit, when the step does not fit in the device memory."""
@@ -105,15 +108,17 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
             raise ConfigError(f"--{key}: a pipelined step is run by `npusim run` (npusim.parallel.pipeline)")
     hw = load_hw(hw, overrides)
     s = step(workload, phase, batch, context, passes, **options)
-    plan = check_plan(Plan(tp, sp, devices), s.workload, hw)
-    s = attrs.evolve(s, tp=plan.tp, sp=plan.sp)
+    plan = check_plan(Plan(tp, sp, devices, ep), s.workload, hw)
+    s = attrs.evolve(s, tp=plan.tp, sp=plan.sp, ep=plan.ep)
     inputs = (s.workload, s.phase, s.batch, s.lengths, pass_names(s.passes), options_key(dict(s.options)), memo,
-              trace, counters, s.tp, s.sp) if store is not None else None
-    return cached(store, "step", inputs, hw, lambda hw: _run_step(s, hw, memo, trace, cache, progress, counters))
+              trace, counters, s.tp, s.sp) + ((s.ep,) if s.ep > 1 else ()) + fast_forward_key(exact) \
+        if store is not None else None
+    return cached(store, "step", inputs, hw, lambda hw: _run_step(s, hw, memo, trace, cache, progress, counters,
+                                                                   exact))
 
 
 def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCache | None,
-              progress: Callable[[int, int], None] | None, counters: bool = True) -> GraphRun:
+              progress: Callable[[int, int], None] | None, counters: bool = True, exact: bool = False) -> GraphRun:
     """run_decoder once its arguments are checked and loaded."""
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
@@ -127,7 +132,8 @@ def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCach
         raise OutOfMemoryError(_oom_message(s, s.batch, ctx, hw, need), least)
     graph = s.graph(hw=hw)
     try:
-        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache, progress=progress, counters=counters)
+        return run_graph(graph, hw, memo=memo, trace=trace, cache=cache, progress=progress, counters=counters,
+                         exact=exact)
     except OutOfMemoryError as e:  # say what would fit
         raise OutOfMemoryError(_oom_message(s, graph.batch, graph.context, hw, e.breakdown.line()),
                                e.breakdown) from None
@@ -136,7 +142,7 @@ def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCach
 def _least_weight_bytes(s: Step) -> int:
     """A lower bound of one device's weight bytes before its graph is built: its shard
     of the checkpoint, or one byte per parameter of it when the quantize pass runs (INT8)."""
-    held = device_weight_bytes(s.workload, s.tp)
+    held = device_weight_bytes(s.workload, s.tp, s.ep)
     return held // s.workload.dtype_bytes if "quantize" in pass_names(s.passes) else held
 
 
@@ -168,8 +174,16 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     best_batch = _largest(lambda b: fits(batch=b), min(batch - 1, _most(free, device_kv_bytes(w, 1, ctx, tp))))
     best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, device_kv_bytes(w, batch, 1, tp))))
     where = f"{hw.name}'s memory" if tp == 1 else f"the memory of one of {tp} {hw.name} devices (--tp {tp})"
+    if s.ep > 1:
+        where = f"the memory of one of {s.ep} {hw.name} devices (--ep {s.ep})"
     need_tp = devices_to_fit(w, batch, ctx, hw, lambda tp: _least_weight_bytes(attrs.evolve(s, tp=tp)))
     more = (f"; weights and KV cache fit on {need_tp} devices (--tp {need_tp})" if need_tp and need_tp > tp else "")
+    if w.is_moe:  # experts are placed by expert parallelism, not split by tp (each device its own batch)
+        need_ep = next((ep for ep in range(s.ep + 1, min(w.experts, hw.topology.max_devices) + 1)
+                        if w.experts % ep == 0 and _least_weight_bytes(attrs.evolve(s, ep=ep))
+                        + device_kv_bytes(w, batch, ctx, 1) <= hw.hbm.hbm_bytes), None)
+        more = f"; weights and KV cache fit with the experts over {need_ep} devices (--ep {need_ep})" \
+            if need_ep else ""
     return (f"{w.name} {s.phase} batch {batch} x context {ctx} does not fit in {where}: {need}; "
             f"the largest batch that fits at context {ctx} is {best_batch}, "
             f"the largest context that fits at batch {batch} is {best_ctx}{more}")

@@ -135,11 +135,12 @@ def _alike(graph: Graph, layers: Sequence[int]) -> bool:
 @fewer_collections()  # lowering and verify allocate as the simulation does
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
               cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
-              counters: bool = True) -> GraphRun:
+              counters: bool = True, exact: bool = False) -> GraphRun:
     """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
     lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh.
     `progress(kernels simulated, kernels to simulate)` as the engine goes. counters=False:
-    no bandwidth samples in the trace (engine.run; only a Chrome trace shows them)."""
+    no bandwidth samples in the trace (engine.run; only a Chrome trace shows them).
+    exact=True: no kernel fast-forwarded (engine.run, engine.fastforward)."""
     placement = place(graph, hw.hbm.hbm_bytes)
     check_memory(graph, hw, placement.breakdown)
     layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
@@ -150,7 +151,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
-    result = run(program.calls, hw, trace, progress=progress, counters=counters)
+    result = run(program.calls, hw, trace, progress=progress, counters=counters, exact=exact)
     if memo:
         result = fill_replays(result, program)
     pattern: dict[str, str] = {}

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
+from npusim.step_flags import add_exact_flag
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
@@ -65,7 +66,8 @@ def step_cost(svc: ServiceConfig, args, hw, bar, tp: int | None = None) -> StepC
     points it will need only when the bar is drawn)."""
     return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
-                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp)
+                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp,
+                    exact=getattr(args, "exact", False))
 
 
 def compare_table(a: dict, b: dict, labels: tuple[str, str] | None = None) -> str:
@@ -474,6 +476,7 @@ def add_arguments(p) -> None:
                    "arrives: round-robin (in turn), shortest-queue (the fewest requests in the replica) or "
                    "least-loaded (the fewest prompt + output tokens in it)")
     add_cache_flags(p)
+    add_exact_flag(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
     p.add_argument("--jobs", type=int, default=1, help="worker processes pricing the step-cost model's engine "

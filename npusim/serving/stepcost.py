@@ -62,6 +62,7 @@ from typing import Any
 
 import attrs
 
+from npusim.step_flags import fast_forward_key
 from npusim.diskcache import DiskCache
 from npusim.diskcache.compute import cached
 from npusim.diskcache.keys import options_key
@@ -221,7 +222,8 @@ class StepCost:
                  store: DiskCache | None = None, refine: bool = True,
                  on_plan: Callable[[list[tuple]], None] | None = None,
                  on_priced: Callable[[tuple, float], None] | None = None,
-                 on_point: Callable[[tuple], None] | None = None, jobs: int = 1, tp: int = 1):
+                 on_point: Callable[[tuple], None] | None = None, jobs: int = 1, tp: int = 1,
+                 exact: bool = False):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
@@ -234,6 +236,7 @@ class StepCost:
         self.on_plan, self.on_priced = on_plan, on_priced
         self.jobs = jobs
         self.tp = tp  # tensor-parallel degree: every point is one card's shard (graph.build_decoder(tp=))
+        self.exact = exact  # True: no kernel of a point fast-forwarded (npusim.engine.fastforward; --exact)
         self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
@@ -377,14 +380,15 @@ class StepCost:
             if self.on_point is not None:
                 self.on_point(k)
             began = time.perf_counter()
-            run = run_graph(self.graph(*k, hw=hw), hw, counters=False)
+            run = run_graph(self.graph(*k, hw=hw), hw, counters=False, exact=self.exact)
             self.engine_runs += 1
             if self.on_priced is not None:
                 self.on_priced(k, time.perf_counter() - began)
             return Point(run.latency_us, run.memory)
 
         inputs = (self.workload, list(self.passes), options_key(dict(self.options)), list(k),
-                  POINT_SCHEME) + ((self.tp,) if self.tp > 1 else ()) if self.store is not None else None
+                  POINT_SCHEME) + ((self.tp,) if self.tp > 1 else ()) + fast_forward_key(self.exact) \
+            if self.store is not None else None
         try:
             pt = cached(self.store, "serving-point", inputs, self.pricing_hw, price)
         except _NotStored:

@@ -59,8 +59,9 @@ BAD_YAML = {
                                 r"unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)"),
     "unknown key, suggestion 2": (yaml_with("num_layers", "2"),
                                   r"unknown key 'num_layers' \(did you mean 'layers'\?\)"),
-    "MoE experts": (yaml_with("num_experts", "8"), r"not supported: num_experts = 8 \(mixture of experts"),
-    "MoE local experts": (yaml_with("num_local_experts", "8"), r"not supported: num_local_experts = 8"),
+    "MoE experts, HF spelling": (yaml_with("num_experts", "8"), r"unknown key 'num_experts' \(did you mean 'experts'\?\)"),
+    "MoE top-k above experts": (yaml_with("mlp", "moe") + "experts: 4\nexperts_per_token: 5\nexpert_ffn_size: 64\n",
+                                r"key 'experts_per_token': top-k 5 is more than the experts 4"),
     "sliding window": (yaml_with("sliding_window", "4096"), r"not supported: sliding_window = 4096 \(sliding-window"),
     "alias bomb": ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
         f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, c in zip("abcdef", "bcdefg")),
@@ -84,11 +85,15 @@ def test_bad_yaml_workload_is_one_clean_error(case, tmp_path, capsys):
 # ---- Hugging Face config.json
 
 BAD_HF = {
-    "Mixtral experts": ({"num_local_experts": 8, "num_experts_per_tok": 2},
-                        r"not supported: num_local_experts = 8 \(mixture of experts \(Mixtral\) is not modelled"),
-    "Qwen MoE experts": ({"num_experts": 60, "moe_intermediate_size": 1408}, r"not supported: num_experts = 60"),
-    "DeepSeek experts": ({"n_routed_experts": 64}, r"not supported: n_routed_experts = 64"),
-    "MoE FFN size": ({"moe_intermediate_size": 1408}, r"not supported: moe_intermediate_size = 1408"),
+    "Mixtral top-k above experts": ({"num_local_experts": 8, "num_experts_per_tok": 9},
+                                    r"key 'num_experts_per_tok': top-k 9 is more than the num_local_experts 8"),
+    "Qwen2-MoE shared expert": ({"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                                 "shared_expert_intermediate_size": 5632},
+                                r"not supported: shared_expert_intermediate_size = 5632 \(a shared expert behind"),
+    "DeepSeek MLA": ({"n_routed_experts": 64, "num_experts_per_tok": 6, "kv_lora_rank": 512},
+                     r"not supported: kv_lora_rank = 512 \(multi-head latent attention"),
+    "MoE FFN size without experts": ({"moe_intermediate_size": 1408},
+                                     r"key 'moe_intermediate_size' without experts"),
     "MLA": ({"kv_lora_rank": 512}, r"not supported: kv_lora_rank = 512 \(multi-head latent attention"),
     "sliding window (Mistral)": ({"sliding_window": 256}, r"not supported: sliding_window = 256"),
     "sliding window on": ({"sliding_window": 256, "use_sliding_window": True}, r"not supported: sliding_window"),
