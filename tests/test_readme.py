@@ -253,10 +253,13 @@ def rewrite_shown(page: Path) -> list[str]:
         new = []
         for line in lines:
             candidates = by_skeleton.get(_skeleton(line), [])
+            # of the lines with its words, the one sharing most of its numbers (a row's key);
+            # several sharing none: which row it was is not known
+            shared = [len(set(_NUMBER.findall(line)) & set(_NUMBER.findall(c))) for c in candidates]
             if line.rstrip() in printed:
                 new.append(line)
-            elif candidates:
-                new.append(candidates.pop(0))
+            elif candidates and (max(shared) > 0 or len(candidates) == 1):
+                new.append(candidates.pop(shared.index(max(shared))))
             else:
                 new.append(line)
                 unmatched.append(f"{command}: {line}")
