@@ -5,7 +5,7 @@
 A corpus of kernels and steps of K3 and qwen2.5-7b - the prefill GEMMs and vector
 kernels of 16 to 32 prompts of 4096 tokens (as `npusim op` runs them: a whole step of
 that size takes minutes to simulate exactly), whole decode, prefill and mixed steps -
-each priced exactly (exact=True, as --exact) and fast-forwarded (the default). Prints
+each priced exactly (exact=True, the default) and fast-forwarded (exact=False, as --fast-forward). Prints
 per case both latencies, |ff/exact - 1|, the HBM read error, the kernels fast-forwarded
 and the two wall times; then the median and max latency error over the cases that were
 fast-forwarded (target: median <= 0.2%, max <= 1%) and over all, and the speed-up.

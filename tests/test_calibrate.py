@@ -25,6 +25,11 @@ DATA = Path(__file__).resolve().parents[1] / "npusim" / "data" / "calibration"
 # cube's), HBM efficiency sets the time of the ops heavy in bytes (the LM head, Cast,
 # big GEMMs).
 HIDDEN = {"hbm.bw_efficiency": 0.50, "runtime.kernel_start_aiv_cycles": 12600, "runtime.kernel_start_aic_cycles": 6500}
+# Fitted but not claimed: the Mmad start-up (131 cycles as shipped) moves this mix's
+# GEMMs, but at these shapes it is a fixed cost per cube kernel beside the kernel
+# start, so the fit trades one for the other (hidden at 60 it comes back at 71-81);
+# the public GEMMs of benchmarks/fidelity.py, from 1024^3 to 8192^3, pin it.
+TRADED = ("aic.mmad_startup_cycles",)
 # Not claimed: fields this mix does not pin to 10% (the calibration reports them as not
 # fitted, with the reason): the DMA's time per segment (a transfer's segments overlap
 # its data: these small shapes barely see them); cube, fixpipe and MTE1 start-ups and
@@ -96,7 +101,7 @@ def recovered(tmp_path_factory):
 
 
 def test_recovers_the_hidden_values_within_10_percent(recovered):
-    assert_recovered(recovered[0], HIDDEN)
+    assert_recovered(recovered[0], HIDDEN, free=TRADED)
 
 
 def test_held_out_error_is_under_3_percent(recovered):
@@ -107,7 +112,7 @@ def test_held_out_error_is_under_3_percent(recovered):
     assert not np.isnan(cal.held_out_us).any()
     assert cal.folds == 5
     reasons = {e.field: e.reason for e in cal.excluded}
-    assert "moves no op" in reasons["aic.mmad_startup_cycles"]
+    assert "moves no op" in reasons["aic.fixpipe_startup_cycles"]
 
 
 def test_unmapped_rows_are_counted_and_listed(recovered):

@@ -27,11 +27,11 @@ HALF_HBM = "base: ascend910b2\nname: half-hbm\nhbm:\n  peak_bw_bytes_per_s: 8.0e
 
 @pytest.fixture
 def wide(tmp_path) -> str:
-    """k3-tiny with a 16,384-token vocabulary: its LM head GEMV reads 8 MiB of weights,
+    """k3-tiny with a 32,768-token vocabulary: its LM head GEMV reads 16 MiB of weights,
     an HBM-bound kernel (the rest of k3-tiny is bound by its kernel starts)."""
     text = (ROOT / "workloads" / "k3-tiny.yaml").read_text()
     text = re.sub(r"^name: k3-tiny", "name: k3-wide-head", text, flags=re.M)
-    text, n = re.subn(r"^vocab_size: \d+", "vocab_size: 16384", text, flags=re.M)
+    text, n = re.subn(r"^vocab_size: \d+", "vocab_size: 32768", text, flags=re.M)
     assert n == 1
     path = tmp_path / "wide.yaml"
     path.write_text(text)

@@ -1,6 +1,6 @@
 """Fast-forward (engine.fastforward): a kernel of many identical waves priced from a few
 of them must stay within tolerance of the full simulation, say that it was priced that
-way, and --exact (exact=True) must give the engine's result without fast-forward, bit
+way, and exact=True (the default; --fast-forward asks for the fast path) must give the engine's result without fast-forward, bit
 for bit. Small cases (seconds); benchmarks/bench_fastforward.py measures the corpus."""
 
 from __future__ import annotations
@@ -115,15 +115,15 @@ def test_l2_image_round_trips():
     assert a.dirty_lines() == b.dirty_lines()
 
 
-def test_cli_says_so_and_exact_turns_it_off(tmp_path, capsys):
+def test_cli_fast_forwards_when_asked_and_says_so(tmp_path, capsys):
     args = ["op", "rms_norm", "shape=196608,1024", "--set", "l2.l2_bytes=8388608", "--no-cache"]
     j = tmp_path / "ff.json"
-    assert main(args + ["--json", str(j)]) == 0
+    assert main(args + ["--fast-forward", "--json", str(j)]) == 0
     out = capsys.readouterr().out
     assert "fast-forwarded" in out
     report = json.loads(j.read_text())
     assert report["fast_forwarded_kernels"] == 1 and report["ops"][0]["fast_forwarded_waves"] >= ff.FF_MIN_SKIP
-    assert main(args + ["--exact", "--json", str(j)]) == 0
+    assert main(args + ["--json", str(j)]) == 0  # exact unless asked
     assert "fast-forwarded" not in capsys.readouterr().out
     report = json.loads(j.read_text())
     assert report["fast_forwarded_kernels"] == 0 and "fast_forwarded_waves" not in report["ops"][0]

@@ -123,7 +123,8 @@ def test_flash_attention_beats_the_unfused_chain(prefill):
 def test_causal_skips_the_masked_half():
     full = run("flash_attention", **attn(heads=24, head_dim=128, seq_q=1024))[1]
     causal = run("flash_attention", **attn(heads=24, head_dim=128, seq_q=1024, causal=True))[1]
-    assert causal.us < 0.7 * full.us
+    # the kernels' own time (the kernel start, one fixed cost, is not halved by a mask)
+    assert causal.kernel_cycles < 0.7 * full.kernel_cycles
     assert causal.stats.gm_bytes < 0.7 * full.stats.gm_bytes
     assert causal.lowered.flops == pytest.approx(full.lowered.flops / 2, rel=0.01)
 

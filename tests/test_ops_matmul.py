@@ -66,8 +66,9 @@ def _gemm_4096(hw, fmt: str):
                        trace="kernel")
 
 
-def test_gemm_4096_reaches_80_percent_of_cube_peak():
-    """NZ operands reach 80% of the cube peak. ND tiles arrive as one DMA segment per
+def test_gemm_4096_reaches_70_percent_of_cube_peak():
+    """NZ operands reach 70% of the cube peak (silicon's 4096^3 reaches 74%: the Mmad
+    start-up, fitted on the public GEMMs, is the rest; tests/test_fidelity.py). ND tiles arrive as one DMA segment per
     row (a row of A is base_k * step_k fp16, one of B base_n fp16: 512 bytes each). A
     segment costs dma.segment_cycles of the DMA engine overlapped with the data, so a
     copy is held to one 512-byte row per segment_cycles: on the default config that is
@@ -78,7 +79,7 @@ def test_gemm_4096_reaches_80_percent_of_cube_peak():
     nz, nd = _gemm_4096(HW, "NZ"), _gemm_4096(HW, "ND")
     print(f"\n4096^3 fp16: NZ operands {nz.tflops:.1f} TFLOPS = {100 * nz.tflops * 1e12 / peak:.0f}% of peak; "
           f"ND operands {nd.tflops:.1f} TFLOPS = {100 * nd.tflops * 1e12 / peak:.0f}%")
-    assert nz.tflops * 1e12 >= 0.8 * peak
+    assert nz.tflops * 1e12 >= 0.7 * peak
     t = nd.lowered.tiling
     assert t == nz.lowered.tiling
     row = t.base_k * t.step_k * 2

@@ -93,7 +93,7 @@ class RunResult:
 def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bool = True,
         on_device: Callable[[Device], None] | None = None,
         progress: Callable[[int, int], None] | None = None, counters: bool = True,
-        exact: bool = False, checked: bool = False) -> RunResult:
+        exact: bool = True, checked: bool = False) -> RunResult:
     """Execute host calls (launches, memcpys, events, synchronizes) and return what happened.
     dedup=False simulates identical blocks one by one (tests compare both); on_device lets a
     caller look at (or instrument) the Device before the run starts (each attempt's,
@@ -254,6 +254,6 @@ def _deadlock_message(stuck: dict, now: float) -> str:
 
 
 def simulate(kernel: Kernel, hw: HwConfig, trace: str = "instr", mode: str = "eager",
-             exact: bool = False) -> RunResult:
+             exact: bool = True) -> RunResult:
     """One kernel: launch it on stream 0 and synchronize (exact: see run)."""
     return run([Launch(kernel, 0, mode), Synchronize()], hw, trace, exact=exact)

@@ -163,7 +163,7 @@ class OpReport:
 
 
 def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: bool = True,
-                exact: bool = False) -> OpReport:
+                exact: bool = True) -> OpReport:
     """Launch the op's kernels in order on one stream (graph mode) and synchronize.
     counters=False: no bandwidth samples in the trace (engine.run; only a Chrome trace shows them).
     exact=True: no kernel fast-forwarded (engine.run)."""

@@ -55,7 +55,7 @@ def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra
         "l2_hit_rate": s.l2_hit_rate,
         "peak_memory_bytes": peak_memory_bytes,
         "kernel_count": len(result.kernels),
-        # kernels priced from a few of their waves (engine.fastforward; --exact: none)
+        # kernels priced from a few of their waves (engine.fastforward, with --fast-forward)
         "fast_forwarded_kernels": len(result.fast_forwarded),
         "host_launch_us": hw.us(result.host_launch_cycles),
         "host_wait_us": hw.us(result.host_wait_cycles),

@@ -89,7 +89,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
                 overrides: Mapping[str, Any] | None = None, memo: bool = True, trace: str = "kernel",
                 cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
                 store: DiskCache | None = None, counters: bool = True, tp: int = 1, sp: int = 1,
-                devices: int | None = None, ep: int = 1, exact: bool = False, **options) -> GraphRun:
+                devices: int | None = None, ep: int = 1, exact: bool = True, **options) -> GraphRun:
     """Simulate one step of a decoder. `context`: the context length of each sequence
     in decode (the new token included), the prompt length in prefill; an int or one
     per sequence. `options` go to the passes (fusion_rules, kv_layout, buckets,
@@ -118,7 +118,7 @@ def run_decoder(workload: Workload | str, hw: HwConfig | str = "ascend910b2", ph
 
 
 def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCache | None,
-              progress: Callable[[int, int], None] | None, counters: bool = True, exact: bool = False) -> GraphRun:
+              progress: Callable[[int, int], None] | None, counters: bool = True, exact: bool = True) -> GraphRun:
     """run_decoder once its arguments are checked and loaded."""
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).

@@ -135,7 +135,7 @@ def _alike(graph: Graph, layers: Sequence[int]) -> bool:
 @fewer_collections()  # lowering and verify allocate as the simulation does
 def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kernel",
               cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
-              counters: bool = True, exact: bool = False) -> GraphRun:
+              counters: bool = True, exact: bool = True) -> GraphRun:
     """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
     lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh.
     `progress(kernels simulated, kernels to simulate)` as the engine goes. counters=False:

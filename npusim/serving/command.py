@@ -67,7 +67,7 @@ def step_cost(svc: ServiceConfig, args, hw, bar, tp: int | None = None) -> StepC
     return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
                     on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp,
-                    exact=getattr(args, "exact", False))
+                    exact=getattr(args, "exact", True))
 
 
 def compare_table(a: dict, b: dict, labels: tuple[str, str] | None = None) -> str:

@@ -223,7 +223,7 @@ class StepCost:
                  on_plan: Callable[[list[tuple]], None] | None = None,
                  on_priced: Callable[[tuple, float], None] | None = None,
                  on_point: Callable[[tuple], None] | None = None, jobs: int = 1, tp: int = 1,
-                 exact: bool = False):
+                 exact: bool = True):
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         self.hw = load_hw(hw)
         # priced on unbounded HBM capacity (module doc): only the memory check reads it
