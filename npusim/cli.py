@@ -9,7 +9,7 @@ import sys
 from npusim.errors import NpusimError
 from npusim.outputs import all_or_none, err, say
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
-from npusim.step_flags import add_exact_flag, fast_forward_key
+from npusim.step_flags import add_fast_forward_flag, fast_forward_key
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
@@ -557,7 +557,7 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     for p_ in (op, run, compare, sweep):
         add_cache_flags(p_)
     for p_ in (op, run):
-        add_exact_flag(p_)
+        add_fast_forward_flag(p_)
     add_cache_command(sub)
     calibrate = sub.add_parser("calibrate", help="fit the assumed fields of a config to msprof and/or hccl_test measurements",
                                formatter_class=_Help)

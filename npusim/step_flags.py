@@ -167,7 +167,7 @@ def _same_file(values, kind: str | None) -> bool:
     return where(values[0]) == where(values[1])
 
 
-def add_exact_flag(p) -> None:
+def add_fast_forward_flag(p) -> None:
     """--fast-forward (run, op, serve): price a kernel that repeats many identical waves
     from a few of them (npusim.engine.fastforward); without it (args.exact) every kernel
     is simulated in full. Opt-in: on an L2-thrashing kernel (notebook 03's unfused
@@ -233,5 +233,5 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["PREFILL_BATCH", "add_exact_flag", "check_outputs", "fast_forward_key", "context", "default_batch", "inputs", "lengths",
+__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "check_outputs", "fast_forward_key", "context", "default_batch", "inputs", "lengths",
            "overrides", "pass_options", "pipeline", "sides", "step_args"]

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
-from npusim.step_flags import add_exact_flag
+from npusim.step_flags import add_fast_forward_flag
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
@@ -476,7 +476,7 @@ def add_arguments(p) -> None:
                    "arrives: round-robin (in turn), shortest-queue (the fewest requests in the replica) or "
                    "least-loaded (the fewest prompt + output tokens in it)")
     add_cache_flags(p)
-    add_exact_flag(p)
+    add_fast_forward_flag(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
     p.add_argument("--jobs", type=int, default=1, help="worker processes pricing the step-cost model's engine "
