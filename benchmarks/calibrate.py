@@ -1,7 +1,7 @@
 """The worked example of `npusim calibrate` in docs/calibrate.md: ascend910b1 calibrated on four
 public GEMM points (npusim/data/calibration; a 24-core 910-class die at 1850 MHz).
 
-    python benchmarks/calibrate.py [--fields F1,F2]   # minutes: each GEMM is simulated ~20 times
+    python benchmarks/calibrate.py [--fields F1,F2]   # about 25 s on an empty cache: each GEMM is simulated ~20 times
 
 The same as `npusim calibrate --profile npusim/data/calibration/gemm_op_summary.csv --hw
 ascend910b1 --fields ...`; it prints the fit and its held-out error (leave-one-GEMM-out).
@@ -15,7 +15,7 @@ from npusim.calibrate import calibrate
 from npusim.calibrate.report import summary
 
 # what the GEMMs identify, less HBM efficiency: four GEMMs are compute-bound
-FIELDS = "dma.startup_cycles,dma.segment_cycles,runtime.kernel_start_aic_cycles"
+FIELDS = "aic.mmad_startup_cycles,dma.startup_cycles,runtime.kernel_start_aic_cycles"  # as docs/calibrate.md
 GEMM_CSV = Path(__file__).resolve().parents[1] / "npusim" / "data" / "calibration" / "gemm_op_summary.csv"
 
 
