@@ -348,3 +348,18 @@ def test_a_moe_too_big_for_one_device_is_told_the_ep_that_fits():
 
     with pytest.raises(OutOfMemoryError, match=r"weights 86.99 GiB .* fit with the experts over 2 devices \(--ep 2\)$"):
         run_decoder("mixtral-8x7b", HW, "decode", 8, 2048)
+
+
+def test_the_shared_experts_run_beside_the_dispatch():
+    """The shared experts read only the FFN norm: built right after the permutation, the
+    streams pass puts them on stream 1, so they run beside the dispatch all-to-all and
+    are done before the routed experts start (not after the combine, on the step's path)."""
+    run = run_decoder("k3-tiny-moe", HW, "decode", 4, 256, "optimized", ep=2, devices=2, memo=False)
+    moe = run.graph.nodes[[n.op_type for n in run.graph.nodes].index("moe_init_routing"):]
+    shared = [n.name for n in moe[1:[n.op_type for n in moe].index("all_to_all")]]  # between permute and dispatch
+    assert len(shared) == 3 and all(run.graph.schedule.stream(name) == 1 for name in shared)
+    mine = [k for k in run.result.kernels if k.owner and k.owner.node in shared]
+    dispatch, experts = ([k for k in run.result.kernels if k.owner and k.owner.layer == 1 and k.op_type == t]
+                         for t in ("all_to_all", "grouped_matmul"))
+    assert max(k.end for k in mine) < min(k.start for k in experts)
+    assert min(k.start for k in mine) < max(k.end for k in dispatch[:2])  # the dispatch's kernels

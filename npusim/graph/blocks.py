@@ -8,9 +8,9 @@ returns the tensor it leaves in the residual stream:
                       attention (build._attention) -> o matmul -> add (residual)
     FFN_BUILDERS["swiglu"]: rms_norm -> gate, up matmuls -> silu -> mul -> down matmul -> add
     FFN_BUILDERS["moe"]:    rms_norm -> router matmul -> moe_gating -> moe_init_routing ->
-                      [all_to_all dispatch] -> grouped gate, up -> silu -> mul -> grouped
-                      down -> [all_to_all combine] -> [shared experts: gate, up, silu, mul,
-                      down] -> moe_finalize_routing (+ residual)
+                      [shared experts: gate, up, silu, mul, down] -> [all_to_all dispatch]
+                      -> grouped gate, up -> silu -> mul -> grouped down -> [all_to_all
+                      combine] -> moe_finalize_routing (+ residual)
 
 A MoE decoder's first `first_dense_layers` layers take the SwiGLU block
 (`ffn_block`). The MoE ops are npusim.ops.moe and npusim.ops.grouped_matmul; each
@@ -210,6 +210,12 @@ def moe_ffn(s: Layer, x: str) -> str:
     row_map, group_list = s.act("moe_row_map", (rows,), dtype="int32"), s.act("moe_group_list", (e,), dtype="int32")
     s.node("moe_init_routing", "moe_init_routing", dict(tokens=n, hidden=h, k=k, experts=e, dtype=dt),
            {"x": norm, "ids": ids}, {"y": permuted, "row_map": row_map, "group_list": group_list})
+    shared = {}
+    if w.shared_experts:  # every token through the shared experts, as one SwiGLU of their summed width;
+        # built before the routed experts (as frameworks issue it): they read only the norm, so the
+        # streams pass runs them beside the dispatch all-to-all and the routed experts' GEMMs
+        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe,
+                                   ("w_gate_shared", "w_up_shared", "w_down_shared"), "shared_")
 
     def all_to_all(name: str, x: str) -> str:
         """Rows to (dispatch) or back from (combine) the devices holding their experts."""
@@ -239,10 +245,6 @@ def moe_ffn(s: Layer, x: str) -> str:
     grouped("experts_down_proj", act, "w_down_experts", down, h, fe)
     if s.ep > 1:
         down = all_to_all("moe_combined", down)
-    shared = {}
-    if w.shared_experts:  # every token through the shared experts, as one SwiGLU of their summed width
-        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe,
-                                   ("w_gate_shared", "w_up_shared", "w_down_shared"), "shared_")
     out = s.act("out", (n, h))
     s.node("moe_finalize_routing", "moe_finalize_routing",
            dict(tokens=n, hidden=h, k=k, dtype=dt, residual=True, shared=bool(shared)),
