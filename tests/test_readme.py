@@ -109,8 +109,7 @@ def test_readme_example_prints_what_the_readme_shows(command, lines, capsys, tmp
     from npusim.cli import main
 
     monkeypatch.chdir(tmp_path)  # anything it writes stays out of the checkout
-    if "npusim/data/" in command:  # a file the page names from the checkout's root
-        (tmp_path / "npusim").symlink_to(ROOT / "npusim")
+    _link_data(tmp_path, command)
     main(shlex.split(command)[1:])
     captured = capsys.readouterr()
     printed = [line.rstrip() for line in (captured.out + captured.err).splitlines()]
@@ -219,17 +218,38 @@ def _skeleton(line: str) -> str:
     return " ".join(_NUMBER.sub("#", line).split())
 
 
-def rewrite_shown(page: Path) -> list[str]:
-    """Rewrite, in `page`, each line a `$ npusim` block shows (SLOW ones too when
-    NPUSIM_README_SLOW is set) with the line the command prints now that has the same
-    words and other numbers; the commands whose shown lines have no such line are
-    returned (to rewrite by hand)."""
+def _link_data(folder: Path, command: str) -> None:
+    """A command naming a file from the checkout's root (npusim/data/...) finds it in `folder`."""
+    if "npusim/data/" in command:
+        (folder / "npusim").symlink_to(ROOT / "npusim")
+
+
+def _printed(command: str, stderr: bool = True) -> list[str]:
+    """The lines `command` prints (stdout, and stderr unless told not), run in a fresh folder."""
     import contextlib
     import io
     import tempfile
 
     from npusim.cli import main
 
+    out = io.StringIO()
+    err = out if stderr else io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        _link_data(Path(tmp), command)
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            main(shlex.split(command)[1:])
+        finally:
+            os.chdir(cwd)
+    return [line.rstrip() for line in out.getvalue().splitlines()]
+
+
+def rewrite_shown(page: Path) -> list[str]:
+    """Rewrite, in `page`, each line a `$ npusim` block shows (SLOW ones too when
+    NPUSIM_README_SLOW is set) with the line the command prints now that has the same
+    words and other numbers; the commands whose shown lines have no such line are
+    returned (to rewrite by hand)."""
     text = page.read_text()
     unmatched = []
     for command, lines in _shown():
@@ -239,15 +259,7 @@ def rewrite_shown(page: Path) -> list[str]:
         block = "\n".join(["$ " + command, *lines])
         if block not in text and ("\n".join(lines) not in text or not lines):
             continue
-        out = io.StringIO()
-        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            cwd = os.getcwd()
-            os.chdir(tmp)
-            try:
-                main(shlex.split(command)[1:])
-            finally:
-                os.chdir(cwd)
-        printed = [line.rstrip() for line in out.getvalue().splitlines()]
+        printed = _printed(command)
         by_skeleton: dict[str, list[str]] = {}
         for line in printed:
             by_skeleton.setdefault(_skeleton(line), []).append(line)
@@ -271,18 +283,11 @@ def rewrite_shown(page: Path) -> list[str]:
 
 def rewrite_main_job() -> None:
     """The README's block of the main job, as its command prints it now."""
-    import contextlib
-    import io
-
-    from npusim.cli import main
-
     command = _blocks("bash")[0].strip().splitlines()[0].split("&& .venv/bin/")[-1]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(shlex.split(command)[1:])
+    printed = "\n".join(_printed(command, stderr=False))
     text = (ROOT / "README.md").read_text()
     head, rest = text.split("```\nk3 decode on ascend910b2", 1)
-    (ROOT / "README.md").write_text(head + "```\n" + out.getvalue().rstrip() + "\n```" + rest.split("```", 1)[1])
+    (ROOT / "README.md").write_text(head + "```\n" + printed.rstrip() + "\n```" + rest.split("```", 1)[1])
 
 
 if __name__ == "__main__":  # after a change to the model: .venv/bin/python tests/test_readme.py [page.md ...]
