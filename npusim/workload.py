@@ -109,6 +109,11 @@ class Workload:
     routing_trace: str = _help("trace routing: a YAML/JSON file, per MoE layer a list of per-token lists of "
                                "expert ids", default="")
     routing_seed: int = _help("seed of the uniform and zipf routing draws", default=0)
+    # Expert capacity as GShard and Switch define it: with it set, a layer's rows over
+    # an expert's capacity are dropped (npusim.graph.routing says what they cost).
+    capacity_factor: float = _help("expert capacity: each expert of a MoE layer takes at most ceil(this x "
+                                   "tokens x experts_per_token / experts) rows, the rest dropped (0 = no cap)",
+                                   default=0.0)
     # assumption (numpy checks only, no effect on timing): real LLMs carry a few
     # hidden channels with activations tens of times larger than the rest; random
     # weights do not, so they can be planted: every norm's gamma is multiplied by
@@ -312,8 +317,10 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
             return key, f"expected a value >= 0, got {short(getattr(w, key))}"
         if getattr(w, key) > limit:
             return key, f"expected a value <= {limit} (a sanity bound), got {short(getattr(w, key))}"
+    if not (math.isfinite(w.capacity_factor) and w.capacity_factor >= 0):
+        return "capacity_factor", f"expected a finite value >= 0 (0 = no cap), got {w.capacity_factor!r}"
     if not w.is_moe:
-        moe = [k for k in MOE_LIMITS if getattr(w, k)]
+        moe = [k for k in (*MOE_LIMITS, "capacity_factor") if getattr(w, k)]
         return (moe[0], f"set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
     for key in ("experts", "experts_per_token", "expert_ffn_size"):
         if getattr(w, key) < 1:

@@ -196,8 +196,8 @@ def moe_ffn(s: Layer, x: str) -> str:
            {"weights": weights, "ids": ids})
     rows = n * k
     if s.ep == 1:
-        groups = draw_routing(w, i, n).tokens_per_expert  # the timing run's rows per expert
-        buf = received = rows
+        groups = draw_routing(w, i, n).tokens_per_expert  # the timing run's rows per expert (after any cap)
+        buf, received = rows, sum(groups)
     else:  # this device is, in every layer, the one whose experts receive the most rows
         cards = card_routing(w, i, n, s.ep)
         groups = cards.groups(cards.busiest_card)

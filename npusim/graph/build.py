@@ -80,7 +80,8 @@ def check_tp(w: Workload, tp: int) -> None:
         raise ConfigError(f"--tp: expected a positive integer, got {tp!r}")
     if tp > 1 and w.is_moe:
         raise ConfigError(f"--tp {tp}: {w.name} is a mixture of experts; sharding its experts over a "
-                          "tensor-parallel group is not modelled (run it on one device)")
+                          f"tensor-parallel group is not modelled (run it on one device, or place its experts "
+                          f"over devices with --ep N --devices N)")
     for key, n in (("heads", w.heads), ("kv_heads", w.kv_heads), ("ffn_size", w.ffn_size)):
         if n % tp:
             raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")

@@ -15,6 +15,17 @@ workload says (Workload.routing):
   tokens, k], for traces longer than a config file may be); a run with more tokens than the
   trace recorded reuses its tokens in order (token t takes row t mod rows).
 
+Expert capacity (Workload.capacity_factor > 0, as GShard and Switch define it): an
+expert takes at most ceil(capacity_factor x tokens x experts_per_token / experts)
+rows of a layer, `tokens` the tokens routed together (under expert parallelism the
+whole group's, as every device's tokens can reach an expert); its rows beyond that
+are dropped. Which of an expert's rows are dropped does not change the cost, so only
+the counts are capped (tokens_per_expert); the grouped matmuls run over the rows
+kept. # assumption: a dropped row is not computed by any expert - its token gets
+only the shared experts and the residual (the combine adds nothing for it) - while
+the permutation, the dispatch and the combine still move it (they are priced by the
+routed rows, tokens x experts_per_token, as without a cap).
+
 Draws are deterministic: layer i's generator is seeded by (routing_seed, i), and
 tokens draw in order, so a batch's first tokens route as a smaller batch does.
 The numpy checks (npusim.graph.execute) route by the router's own scores instead:
@@ -24,8 +35,10 @@ there the draw plays no part.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
+import attrs
 import numpy as np
 from attrs import frozen
 
@@ -36,19 +49,33 @@ from npusim.workload import Workload
 
 @frozen
 class LayerRouting:
-    """One MoE layer's routing of `tokens` tokens: expert ids [tokens, k]."""
+    """One MoE layer's routing of `tokens` tokens: expert ids [tokens, k]; `capacity`
+    the rows an expert takes at most (None: no cap)."""
 
     ids: np.ndarray
     experts: int
+    capacity: int | None = None
 
     @property
-    def tokens_per_expert(self) -> tuple[int, ...]:
-        """Rows of each expert's GEMMs (token, expert) pairs routed to it, by expert id."""
+    def routed_per_expert(self) -> tuple[int, ...]:
+        """(token, expert) pairs routed to each expert, by expert id, before any cap."""
         return tuple(int(c) for c in np.bincount(self.ids.reshape(-1), minlength=self.experts))
 
     @property
+    def tokens_per_expert(self) -> tuple[int, ...]:
+        """Rows of each expert's GEMMs, by expert id: the pairs routed to it, at most `capacity`."""
+        routed = self.routed_per_expert
+        return routed if self.capacity is None else tuple(min(c, self.capacity) for c in routed)
+
+    @property
+    def dropped_rows(self) -> int:
+        """Routed rows over their expert's capacity (0 without a cap)."""
+        return sum(self.routed_per_expert) - sum(self.tokens_per_expert)
+
+    @property
     def busiest_share(self) -> float:
-        """The busiest expert's share of the routed rows (1/experts when perfectly even)."""
+        """The busiest expert's share of the rows computed (those routed, less any dropped;
+        1/experts when perfectly even)."""
         counts = self.tokens_per_expert
         return max(counts) / sum(counts)
 
@@ -86,7 +113,21 @@ def card_routing(w: Workload, layer: int, tokens: int, ep: int) -> CardRouting:
 
 
 def draw_routing(w: Workload, layer: int, tokens: int) -> LayerRouting:
-    """Layer `layer`'s routing of `tokens` tokens, as the workload's routing fields say."""
+    """Layer `layer`'s routing of `tokens` tokens, as the workload's routing fields say
+    (capped at expert_capacity(w, tokens) rows per expert when capacity_factor is set)."""
+    return attrs.evolve(_routed(w, layer, tokens), capacity=expert_capacity(w, tokens))
+
+
+def expert_capacity(w: Workload, tokens: int) -> int | None:
+    """Rows an expert takes at most when `tokens` tokens are routed together (None: no cap):
+    ceil(capacity_factor x tokens x experts_per_token / experts)."""
+    if not w.capacity_factor:
+        return None
+    return math.ceil(w.capacity_factor * tokens * w.experts_per_token / w.experts)
+
+
+def _routed(w: Workload, layer: int, tokens: int) -> LayerRouting:
+    """draw_routing before the capacity cap."""
     if w.routing != "trace":
         return _drawn(w, layer, tokens)
     p = Path(w.routing_trace)
@@ -152,4 +193,4 @@ def _trace(path: str, mtime_ns: int, nbytes: int, experts: int, k: int) -> tuple
     return tuple(out)
 
 
-__all__ = ["CardRouting", "LayerRouting", "card_routing", "draw_routing"]
+__all__ = ["CardRouting", "LayerRouting", "card_routing", "draw_routing", "expert_capacity"]

@@ -137,6 +137,9 @@ def reference_grouped_matmul(p: GroupedMatmulParams, x, specs, ctx) -> dict:
     sizes = p.group_sizes
     if "group_list" in x:
         sizes = tuple(int(g) for g in x["group_list"].reshape(-1))
+        if len(sizes) == experts and sum(sizes) > p.m:  # the graph was built with rows dropped (capacity_factor)
+            raise ValueError(f"group_list routes {sum(sizes)} rows, group_sizes keep {p.m}: a capacity cap's drops "
+                             "are timed but not computed by numpy runs (check with capacity_factor 0)")
         if len(sizes) != experts or sum(sizes) != p.m:
             raise ValueError(f"group_list {sizes} does not split the {p.m} rows over {experts} groups")
     a = x["x"].reshape(p.m, p.k)

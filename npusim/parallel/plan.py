@@ -87,13 +87,15 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     """One-line ConfigError for a plan that cannot run: tp not dividing the heads, K/V
     heads or FFN; devices other than tp x sp; more devices than the topology has; a
     tensor-parallel group spanning nodes. (build_decoder checks that sp splits the prompt.)"""
+    if w.is_moe and plan.ep != 1 and (plan.tp != 1 or plan.sp != 1):  # before check_tp's MoE refusal, which says less
+        given = " ".join(f"--{axis} {n}" for axis, n in (("tp", plan.tp), ("sp", plan.sp)) if n != 1)
+        raise ConfigError(f"--ep {plan.ep} with {given}: expert parallelism is modelled with data-parallel "
+                          f"attention only (each device its own batch); drop {given} (--ep {plan.ep} "
+                          f"--devices {plan.ep})")
     check_tp(w, plan.tp)
     check_ep(w, plan.ep)
     if isinstance(plan.sp, bool) or not isinstance(plan.sp, int) or plan.sp < 1:
         raise ConfigError(f"--sp: expected a positive integer, got {plan.sp!r}")
-    if plan.ep > 1 and plan.tp * plan.sp > 1:
-        raise ConfigError(f"--ep {plan.ep} with --tp {plan.tp} / --sp {plan.sp}: expert parallelism with "
-                          "data-parallel attention is modelled alone (drop --tp and --sp)")
     if plan.devices is not None:
         if isinstance(plan.devices, bool) or not isinstance(plan.devices, int) or plan.devices < 1:
             raise ConfigError(f"--devices: expected a positive integer, got {plan.devices!r}")

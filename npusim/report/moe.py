@@ -6,7 +6,7 @@ share), for the run summary and the JSON."""
 from __future__ import annotations
 
 from npusim.graph.ir import Graph, Node
-from npusim.graph.routing import card_routing
+from npusim.graph.routing import card_routing, expert_capacity
 from npusim.runtime.run import GraphRun
 
 # A MoE layer's FFN parts, in the order the layer runs them.
@@ -50,7 +50,8 @@ def routing_rows(graph: Graph) -> dict[int, tuple[int, ...]]:
 def moe_breakdown(run: GraphRun) -> dict | None:
     """The step's MoE figures (None for a dense decoder): per part its kernel time (µs)
     and share of the step's kernel time; the routing (the draw, rows per expert per
-    layer, experts used per layer, the busiest expert's share per layer)."""
+    layer, experts used per layer, the busiest expert's share per layer); under a
+    capacity cap (capacity_factor > 0) the rows kept, routed and dropped (_dropped)."""
     w = run.graph.workload
     if not getattr(w, "is_moe", False):
         return None
@@ -67,9 +68,9 @@ def moe_breakdown(run: GraphRun) -> dict | None:
     layers = sorted(rows)
     ep = getattr(run.graph, "ep", 1)
     cards = {}
-    if ep > 1:  # every device's received rows, from the draw the graph was built with
+    if ep > 1 or w.capacity_factor:  # the draw the graph was built with: every device's rows, the dropped rows
         tokens = next(n.args.tokens for n in run.graph.nodes if n.op_type == "moe_gating")
-        cards = {i: card_routing(w, i, tokens, ep).rows_per_card for i in layers}
+        cards = {i: card_routing(w, i, tokens, ep) for i in layers}
     return {
         "routing": w.routing + (f" (exponent {w.routing_zipf_exponent})" if w.routing == "zipf" else "")
         + (f" ({w.routing_trace})" if w.routing == "trace" else ""),
@@ -79,8 +80,21 @@ def moe_breakdown(run: GraphRun) -> dict | None:
         "tokens_per_expert": [list(rows[i]) for i in layers],
         "experts_used": [sum(1 for c in rows[i] if c) for i in layers],
         "busiest_expert_share": [max(rows[i]) / sum(rows[i]) for i in layers],
-    } | ({"ep": ep, "rows_per_card": [list(cards[i]) for i in layers],
-          "busiest_card_share": [max(cards[i]) / sum(cards[i]) for i in layers]} if cards else {})
+    } | ({"ep": ep, "rows_per_card": [list(cards[i].rows_per_card) for i in layers],
+          "busiest_card_share": [max(cards[i].rows_per_card) / sum(cards[i].rows_per_card) for i in layers]}
+         if ep > 1 else {}) | (
+        _dropped(w, tokens * ep, [cards[i].routing for i in layers]) if w.capacity_factor else {})
+
+
+def _dropped(w, tokens: int, routings: list) -> dict:
+    """The capacity cap's figures: the factor, an expert's capacity in rows, and per MoE
+    layer the routed rows (token, expert pairs of the expert-parallel group), the
+    dropped ones and their share."""
+    routed = [sum(r.routed_per_expert) for r in routings]
+    dropped = [r.dropped_rows for r in routings]
+    return {"capacity_factor": w.capacity_factor, "expert_capacity_rows": expert_capacity(w, tokens),
+            "routed_rows": routed, "dropped_rows": dropped,
+            "dropped_share": [d / r for d, r in zip(dropped, routed)]}
 
 
 def moe_lines(b: dict) -> list[str]:
@@ -102,11 +116,31 @@ def moe_lines(b: dict) -> list[str]:
             f"device simulated")
     elif worst is not None:
         lines.append(
-            f"  routing        {b['routing']}: {rows[0]} rows per MoE layer ({b['experts_per_token']} per token) over "
+            f"  routing        {b['routing']}: {_rows_clause(b, rows)} over "
             f"{sum(used) / len(used):.1f} of {b['experts']} experts on average (fewest {min(used)}, most {max(used)}); "
             f"busiest expert {100 * sum(share) / len(share):.1f}% of a layer's rows on average, "
             f"{100 * share[worst]:.1f}% at most (L{b['layers'][worst]}, even would be {100 / b['experts']:.1f}%)")
+    if worst is not None and "capacity_factor" in b:
+        lines[-1] += _dropped_clause(b)
     return lines
+
+
+def _rows_clause(b: dict, kept: list[int]) -> str:
+    """The rows a MoE layer's experts run over: every routed row, or under a capacity cap
+    the routed rows and those kept (on average over the layers)."""
+    per_token = f"({b['experts_per_token']} per token)"
+    if "capacity_factor" not in b:
+        return f"{kept[0]} rows per MoE layer {per_token}"
+    return f"{b['routed_rows'][0]} rows routed per MoE layer {per_token}, {sum(kept) / len(kept):.1f} kept"
+
+
+def _dropped_clause(b: dict) -> str:
+    """The routing line's tail under a capacity cap: the rows dropped."""
+    dropped, share = b["dropped_rows"], b["dropped_share"]
+    return (f"; capacity factor {b['capacity_factor']:g} ({b['expert_capacity_rows']} rows per expert): "
+            f"{sum(dropped) / len(dropped):.1f} rows dropped per MoE layer on average "
+            f"({100 * sum(dropped) / sum(b['routed_rows']):.1f}%, {100 * max(share):.1f}% at most; "
+            "their tokens get only the shared experts and the residual)")
 
 
 __all__ = ["PARTS", "moe_breakdown", "moe_lines", "moe_part", "routing_rows"]
