@@ -4,10 +4,12 @@ factor of the optimised service back to the baseline's at a time and gives each
 factor's share of the gain (its loss when removed / the sum of the losses).
 
     .venv/bin/python benchmarks/serving_study.py --jobs 2 --json study.json   # k3, ramp 10,10,30,150
+    .venv/bin/python benchmarks/serving_study.py --cards 16 --tp 2   # the seeds' load on 8 replicas of 2 cards
     .venv/bin/python benchmarks/serving_study.py --workload k3-tiny --prompt-lengths uniform:16,400 \\
         --ramp 50,50,2,500 --requests 2000
 
-Every service runs the same requests. Engine points persist in the step-cost cache
+Every service runs the same requests, on --cards cards (default 1) as --cards / --tp
+replicas behind --router, as `npusim serve --cards` serves them. Engine points persist in the step-cost cache
 (npusim serve's), so a second run is fast; on K3 the first run prices bucketed
 prefills of up to 32 x 4096 tokens, minutes each. --jobs runs that many services at
 once (worker processes sharing the cache). Each service's row is printed, and the
@@ -25,7 +27,8 @@ import attrs
 from npusim.diskcache import open_store
 from npusim.outputs import write_text
 from npusim.pool import run_tasks
-from npusim.serving import StepCost, metrics, simulate
+from npusim.serving import StepCost, metrics, serve
+from npusim.serving.routers import ROUTERS
 from npusim.serving.stepcost import DEFAULT_TOL
 from npusim.serving.arrivals import parse_ramp, synthetic
 from npusim.serving.service import load_service
@@ -58,11 +61,11 @@ def factors(base, opt) -> dict:
     }
 
 
-def serve(svc, reqs, workload: str, hw: str, tol: float) -> dict:
-    """One service on the load: its metrics (a worker's task)."""
+def run_service(svc, reqs, workload: str, hw: str, tol: float, cards: int, tp: int, router: str) -> dict:
+    """One service on the load, on `cards` cards of `tp`-card replicas: its metrics (a worker's task)."""
     cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch, tol=tol,
-                    store=open_store())
-    m = metrics(simulate(reqs, svc, cost))
+                    store=open_store(), tp=tp)
+    m = metrics(serve(reqs, svc, cost, cards, router))
     m.pop("timeline")
     return m
 
@@ -95,6 +98,9 @@ def main() -> None:
     p.add_argument("--output-lengths", default="fixed:64")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="services simulated at once (worker processes)")
+    p.add_argument("--cards", type=int, default=1, help="cards each service runs on (--cards / --tp replicas)")
+    p.add_argument("--tp", type=int, default=1, help="cards per replica (tensor parallel)")
+    p.add_argument("--router", default="round-robin", choices=sorted(ROUTERS), help="how requests reach replicas")
     p.add_argument("--tol", type=float, default=DEFAULT_TOL,
                    help="step-cost model: relative error at which a grid cell is split (npusim serve --tol); "
                         "without buckets a prefill's cost is a staircase in the prompt length, and a tight "
@@ -117,7 +123,8 @@ def main() -> None:
     load = vars(a) | {"span_s": span}
     print(f"{a.workload} on {a.hw}: {a.requests} requests over {span:.0f} s, ramp {ramp.start:g} req/s "
           f"+{ramp.step:g} every {ramp.every_s:g} s (at {ramp.rate_at(span):g} by the last arrival), prompts "
-          f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}; step costs within {100 * a.tol:g}% "
+          f"{a.prompt_lengths}, outputs {a.output_lengths}, seed {a.seed}; {a.cards} card(s), replicas of {a.tp} "
+          f"behind {a.router}; step costs within {100 * a.tol:g}% "
           "at each grid cell's checked midpoints")
     print(f"{'service':25s} {'done':>6s} {'failed':>6s} {'rej':>5s} {'req/s':>7s} {'tok/s':>8s} {'compile s':>9s}  "
           f"{'e2e P50':>7s} {'P90':>7s} {'P99':>7s} {'TTFT P50':>8s} {'P90':>6s} {'P99':>7s}  (ms)", flush=True)
@@ -133,7 +140,8 @@ def main() -> None:
     def failed(i: int, why: str) -> None:
         raise SystemExit(f"{names[i]}: {why}")
 
-    run_tasks(serve, [(runs[n], reqs, a.workload, a.hw, a.tol) for n in names], a.jobs, done, failed)
+    run_tasks(run_service, [(runs[n], reqs, a.workload, a.hw, a.tol, a.cards, a.tp, a.router) for n in names],
+              a.jobs, done, failed)
     rows = {n: rows[n] for n in names}
     o, b = rows["seed-optimized"], rows["seed-baseline"]
     print(f"\nthroughput x{o['requests_per_s'] / b['requests_per_s']:.2f} ({b['requests_per_s']:.2f} -> "
