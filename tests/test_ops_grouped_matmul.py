@@ -155,6 +155,7 @@ GRID = [
     dict(group_sizes=(0, 1, 0, 17, 200, 0), k=300, n=100, bias="fp16", out_dtype="fp32"),
     dict(group_sizes=(3, 129, 64), k=4099, n=1000, trans_b=True, bias="fp32"),
     dict(group_sizes=(0, 0, 7), k=16, n=16),
+    dict(group_sizes=(0, 9, 40, 0, 3), k=320, n=96, trans_b=True, weight_dtype="int8", bias="fp32"),  # W8A16
 ]
 
 

@@ -2,15 +2,17 @@
 checkpoint converter makes them (the quantize pass only says which tensors are
 quantised: npusim.passes.quantize).
 
-For every int8 weight W [n, k] a matmul reads with per-channel scales:
+For every int8 weight W [n, k] a matmul reads with per-channel scales (and every
+int8 expert weight [E, n, k] a grouped matmul reads, expert by expert):
 - W is first rounded to the model dtype (the FP16 checkpoint);
 - when the matmul's activation is quantised with SmoothQuant factors, W's columns
   are multiplied by s (W * s[None, :]) and the quantise kernel's `smooth` operand
   holds 1 / s;
-- scale[o] = max_j |W[o, j]| / 127 (MIN_AMAX guards an all-zero row), and the
-  stored weight is W / scale[:, None], rounded to int8 (rint, clipped) in a
-  device run; a reference run keeps the quotient unrounded, so the quantised
-  graph run as "reference" computes what the FP graph computes.
+- scale[o] = max_j |W[o, j]| / 127 (an expert's: scale[e, o] over W[e, o, j];
+  MIN_AMAX guards an all-zero row), and the stored weight is W / scale[:, None],
+  rounded to int8 (rint, clipped) in a device run; a reference run keeps the
+  quotient unrounded, so the quantised graph run as "reference" computes what the
+  FP graph computes.
 
 SmoothQuant's factors (one per input channel of an activation, shared by every
 matmul reading it): s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), X_j from a
@@ -45,9 +47,19 @@ def is_quantized(graph: Graph) -> bool:
     return any(t.kind == "weight" and t.dtype == "int8" for t in graph.tensors.values())
 
 
+# The input each kind of node reading an int8 weight with per-channel scales reads it as.
+WEIGHT_INPUT = {"matmul": "b", "grouped_matmul": "weight"}
+
+
+def _int8_weight_readers(graph: Graph) -> list[Node]:
+    """The matmuls and grouped matmuls reading an int8 weight with its scales."""
+    return [n for n in graph.nodes if n.op_type in WEIGHT_INPUT and "scale" in n.inputs
+            and graph.tensors[n.inputs[WEIGHT_INPUT[n.op_type]]].dtype == "int8"]
+
+
 def _int8_matmuls(graph: Graph) -> list[Node]:
-    return [n for n in graph.nodes if n.op_type == "matmul" and "scale" in n.inputs
-            and graph.tensors[n.inputs["b"]].dtype == "int8"]
+    """The dense ones: a SmoothQuant activation is only ever a matmul's."""
+    return [n for n in _int8_weight_readers(graph) if n.op_type == "matmul"]
 
 
 def quantized_weights(graph: Graph, weights: Mapping[str, np.ndarray], mode: str,
@@ -57,17 +69,18 @@ def quantized_weights(graph: Graph, weights: Mapping[str, np.ndarray], mode: str
     runs the graph on calibration draw i and returns every tensor's value (used only
     when a quantise op smooths and `mode` is "device")."""
     out = dict(weights)
-    fp = {n.inputs["b"]: _as_dtype(np.asarray(weights[n.inputs["b"]], np.float32), graph.workload.dtype)
-          for n in _int8_matmuls(graph)}
+    readers = _int8_weight_readers(graph)
+    fp = {_weight(n): _as_dtype(np.asarray(weights[_weight(n)], np.float32), graph.workload.dtype)
+          for n in readers}
     smooth = _smoothing(graph, fp, weights, mode, calibrate)
-    for n in _int8_matmuls(graph):
-        w = n.inputs["b"]
-        rows = fp[w].reshape(n.args.n, n.args.k)
-        q = n.inputs["a"]
+    for n in readers:
+        w = _weight(n)
+        rows = fp[w].reshape(_rows_shape(n))
+        q = n.inputs.get("a")
         if q in smooth:
             rows = rows * smooth[q][None, :]
-        scale = (np.maximum(np.max(np.abs(rows), axis=1), MIN_AMAX) / INT8_MAX).astype(np.float32)
-        out[w] = rows / scale[:, None]
+        scale = (np.maximum(np.max(np.abs(rows), axis=-1), MIN_AMAX) / INT8_MAX).astype(np.float32)
+        out[w] = rows / scale[..., None]
         out[n.inputs["scale"]] = scale
     for qn in graph.nodes:
         if qn.op_type == "quantize_per_token" and qn.args.smooth:
@@ -99,10 +112,20 @@ def _smoothing(graph: Graph, fp: dict[str, np.ndarray], weights, mode: str, cali
     return out
 
 
+def _weight(n: Node) -> str:
+    return n.inputs[WEIGHT_INPUT[n.op_type]]
+
+
+def _rows_shape(n: Node) -> tuple[int, ...]:
+    """A weight's shape with its output channels as rows: [n, k], or [E, n, k] for experts."""
+    experts = (len(n.args.group_sizes),) if n.op_type == "grouped_matmul" else ()
+    return (*experts, n.args.n, n.args.k)
+
+
 def _as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     from npusim.graph.execute import round_to
 
     return round_to(x, dtype)
 
 
-__all__ = ["CALIBRATION_SEED_OFFSET", "is_quantized", "quantized_weights"]
+__all__ = ["CALIBRATION_SEED_OFFSET", "WEIGHT_INPUT", "is_quantized", "quantized_weights"]

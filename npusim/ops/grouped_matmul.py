@@ -15,6 +15,12 @@ group's tiles are as tall as it needs, up to base_m (the largest group's), so
 groups of a few tokens (decode) use tiles down to one fractal (16 rows). K is not
 split: a unit is a whole tile.
 
+W8A16 (weight_dtype=int8, the quantize pass's experts): the weight is int8 with an
+fp32 scale per expert and output channel, scale [E, N]; as in the dense matmul's
+W8A16 path, B moves as int8 (half the bytes), MTE1 widens it to fp16 into L0B and
+FixPipe multiplies each tile by its expert's scales (a unit's scale row is its
+expert's, as its bias row is).
+
 The group sizes are known when the op is lowered (a static tiling, as for every op
 here); the few bytes of CANN's group_list tensor are not read by the kernel. A graph
 may bind it (a MoE layer does): the numpy reference then splits rows by its values.
@@ -37,7 +43,7 @@ from npusim.ops.matmul import (
     MAX_BASE_M, SLICE_FRACTALS, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, tile_widths,
     unit_cycles,
 )
-from npusim.ops.matmul_program import _box, _epilogue, _Layout, _Plan, _prologue
+from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _Plan, _prologue
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 
 _DTYPES = ("fp16", "bf16")
@@ -61,6 +67,8 @@ class GroupedMatmulParams:
     bias: str = param("", "dtype of a bias [E, n], a row per expert: empty = none, fp32 or the dtype",
                       validator=validators.in_(("", *_DTYPES, "fp32")))
     out_dtype: str = param("", "dtype of y: empty = dtype", validator=validators.in_(("", *_DTYPES, "fp32")))
+    weight_dtype: str = param("", "dtype of the weight in GM: empty = dtype; int8 = W8A16 with an fp32 scale "
+                              "per expert and output channel (scale [E, n])", validator=validators.in_(("", "int8")))
 
     def __attrs_post_init__(self):
         if self.bias not in ("", "fp32", self.dtype):
@@ -79,7 +87,7 @@ class GroupedMatmulParams:
 def _group_params(p: GroupedMatmulParams, rows: int) -> MatmulParams:
     """One group as a dense matmul: what its tile program is built from."""
     return MatmulParams(m=rows, n=p.n, k=p.k, dtype=p.dtype, out_dtype=p.y_dtype, bias=bool(p.bias),
-                        trans_b=p.trans_b)
+                        trans_b=p.trans_b, weight_dtype=p.weight_dtype)
 
 
 def _group_base_m(rows: int, base_m: int, m0: int) -> int:
@@ -111,13 +119,13 @@ def choose_grouped_tiling(p: GroupedMatmulParams, hw: HwConfig) -> MatmulTiling:
     the units fill the cores. An empty group has no units and costs nothing."""
     cores = hw.chip.aic_count
     f = mmad_fractal(hw, p.dtype)
-    e = DTYPE_BYTES[p.dtype]
+    e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.weight_dtype or p.dtype]
     base_k = SLICE_FRACTALS * f.k0
     base_m = _group_base_m(max(p.group_sizes), MAX_BASE_M, f.m0)
     groups = [(rows, _group_base_m(rows, base_m, f.m0)) for rows in p.group_sizes if rows]
     best = None
     for base_n in tile_widths(p.n, f):
-        runs = [(cdiv(rows, bm) * cdiv(p.n, base_n), unit_cycles(hw, f, bm, base_n, p.k, base_k, e, e))
+        runs = [(cdiv(rows, bm) * cdiv(p.n, base_n), unit_cycles(hw, f, bm, base_n, p.k, base_k, e, eb))
                 for rows, bm in groups]
         cost = _busiest_core(runs, cores)
         if best is None or cost < best[0]:
@@ -129,7 +137,9 @@ def choose_grouped_tiling(p: GroupedMatmulParams, hw: HwConfig) -> MatmulTiling:
 
 
 def reference_grouped_matmul(p: GroupedMatmulParams, x, specs, ctx) -> dict:
-    """y[rows of group g] = x[rows of g] @ weight[g] (+ bias[g]), in fp32, group by group.
+    """y[rows of group g] = x[rows of g] @ weight[g] (+ bias[g]), in fp32, group by group;
+    an int8 weight (W8A16) is multiplied as its integers, then each column by its
+    expert's scale (FixPipe), before the bias.
     With a `group_list` operand (a MoE layer's row counts per expert, from
     moe_init_routing) its values split the rows: the router's choices in a numpy run,
     where group_sizes are the timing run's drawn counts (npusim.graph.routing)."""
@@ -146,16 +156,19 @@ def reference_grouped_matmul(p: GroupedMatmulParams, x, specs, ctx) -> dict:
     w = x["weight"].reshape(experts, p.n, p.k).transpose(0, 2, 1) if p.trans_b else x["weight"].reshape(
         experts, p.k, p.n)
     bias = x["bias"].reshape(experts, p.n) if p.bias else None
+    scale = x["scale"].reshape(experts, p.n) if p.weight_dtype == "int8" else None
     y = np.zeros((p.m, p.n), np.float32)
     for g, (lo, hi) in enumerate(itertools.pairwise(np.cumsum((0, *sizes)))):
         y[lo:hi] = a[lo:hi] @ w[g]
+        if scale is not None:
+            y[lo:hi] *= scale[g]
         if bias is not None:
             y[lo:hi] += bias[g]
     return {"y": y}
 
 
 @register("grouped_matmul", GroupedMatmulParams, MatmulTiling, choose_grouped_tiling,
-          reference=reference_grouped_matmul, ins=("x", "weight", "bias", "group_list"), outs=("y",))
+          reference=reference_grouped_matmul, ins=("x", "weight", "bias", "scale", "group_list"), outs=("y",))
 def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tiling: MatmulTiling | None) -> Lowered:
     """Grouped matrix multiply on the cube (MoE experts): each group's rows of x times its own weight."""
     op = "grouped_matmul"
@@ -165,16 +178,19 @@ def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tili
         raise ProgramError(f"op {op}: tiling split_k={t.split_k}: a grouped matmul does not split K "
                            "(its units are whole tiles)")
     experts = len(p.group_sizes)
-    e, eo, be = DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.y_dtype], DTYPE_BYTES[p.bias or "fp32"]
+    wdt = _b_dtype(p)
+    e, eb, eo, be = DTYPE_BYTES[p.dtype], DTYPE_BYTES[wdt], DTYPE_BYTES[p.y_dtype], DTYPE_BYTES[p.bias or "fp32"]
+    se = DTYPE_BYTES["fp32"]  # a W8A16 scale: fp32, as the dense matmul's
     X = gm.tensor("x", p.m * p.k * e)
-    W = gm.tensor("weight", experts * p.k * p.n * e)
+    W = gm.tensor("weight", experts * p.k * p.n * eb)
     Y = gm.tensor("y", p.m * p.n * eo)
     bias = gm.tensor("bias", experts * p.n * be) if p.bias else None
+    scale = gm.tensor("scale", experts * p.n * se) if wdt == "int8" else None
     la = _Layout(X, p.m, p.k, e, "ND")
-    lb = _Layout(W, p.k, p.n, e, "ND", p.trans_b)
+    lb = _Layout(W, p.k, p.n, eb, "ND", p.trans_b)
     lc = _Layout(Y, p.m, p.n, eo, "ND")
     plan, buf = alloc_plan(_group_params(p, max(p.group_sizes)), t, hw, op, la, lb, (lc,), ((0, p.n),),
-                           align_up(p.k, t.base_k), bias, None, be)
+                           align_up(p.k, t.base_k), bias, scale, be)
 
     groups = _group_nests(p, plan, mmad_fractal(hw, p.dtype).m0)
     units = sum(dims[1] * dims[2] for _, _, dims in groups)
@@ -182,24 +198,27 @@ def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tili
     programs = [Program(_prologue(t) + _core_body(groups, lo, min(units, lo + per_core)) + _epilogue(t), buf.buffers)
                 for lo in range(0, units, per_core)]
     kernel = Kernel(op, CoreType.AIC, len(programs), aic=programs,
-                    gm=[x for x in (X, W, Y, bias) if x is not None], op_type=op)
+                    gm=[x for x in (X, W, Y, bias, scale) if x is not None], op_type=op)
     ins = [TensorInfo("x", (p.m, p.k), p.dtype),
-           TensorInfo("weight", (experts, p.n, p.k) if p.trans_b else (experts, p.k, p.n), p.dtype)]
+           TensorInfo("weight", (experts, p.n, p.k) if p.trans_b else (experts, p.k, p.n), wdt)]
     if p.bias:
         ins.append(TensorInfo("bias", (experts, p.n), p.bias))
+    if scale is not None:
+        ins.append(TensorInfo("scale", (experts, p.n), "fp32"))
     outs = [TensorInfo("y", (p.m, p.n), p.y_dtype)]
-    used = sum(1 for g in p.group_sizes if g)  # experts whose weight (and bias row) is read
+    used = sum(1 for g in p.group_sizes if g)  # experts whose weight (and bias and scale rows) is read
+    per_expert = p.k * p.n * eb + (p.n * be if p.bias else 0) + (p.n * se if scale is not None else 0)
     return Lowered(
         op_type=op, params=p, tiling=attrs.evolve(t, block_dim=len(programs)), kernels=[kernel],
         flops=2.0 * p.m * p.n * p.k,
-        min_gm_bytes=ins[0].nbytes + used * (p.k * p.n * e + (p.n * be if p.bias else 0)) + outs[0].nbytes,
+        min_gm_bytes=ins[0].nbytes + used * per_expert + outs[0].nbytes,
         unit="cube", inputs=ins, outputs=outs,
     )
 
 
 def _group_nests(p: GroupedMatmulParams, plan: _Plan, m0: int) -> list[tuple[int, _Plan, tuple]]:
     """(first unit, plan, unit grid) of each non-empty group: the shared plan with the
-    group's rows of x and y, its expert's weight and bias row as bases, and its tile height."""
+    group's rows of x and y, its expert's weight, bias and scale rows as bases, and its tile height."""
     out = []
     first = 0
     for g, (row, rows) in enumerate(zip(itertools.accumulate(p.group_sizes, initial=0), p.group_sizes)):
@@ -207,7 +226,8 @@ def _group_nests(p: GroupedMatmulParams, plan: _Plan, m0: int) -> list[tuple[int
             continue
         t = attrs.evolve(plan.t, base_m=_group_base_m(rows, plan.t.base_m, m0))
         bias = plan.bias and attrs.evolve(plan.bias, addr=plan.bias.addr + g * p.n * plan.bias_elem)
-        group = attrs.evolve(plan, p=_group_params(p, rows), t=t, bias=bias,
+        scale = plan.scale and attrs.evolve(plan.scale, addr=plan.scale.addr + g * p.n * DTYPE_BYTES["fp32"])
+        group = attrs.evolve(plan, p=_group_params(p, rows), t=t, bias=bias, scale=scale,
                              la=plan.la.moved(row * plan.la.dr), lb=plan.lb.moved(g * plan.lb.batch_bytes),
                              lc=(plan.lc[0].moved(row * plan.lc[0].dr),))
         dims = (1, cdiv(rows, t.base_m), cdiv(p.n, t.base_n), 1)

@@ -1,17 +1,19 @@
 """Quantize: INT8 weights (W8A16) or INT8 weights and activations (W8A8).
 
-Which matmuls: the Linear layers (matmul nodes reading a weight as B, trans_b)
-chosen by `quant_layers`:
+Which matmuls: the Linear layers (matmul nodes reading a weight as B, trans_b,
+and a MoE layer's expert GEMMs: grouped_matmul nodes reading a weight [E, n, k]
+with trans_b) chosen by `quant_layers`:
 - "no-head" (the default): every Linear layer but the LM head (the matmul writing
   a graph output), whose logits are the most sensitive to rounding;
 - "all": every Linear layer;
 - a comma list of projection names, matched against the node name with or without
-  its layer prefix ("o_proj,down_proj", "L0.qkv_proj", "lm_head").
+  its layer prefix ("o_proj,down_proj", "L0.qkv_proj", "lm_head", "experts_down_proj").
 A weight some other node also reads (a tied embedding table) stays as it is.
 
 W8A16 (`quant="w8a16"`): the weight is stored int8 [n, k] with an fp32 scale per
 output channel (max |row| / 127, computed offline from the FP16 weight); the matmul
-widens it to fp16 on the way to L0B and FixPipe multiplies by the scales.
+widens it to fp16 on the way to L0B and FixPipe multiplies by the scales. An
+expert weight [E, n, k] gets a scale per expert and output channel, [E, n].
 
 W8A8 (`quant="w8a8"`): as W8A16, and each activation a quantised matmul reads is
 quantised per token at run time (quantize_per_token: int8 values and an fp32 scale
@@ -21,7 +23,9 @@ token_dequant per output applies the token scales (and a bias) and writes the
 model dtype. `smooth_alpha` (0 < alpha <= 1, W8A8 only) adds SmoothQuant's
 migration: the quantise kernel multiplies the activation by 1 / s per channel and
 the weight is stored as W * s, with s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) taken
-offline from a calibration run (npusim.graph.quant_values).
+offline from a calibration run (npusim.graph.quant_values). Experts stay in the
+model dtype under W8A8 (the grouped matmul has no int8 x int8 path): "no-head" and
+"all" leave them out, and naming one in `quant_layers` is refused in one line.
 
 The values (int8 weights, scales, smoothing factors) are made by the executor
 from the FP weights, as a checkpoint converter would: the graph only says which
@@ -34,6 +38,7 @@ import attrs
 
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph, Node, TensorSpec
+from npusim.graph.quant_values import WEIGHT_INPUT
 from npusim.passes.graph_edit import Editor
 
 QUANT_MODES = ("w8a16", "w8a8")
@@ -53,6 +58,8 @@ def quantize(graph: Graph, quant: str = "w8a16", quant_layers: str = "no-head",
             raise ConfigError(f"--smooth-alpha: expected a number in (0, 1], got {smooth_alpha!r}")
     ed = Editor(graph)
     chosen = _chosen(ed, quant_layers)
+    if quant == "w8a8":
+        chosen = _dense_only(chosen, quant_layers)
     acts: dict[str, tuple[str, str]] = {}  # source activation -> (int8 tensor, token scales)
     for node in chosen:
         if quant == "w8a16":
@@ -64,11 +71,21 @@ def quantize(graph: Graph, quant: str = "w8a16", quant_layers: str = "no-head",
 
 
 def _linear(ed: Editor, n: Node) -> bool:
-    """A matmul reading a weight (trans_b) as B that only matmuls read, not yet quantised."""
-    if n.op_type != "matmul" or not n.args.trans_b or n.args.weight_dtype == "int8" or n.args.dtype == "int8":
+    """A matmul reading a weight (trans_b) as B, or a grouped matmul reading expert
+    weights (trans_b), that only nodes of its own op type read, not yet quantised."""
+    if n.op_type not in WEIGHT_INPUT or not n.args.trans_b or n.args.weight_dtype == "int8" or n.args.dtype == "int8":
         return False
-    w = n.inputs["b"]
-    return ed.tensors[w].kind == "weight" and all(r.op_type == "matmul" for r in ed.readers(w))
+    w = n.inputs[WEIGHT_INPUT[n.op_type]]
+    return ed.tensors[w].kind == "weight" and all(r.op_type == n.op_type for r in ed.readers(w))
+
+
+def _dense_only(chosen: list[Node], layers: str) -> list[Node]:
+    """W8A8's choice: the matmuls; an expert GEMM named in --quant-layers is refused."""
+    experts = [n.name for n in chosen if n.op_type == "grouped_matmul"]
+    if experts and layers not in LAYER_CHOICES:
+        raise ConfigError(f"--quant-layers: '{experts[0]}' is a MoE expert GEMM (grouped_matmul), which --quant w8a8 "
+                          "does not quantise (it has no int8 x int8 path); use --quant w8a16 for experts")
+    return [n for n in chosen if n.op_type != "grouped_matmul"]
 
 
 def _chosen(ed: Editor, layers: str) -> list[Node]:
@@ -94,11 +111,12 @@ def _chosen(ed: Editor, layers: str) -> list[Node]:
 
 
 def _int8_weight(ed: Editor, node: Node, **params) -> Node:
-    """The node reading its weight as int8 with per-channel scales (W8A16 unless params say more)."""
-    w = node.inputs["b"]
+    """The node reading its weight as int8 with per-channel scales (W8A16 unless params
+    say more): a Linear weight [n, k] gets scales [n], expert weights [E, n, k] get [E, n]."""
+    w = node.inputs[WEIGHT_INPUT[node.op_type]]
     spec = ed.tensors[w]
     ed.tensors[w] = attrs.evolve(spec, dtype="int8")
-    scale = ed.add_tensor(TensorSpec(f"{w}.scale", (spec.shape[0],), "fp32", kind="weight"))
+    scale = ed.add_tensor(TensorSpec(f"{w}.scale", spec.shape[:-1], "fp32", kind="weight"))
     return attrs.evolve(node, params=dict(node.params, weight_dtype="int8", **params),
                         inputs=dict(node.inputs, scale=scale))
 
