@@ -66,6 +66,9 @@ for _dt in ("fp16", "bf16", "fp32"):
     CONVERSIONS[f"fix_add_{_dt}"] = Conversion(
         "fix_add", _dt, f"FixPipe's atomic add: as fix_{_dt}, added to the {_dt} values at the destination "
         "(a split-K piece's partial sum)")
+CONVERSIONS["fix_s32_fp32"] = Conversion(
+    "fix_s32", "fp32", "FixPipe L0C -> GM: each segment's nbytes/4 int32 accumulator values (an int8 Mmad's, no "
+    "scales applied) converted to fp32")
 
 
 # ------------------------------------------------------------------ vector ops

@@ -255,6 +255,10 @@ def _write(core: _Core, mem: Mem, offsets: np.ndarray, raw: np.ndarray, gm: Gm |
 # ------------------------------------------------------------------ instructions
 
 
+# FixPipe's conversions: the accumulator dtype each reads from L0C
+FIXPIPE = {"fix": "fp32", "fix_add": "fp32", "fix_s32": "int32"}
+
+
 def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     name, _, group = c.convert.partition(":")
     name, _, tile_rows = name.partition("@")
@@ -264,7 +268,7 @@ def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     if conv.kind == "undescribed":
         raise NotInterpretable(f"copy conversion {c.convert!r}: {conv.help}")
     src, dst = at(c.src_addr, vars), at(c.dst_addr, vars)
-    if c.src is Mem.L0C and conv.kind not in ("fix", "fix_add"):
+    if c.src is Mem.L0C and conv.kind not in FIXPIPE:
         raise NotInterpretable("a copy out of L0C without its FixPipe conversion (Copy.convert): the accumulator's "
                            "dtype and what FixPipe applies are not in the IR")
     if conv.kind == "bytes":
@@ -275,8 +279,8 @@ def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     if c.nbytes % e:
         raise ProgramError(f"{c.convert}: segment of {c.nbytes} bytes is not whole {e}-byte elements")
     n = c.nbytes // e
-    if conv.kind in ("fix", "fix_add"):
-        acc = decode(_read(core, c.src, _segments(src, n * 4, c.segments, c.stride(c.src)), gm), "fp32")
+    if conv.kind in FIXPIPE:
+        acc = decode(_read(core, c.src, _segments(src, n * 4, c.segments, c.stride(c.src)), gm), FIXPIPE[conv.kind])
         at_dst = _segments(dst, c.nbytes, c.segments, c.stride(c.dst))
         if conv.kind == "fix_add":  # atomic: the partial sum added to what C holds
             acc = acc + decode(_read(core, c.dst, at_dst, gm), conv.dtype).reshape(acc.shape)

@@ -240,7 +240,8 @@ def _nest(plan: _Plan, start, extent, bm: int, bn: int, k_len: int) -> list:
     # the FixPipe conversion of C's tiles (a split-K piece adds into C atomically); none (not
     # interpretable yet) where FixPipe also applies a bias or dequant scales
     add = "add_" if plan.k_piece < p.k else ""
-    fix = f"fix_{add}{p.out_dtype}" if plan.bt is None and plan.fb is None else ""
+    acc = "s32_" if p.dtype == "int8" else ""  # an int8 Mmad's accumulators are int32
+    fix = f"fix_{add}{acc}{p.out_dtype}" if plan.bt is None and plan.fb is None else ""
 
     def tile(c0: int, pieces) -> list:
         """One output tile at column c0: stream its K into L0C, then one FixPipe write
