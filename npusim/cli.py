@@ -53,10 +53,10 @@ def _cmd_op(args) -> int:
         key, eq, value = item.partition("=")
         if not eq:
             raise ConfigError(f"op {args.type}: expected key=value, got '{item}'")
-        if key.startswith("tiling."):
-            tiling[key[len("tiling."):]] = value
-        else:
-            params[key] = value
+        given, name = (tiling, key[len("tiling."):]) if key.startswith("tiling.") else (params, key)
+        if name in given:
+            raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
+        given[name] = value
     check_outputs(args)
     sets = overrides(args)
     hw = load_hw(args.hw, sets)
@@ -470,9 +470,25 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
+        empty = _empty_option(self, namespace)
+        if empty:
+            self.error(f"argument {empty}: expected a value, got an empty string")
         default_batch(namespace)  # a step command's --batch not given: by its --phase
         namespace.__dict__.pop("_mentioned", None)  # _Once's record
         return namespace, extras
+
+
+def _empty_option(parser: argparse.ArgumentParser, namespace) -> str | None:
+    """The first option of `parser` given an empty string ('' is no path, flag value or
+    list: `--pd ''` or `--cache-dir ''` must not read as the option left out)."""
+
+    def has_empty(value) -> bool:
+        return value == "" if isinstance(value, str) else isinstance(value, list) and any(map(has_empty, value))
+
+    for action in parser._actions:
+        if action.option_strings and action.default != "" and has_empty(getattr(namespace, action.dest, None)):
+            return "/".join(action.option_strings)
+    return None
 
 
 def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:

@@ -70,6 +70,8 @@ def parse_values(item: str) -> tuple[str, list]:
         value = parse_yaml(raw.strip(), f"--set {key}")
         if isinstance(value, (list, dict)) or value is None:
             raise ConfigError(f"--set {key}: value '{raw.strip()}' is not a number or a word")
+        if value in values:  # the same point twice: two rows of one result
+            raise ConfigError(f"--set {key}: value {value!r} given twice in '{text}'")
         values.append(value)
     return key, values
 

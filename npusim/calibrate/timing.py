@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 
 from npusim.engine import Launch, Synchronize, run
-from npusim.errors import ProgramError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
 from npusim.report.tables import task_cycles
@@ -102,8 +102,11 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
 
     if not _STEPS or _STEPS[0] != step or _STEPS[1] is not hw:
         args = json.loads(step)
-        with recording() as read, tilings_pinned(args.pop("tilings", {})):
-            run = run_decoder(args.pop("workload"), hw, counters=False, **args)
+        try:
+            with recording() as read, tilings_pinned(args.pop("tilings", {})):
+                run = run_decoder(args.pop("workload"), hw, counters=False, **args)
+        except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
+            raise ConfigError(f"the profile's step file: {e}") from None
         _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},
                      frozenset(read)]
     kernels, read = _STEPS[2:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from npusim.errors import ConfigError
 from npusim.outputs import say
 
 
@@ -25,6 +26,8 @@ def _cmd_cache(args) -> int:
     from npusim.runtime.memory import size as _size
 
     store = open_store(args.cache_dir)
+    if store.path.exists() and not store.path.is_dir():  # not "0 entries": no cache can be there
+        raise ConfigError(f"cache {store.path}: not a folder (give --cache-dir or NPUSIM_CACHE_DIR the cache folder)")
     if args.cache_command == "clear":
         n, freed = store.clear()
         say(f"cache {store.path}: removed {n} files ({_size(freed)})")

@@ -269,12 +269,16 @@ def _read_regular(path: Path) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(fd)
-            return f.read(st.st_size) if stat.S_ISREG(st.st_mode) else None
-        except OSError:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a folder in an entry's place too: fdopen would refuse it with an OSError
             return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(st.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _foreign(path: Path) -> bool:

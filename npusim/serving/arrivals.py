@@ -206,7 +206,7 @@ def read_text(path: Path, what: str) -> str:
         if len(data) > MAX_FILE_BYTES:
             raise ConfigError(f"{what}: more than {MAX_FILE_BYTES >> 20} MiB (the most a trace or lengths file "
                               f"may have)")
-        return data.decode()
+        return data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{what}: cannot read: {e}") from None
 
@@ -288,6 +288,8 @@ def _csv_rows(path: Path, text: str):
         if c not in [f.strip() for f in reader.fieldnames]:
             raise ConfigError(f"{path}: row 1: missing column '{c}' (expected {', '.join(COLUMNS)})")
     for n, row in enumerate(reader, 2):
+        if any(v.strip() for v in row.pop(None, ())):  # csv's key for values past the header's (a trailing comma: none)
+            raise ConfigError(f"{path}: row {n}: more values than the header's {len(reader.fieldnames)} columns")
         yield f"row {n}", {(k or "").strip(): (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
 
 
@@ -306,13 +308,15 @@ def _jsonl_rows(path: Path, text: str):
 
 def _number(path: Path, where: str, column: str, value, kind):
     try:
+        if isinstance(value, bool):  # JSON's true is no count or time
+            raise TypeError
         v = kind(float(value)) if kind is int else kind(value)
         if kind is int and float(value) != v:
             raise ValueError
         if not math.isfinite(v):
             raise ValueError
         return v
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400 read as inf, made an int
         expected = "an integer" if kind is int else "a number"
         raise ConfigError(f"{path}: {where}: column '{column}': expected {expected}, got {value!r}") from None
 

@@ -36,11 +36,16 @@ from npusim.serving.state import Seq, ServingRun
 MAX_CARDS = 4096
 
 
+def check_cards(flag: str, n) -> None:
+    """One-line ConfigError unless `n` (what `flag` gives) is a whole number of cards from 1 to MAX_CARDS."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CARDS:
+        raise ConfigError(f"{flag}: expected a whole number of cards from 1 to {MAX_CARDS}, got {n!r}")
+
+
 def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
     """One-line ConfigError for cards and tp that do not make whole replicas, or an unknown router."""
-    for flag, n in (("--cards", cards), ("--tp", tp)):
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CARDS:
-            raise ConfigError(f"{flag}: expected a whole number of cards from 1 to {MAX_CARDS}, got {n!r}")
+    for flag, n in (("--tp", tp), ("--cards", cards)):  # --tp first: the default --cards is --tp
+        check_cards(flag, n)
     if cards % tp:
         raise ConfigError(f"--cards {cards} is not a multiple of --tp {tp}: each replica runs on --tp cards")
     if router is not None:
@@ -134,4 +139,4 @@ def _does_not_fit(service: ServiceConfig, cost) -> str:
             f"in {size(cost.hw.hbm.hbm_bytes)} (more cards per replica: --tp; or a smaller scheduler.max_batch)")
 
 
-__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cluster", "finished", "replica_kv_tokens"]
+__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cards", "check_cluster", "finished", "replica_kv_tokens"]

@@ -33,11 +33,16 @@ from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 from npusim.workload import load_workload
 
 
+# --cv not given: gamma gaps with cv 1 are exponential ones, a Poisson process's variability.
+DEFAULT_CV = 1.0
+
+
 def load_requests(args):
     """The load the arguments describe: a replayed trace file, or a synthetic one."""
+    process = args.arrival or ("trace" if args.trace_file else "ramp" if args.ramp else "poisson")
+    unused_by(process, args)
     if args.trace_file:
         return load_trace(args.trace_file, args.requests)
-    process = args.arrival or ("ramp" if args.ramp else "poisson")
     if process == "trace":
         raise ConfigError("--arrival trace: give --trace-file PATH")
     ramp = parse_ramp(args.ramp) if args.ramp else None
@@ -47,8 +52,21 @@ def load_requests(args):
         if args.rate is None:
             raise ConfigError(f"--rate: required with --arrival {process} (requests per second)")
         check_rate(args.rate)
-    return synthetic(args.requests or 1000, args.seed, process, args.rate, args.cv, ramp, args.prompt_lengths,
+    cv = DEFAULT_CV if args.cv is None else args.cv
+    return synthetic(args.requests or 1000, args.seed, process, args.rate, cv, ramp, args.prompt_lengths,
                      args.output_lengths)
+
+
+def unused_by(process: str, args) -> None:
+    """One-line ConfigError for a load flag the arrival process would ignore (a --rate
+    beside --ramp or a trace, a --cv beside anything but gamma): not a silent other load."""
+    uses = {"--rate": process in ("poisson", "gamma", "constant"), "--ramp": process == "ramp",
+            "--cv": process == "gamma", "--trace-file": process == "trace"}
+    given = {"--rate": args.rate is not None, "--ramp": bool(args.ramp), "--cv": args.cv is not None,
+             "--trace-file": bool(args.trace_file)}
+    flag = next((f for f in uses if given[f] and not uses[f]), None)
+    if flag:
+        raise ConfigError(f"{flag}: not used by --arrival {process} (leave it out, or give the --arrival that uses it)")
 
 
 def load_service_args(name: str, args) -> ServiceConfig:
@@ -156,6 +174,9 @@ def check_args(args) -> None:
     if pd is not None:
         check_pd(pd, args.cards, args.tp)
     check_cluster(cards_of(args), args.tp, args.router)
+    if args.router == "kv-local":  # it reads where a prompt's KV cache was prefilled: a decode side's choice
+        raise ConfigError(f"--router {args.router}: picks the decode instance of a prefilled request; give it to "
+                          f"--pd-router (--router picks the replica an arriving request goes to)")
     if pd is not None or args.plan:
         make_router(args.pd_router, "--pd-router")
     elif args.pd_router != DEFAULT_PD_ROUTER:
@@ -429,8 +450,8 @@ def add_arguments(p) -> None:
                    help="arrival process (default: trace with --trace-file, ramp with --ramp, else poisson)")
     p.add_argument("--rate", type=float, help="requests per second (poisson, gamma, constant); the load must "
                    f"arrive within {MAX_SPAN_S:g} s")
-    p.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation of the gaps (from "
-                   f"{CV_RANGE[0]:g} to {CV_RANGE[1]:g})")
+    p.add_argument("--cv", type=float, help="gamma: coefficient of variation of the gaps (from "
+                   f"{CV_RANGE[0]:g} to {CV_RANGE[1]:g}; default {DEFAULT_CV:g}, a Poisson process's)")
     p.add_argument("--ramp", metavar="START,STEP,EVERY_S,MAX", help="ramp: Locust-like stepped rate, e.g. "
                    "10,10,30,150")
     p.add_argument("--trace-file", metavar="PATH", help="replay requests from a CSV or JSONL file with arrival_s, "

@@ -50,7 +50,7 @@ from npusim.engine.links import LinkTransfer
 from npusim.engine.run import run
 from npusim.errors import ConfigError
 from npusim.serving.arrivals import Request
-from npusim.serving.cluster import Cluster, at_the_door, finished
+from npusim.serving.cluster import Cluster, at_the_door, check_cards, finished
 from npusim.serving.replica import Replica, StepCostModel
 from npusim.serving.service import ServiceConfig
 from npusim.serving.state import Seq, ServingRun
@@ -76,6 +76,8 @@ def check_pd(pd: tuple[int, int], cards: int | None, tp: int, service: ServiceCo
     """One-line ConfigError for a split that does not fit: P + D not the cards, tp not
     dividing P or D, or a service whose decode instances cannot take a KV cache."""
     p, d = pd
+    check_cards(f"--pd {p}:{d}", p + d)
+    check_cards("--tp", tp)
     if cards is not None and p + d != cards:
         raise ConfigError(f"--pd {p}:{d} splits {p + d} cards, but --cards is {cards} (P + D must be the cards)")
     for side, n in (("prefill", p), ("decode", d)):

@@ -133,6 +133,13 @@ def shapes(cards: int, workload: Workload, hw: HwConfig, disaggregate: bool = Fa
     return out
 
 
+# The most candidates served on one card count: each is a whole serve of the load, and the
+# search serves about twice those of --max-cards in all (module doc). P:D splits grow with
+# the cards (one per multiple of tp): 512 is every split of about 256 cards at tp 1, a
+# few minutes of k3-tiny's 5-request probes; more is hours without a word.
+MAX_CANDIDATES = 512
+
+
 def search(serve_all: Callable[[list[Shape]], list[dict | str]], shapes_of: Callable[[int], list[Shape]], slo: Slo,
            rate: float, max_cards: int) -> CapacityPlan:
     """The fewest cards from 1 to `max_cards` meeting `slo` (module doc). `serve_all`
@@ -141,6 +148,11 @@ def search(serve_all: Callable[[list[Shape]], list[dict | str]], shapes_of: Call
     card; `shapes_of(n)`: the candidates on n cards. An SLO no cluster of max_cards
     meets is a ConfigError naming the best one's figures."""
     check_slo(slo)
+    most = len(shapes_of(max_cards))
+    if most > MAX_CANDIDATES:
+        raise ConfigError(f"--max-cards {max_cards}: {most} candidate clusters on {max_cards} cards (every tp and "
+                          f"P:D split), more than the {MAX_CANDIDATES} the planner serves on one card count "
+                          f"(lower --max-cards)")
     tried: list[Candidate] = []
     best: dict[int, Candidate | None] = {}
 

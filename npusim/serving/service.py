@@ -21,8 +21,8 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.graph.build import MAX_BATCH
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
-from npusim.hw.parse import strict_converter
-from npusim.serving.arrivals import MAX_TOKENS
+from npusim.hw.parse import short, strict_converter
+from npusim.serving.arrivals import MAX_SPAN_S, MAX_TOKENS
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
 PREPROCESS_ON = ("pool", "inference_thread")
@@ -69,6 +69,15 @@ MAX_POOL_THREADS = 4096
 # A bucket length (tokens): as a request's.
 MAX_BUCKET_TOKENS = MAX_TOKENS
 _host_us = _within(0, MAX_HOST_US, "us", "10 s; the field is in us")
+# An SLO limit (ms): above 0, and finite (JSON has no inf) up to the longest a load may
+# span (arrivals.MAX_SPAN_S): a longer limit limits nothing.
+MAX_SLO_MS = MAX_SPAN_S * 1e3
+
+
+def _slo_ms(inst, attr, value):
+    if not 0 < value <= MAX_SLO_MS:
+        raise ValueError(f"'{attr.name}' must be above 0 and at most {MAX_SLO_MS:g} ms (the longest a load may "
+                         f"span): {value!r}")
 
 
 @frozen
@@ -107,11 +116,11 @@ class HostConfig:
 @frozen
 class Slo:
     ttft_ms: float | None = _f("time to first token limit (per request; goodput counts requests within all limits)",
-                               None, _opt(_pos))
-    tpot_ms: float | None = _f("time per output token limit (mean gap after the first token)", None, _opt(_pos))
-    e2e_ms: float | None = _f("end-to-end latency limit", None, _opt(_pos))
+                               None, _opt(_slo_ms))
+    tpot_ms: float | None = _f("time per output token limit (mean gap after the first token)", None, _opt(_slo_ms))
+    e2e_ms: float | None = _f("end-to-end latency limit", None, _opt(_slo_ms))
     timeout_ms: float | None = _f("a request still queued (no token yet) this long after arriving is dropped",
-                                  None, _opt(_pos))
+                                  None, _opt(_slo_ms))
 
 
 @frozen
@@ -129,6 +138,10 @@ class ServiceConfig:
     slo: Slo = _f("service-level objectives", Slo())
 
     def __attrs_post_init__(self):
+        for key, value in (("scheduler", self.scheduler), ("scheduler.kind", getattr(self.scheduler, "kind", None))):
+            if value is None:  # not a scheduler of None's
+                raise ConfigError(f"service {self.name}: missing key '{key}' (the scheduler: kind, one of "
+                                  f"{', '.join(SCHEDULERS)}, and its knobs)")
         if self.scheduler.kind not in SCHEDULERS:
             raise ConfigError(f"service {self.name}: key 'scheduler.kind': unknown scheduler "
                               f"'{self.scheduler.kind}' (expected one of {', '.join(SCHEDULERS)})")
@@ -139,9 +152,14 @@ class ServiceConfig:
 
 
 _conv = strict_converter()
+# the fields of a ServiceConfig that are sections of their own (scheduler, host, slo)
+SECTIONS = tuple(a.name for a in attrs.fields(attrs.resolve_types(ServiceConfig)) if attrs.has(a.type))
 
 
 def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
+    for section in SECTIONS:  # cattrs would say only "argument of type 'NoneType' is not iterable"
+        if section in raw and not isinstance(raw[section], Mapping):
+            raise ConfigError(f"{where}: key '{section}': expected a mapping, got {short(raw[section])}")
     try:
         return _conv.structure(dict(raw), ServiceConfig)
     except ConfigError as e:
@@ -193,18 +211,22 @@ def parse_slo(text: str, base: Slo = Slo()) -> Slo:
     """'ttft_ms=2000,tpot_ms=200' -> Slo (fields not named keep `base`'s)."""
     import attrs
 
-    values = attrs.asdict(base)
+    values, given = attrs.asdict(base), set()
     for item in (x for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in values:
             raise ConfigError(f"--slo: expected KEY=MS with KEY one of {', '.join(values)}, got '{item}'")
+        if key in given:
+            raise ConfigError(f"--slo {key}: given twice")
+        given.add(key)
         try:
             v = float(value)
         except ValueError:
             raise ConfigError(f"--slo {key}: expected a number of milliseconds, got '{value}'") from None
-        if not v > 0:
-            raise ConfigError(f"--slo {key}: expected a positive number of milliseconds, got '{value}'")
+        if not 0 < v <= MAX_SLO_MS:
+            raise ConfigError(f"--slo {key}: expected a positive number of milliseconds, at most {MAX_SLO_MS:g} (the "
+                              f"longest a load may span), got '{value}'")
         values[key] = v
     return Slo(**values)
 
