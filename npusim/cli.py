@@ -13,8 +13,8 @@ from npusim.step_flags import add_fast_forward_flag, fast_forward_key
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
-from npusim.step_flags import (PREFILL_BATCH, check_outputs, context, default_batch, inputs, overrides, pass_options,
-                               pipeline, step_args)
+from npusim.step_flags import (PREFILL_BATCH, add_workload_set, check_outputs, context, default_batch, inputs,
+                               overrides, pass_options, pipeline, step_args, workload_of, workload_sets)
 
 
 def _cmd_hw(args) -> int:
@@ -149,7 +149,7 @@ def _cmd_run(args) -> int:
     from npusim.progress import progress_bar
 
     with progress_bar("run", "kernels", args.progress) as bar:
-        run = run_decoder(args.workload, args.hw, passes=pipeline(args.passes), memo=not args.no_memo,
+        run = run_decoder(workload_of(args), args.hw, passes=pipeline(args.passes), memo=not args.no_memo,
                           trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
                           exact=args.exact, **step)
     say(summary(run, overrides=step["overrides"]))
@@ -171,6 +171,8 @@ def _cmd_run(args) -> int:
             workload = os.path.abspath(workload) if os.path.exists(workload) else workload
             ran = {k: v for k, v in step.items() if k != "overrides"} | {"workload": workload,
                                                                          "passes": pipeline(args.passes)}
+            if workload_sets(args):  # the fields --workload-set changed, applied again when calibrate reruns it
+                ran["workload_set"] = workload_sets(args)
             if ran.get("fusion_rules"):
                 ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
             ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones
@@ -216,7 +218,7 @@ def _cmd_compare(args) -> int:
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
-        c = compare(args.workload, args.hw if isinstance(args.hw, str) else args.hw[0], pipelines=pipelines,
+        c = compare(workload_of(args), args.hw if isinstance(args.hw, str) else args.hw[0], pipelines=pipelines,
                     memo=not args.no_memo, progress=bar, store=store_of(args), counters=bool(traces), sides=sides,
                     **step)
     say(comparison_table(c, overrides=step["overrides"]))
@@ -296,7 +298,7 @@ def _cmd_compare_plans(args) -> int:
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
-        c = compare_plans(args.workload, args.hw, passes=args.passes, plans=args.plans, memo=not args.no_memo,
+        c = compare_plans(workload_of(args), args.hw, passes=args.passes, plans=args.plans, memo=not args.no_memo,
                           progress=bar, store=store_of(args), counters=bool(traces), **step)
     say(plans_table(c, overrides=step["overrides"]))
     first = next(iter(c.fitted.values()))
@@ -339,7 +341,7 @@ def _cmd_validate(args) -> int:
             raise ConfigError("validate --kernels checks one device's kernels: drop the parallel plan flags")
 
         given = any(a == "--phase" or a.startswith("--phase=") for a in getattr(args, "argv", ()))
-        report = check_step(args.workload, pipeline(args.passes), (args.phase,) if given else ("decode", "prefill"),
+        report = check_step(workload_of(args), pipeline(args.passes), (args.phase,) if given else ("decode", "prefill"),
                             args.batch or 2, context(args), load_hw(getattr(args, "hw", None) or "ascend910b2"),
                             args.seed, **pass_options(args))
         say(report.table())
@@ -347,7 +349,7 @@ def _cmd_validate(args) -> int:
     if plan_args(args):  # several devices: every rank's shard with numpy
         return validate_sharded(args, pipeline(args.passes), context(args),
                                 pass_options(args))
-    report = validate_passes(args.workload, pipeline(args.passes), phase=args.phase, batch=args.batch,
+    report = validate_passes(workload_of(args), pipeline(args.passes), phase=args.phase, batch=args.batch,
                              context=context(args), seed=args.seed,
                              **pass_options(args))
     say(report.table())
@@ -417,6 +419,7 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     p = sub.add_parser(name, help=help, description=help, formatter_class=_Help)
     p.add_argument("--workload", default=default_workload, help="workload name (workloads/) or path, "
                    "or a Hugging Face config.json")
+    add_workload_set(p)
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="the step simulated")
     add_plan_flags(p)
     p.add_argument("--batch", type=int, help=f"sequences (default: {decode_batch} in decode; in prefill "

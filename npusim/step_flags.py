@@ -49,6 +49,29 @@ def overrides(args) -> dict:
     return overrides
 
 
+def add_workload_set(p) -> None:
+    """--workload-set KEY=VALUE, on the commands that run a workload's steps."""
+    p.add_argument("--workload-set", action="append", metavar="KEY=VALUE",
+                   help="change one field of the workload for this run, e.g. --workload-set routing=zipf "
+                   "--workload-set capacity_factor=1.25 (repeat for more fields; the workload files list them)")
+
+
+def workload_sets(args) -> dict[str, str]:
+    """--workload-set KEY=VALUE of the commands that run steps (a workload field each)."""
+    from npusim.hw.load import parse_set_args
+
+    return parse_set_args(getattr(args, "workload_set", None), "--workload-set")
+
+
+def workload_of(args):
+    """The step's workload: --workload as given (a name or a path), or, with --workload-set,
+    that workload with the fields changed."""
+    from npusim.workload import load_workload
+
+    sets = workload_sets(args)
+    return load_workload(args.workload, sets) if sets else args.workload
+
+
 def pass_options(args) -> dict:
     """Options of the passes given on the command line (None: the pass's default)."""
     from npusim.errors import ConfigError
@@ -234,4 +257,5 @@ def check_outputs(args, extra: dict | None = None) -> None:
 
 
 __all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "check_outputs", "fast_forward_key", "context", "default_batch", "inputs", "lengths",
-           "overrides", "pass_options", "pipeline", "sides", "step_args"]
+           "overrides", "pass_options", "pipeline", "sides", "step_args", "add_workload_set", "workload_of",
+           "workload_sets"]

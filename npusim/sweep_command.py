@@ -68,6 +68,7 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
     from npusim.diskcache.command import store_of
     from npusim.progress import progress_bar
     from npusim.sweep import SweepInterrupted, params_of, parse_grid, plot, sweep, table
+    from npusim.step_flags import workload_of
 
     grid = parse_grid(args.set)
     if not grid:
@@ -78,7 +79,7 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
     start = time.monotonic()
     try:
         with progress_bar("sweep", "points", args.progress) as bar:
-            rows = sweep(args.workload, grid, args.hw, passes=passes, memo=not args.no_memo, progress=bar,
+            rows = sweep(workload_of(args), grid, args.hw, passes=passes, memo=not args.no_memo, progress=bar,
                          backend=backend, out=args.out, resume=args.resume, store=store_of(args), counters=False,
                          **step)
     except SweepInterrupted as e:

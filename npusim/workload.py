@@ -371,11 +371,11 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         raw.setdefault("name", path.stem)
     where = str(path)
     if overrides:
-        where += " (--set)"
+        where += " (--workload-set)"
         for key, value in overrides.items():
             if key not in _FIELD_TYPES:
                 raise ConfigError(f"{where}: unknown key '{short(key)[1:-1]}'{did_you_mean(key, _FIELD_TYPES)}")
-            raw[key] = parse_yaml(value, f"--set {key}") if isinstance(value, str) and value.strip() else value
+            raw[key] = parse_yaml(value, f"--workload-set {key}") if isinstance(value, str) and value.strip() else value
         nm = _names_for_overrides(nm, overrides)
     return structure_workload(raw, where, nm)
 

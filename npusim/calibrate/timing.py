@@ -99,12 +99,14 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
     from npusim.diskcache.reads import note, recording
     from npusim.runtime.compile import tilings_pinned
     from npusim.runtime.decoder import run_decoder
+    from npusim.workload import load_workload
 
     if not _STEPS or _STEPS[0] != step or _STEPS[1] is not hw:
         args = json.loads(step)
         try:
             with recording() as read, tilings_pinned(args.pop("tilings", {})):
-                run = run_decoder(args.pop("workload"), hw, counters=False, **args)
+                workload, sets = args.pop("workload"), args.pop("workload_set", None)  # as --workload-set gave it
+                run = run_decoder(load_workload(workload, sets) if sets else workload, hw, counters=False, **args)
         except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
             raise ConfigError(f"the profile's step file: {e}") from None
         _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},

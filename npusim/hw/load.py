@@ -110,15 +110,15 @@ def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
     return nested
 
 
-def parse_set_args(items: list[str] | None) -> dict[str, str]:
-    """['a.b=1', ...] (the CLI's --set) -> {'a.b': '1'}; a key given twice is an error."""
+def parse_set_args(items: list[str] | None, flag: str = "--set") -> dict[str, str]:
+    """['a.b=1', ...] (the CLI's --set, or `flag`) -> {'a.b': '1'}; a key given twice is an error."""
     out = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--set {short(item)[1:-1]}: expected key.path=value")
+            raise ConfigError(f"{flag} {short(item)[1:-1]}: expected {'key.path' if flag == '--set' else 'key'}=value")
         if key.strip() in out:
-            raise ConfigError(f"--set {short(key.strip())[1:-1]}: given twice ({short(out[key.strip()])} and "
+            raise ConfigError(f"{flag} {short(key.strip())[1:-1]}: given twice ({short(out[key.strip()])} and "
                               f"{short(value.strip())})")
         out[key.strip()] = value.strip()
     return out

@@ -59,7 +59,9 @@ def validate_sharded(args, passes, context, options: dict) -> int:
     if args.pp != 1 or args.microbatches != 1:
         raise ConfigError("--pp: a pipeline's stages compute what the unsplit decoder does layer by layer; "
                           "validate checks tensor and sequence parallel shards (--tp, --sp)")
-    check = check_sharded(args.workload, args.tp, passes, args.phase, args.batch or 2, context, args.seed,
+    from npusim.step_flags import workload_of  # step_flags imports this module
+
+    check = check_sharded(workload_of(args), args.tp, passes, args.phase, args.batch or 2, context, args.seed,
                           devices=args.devices, sp=args.sp, **options)
     say(check.line())
     return 0 if check.passed else 1
@@ -84,7 +86,9 @@ def run_pipelined(args, step: dict) -> int:
         raise ConfigError(f"--devices {devices} must equal --tp {tp} x --pp {pp} = {tp * pp}")
     if pp == 1:
         raise ConfigError("--microbatches is an option of a pipeline: give --pp N too")
-    run = run_pipeline(args.workload, args.hw, passes=args.passes, pp=pp, memo=not args.no_memo, **step)
+    from npusim.step_flags import workload_of  # step_flags imports this module
+
+    run = run_pipeline(workload_of(args), args.hw, passes=args.passes, pp=pp, memo=not args.no_memo, **step)
     say(run.summary())
     if args.json:
         import json

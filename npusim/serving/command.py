@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
-from npusim.step_flags import add_fast_forward_flag
+from npusim.step_flags import add_fast_forward_flag, add_workload_set, workload_of, workload_sets
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
@@ -82,7 +82,7 @@ def step_cost(svc: ServiceConfig, args, hw, bar, tp: int | None = None) -> StepC
     """The service's step-cost model (replicas of `tp` cards, default --tp); `bar`
     (progress.pricing_progress) counts the engine points it needs and prices (the
     points it will need only when the bar is drawn)."""
-    return StepCost(args.workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
+    return StepCost(workload_of(args), hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
                     on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp,
                     exact=getattr(args, "exact", True))
@@ -357,7 +357,7 @@ def _plan(args, hw, svc: ServiceConfig, bar) -> int:
                                   f"--backend {args.backend}: {why}")
             return out
 
-    w = load_workload(args.workload)
+    w = load_workload(args.workload, workload_sets(args))
     split = svc.scheduler.kind in DECODE_SCHEDULERS  # P/D candidates: decode instances batch at iteration level
     found = search(serve_all, lambda n: shapes(n, w, hw, split), svc.slo, args.rate, args.max_cards)
     bar.close()
@@ -444,6 +444,7 @@ def add_arguments(p) -> None:
     p.add_argument("--service-set", action="append", metavar="KEY.PATH=VALUE",
                    help="override a service field (e.g. scheduler.max_batch=16)")
     p.add_argument("--workload", default="k3", help="workload name (workloads/) or path")
+    add_workload_set(p)
     p.add_argument("--hw", default="ascend910b2", help="hardware config name or path")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a hardware field")
     p.add_argument("--arrival", choices=("poisson", "gamma", "constant", "ramp", "trace"),
