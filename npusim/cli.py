@@ -7,7 +7,7 @@ import os
 import sys
 
 from npusim.errors import NpusimError
-from npusim.outputs import all_or_none, err, say
+from npusim.outputs import all_or_none, err, plots_line, say, say_all, tables_line, write_json
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.step_flags import add_fast_forward_flag, fast_forward_key
 from npusim.diskcache.replay import replayed
@@ -74,13 +74,13 @@ def _cmd_op(args) -> int:
         written = []
         with all_or_none():  # both or neither
             if args.json:
-                _write_json(report_json(reports), args.json)
+                write_json(args.json, report_json(reports))
             if args.profile:
                 from npusim.outputs import write_text
 
                 name, table = hccl_test_output(reports, hw)
                 written.append(f"hccl_test output: {write_text(os.path.join(args.profile, name), table)}")
-        _say_all(written)
+        say_all(written)
         return 0
     if args.check:  # the lowered kernels run on numpy data, against the op's reference
         from npusim.passes.validate_kernels import check_op, table_header
@@ -100,7 +100,7 @@ def _cmd_op(args) -> int:
         if args.json:
             from npusim.report import op_json
 
-            _write_json(op_json(report) | {"provenance": meta}, args.json)
+            write_json(args.json, op_json(report) | {"provenance": meta})
         if args.trace:
             from npusim.report import write_chrome_trace
 
@@ -108,31 +108,14 @@ def _cmd_op(args) -> int:
         if args.profile:
             from npusim.report.tables import write_tables
 
-            written.append(_tables(write_tables(report.run, args.profile, op=report.lowered)))
+            written.append(tables_line(write_tables(report.run, args.profile, op=report.lowered)))
         if args.plot:
             from npusim.report import plots
 
             paths = plots.roofline(report, args.plot) + plots.timeline(report.run, args.plot)
-            written.append(_plots(args.plot, paths))
-    _say_all(written)
+            written.append(plots_line(args.plot, paths))
+    say_all(written)
     return 0
-
-
-def _plots(out_dir: str, paths) -> str:
-    """One line naming the plots written."""
-    names = ", ".join(dict.fromkeys(p.stem for p in paths))
-    return f"plots in {out_dir}: {names} (.png, .svg)"
-
-
-def _tables(paths) -> str:
-    """One line naming the profile tables written."""
-    return "tables: " + ", ".join(str(p) for p in paths)
-
-
-def _say_all(lines) -> None:
-    """The lines naming a command's outputs, once all_or_none has put them all in place."""
-    for line in lines:
-        say(line)
 
 
 def _cmd_run(args) -> int:
@@ -159,7 +142,7 @@ def _cmd_run(args) -> int:
     written = []
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
-            _write_json(step_json(run) | plan_report(run) | {"provenance": meta}, args.json)
+            write_json(args.json, step_json(run) | plan_report(run) | {"provenance": meta})
         if args.trace:
             from npusim.parallel.trace import run_trace
             from npusim.report.trace import write_trace
@@ -176,13 +159,13 @@ def _cmd_run(args) -> int:
             if ran.get("fusion_rules"):
                 ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
             ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones
-            written.append(_tables(write_tables(run.result, args.profile, run.graph, step=ran)))
+            written.append(tables_line(write_tables(run.result, args.profile, run.graph, step=ran)))
         if args.plot:
             from npusim.report import plots
 
-            written.append(_plots(args.plot, plots.roofline(run, args.plot) + plots.hotspots(run, args.plot)
+            written.append(plots_line(args.plot, plots.roofline(run, args.plot) + plots.hotspots(run, args.plot)
                                   + plots.memory(run, args.plot) + plots.run_timeline(run, args.plot)))
-    _say_all(written)
+    say_all(written)
     return 0
 
 
@@ -229,14 +212,14 @@ def _cmd_compare(args) -> int:
     written = []
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
-            _write_json(_compare_json(c, sides) | {"provenance": meta}, args.json)
+            write_json(args.json, _compare_json(c, sides) | {"provenance": meta})
         written += _write_traces(c.runs, traces, meta, "side" if sides else "pipeline", metas)
         if args.plot:
             from npusim.report import plots
 
             paths = plots.before_after(c, args.plot) + (plots.waterfall(c, args.plot) if c.steps else [])
-            written.append(_plots(args.plot, paths))
-    _say_all(written)
+            written.append(plots_line(args.plot, paths))
+    say_all(written)
     return 0
 
 
@@ -306,7 +289,7 @@ def _cmd_compare_plans(args) -> int:
     written = []
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
-            _write_json(plans_json(c) | {"provenance": meta}, args.json)
+            write_json(args.json, plans_json(c) | {"provenance": meta})
         written += _write_traces(c.fitted, traces, meta, "plan")
         if args.plot:
             from npusim.parallel.plots import plan_scaling
@@ -314,8 +297,8 @@ def _cmd_compare_plans(args) -> int:
             g = first.graph
             paths = plan_scaling({f"{g.workload.name} {g.phase} batch {g.batch}": c.curve()}, args.plot,
                                  title=step_title(first, step["overrides"]))
-            written.append(_plots(args.plot, paths))
-    _say_all(written)
+            written.append(plots_line(args.plot, paths))
+    say_all(written)
     return 0
 
 
@@ -354,14 +337,6 @@ def _cmd_validate(args) -> int:
                              **pass_options(args))
     say(report.table())
     return 0 if report.passed else 1
-
-
-def _write_json(data: dict, path: str) -> None:
-    import json
-
-    from npusim.outputs import write_text
-
-    write_text(path, json.dumps(data, indent=1))
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):

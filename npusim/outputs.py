@@ -221,6 +221,13 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def write_json(path: str | os.PathLike, data) -> Path:
+    """`data` as JSON (one-space indent, a final newline) into `path`, atomically."""
+    import json
+
+    return write_text(path, json.dumps(data, indent=1) + "\n")
+
+
 def _key(path: str | os.PathLike) -> tuple:
     """One key per file: an existing file's device and inode (hard links are one file),
     else its path with symlinks, '..' and relative parts resolved."""
@@ -314,10 +321,28 @@ def drop_stdout() -> None:
         sys.stdout = open(os.devnull, "w")
 
 
+def say_all(lines) -> None:
+    """The lines naming a command's outputs, once all_or_none has put them all in place."""
+    for line in lines:
+        say(line)
+
+
+def plots_line(out_dir: str | os.PathLike, paths) -> str:
+    """One line naming the plots written into `out_dir`."""
+    names = ", ".join(dict.fromkeys(Path(p).stem for p in paths))
+    return f"plots in {out_dir}: {names} (.png, .svg)"
+
+
+def tables_line(paths) -> str:
+    """One line naming the profile tables written."""
+    return "tables: " + ", ".join(str(p) for p in paths)
+
+
 def err(text: str) -> None:
     with contextlib.suppress(OSError):
         print(text, file=sys.stderr, flush=True)
 
 
 __all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable", "drop_stdout",
-           "err", "interruption_note", "on_sigterm", "say", "write_text"]
+           "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all", "tables_line", "write_json",
+           "write_text"]

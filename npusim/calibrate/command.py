@@ -8,12 +8,11 @@ name, nor becomes the file a name of that chain finds first: it would load itsel
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from npusim.errors import ConfigError
-from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_text
+from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_json
 
 PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (report.plot)
 
@@ -66,7 +65,7 @@ def main(args) -> int:
     with all_or_none() as written:  # an interruption or a failure between two outputs leaves none of them
         write_config(cal, args.out)
         if args.json:
-            write_text(args.json, json.dumps(to_json(cal), indent=1))
+            write_json(args.json, to_json(cal))
         if args.plot:
             plot(cal, args.plot)
     say("wrote " + ", ".join(map(str, written)))

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from npusim.outputs import say, write_text
+from npusim.outputs import say, write_json
 
 # flags that name outputs or steer the cache and the terminal, not what is computed
 _NOT_INPUTS = frozenset({"json", "trace", "profile", "plot", "progress", "cache_dir", "no_cache", "argv", "func",
@@ -94,7 +94,7 @@ def replayed(command: Callable, check_outputs: Callable) -> Callable:
                 say(hit["stdout"].removesuffix("\n"))
             if args.json:
                 data = hit["json"] | {"provenance": hit["json"]["provenance"] | {"command": args.argv}}
-                write_text(args.json, json.dumps(data, indent=1))
+                write_json(args.json, data)
             return 0
         tee = _Tee(sys.stdout)
         with contextlib.redirect_stdout(tee):

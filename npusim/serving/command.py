@@ -19,10 +19,10 @@ from npusim.step_flags import add_fast_forward_flag, add_workload_set, workload_
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
-from npusim.outputs import all_or_none, check_paths, check_writable, say, write_text
+from npusim.outputs import all_or_none, check_paths, check_writable, plots_line, say, write_json, write_text
 from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOKENS, check_rate, check_requests,
                                      check_seed, load_trace, parse_ramp, synthetic)
-from npusim.serving.report import metrics, requests_csv, slo_line, summary, sustainable, write_json
+from npusim.serving.report import metrics, requests_csv, slo_line, summary, sustainable
 from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
 from npusim.serving.cluster import MAX_CARDS, check_cluster
@@ -326,7 +326,7 @@ def _max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
                            "probes": [{"rate_requests_per_s": r, "sustained": good} for r, good in seen]}
     if args.json:
         with all_or_none():
-            write_json(found[services[0].name] if len(services) == 1 else found, args.json)
+            write_json(args.json, found[services[0].name] if len(services) == 1 else found)
     return 0
 
 
@@ -368,8 +368,8 @@ def _plan(args, hw, svc: ServiceConfig, bar) -> int:
     say(table(found))
     if args.json:
         with all_or_none():
-            write_json(plan_json(found, service=svc.name, workload=w.name, hw=hw.name, requests=n, seed=args.seed,
-                                 router=args.router), args.json)
+            write_json(args.json, plan_json(found, service=svc.name, workload=w.name, hw=hw.name, requests=n,
+                                            seed=args.seed, router=args.router))
         say(f"wrote {args.json}: the answer, the frontier and all {len(found.tried)} clusters tried")
     return 0
 
@@ -421,13 +421,13 @@ def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
 
                 out = args.plot if one else str(Path(args.plot) / svc.name)
                 paths = latency_cdf(run, out) + batch_and_kv(run, out)
-                plotted.append(f"plots in {out}: " + ", ".join(dict.fromkeys(p.stem for p in paths)) + " (.png, .svg)")
+                plotted.append(plots_line(out, paths))
             if args.trace:
                 from npusim.serving.trace import write_trace
 
                 write_trace(run, args.trace if one else _suffixed(args.trace, svc.name))
         if args.json:
-            write_json(results[0] if one else {m["service"]: m for m in results}, args.json)
+            write_json(args.json, results[0] if one else {m["service"]: m for m in results})
     for line in plotted:
         say(line)
     return 0

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 
 import attrs
 import numpy as np
 
-from npusim.outputs import write_text
 from npusim.serving.simulate import ServingRun
 from npusim.serving.state import STATUSES
 
@@ -221,10 +219,6 @@ def slo_line(slo) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def write_json(m: dict, path) -> None:
-    write_text(path, json.dumps(m, indent=1, sort_keys=False) + "\n")
-
-
 CSV_COLUMNS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "status", "generated", "preemptions",
                "queueing_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 
@@ -252,4 +246,4 @@ def requests_csv(run: ServingRun) -> str:
 
 
 __all__ = ["CSV_COLUMNS", "metrics", "replica_lines", "requests_csv", "slo_line", "summary", "sustainable",
-           "timeline", "write_json"]
+           "timeline"]
