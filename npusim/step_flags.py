@@ -205,10 +205,9 @@ def fast_forward_key(exact: bool) -> tuple:
     result was before fast-forward existed), the fast-forward's parameters otherwise."""
     if exact:
         return ()
-    from npusim.engine import fastforward as ff
+    from npusim.engine.fastforward import PARAMETERS
 
-    return (("fast-forward", ff.FF_KEEP, ff.FF_INCREMENTS, ff.FF_STRIDE_DIVISOR, ff.FF_TOLERANCE,
-             ff.FF_TRAFFIC_TOLERANCE, ff.FF_MIN_SKIP, ff.FF_HEAD_TAIL_WAVES, ff.FF_MIN_GAIN),)
+    return (("fast-forward", *PARAMETERS),)
 
 
 def step_args(args) -> dict:

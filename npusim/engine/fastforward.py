@@ -102,6 +102,10 @@ FF_MIN_GAIN = 1.5
 # +-0.1%. So the time must be steady to FF_TOLERANCE, the traffic only to this; the
 # benchmark prints the traffic error beside the latency error.
 FF_TRAFFIC_TOLERANCE = 0.5
+# Every parameter above: what a fast-forwarded result depends on besides its inputs (the
+# disk cache keys such results on them: npusim.step_flags.fast_forward_key)
+PARAMETERS = (FF_KEEP, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE, FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP,
+              FF_HEAD_TAIL_WAVES, FF_MIN_GAIN)
 _MEASURED = (("cycles", FF_TOLERANCE), ("hbm_read_bytes", FF_TRAFFIC_TOLERANCE),
              ("l2_hit_bytes", FF_TRAFFIC_TOLERANCE))  # what must be steady (see the module doc)
 _NUMBERS = ("instructions", "flops", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_bytes",
@@ -348,6 +352,6 @@ def price(kernel: Kernel, l2_bytes: int, image: Callable[[], tuple[np.ndarray, n
     return _add(runs[-1], per_wave, float(skip)), skip
 
 
-__all__ = ["FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE",
+__all__ = ["FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
            "plan", "l2_image", "price", "repeat_loops",
            "truncated", "warm", "waves"]
