@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from npusim.errors import NpusimError
+from npusim.errors import ConfigError, NpusimError
 from npusim.outputs import all_or_none, err, plots_line, say, say_all, tables_line, write_json
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.step_flags import add_fast_forward_flag, fast_forward_key
@@ -127,6 +127,8 @@ def _cmd_run(args) -> int:
     from npusim.runtime.decoder import run_decoder
 
     check_outputs(args)
+    if args.trace_level and not args.trace:
+        raise ConfigError(f"--trace-level {args.trace_level}: the detail of --trace (give --trace PATH too)")
     step = step_args(args)
     if "pp" in step or "microbatches" in step:
         return run_pipelined(args, step)
@@ -134,7 +136,8 @@ def _cmd_run(args) -> int:
 
     with progress_bar("run", "kernels", args.progress) as bar:
         run = run_decoder(workload_of(args), args.hw, passes=pipeline(args.passes), memo=not args.no_memo,
-                          trace=args.trace_level, progress=bar, store=store_of(args), counters=bool(args.trace),
+                          trace=args.trace_level or "kernel", progress=bar, store=store_of(args),
+                          counters=bool(args.trace),
                           exact=args.exact, **step)
     say(summary(run, overrides=step["overrides"]))
     say_plan(run, step)
@@ -370,8 +373,9 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
     run = _step_parser(sub, "run", "simulate one decoder step (K3 decode by default)")
     _common(run, plot="roofline, hotspots, memory, timeline of the longest kernel",
             trace="write a Chrome trace (Perfetto, chrome://tracing)")
-    run.add_argument("--trace-level", choices=("kernel", "block", "instr"), default="kernel",
-                     help="detail of --trace: kernel and host spans, + blocks per core, + every instruction")
+    run.add_argument("--trace-level", choices=("kernel", "block", "instr"),
+                     help="detail of --trace: kernel and host spans, + blocks per core, + every instruction "
+                     "(default: kernel)")
     run.add_argument("--profile", metavar="DIR", help="write op_summary.csv and op_statistic.csv (msprof's columns)")
     compare = _step_parser(sub, "compare", "pipelines side by side (and each pass's gain when the first is "
                            "baseline); or, under one pipeline, two configs (--hw A B), what-ifs (--variant) or "

@@ -194,7 +194,8 @@ def check_args(args) -> None:
                 raise ConfigError(f"{flag}: only --plan uses it (the serve of one cluster runs in this process)")
     if args.max_rate:  # its probes are Poisson loads at rates of its choosing, each a run of its own
         unused = [flag for flag, given in (("--trace-file", args.trace_file), ("--ramp", args.ramp),
-                                           (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")))
+                                           (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")),
+                                           ("--cv", args.cv is not None))
                   if given]
         if unused:
             raise ConfigError(f"{unused[0]}: not used by --max-rate, whose probes are Poisson loads at the rates "

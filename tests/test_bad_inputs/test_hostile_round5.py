@@ -54,6 +54,7 @@ def test_an_empty_value_is_refused(argv, flag, capsys, tmp_path, monkeypatch):
     (["--trace-file", "{d}/t.csv", "--rate", "5"], r"--rate: not used by --arrival trace"),
     (["--trace-file", "{d}/t.csv", "--arrival", "poisson", "--rate", "5"], r"--trace-file: not used by --arrival "
                                                                           r"poisson"),
+    (["--max-rate", "--cv", "2"], r"--cv: not used by --max-rate, whose probes are Poisson loads"),
 ])
 def test_serve_refuses(argv, expect, capsys, tmp_path):
     (tmp_path / "t.csv").write_text(HEADER + "0,10,4\n")
@@ -164,3 +165,9 @@ def test_a_step_file_with_a_batch_of_the_wrong_type(capsys, tmp_path):
     out = tmp_path / "my.yaml"
     fails_cleanly(["calibrate", "--profile", d, "--out", out], capsys,
                   r"the profile's step file: batch: expected a positive integer, got 'x'", outputs=[out])
+
+
+def test_a_trace_level_without_a_trace(capsys, tmp_path):
+    """It was ignored: no trace is written, whatever its detail."""
+    fails_cleanly(["run", "--workload", "k3-tiny", "--trace-level", "instr", "--json", tmp_path / "o.json"], capsys,
+                  r"--trace-level instr: the detail of --trace \(give --trace PATH too\)$", outputs=[tmp_path / "o.json"])
