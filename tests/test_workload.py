@@ -97,9 +97,9 @@ def test_name_path_and_overrides(tmp_path):
     assert load_workload("k3", {"layers": 2, "kv_heads": "8"}).kv_heads == 8
     with pytest.raises(ConfigError, match=r"no config named 'k4'.*k3-tiny"):
         load_workload("k4")
-    with pytest.raises(ConfigError, match=r"k3\.yaml \(--set\): unknown key 'layer'"):
+    with pytest.raises(ConfigError, match=r"k3\.yaml \(--workload-set\): unknown key 'layer'"):
         load_workload("k3", {"layer": 2})
-    with pytest.raises(ConfigError, match=r"k3\.yaml \(--set\): key 'heads': 5 does not divide hidden_size"):
+    with pytest.raises(ConfigError, match=r"k3\.yaml \(--workload-set\): key 'heads': 5 does not divide hidden_size"):
         load_workload("k3", {"heads": 5})
     # the name defaults to the file's stem
     p = tmp_path / "mine.yaml"

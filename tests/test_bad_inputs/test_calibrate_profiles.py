@@ -191,7 +191,7 @@ def test_ctrl_c_between_two_outputs_leaves_none(lab, tmp_path, capsys, monkeypat
     def interrupted(*a):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("npusim.calibrate.command.write_text", interrupted)
+    monkeypatch.setattr("npusim.calibrate.command.write_json", interrupted)
     code = main(["calibrate", "--hccl", "h.txt", "--hw", "mylab", "--out", "out/my.yaml", "--json", "my.json"])
     err = capsys.readouterr().err
     assert code == 130 and err.strip() == "npusim: interrupted (no partial output left)", err
