@@ -352,6 +352,6 @@ def price(kernel: Kernel, l2_bytes: int, image: Callable[[], tuple[np.ndarray, n
     return _add(runs[-1], per_wave, float(skip)), skip
 
 
-__all__ = ["FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
-           "plan", "l2_image", "price", "repeat_loops",
+__all__ = ["FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_STRIDE_DIVISOR",
+           "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "plan", "l2_image", "price", "repeat_loops",
            "truncated", "warm", "waves"]

@@ -58,6 +58,9 @@ def msd_applies(p) -> bool:
 
 
 def lower_msd(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
+    """The MIX kernel of the module doc: `tiling` (or the chooser's) tiles the cube's int8
+    matmul of both parts, [2m, k] x [k, n], in one tile row with K not split; block b's
+    cube takes a run of N tiles, its two vector cores a share of A's rows, then its columns."""
     from npusim.ops.matmul import MatmulParams, alloc_plan, check_tiling, choose_tiling
 
     m, n, k, e, eo = p.m, p.n, p.k, DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.out_dtype]
@@ -175,9 +178,13 @@ def _quantise_row(p, A, parts, factors: int, first: int, row: dict, chunk: int, 
     parts and its two factors: its largest magnitude over K in chunks, then each chunk
     scaled, rounded, and its residual scaled and rounded."""
     m, k, e = p.m, p.k, DTYPE_BYTES[p.dtype]
-    x_at = lambda j: addr(A.addr + first * k * e + j * e, **{v: n * k * e for v, n in row.items()})  # noqa: E731
-    part_at = lambda i, j: addr(parts.addr + (i * m + first) * k + j, **{v: n * k for v, n in row.items()})  # noqa: E731
-    fac_at = addr(factors + first * _FACTORS, **{v: n * _FACTORS for v, n in row.items()})
+    def rows(base: int, row_bytes: int):
+        """The address of this row's element at `base` (row 0's), rows row_bytes apart."""
+        return addr(base + first * row_bytes, **{v: n * row_bytes for v, n in row.items()})
+
+    x_at = lambda j: rows(A.addr + j * e, k * e)  # noqa: E731
+    part_at = lambda i, j: rows(parts.addr + i * m * k + j, k)  # noqa: E731
+    fac_at = rows(factors, _FACTORS)
     spans = [(j, min(chunk, k - j)) for j in range(0, k, chunk)]
 
     def load(j: int, n: int) -> list:
