@@ -178,7 +178,7 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
         if not (1 <= median <= MAX_TOKENS and 0 <= sigma < math.inf):
             raise ConfigError(f"{what}: expected 1 <= MEDIAN <= {MAX_TOKENS} and a finite SIGMA >= 0, got '{spec}'")
         with np.errstate(over="ignore"):
-            out = np.maximum(1, np.round(rng.lognormal(math.log(median), sigma, n)))
+            out = np.maximum(1, np.round(rng.lognormal(math.log(median), sigma + 0.0, n)))  # -0 (numpy refuses it) as 0
         if not out.max() <= MAX_TOKENS:  # inf where exp() overflowed
             raise ConfigError(f"{what}: '{spec}' draws lengths up to {out.max():.3g} tokens, above the "
                               f"{MAX_TOKENS} a request may have (lower SIGMA)")

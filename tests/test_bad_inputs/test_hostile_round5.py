@@ -171,3 +171,9 @@ def test_a_trace_level_without_a_trace(capsys, tmp_path):
     """It was ignored: no trace is written, whatever its detail."""
     fails_cleanly(["run", "--workload", "k3-tiny", "--trace-level", "instr", "--json", tmp_path / "o.json"], capsys,
                   r"--trace-level instr: the detail of --trace \(give --trace PATH too\)$", outputs=[tmp_path / "o.json"])
+
+
+def test_a_lognormal_sigma_of_minus_zero_is_zero(capsys):
+    """numpy's lognormal refused -0.0 with a traceback ("sigma < 0"); it is a sigma of 0."""
+    argv = [*SERVE, "--rate", "1", "--requests", "1", "--output-lengths", "lognormal:1,-0"]
+    assert main(argv) == 0, capsys.readouterr().err
