@@ -163,7 +163,7 @@ def test_bad_plan_input_is_one_line(argv, match, capsys, monkeypatch, tmp_path):
 
 def test_plan_outputs_are_checked_before_the_search(tmp_path, capsys, monkeypatch):
     served = []
-    monkeypatch.setattr("npusim.serving.command.serve", lambda *a: served.append(a))
+    monkeypatch.setattr("npusim.serving.capacity_command.serve", lambda *a: served.append(a))
     argv = [*SERVE, "--plan", "--rate", "300", "--max-cards", "4", "--json", "/proc/x/plan.json"]
     assert main(argv) == 2
     assert "--json /proc/x/plan.json: cannot be written" in capsys.readouterr().err and not served
