@@ -118,6 +118,13 @@ def _split(rows: tuple[int, int]) -> tuple[int, int, int]:
     return lo, each, hi - lo - each
 
 
+def _row_at(share: tuple[int, int, int]):
+    """at(base, row_bytes): the address, at `base` of row 0, of the row a vector core of
+    the block is at in its `share` of rows (_split), as the loop var r and `sub` move it."""
+    first, _, sub1 = share
+    return lambda base, row_bytes: addr(base + first * row_bytes, r=row_bytes, sub=sub1 * row_bytes)
+
+
 def _vector_program(p, hw: HwConfig, A, factors: int, parts, acc, scale, bias, Y, rows, cols) -> Program:
     """One block's vector cores: quantise their rows of A into the two int8 parts, SyncAll,
     then (once their cube has written its columns of C) combine those columns into Y."""
@@ -136,17 +143,16 @@ def _vector_program(p, hw: HwConfig, A, factors: int, parts, acc, scale, bias, Y
     st = buf.alloc("amax", Mem.UB, 2 * UB_BLOCK)
 
     body: list = []
-    first, each, sub1 = _split(rows)
-    if each:
-        row = {"r": 1, "sub": sub1}  # loop var -> rows it moves by
-        body.append(Loop("r", each, _quantise_row(p, A, parts, factors, first, row, chunk, pre, st, fac)))
+    share = _split(rows)
+    if share[1]:
+        body.append(Loop("r", share[1], _quantise_row(p, A, parts, factors, _row_at(share), chunk, pre, st, fac)))
     body += [SyncAll(), CrossWaitFlag(Pipe.MTE2, _DONE)]
     loads = [Copy(Mem.GM, Mem.UB, scale.addr + c0 * 4, post["scale"], width * 4)]
     if bias is not None:
         loads.append(Copy(Mem.GM, Mem.UB, bias.addr + c0 * 4, post["bias"], width * 4))
     body += loads + _after(Pipe.MTE2, Pipe.V)
-    first, each, sub1 = _split((0, m))
-    at = lambda base, row_bytes: addr(base + first * row_bytes, r=row_bytes, sub=sub1 * row_bytes)  # noqa: E731
+    share = _split((0, m))
+    at = _row_at(share)
     n = width
     combine = [
         *_after(Pipe.V, Pipe.MTE2),
@@ -164,7 +170,7 @@ def _vector_program(p, hw: HwConfig, A, factors: int, parts, acc, scale, bias, Y
         *_after(Pipe.V, Pipe.MTE3),
         Copy(Mem.UB, Mem.GM, out, at(Y.addr + c0 * eo, p.n * eo), n * eo),
     ]
-    body.append(Loop("r", each, combine))
+    body.append(Loop("r", share[1], combine))
     return Program(body + _after(Pipe.MTE3, Pipe.V), buf.buffers)
 
 
@@ -173,18 +179,14 @@ def _after(src: Pipe, dst: Pipe) -> list:
     return [SetFlag(src, dst, 0), WaitFlag(src, dst, 0)]
 
 
-def _quantise_row(p, A, parts, factors: int, first: int, row: dict, chunk: int, ub: dict, st: int, fac: int) -> list:
-    """One row of A (the loop var r, and `sub`, move it by `row` rows) into its two int8
-    parts and its two factors: its largest magnitude over K in chunks, then each chunk
-    scaled, rounded, and its residual scaled and rounded."""
+def _quantise_row(p, A, parts, factors: int, at, chunk: int, ub: dict, st: int, fac: int) -> list:
+    """One row of A (`at`: _row_at's, for this core's rows) into its two int8 parts and its
+    two factors: its largest magnitude over K in chunks, then each chunk scaled, rounded,
+    and its residual scaled and rounded."""
     m, k, e = p.m, p.k, DTYPE_BYTES[p.dtype]
-    def rows(base: int, row_bytes: int):
-        """The address of this row's element at `base` (row 0's), rows row_bytes apart."""
-        return addr(base + first * row_bytes, **{v: n * row_bytes for v, n in row.items()})
-
-    x_at = lambda j: rows(A.addr + j * e, k * e)  # noqa: E731
-    part_at = lambda i, j: rows(parts.addr + i * m * k + j, k)  # noqa: E731
-    fac_at = rows(factors, _FACTORS)
+    x_at = lambda j: at(A.addr + j * e, k * e)  # noqa: E731
+    part_at = lambda i, j: at(parts.addr + i * m * k + j, k)  # noqa: E731
+    fac_at = at(factors, _FACTORS)
     spans = [(j, min(chunk, k - j)) for j in range(0, k, chunk)]
 
     def load(j: int, n: int) -> list:
