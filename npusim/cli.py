@@ -158,8 +158,9 @@ def _cmd_run(args) -> int:
             workload = os.path.abspath(workload) if os.path.exists(workload) else workload
             ran = {k: v for k, v in step.items() if k != "overrides"} | {"workload": workload,
                                                                          "passes": pipeline(args.passes)}
-            if workload_sets(args):  # the fields --workload-set changed, applied again when calibrate reruns it
-                ran["workload_set"] = workload_sets(args)
+            sets = workload_sets(args)
+            if sets:  # the fields --workload-set changed, applied again when calibrate reruns it
+                ran["workload_set"] = sets
             if ran.get("fusion_rules"):
                 ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
             ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones

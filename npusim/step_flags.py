@@ -6,19 +6,32 @@ output can be written and lands neither on an input nor on another output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 
 from npusim.parallel.flags import plan_args
+
+# A whole number as a flag takes it: ASCII digits (int() would also read '1_000' and
+# other scripts' digits), a sign left for the range checks to word.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _integers(text: str, flag: str, expected: str) -> list[int]:
+    """A comma list of whole numbers; anything else is `FLAG: expected EXPECTED, got 'TEXT'`."""
+    from npusim.errors import ConfigError
+    from npusim.hw.parse import short
+
+    words = [w.strip() for w in text.split(",")]
+    if all(_INTEGER.fullmatch(w) for w in words):
+        with contextlib.suppress(ValueError):  # an integer of more digits than Python converts
+            return [int(w) for w in words]
+    raise ConfigError(f"{flag}: expected {expected}, got {short(text)}")
 
 
 def lengths(text: str):
     """--context 4096, or one length per sequence: 4096,1000,77."""
-    from npusim.errors import ConfigError
-
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--context: expected an integer or a comma list of integers, got '{text}'") from None
+    values = _integers(text, "--context", "an integer or a comma list of integers")
     return values[0] if len(values) == 1 else values
 
 
@@ -74,22 +87,37 @@ def workload_of(args):
 
 def pass_options(args) -> dict:
     """Options of the passes given on the command line (None: the pass's default)."""
-    from npusim.errors import ConfigError
-
-    buckets = None
-    if args.buckets:
-        try:
-            buckets = tuple(int(x) for x in args.buckets.split(","))
-        except ValueError:
-            raise ConfigError(f"--buckets: expected a comma list of lengths, got '{args.buckets}'") from None
     from npusim.passes import check_options
 
+    buckets = bucket_lengths(args) if args.buckets else None
     rules = args.fusion_rules  # compare --fusion-rules A B: a list, each side given its own (step_flags.sides)
     rules = rules[0] if isinstance(rules, list) else rules
     options = dict(fusion_rules=rules, kv_layout=args.kv_layout, buckets=buckets, margin=args.margin,
                    quant=args.quant, quant_layers=args.quant_layers, smooth_alpha=args.smooth_alpha)
     check_options([args.passes] if isinstance(args.passes, str) else args.passes, options)
     return options
+
+
+def bucket_lengths(args) -> tuple[int, ...]:
+    """--buckets L1,L2,...: positive lengths, strictly increasing (the pass would sort a list
+    out of order and keep a repeat: a typo, not a choice), none past the step's workload's
+    max context (the pass never pads beyond it, so a longer bucket would be cut silently)."""
+    from npusim.errors import ConfigError
+    from npusim.workload import load_workload
+
+    values = _integers(args.buckets, "--buckets", "a comma list of lengths")
+    workload = workload_of(args)
+    workload = load_workload(workload) if isinstance(workload, (str, os.PathLike)) else workload
+    given = f"--buckets {args.buckets}"
+    for before, length in zip((0, *values), values):
+        if length < 1:
+            raise ConfigError(f"{given}: expected positive lengths, got {length}")
+        if length <= before:
+            raise ConfigError(f"{given}: expected strictly increasing lengths, got {length} after {before}")
+        if length > workload.max_context_tokens:
+            raise ConfigError(f"{given}: {length} is past {workload.name}'s max context "
+                              f"({workload.max_context_tokens} tokens), which the buckets pass never pads beyond")
+    return tuple(values)
 
 
 def context(args):
@@ -216,9 +244,12 @@ def step_args(args) -> dict:
 
 
 def inputs(args) -> dict:
-    """The input files of a command, by flag (None: a name that resolves to no file)."""
+    """The input files of a command, by flag (None: a name that resolves to no file), each
+    checked before anything opens it (hw.parse.input_file: a named pipe or a device given
+    for one would block or never end; --workload may be a folder, a Hugging Face model's)."""
     from npusim.errors import ConfigError
     from npusim.hw.load import find_file
+    from npusim.hw.parse import input_file
 
     def path(value, kind):
         if value is None:
@@ -233,9 +264,13 @@ def inputs(args) -> dict:
             return {flag: path(values, kind) if kind else values}
         return {(flag if i == 0 else f"{flag} (B)"): path(v, kind) if kind else v for i, v in enumerate(values)}
 
-    return {**each("--hw", getattr(args, "hw", None), "hwconfigs"),
-            "--workload": path(getattr(args, "workload", None), "workloads"),
-            **each("--fusion-rules", getattr(args, "fusion_rules", None), None)}
+    found = {**each("--hw", getattr(args, "hw", None), "hwconfigs"),
+             "--workload": path(getattr(args, "workload", None), "workloads"),
+             **each("--fusion-rules", getattr(args, "fusion_rules", None), None)}
+    for flag, value in found.items():
+        if value is not None:
+            input_file(value, f"{flag} {value}", folder=flag == "--workload")
+    return found
 
 
 def check_outputs(args, extra: dict | None = None) -> None:
@@ -255,6 +290,6 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "check_outputs", "fast_forward_key", "context", "default_batch", "inputs", "lengths",
-           "overrides", "pass_options", "pipeline", "sides", "step_args", "add_workload_set", "workload_of",
-           "workload_sets"]
+__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs", "context",
+           "default_batch", "fast_forward_key", "inputs", "lengths", "overrides", "pass_options", "pipeline", "sides",
+           "step_args", "workload_of", "workload_sets"]

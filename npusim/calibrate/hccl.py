@@ -27,6 +27,7 @@ from npusim.calibrate.opmap import Mapped, Unmappable
 from npusim.calibrate.profile import ProfileError
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
+from npusim.hw.parse import input_file
 from npusim.ops.collectives.hccl_test import ALL_TESTS, DEFAULT_DTYPE, DTYPES, HEADER, TESTS
 
 OPTIONS = ("op", "devices", "dtype")
@@ -156,6 +157,7 @@ def read_hccl(path: str | Path, options: Mapping[str, str] | None = None) -> lis
     """Every row of every hccl_test table in the file at `path`."""
     path = Path(path)
     given = _options(path, options or {})
+    input_file(path, f"--hccl {path}", error=ProfileError)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:

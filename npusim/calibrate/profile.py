@@ -71,11 +71,13 @@ class ProfileRow:
 def profile_files(path: str | Path) -> list[Path]:
     """The op_summary files of `path`: the file itself, or every op_summary*.csv under
     a folder (msprof puts them in PROF_*/mindstudio_profiler_output/), sorted."""
+    from npusim.hw.parse import input_file
+
     p = Path(path)
-    if p.is_file():
-        return [p]
     if not p.exists():
         raise ProfileError(f"{p}: no such file or folder (expected an op_summary CSV or a folder of them)")
+    if input_file(p, folder=True, error=ProfileError).is_file():
+        return [p]
     files = sorted(f for f in p.rglob(PROFILE_GLOB) if f.is_file())
     if not files:
         raise ProfileError(f"{p}: no {PROFILE_GLOB} file in this folder (expected msprof's output)")

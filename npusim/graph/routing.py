@@ -43,7 +43,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.hw.parse import parse_json, parse_yaml, read_text, short
+from npusim.hw.parse import input_file, parse_json, parse_yaml, read_text, short
 from npusim.workload import Workload
 
 
@@ -64,13 +64,17 @@ class LayerRouting:
     @property
     def tokens_per_expert(self) -> tuple[int, ...]:
         """Rows of each expert's GEMMs, by expert id: the pairs routed to it, at most `capacity`."""
-        routed = self.routed_per_expert
-        return routed if self.capacity is None else tuple(min(c, self.capacity) for c in routed)
+        return self._capped(self.routed_per_expert)
 
     @property
     def dropped_rows(self) -> int:
         """Routed rows over their expert's capacity (0 without a cap)."""
-        return sum(self.routed_per_expert) - sum(self.tokens_per_expert)
+        routed = self.routed_per_expert  # counted once: the rows kept are these, capped
+        return sum(routed) - sum(self._capped(routed))
+
+    def _capped(self, routed: tuple[int, ...]) -> tuple[int, ...]:
+        """Per-expert counts `routed` at most `capacity` each."""
+        return routed if self.capacity is None else tuple(min(c, self.capacity) for c in routed)
 
     @property
     def busiest_share(self) -> float:
@@ -130,8 +134,8 @@ def _routed(w: Workload, layer: int, tokens: int) -> LayerRouting:
     """draw_routing before the capacity cap."""
     if w.routing != "trace":
         return _drawn(w, layer, tokens)
-    p = Path(w.routing_trace)
-    if not p.is_file():
+    p = input_file(w.routing_trace, f"routing_trace {w.routing_trace}")
+    if not p.exists():
         raise ConfigError(f"routing_trace: no file {w.routing_trace}")
     stat = p.stat()  # a file rewritten since is read again
     rows = _trace(w.routing_trace, stat.st_mtime_ns, stat.st_size, w.experts, w.experts_per_token)

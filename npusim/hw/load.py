@@ -29,7 +29,7 @@ from npusim.errors import ConfigError
 from npusim.hw.checks import inconsistency
 from npusim.hw.compat import upgrade
 from npusim.hw.config import HwConfig
-from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short, strict_converter
+from npusim.hw.parse import did_you_mean, input_file, parse_yaml, read_yaml, short, strict_converter
 
 __all__ = ["DEFAULT_HW", "find_file", "known_names", "leaf_errors", "load_hw", "parse_set_args", "parse_yaml",
            "raw_config", "read_yaml", "search_dirs"]
@@ -51,12 +51,15 @@ def search_dirs(kind: str) -> list[Path]:
 
 
 def find_file(name_or_path: str | os.PathLike, kind: str) -> Path:
-    """A name from hwconfigs/ (or workloads/), or a path to a YAML file."""
+    """A name from hwconfigs/ (or workloads/, services/), or a path to a YAML file (a
+    regular file: input_file)."""
+    if os.fspath(name_or_path) == "":  # Path('') is the working folder
+        raise ConfigError(f"{kind}: expected a config name or a path to a .yaml file, got an empty string")
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"{p}: no such file")
-        return p
+        return input_file(p)
     for d in search_dirs(kind):
         for ext in (".yaml", ".yml"):
             if (d / (str(name_or_path) + ext)).is_file():

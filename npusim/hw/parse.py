@@ -10,8 +10,10 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 import reprlib
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -180,8 +182,36 @@ def _checked(load: Callable[[], Any], where: str, kind: str) -> Any:
     return data
 
 
+# What an input path can be other than a regular file, as an error names it. Each is
+# refused before anything opens it: opening a named pipe waits for a writer that may never
+# come, a device's read may never end (/dev/zero) or wait on a terminal (/dev/tty), a
+# socket does not open, and a folder is no file's text.
+_NOT_A_FILE = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def input_file(path: str | os.PathLike, what: str | None = None, folder: bool = False,
+               error: type[Exception] = ConfigError) -> Path:
+    """`path` checked before anything opens it: a regular file (folder=True: or a folder),
+    through any links. A path that does not exist is left to the open that follows, which
+    says so in its reader's words. `what` names the input in the error (default: the path);
+    `error`: the error type raised (the reader's own)."""
+    if os.fspath(path) == "":  # Path('') is the working folder
+        raise error(f"{what or 'path'}: expected a file's path, got an empty string")
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError:  # missing, a dangling link, ...: the open reports it
+        return p
+    if stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode)):
+        return p
+    got = next((name for is_kind, name in _NOT_A_FILE if is_kind(mode)), "a special file")
+    raise error(f"{what or p}: expected {'a file or a folder' if folder else 'a regular file'}, got {got}")
+
+
 def read_text(path: Path) -> str:
     """A config file's text, refusing one larger than MAX_TEXT_BYTES before reading it all."""
+    input_file(path)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(MAX_TEXT_BYTES + 1)

@@ -188,7 +188,7 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
         lo = np.array([b[1] for b in SEED_MIX])[band]
         hi = np.array([b[2] for b in SEED_MIX])[band]
         out = lo + np.floor(rng.random(n) * (hi - lo + 1))
-    elif kind == "file":
+    elif kind == "file" and arg:
         values = _empirical(Path(arg), what)
         out = rng.choice(values, n)
     else:
@@ -198,8 +198,11 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
 
 
 def read_text(path: Path, what: str) -> str:
-    """A trace or lengths file's text, at most MAX_FILE_BYTES of it (a device or a pipe
-    that never ends, /dev/zero, is refused once past that, not read into memory)."""
+    """A trace or lengths file's text, at most MAX_FILE_BYTES of it. A regular file
+    (input_file): a named pipe would wait for a writer, a device might never end."""
+    from npusim.hw.parse import input_file
+
+    input_file(path, what)
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
