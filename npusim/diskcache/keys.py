@@ -28,6 +28,8 @@ from pathlib import Path
 
 import attrs
 
+from npusim.hw.parse import input_file
+
 _SOURCE_SUFFIXES = (".py", ".yaml", ".c")
 
 
@@ -92,7 +94,7 @@ def file_digest(path: str | os.PathLike | None) -> str | None:
     """A file's content hash (a fusion rules file the key must follow), None for no file."""
     if path is None:
         return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(input_file(path, "fusion_rules").read_bytes()).hexdigest()
 
 
 def options_key(options: dict) -> dict:

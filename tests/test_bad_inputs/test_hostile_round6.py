@@ -137,6 +137,22 @@ def test_an_empty_name_in_the_api(load, kind):
                                                   r"got an empty string$")
 
 
+def test_an_empty_workload_name_in_the_api():
+    """It was ': a directory without a config.json' (Path('') is the working folder)."""
+    from npusim.workload import load_workload
+
+    one_line_error(lambda: load_workload(""), ConfigError, r"^workload: expected a name or a path, got an empty string$")
+
+
+def test_a_fusion_rules_pipe_given_in_python_is_refused_before_it_is_read(tmp_path):
+    """The cache key hashes a rules file given to the API; a pipe there blocked the read."""
+    from npusim.diskcache.keys import file_digest
+
+    fifo = tmp_path / "rules.fifo"
+    os.mkfifo(fifo)
+    one_line_error(lambda: file_digest(fifo), ConfigError, r"^fusion_rules: expected a regular file, got a named pipe")
+
+
 # ---- counted once
 
 
