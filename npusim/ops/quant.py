@@ -30,7 +30,8 @@ from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import (
-    UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
+    MAX_REPEATS, STAT_BYTES, STAT_F32, UB_BLOCK, brcb, broadcast_rows, cast, dtype_validator, over_rows,
+    per_row, quantum, row_stat, scalar_read, shape_validator, vector_lowered, vop,
 )
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 
@@ -87,9 +88,10 @@ def _positive(attribute, value) -> None:
 
 
 # CANN's 910B DynamicQuant quantises many rows per instruction only for rows of at least
-# MULTI_ROW_MIN elements, a multiple of MULTI_ROW_ALIGN; any other row is its own
-# iteration (hicann/ops-nn quant/dynamic_quant op_host dynamic_quant_tiling.cpp: the
-# MultiRow and SingleRow kernels' conditions, else the generic per-row kernels)
+# MULTI_ROW_MIN elements, a multiple of MULTI_ROW_ALIGN; any other row takes its own
+# instructions, though a tile of such rows still moves as one DMA (hicann/ops-nn
+# quant/dynamic_quant op_host dynamic_quant_tiling.cpp: CheckMultiRowPreconditions, else
+# the generic kernels' multiRowNum = min(255, rows UB holds); op_kernel dynamic_quant_db.h)
 MULTI_ROW_MIN, MULTI_ROW_ALIGN = 128, 8
 
 
@@ -102,7 +104,7 @@ def rows_together(hidden: int) -> bool:
           outs=("y", "scale"))
 def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Per-token dynamic INT8 quantisation: y = rint(x * smooth / scale), scale = max|x * smooth| / 127
-    (several rows per instruction, or one row per iteration: rows_together)."""
+    (several rows per instruction, or a tile of rows each with its own instructions: rows_together)."""
     h, e = p.hidden, DTYPE_BYTES[p.dtype]
     # rows are padded in UB to whole 32-byte blocks of the int8 output (DataCopyPad):
     # every per-row instruction runs over hp elements
@@ -112,34 +114,75 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
     scale = gm.tensor("scale", p.rows * 4)
     consts = [Const(gm.tensor("smooth", h * 4), h * 4, hp * 4)] if p.smooth else []
 
-    def compute(nr, ub_in, ub_out, tmp, c):
-        n = nr * hp
-        w, a, st = tmp  # w: x (* smooth) in fp32; a: an fp16 copy (its |max|, then the rounded values)
+    def packed(nr, ub_in, ub_out, tmp, c):
+        """Rows of MULTI_ROW_MIN+ aligned elements, as CANN's MultiRow kernel runs a tile
+        (dynamic_quant_multi_row.h): every step over the whole tile but the first folds of
+        each row's maximum (one Max per row down to one repeat, then one WholeReduceMax
+        repeating over the rows); 127 / amax is broadcast (Brcb, BroadCast) and multiplied in."""
+        n, lanes = nr * hp, hw.aiv.vector_repeat_bytes // 4  # fp32 elements of one repeat
+        w, a, st, blk = tmp  # w: x (* smooth) fp32; a: |w|, then the scaled values; st: amax; blk: Brcb blocks
         ops = [cast(n, p.dtype, "fp32", w, ub_in[0])]
-        if p.smooth:  # the factors are one [h] row: one instruction per token
-            ops += per_row(nr, hp * 4, lambda at: [vop("mul", hp, "fp32", at(w), at(w), c[0])])
-        # the row maximum is found on an fp16 copy (half the scratch of an fp32 one;
-        # the reference takes it in fp32 - the cost is what this sequence models)
-        ops += [cast(n, "fp32", "fp16", a, w),
-                vop("abs", n, "fp16", a, a),
-                vop("reduce_max", n, "fp16", st, a, out_n=nr, out_dtype="fp32"),
+        if p.smooth:  # the factors are one [h] row, read again for every row
+            ops.append(over_rows("mul", nr, hp, hp * 4, w, w, c[0]))
+        ops.append(vop("abs", n, "fp32", a, w))
+        ops += per_row(nr, hp * 4, lambda at: [vop("max", hp - lanes, "fp32", at(a), at(a + lanes * 4), at(a))])
+        ops += [vop("reduce_max", nr * lanes, "fp32", st, a, out_n=nr, pitches=((nr, 4, hp * 4),)),
                 vop("maxs", nr, "fp32", st, st),  # the MIN_AMAX guard
                 vop("muls", nr, "fp32", ub_out[1], st),  # scale = amax / 127
-                vop("div", nr, "fp32", st, st)]  # 127 / amax, read back by the scalar unit
-        ops += scalar_read()
-        ops += per_row(nr, hp * 4, lambda at: [vop("muls", hp, "fp32", at(w), at(w))])
+                vop("div", nr, "fp32", st, st),  # 127 / amax
+                brcb(nr, blk, st), broadcast_rows(nr, hp, hp * 4, a, blk), vop("mul", n, "fp32", a, w, a)]
         # fp32 -> fp16 -> int8 (rint): the 910B vector unit's cast path to int8
-        return ops + [cast(n, "fp32", "fp16", a, w), cast(n, "fp16", "int8", ub_out[0], a)]
+        return ops + [cast(n, "fp32", "fp16", a, a), cast(n, "fp16", "int8", ub_out[0], a)]
+
+    def row_by_row(nr, ub_in, ub_out, tmp, c):
+        """Any other row, as CANN's generic kernel runs a tile of rows (dynamic_quant_db.h
+        ProcessSymmetric): the tile moves as one DMA, the vector work is one row at a
+        time, its statistic kept in one block (Brcb + Div) - no scalar round trip."""
+        w, a, blk = tmp  # w: x (* smooth) fp32; a: its fp16 copy; blk: a row's statistic block
+
+        def at(base, pitch):
+            return addr(base, r=pitch)
+
+        x, w32, a16, y, b = at(ub_in[0], hp * e), at(w, hp * 4), at(a, hp * 2), at(ub_out[0], hp), at(blk, STAT_BYTES)
+        ops = [cast(hp, p.dtype, "fp32", w32, x)]
+        if p.smooth:
+            ops.append(vop("mul", hp, "fp32", w32, w32, c[0]))
+        # the row maximum is found on an fp16 copy (the reference takes it in fp32 - the
+        # cost is what this sequence models)
+        ops += [cast(hp, "fp32", "fp16", a16, w32), vop("abs", hp, "fp16", a16, a16),
+                vop("reduce_max", hp, "fp16", b, a16, out_n=STAT_F32, out_dtype="fp32",
+                    pitches=((1, STAT_BYTES, hp * 2),)),
+                vop("maxs", STAT_F32, "fp32", b, b),  # the MIN_AMAX guard
+                vop("div", STAT_F32, "fp32", b, b),  # 127 / amax
+                row_stat("mul", hp, w32, w32, b)]
+        # fp32 -> fp16 -> int8 (rint): the 910B vector unit's cast path to int8
+        ops += [cast(hp, "fp32", "fp16", a16, w32), cast(hp, "fp16", "int8", y, a16)]
+        # scale = amax / 127 for every row of the tile from its block: one strided Muls
+        # assumption: CANN writes it row by row (a one-lane masked Mul each, 32-byte aligned
+        # by masking, which the IR's alignment rule cannot say); one instruction a tile here
+        scales = vop("muls", nr, "fp32", ub_out[1], blk, pitches=((nr, 4, STAT_BYTES),))
+        return [Loop("r", nr, ops), scales]
 
     pad = hp != h
-    try:
-        k = streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows,
-                             [Stream(x, h * e, ub_row_bytes=hp * e if pad else 0)],
-                             [Stream(y, h, ub_row_bytes=hp if pad else 0), Stream(scale, 4)], compute, consts=consts,
-                             tmp_row_bytes=[hp * 4, hp * 2, 4], quantum=quantum(hw, p.rows, h * e),
-                             max_tile_rows=None if rows_together(h) else 1)
-    except ProgramError as err:  # assumption: rows are kept whole (a two-pass chunked row is not modelled)
-        raise ProgramError(f"{err}: hidden={h} is too long to keep a row whole in UB") from None
+
+    def kernel(compute, tmp_row_bytes):
+        return streaming_kernel("quantize_per_token", "quantize_per_token", hw, p.rows,
+                                [Stream(x, h * e, ub_row_bytes=hp * e if pad else 0)],
+                                [Stream(y, h, ub_row_bytes=hp if pad else 0), Stream(scale, 4)], compute,
+                                consts=consts, tmp_row_bytes=tmp_row_bytes, quantum=quantum(hw, p.rows, h * e),
+                                max_tile_rows=MAX_REPEATS)
+
+    k = None
+    if rows_together(h):
+        try:
+            k = kernel(packed, [hp * 4, hp * 4, 4, STAT_BYTES])
+        except ProgramError:  # as CANN's MultiRow template: only rows UB holds with its full-width scratch
+            k = None
+    if k is None:
+        try:
+            k = kernel(row_by_row, [hp * 4, hp * 2, STAT_BYTES])
+        except ProgramError as err:  # assumption: rows are kept whole (a two-pass chunked row is not modelled)
+            raise ProgramError(f"{err}: hidden={h} is too long to keep a row whole in UB") from None
     ins = [TensorInfo("x", (p.rows, h), p.dtype)] + ([TensorInfo("smooth", (h,), "fp32")] if p.smooth else [])
     # per element: abs, max, * 1/scale (and * smooth); per row: the scale and its inverse
     flops = (3 + int(p.smooth)) * p.rows * h + 3 * p.rows

@@ -20,7 +20,8 @@ from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 from npusim.ops.wide_rows import wide_layer_norm, wide_rms_norm, wide_softmax
 from npusim.ops.vector import (
-    UB_BLOCK, dtype_validator, vector_lowered, cast, numel, per_row, quantum, scalar_read, shape_validator, vop,
+    STAT_BYTES, STAT_F32, UB_BLOCK, broadcast_rows, cast, dtype_validator, numel, over_rows, per_row,
+    quantum, row_reduce, scalar_read, shape_validator, vector_lowered, vop,
 )
 
 
@@ -140,36 +141,59 @@ def _weight_setup(r: _Rows, dtype: str, n_weights: int):
     return setup, lambda consts, i: consts[i]
 
 
+def _rms_ops_long(nr: int, r: _Rows, w, dst, sq, st, gamma32, eps: float) -> list:
+    """_rms_ops for rows past MERGE_MAX_COLS, as CANN's AddRmsNorm runs them (add_rms_norm_tiling.cpp:
+    MODE_MULTI_N / MODE_SINGLE_N, not MergeN): each row summed by the halving adds into its
+    statistic block, the rstd read back by the scalar unit, applied one instruction a row."""
+    ns = nr * STAT_F32
+    ops = [vop("mul", nr * r.hp, "fp32", sq, w, w)]
+    ops += per_row(nr, r.f32_pitch, lambda at: halving_sum(r.h, addr(st, r=STAT_BYTES), sq, at))
+    ops += [vop("muls", ns, "fp32", st, st, scalar=1.0 / r.h), vop("adds", ns, "fp32", st, st, scalar=eps),
+            vop("rsqrt", ns, "fp32", st, st)] + scalar_read()
+    return ops + per_row(nr, r.f32_pitch, lambda at: [
+        vop("muls", r.hp, "fp32", at(dst), at(w), scalar_src=addr(st, r=STAT_BYTES)),
+        vop("mul", r.hp, "fp32", at(dst), at(dst), gamma32)])
+
+
 def _rms_ops(nr: int, r: _Rows, w, dst, sq, st, gamma32, eps: float) -> list:
-    """rstd = rsqrt(mean(w^2) + eps); dst = w * rstd * gamma (w, dst fp32 [nr, hp])."""
+    """rstd = rsqrt(mean(w^2) + eps); dst = w * rstd * gamma (w, dst fp32 [nr, hp]), every
+    step over the whole tile as CANN's MergeN kernel runs it (rms_norm_merge_n.h Compute):
+    square, one reduction into each row's statistic block (st: nr blocks), the statistic
+    steps on the blocks, rstd broadcast over the squares' room (sq) and multiplied in,
+    gamma (one [h] row) applied to every row by one instruction. No scalar round trip.
+    # assumption: the other form CANN uses - Brcb, then one Mul per 64 columns repeating
+    # over the rows (RmsNorm's "performance" mode for 16-bit inputs of few dims;
+    # add_rms_norm_merge_n.h) - costs about the same and is not modelled apart"""
     n = nr * r.hp
-    ops = [vop("mul", n, "fp32", sq, w, w),
-           vop("reduce_sum", n, "fp32", st, sq, out_n=nr),
-           vop("muls", nr, "fp32", st, st, scalar=1.0 / r.h), vop("adds", nr, "fp32", st, st, scalar=eps),
-           vop("rsqrt", nr, "fp32", st, st)]
-    ops += scalar_read()
-    # row r's rstd is the fp32 at st + 4 r, read back by the scalar unit
-    ops += per_row(nr, r.f32_pitch, lambda at: [vop("muls", r.hp, "fp32", at(dst), at(w), scalar_src=addr(st, r=4)),
-                                                 vop("mul", r.hp, "fp32", at(dst), at(dst), gamma32)])
-    return ops
+    ns = nr * STAT_F32
+    # the reduction reads a row's h columns only (its padding to 32 bytes is never loaded)
+    ops = [vop("mul", n, "fp32", sq, w, w)] + row_reduce("reduce_sum", nr, r.h, r.f32_pitch, st, sq)
+    ops += [vop("muls", ns, "fp32", st, st, scalar=1.0 / r.h), vop("adds", ns, "fp32", st, st, scalar=eps),
+            vop("rsqrt", ns, "fp32", st, st)]
+    ops += [broadcast_rows(nr, r.hp, r.f32_pitch, sq, st), vop("mul", n, "fp32", dst, w, sq)]
+    return ops + [over_rows("mul", nr, r.hp, r.f32_pitch, dst, dst, gamma32)]
 
 
 # CANN's 910B RmsNorm keeps several rows per instruction only up to this many (aligned)
 # columns ("MergeN"); a longer row is its own iteration (hicann/ops-nn
 # norm/rms_norm/op_host/rms_norm_tiling.cpp, SMALL_REDUCE_NUM)
 MERGE_MAX_COLS = 2000
+# CANN's MergeN kernel queues one buffer per tensor (rms_norm_base.h BUFFER_NUM = 1): a tile's
+# load, compute and store do not overlap the next tile's
+MERGE_DOUBLE_BUFFER = False
 
 
-def halving_sum(n: int, dst, src) -> list:
+def halving_sum(n: int, dst, src: int, at=lambda base: base) -> list:
     """One row's sum as CANN's single-row reduce takes it: fold the part beyond a power
-    of two onto it, halve with Adds down to one repeat of fp32 lanes, then one
-    whole-repeat ReduceSum into dst (src is overwritten)."""
+    of two onto it, halve with Adds (the upper half onto the lower) down to one repeat of
+    fp32 lanes, then one whole-repeat ReduceSum into dst (src is overwritten). `at`
+    places an address in the row (per_row's)."""
     lanes, half = 64, 1 << max(0, n - 1).bit_length() - 1 if n > 1 else 1
-    ops = [vop("add", n - half, "fp32", src, src, src)] if n > half else []
+    ops = [vop("add", n - half, "fp32", at(src), at(src), at(src + half * 4))] if n > half else []
     while half > lanes:
         half //= 2
-        ops.append(vop("add", half, "fp32", src, src, src))
-    return ops + [vop("reduce_sum", min(n, lanes), "fp32", dst, src, out_n=1)]
+        ops.append(vop("add", half, "fp32", at(src), at(src), at(src + half * 4)))
+    return ops + [vop("reduce_sum", min(n, lanes), "fp32", dst, at(src), out_n=1)]
 
 
 def _rms_norm_per_row(p: NormParams, r: _Rows, hw: HwConfig, x, gamma, y):
@@ -222,7 +246,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"
     setup, w32 = _weight_setup(r, p.dtype, 1)
-    parts = ([r.f32_pitch] if up else []) + [r.f32_pitch, 4]
+    parts = ([r.f32_pitch] if up else []) + [r.f32_pitch, STAT_BYTES]
 
     def compute(nr, ub_in, ub_out, tmp, consts):
         n = nr * r.hp
@@ -233,6 +257,7 @@ def lower_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> Low
 
     k = row_kernel("rms_norm", r, hw, r.rows, [r.stream(x)], [r.stream(y)], compute,
                    consts=[g_const], tmp_row_bytes=parts, setup=setup, quantum=quantum(hw, r.rows, r.h * r.e),
+                   double_buffer=MERGE_DOUBLE_BUFFER,
                    wide=lambda: wide_rms_norm("rms_norm", hw, r.rows, r.h, p.dtype, r.e, x, gamma, y))
     # per element: square, sum, * rstd, * gamma; per row: / h, + eps, rsqrt
     return vector_lowered("rms_norm", p, [k], 4 * r.rows * r.h + 3 * r.rows,
@@ -254,7 +279,7 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
     dt = p.dtype
     # fp16: s = x + r in fp16 (exactly what the unfused Add gives), then normalise its
     # fp32 cast; bf16: cast both, add in fp32, cast s back; fp32: normalise s itself.
-    parts = ([r.f32_pitch] if dt != "fp32" else []) + [r.f32_pitch, 4]
+    parts = ([r.f32_pitch] if dt != "fp32" else []) + [r.f32_pitch, STAT_BYTES]
 
     def compute(nr, ub_in, ub_out, tmp, consts):
         n = nr * r.hp
@@ -270,7 +295,8 @@ def lower_add_rms_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) ->
         else:
             w = s_ub
             ops = [vop("add", n, dt, s_ub, ub_in[0], ub_in[1])]
-        ops += _rms_ops(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0), p.eps)
+        rms = _rms_ops if r.hp <= MERGE_MAX_COLS else _rms_ops_long
+        ops += rms(nr, r, w, w if dt != "fp32" else y_ub, sq, st, w32(consts, 0), p.eps)
         return ops + ([cast(n, "fp32", dt, y_ub, w)] if dt != "fp32" else [])
 
     k = row_kernel("add_rms_norm", r, hw, r.rows, [r.stream(x), r.stream(res)],
