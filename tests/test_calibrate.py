@@ -1,6 +1,7 @@
 """npusim calibrate: the mapping table, the profile reader, and recovery of hidden
 config values from a synthetic profile made by npusim itself (ground truth)."""
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -132,9 +133,10 @@ def test_the_written_config_is_a_variant_that_loads(recovered, tmp_path):
     assert "base: ascend910b2" in text
     hw = load_hw(path)
     assert hw.name == "my910b"
-    for f in cal.fields:
-        section, key = f.field.split(".")
-        assert getattr(getattr(hw, section), key) == f.after
+    for f in cal.fields:  # a nested field too (aiv.vector_cycles_per_repeat.reduce_sum: a dict's key)
+        *parents, key = f.field.split(".")
+        node = functools.reduce(getattr, parents, hw)
+        assert (node[key] if isinstance(node, dict) else getattr(node, key)) == f.after
         line = next(line for line in text.splitlines() if line.strip().startswith(key + ":"))
         assert "# assumed; fitted from" in line and "median error" in line
     # a calibrated config can be calibrated again: its fitted fields stay "assumed"
@@ -226,3 +228,14 @@ def test_each_kernel_of_a_many_kernel_npusim_op_is_timed_as_that_kernel(tmp_path
     assert data["unmapped"] == [] and data["rows_mapped"] == 3  # the attention's two kernels, the norm's one
     assert {r["op_type"] for r in data["rows"]} == {"decode_attention", "decode_attention_combine", "rms_norm"}
     assert all(abs(r["before_us"] / r["measured_us"] - 1) < 1e-3 for r in data["rows"])
+
+def test_a_nested_fitted_field_is_written_nested():
+    """A fitted cost factor (aiv.vector_cycles_per_repeat.mul) is written under its dict,
+    not as a dotted key the loader refuses."""
+    import yaml
+
+    from npusim.calibrate.write import _yaml_lines
+
+    tree = {"aiv": {"vector_startup_cycles": "80.5   # fitted", "vector_cycles_per_repeat": {"mul": "1.5   # fitted"}}}
+    assert yaml.safe_load("\n".join(_yaml_lines(tree))) == {
+        "aiv": {"vector_startup_cycles": 80.5, "vector_cycles_per_repeat": {"mul": 1.5}}}

@@ -40,16 +40,27 @@ def config_text(cal: Calibration, out: str | Path) -> str:
              f"# held out ({cal.folds}-fold cross-validation over distinct ops) median "
              f"{_pct(o['held_out']['median'])} max {_pct(o['held_out']['max'])}.",
              f"base: {base}", f"name: {out.stem}"]
-    sections: dict[str, list[str]] = {}
+    tree: dict = {}  # the fitted fields nested as the config nests them (aiv.vector_cycles_per_repeat.mul)
     for f in cal.fields:
-        section, key = f.field.split(".", 1)
+        *path, key = f.field.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
         types = ", ".join(f.op_types[:6]) + (f" and {len(f.op_types) - 6} more" if len(f.op_types) > 6 else "")
-        sections.setdefault(section, []).append(
-            f"  {key}: {yaml_number(f.after)}   # assumed; fitted from {f.rows} rows on {types}; median error "
-            f"{_pct(f.error_before)} -> {_pct(f.error_after)} (base {yaml_number(f.before)})")
-    for section, entries in sections.items():
-        lines += [f"{section}:", *entries]
-    return "\n".join(lines) + "\n"
+        node[key] = (f"{yaml_number(f.after)}   # assumed; fitted from {f.rows} rows on {types}; median error "
+                     f"{_pct(f.error_before)} -> {_pct(f.error_after)} (base {yaml_number(f.before)})")
+    return "\n".join(lines + _yaml_lines(tree)) + "\n"
+
+
+def _yaml_lines(tree: dict, depth: int = 0) -> list[str]:
+    """`tree`'s keys as YAML lines, a leaf's text after its key."""
+    lines = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            lines += [f"{'  ' * depth}{key}:", *_yaml_lines(value, depth + 1)]
+        else:
+            lines.append(f"{'  ' * depth}{key}: {value}")
+    return lines
 
 
 def write_config(cal: Calibration, out: str | Path) -> Path:
