@@ -29,9 +29,9 @@ from npusim.isa.program import Mem
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
+from npusim.ops.row_stats import MAX_REPEATS, STAT_BYTES, STAT_F32, brcb, broadcast_rows, over_rows, row_stat
 from npusim.ops.vector import (
-    MAX_REPEATS, STAT_BYTES, STAT_F32, UB_BLOCK, brcb, broadcast_rows, cast, dtype_validator, over_rows,
-    per_row, quantum, row_stat, scalar_read, shape_validator, vector_lowered, vop,
+    UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
 )
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 

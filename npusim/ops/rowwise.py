@@ -19,9 +19,9 @@ from npusim.ops.reference import softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 from npusim.ops.wide_rows import wide_layer_norm, wide_rms_norm, wide_softmax
+from npusim.ops.row_stats import STAT_BYTES, STAT_F32, broadcast_rows, over_rows, row_reduce
 from npusim.ops.vector import (
-    STAT_BYTES, STAT_F32, UB_BLOCK, broadcast_rows, cast, dtype_validator, numel, over_rows, per_row,
-    quantum, row_reduce, scalar_read, shape_validator, vector_lowered, vop,
+    UB_BLOCK, cast, dtype_validator, numel, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
 )
 
 
