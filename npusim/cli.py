@@ -54,6 +54,9 @@ def _cmd_op(args) -> int:
         key, eq, value = item.partition("=")
         if not eq:
             raise ConfigError(f"op {args.type}: expected key=value, got '{item}'")
+        if _odd_number(value):  # int() would read it: the op's parameter would be 16 silently
+            raise ConfigError(f"op {args.type}: parameter '{key}': expected a number in ASCII digits without '_', "
+                              f"got '{value}'")
         given, name = (tiling, key[len("tiling."):]) if key.startswith("tiling.") else (params, key)
         if name in given:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
@@ -117,6 +120,23 @@ def _cmd_op(args) -> int:
             written.append(plots_line(args.plot, paths))
     say_all(written)
     return 0
+
+
+def _odd_number(value: str) -> bool:
+    """Whether an op parameter's value (or one of its list's: 32,32 or 2x16) is a number
+    spelt with '_' or other scripts' digits ('1_6', '１６'), which int() would read."""
+    import re
+
+    from npusim.hw.parse import plain_number
+
+    for part in re.split(r"[,x()\[\]]", value):
+        if not plain_number(part):
+            try:
+                float(part)
+                return True
+            except ValueError:
+                pass
+    return False
 
 
 def _cmd_run(args) -> int:
@@ -310,9 +330,28 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     return p
 
 
+def _plain(kind: type):
+    """`kind` (int or float) as a flag's type: plain ASCII only (hw.parse.plain_number),
+    so `--ep ２` or `--requests 1_000` is a usage error, not silently 2 or 1000."""
+    from npusim.hw.parse import plain_number
+
+    def convert(text: str):
+        if not plain_number(text):
+            raise ValueError(text)
+        return kind(text)
+
+    return convert
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors are one line (not the whole usage of a
-    command with thirty options before it); subcommands' parsers are of this class too."""
+    command with thirty options before it); subcommands' parsers are of this class too.
+    Its type=int and type=float flags take plain ASCII numbers only (_plain)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for kind in (int, float):
+            self.register("type", kind, _plain(kind))
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")

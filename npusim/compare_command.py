@@ -43,6 +43,9 @@ def cmd_compare(args) -> int:
                           f"(e.g. --passes {args.passes[-1]})")
     args.passes = args.passes or (["optimized"] if sides else list(COMPARED_PIPELINES))
     pipelines = [pipeline(p) for p in args.passes]
+    twice = next((p for i, p in enumerate(pipelines) if p in pipelines[:i]), None)
+    if twice:  # its runs are one column: the table would show one pipeline of the two asked for
+        raise ConfigError(f"--passes {' '.join(args.passes)}: the pipeline {twice} is given twice")
     traces = _trace_paths(args.trace, list(sides) if sides else pipelines, sides is not None) if args.trace else {}
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
     step = step_args(args)

@@ -43,6 +43,8 @@ def pipeline(text: str, flag: str = "--passes") -> str:
     from npusim.passes import PIPELINES
 
     named = [s.strip() for s in text.split(",") if s.strip() in PIPELINES]
+    if len(named) > 1 and len(set(named)) == 1:  # compare --passes optimized optimized is refused too
+        raise ConfigError(f"{flag} {text}: the pipeline {named[0]} is named twice")
     if len(named) > 1:
         raise ConfigError(f"{flag} {text}: a comma list is ONE pipeline (its passes together); to compare "
                           f"pipelines give them as separate words: npusim compare --passes {' '.join(named)}")

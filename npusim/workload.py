@@ -50,6 +50,10 @@ LIMITS = {"layers": 1024, "hidden_size": 1 << 20, "heads": 1 << 12, "kv_heads": 
 # Upper bounds of the MoE size fields (assumed, as LIMITS): public MoE decoders have
 # up to a few hundred routed experts (DeepSeek-V3: 256) and route to at most ~16.
 MOE_LIMITS = {"experts": 1 << 12, "experts_per_token": 1 << 8, "expert_ffn_size": 1 << 20, "shared_experts": 1 << 6}
+# Zipf routing's exponent s: the weights r^-s of up to MOE_LIMITS["experts"] ranks stay
+# normal floats up to here (beyond it they underflow to 0 and numpy warns); from far
+# below it every token already picks the most popular experts.
+MAX_ZIPF_EXPONENT = 64
 
 
 def _help(text: str, **kw):
@@ -330,8 +334,11 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
                                      f"{w.experts} it picks from")
     if not 0 <= w.first_dense_layers <= w.layers:
         return "first_dense_layers", f"expected 0 .. {nm('layers')} {w.layers}, got {w.first_dense_layers}"
-    if not (math.isfinite(w.routing_zipf_exponent) and w.routing_zipf_exponent >= 0):
-        return "routing_zipf_exponent", f"expected a finite value >= 0, got {w.routing_zipf_exponent!r}"
+    if not 0 <= w.routing_zipf_exponent <= MAX_ZIPF_EXPONENT:  # nan and inf too
+        return "routing_zipf_exponent", (f"expected a value from 0 to {MAX_ZIPF_EXPONENT} (a sanity bound), got "
+                                         f"{w.routing_zipf_exponent!r}")
+    if w.routing_seed < 0:  # numpy's generators take no negative seed
+        return "routing_seed", f"expected a whole number >= 0, got {w.routing_seed!r}"
     if (w.routing == "trace") != bool(w.routing_trace):
         return "routing_trace", ("expected a file for routing: trace" if w.routing == "trace"
                                  else f"a trace file needs routing: trace, got routing: {w.routing}")

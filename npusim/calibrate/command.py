@@ -41,6 +41,7 @@ def main(args) -> int:
 
     if args.folds < 2:
         raise ConfigError(f"--folds: expected 2 or more, got {args.folds}")
+    fields = _fields(args.fields)
     if not args.out.endswith((".yaml", ".yml")):
         raise ConfigError(f"--out {args.out}: expected a .yaml path (the config written)")
     if Path(args.out).is_dir():
@@ -59,7 +60,6 @@ def main(args) -> int:
             raise OutputError(f"--out {args.out}: the name '{name}' (of --hw or its base chain) would then find it "
                               f"instead of {path}: the calibrated config would load itself (give another path)")
     check_writable(files, {"--plot": args.plot})
-    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     cal = calibrate(args.profile, args.hw, fields, args.folds, hccl)
     say(summary(cal))
     with all_or_none() as written:  # an interruption or a failure between two outputs leaves none of them
@@ -70,6 +70,20 @@ def main(args) -> int:
             plot(cal, args.plot)
     say("wrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _fields(text: str | None) -> list[str] | None:
+    """--fields F1,F2,...: the fields named (None: not given, every field); a list naming
+    none (',') is not the option left out, and a field named twice is a slip."""
+    if text is None:
+        return None
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    if not fields:
+        raise ConfigError(f"--fields {text}: expected a comma list of field names, got none")
+    twice = next((f for i, f in enumerate(fields) if f in fields[:i]), None)
+    if twice:
+        raise ConfigError(f"--fields {text}: '{twice}' given twice")
+    return fields
 
 
 def _chain(hw: str) -> list[tuple[str | None, Path]]:

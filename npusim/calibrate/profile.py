@@ -130,6 +130,10 @@ def _check_header(path: Path, header: list[str]) -> None:
     if missing:
         raise ProfileError(f"{path}: row 1: missing column '{missing[0]}'"
                            + (f" (and {len(missing) - 1} more: {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+    twice = next((c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if header.count(c) > 1), None)
+    if twice:  # which of the two is the measurement? (the first would be read silently)
+        at = [i + 1 for i, h in enumerate(header) if h == twice]
+        raise ProfileError(f"{path}: row 1: column '{twice}' given twice (columns {at[0]} and {at[1]})")
 
 
 def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> ProfileRow:

@@ -13,7 +13,14 @@ from npusim.diskcache.store import DEFAULT_MAX_BYTES, DiskCache
 
 
 def default_dir() -> Path:
-    """$NPUSIM_CACHE_DIR, else the user's cache folder (~/.cache/npusim, $XDG_CACHE_HOME/npusim on Linux)."""
+    """$NPUSIM_CACHE_DIR, else the user's cache folder (~/.cache/npusim, $XDG_CACHE_HOME/npusim on Linux).
+    Set to '' it is refused, as `--cache-dir ''` is: not the variable left unset (a
+    `cache clear` would clear the user's cache)."""
+    if "NPUSIM_CACHE_DIR" in os.environ and not os.environ["NPUSIM_CACHE_DIR"].strip():
+        from npusim.errors import ConfigError
+
+        raise ConfigError("NPUSIM_CACHE_DIR: expected a folder, got an empty string (unset it for the user's "
+                          "cache folder)")
     if os.environ.get("NPUSIM_CACHE_DIR"):
         return Path(os.environ["NPUSIM_CACHE_DIR"])
     import platformdirs

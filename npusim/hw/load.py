@@ -119,7 +119,8 @@ def parse_set_args(items: list[str] | None, flag: str = "--set") -> dict[str, st
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"{flag} {short(item)[1:-1]}: expected {'key.path' if flag == '--set' else 'key'}=value")
+            key = "key" if flag == "--workload-set" else "key.path"
+            raise ConfigError(f"{flag} {short(item)[1:-1]}: expected {key}=value")
         if key.strip() in out:
             raise ConfigError(f"{flag} {short(key.strip())[1:-1]}: given twice ({short(out[key.strip()])} and "
                               f"{short(value.strip())})")

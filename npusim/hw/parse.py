@@ -40,6 +40,13 @@ def short(value: Any) -> str:
     return _repr.repr(value)
 
 
+def plain_number(text: str) -> bool:
+    """Whether `text` may be read as a number: ASCII, without '_' (Python's int() and
+    float() also read '1_000' and other scripts' digits, '１６'; a flag or a file's cell
+    spelt so is a slip, not a number to take silently)."""
+    return text.isascii() and "_" not in text
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' naming the closest candidate (by difflib's ratio, else
     those containing the word: 'bw' -> 'peak_bw_bytes_per_s'), or '' when none is close."""

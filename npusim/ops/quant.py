@@ -19,13 +19,14 @@ weights needs calibrating; a row of zeros gets the scale MIN_AMAX / 127.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from attrs import frozen
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import DTYPE_BYTES, Loop, addr
-from npusim.isa.program import Mem
+from npusim.isa.program import DTYPE_BYTES, Loop, Mem, addr
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -174,10 +175,9 @@ def lower_quantize(p: QuantizeParams, hw: HwConfig, gm: GmArena, tiling=None) ->
 
     k = None
     if rows_together(h):
-        try:
+        # as CANN's MultiRow template: only rows UB holds with its full-width scratch
+        with contextlib.suppress(ProgramError):
             k = kernel(packed, [hp * 4, hp * 4, 4, STAT_BYTES])
-        except ProgramError:  # as CANN's MultiRow template: only rows UB holds with its full-width scratch
-            k = None
     if k is None:
         try:
             k = kernel(row_by_row, [hp * 4, hp * 2, STAT_BYTES])

@@ -24,7 +24,7 @@ from npusim.runtime.memory import OutOfMemoryError, size
 from npusim.runtime.run import GraphRun
 from npusim.workload import Workload, load_workload
 
-_PART = re.compile(r"(tp|sp)(\d+)")
+_PART = re.compile(r"(tp|sp)([0-9]+)")  # ASCII digits: not tp２
 SYNTAX = "tpN, spN or one comma list of both (tp2,sp2)"
 
 

@@ -86,6 +86,8 @@ def run_pipelined(args, step: dict) -> int:
         raise ConfigError(f"--devices {devices} must equal --tp {tp} x --pp {pp} = {tp * pp}")
     if pp == 1:
         raise ConfigError("--microbatches is an option of a pipeline: give --pp N too")
+    if step.pop("ep", 1) != 1:  # run_pipeline would take it for a pass option
+        raise ConfigError("--pp with --ep: a pipeline of expert-parallel stages is not modelled")
     from npusim.step_flags import workload_of  # step_flags imports this module
 
     run = run_pipeline(workload_of(args), args.hw, passes=args.passes, pp=pp, memo=not args.no_memo, **step)

@@ -35,6 +35,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
+from npusim.hw.parse import plain_number, short
 
 # The seed articles' length mix: 10% under 128 tokens, 60% 128-1024, 30% over 1024.
 # Within a band lengths are uniform; the bottom of the first band (16) and the top of
@@ -80,13 +81,16 @@ class Ramp:
     max: float
 
     def rate_at(self, t: float) -> float:
-        return min(self.start + self.step * math.floor(t / self.every_s), self.max)
+        stages = t / self.every_s
+        if math.isinf(stages):  # a tiny EVERY_S or a huge t: past every stage (no int of inf)
+            return self.max if self.step > 0 else self.start
+        return min(self.start + self.step * math.floor(stages), self.max)
 
 
 def parse_ramp(text: str) -> Ramp:
     """'START,STEP,EVERY_S,MAX' (e.g. 10,10,30,150) -> Ramp."""
     try:
-        start, step, every, top = (float(x) for x in text.split(","))
+        start, step, every, top = (float(x) if plain_number(x) else float("?") for x in text.split(","))
     except ValueError:
         raise ConfigError(f"--ramp: expected START,STEP,EVERY_S,MAX (e.g. 10,10,30,150), got '{text}'") from None
     if not all(map(math.isfinite, (start, step, every, top))):
@@ -152,7 +156,7 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
 
     def numbers(count: int, form: str) -> list[float]:
         try:
-            vals = [float(x) for x in arg.split(",")]
+            vals = [float(x) if plain_number(x) else float("?") for x in arg.split(",")]
         except ValueError:
             vals = []
         if len(vals) != count:
@@ -287,8 +291,12 @@ def _csv_rows(path: Path, text: str):
     reader = csv.DictReader(text.splitlines())
     if reader.fieldnames is None:
         raise ConfigError(f"{path}: empty file (expected a header row: {', '.join(COLUMNS)})")
+    names = [f.strip() for f in reader.fieldnames]
+    twice = next((c for c in COLUMNS if names.count(c) > 1), None)
+    if twice:  # csv would keep the last one's values silently
+        raise ConfigError(f"{path}: row 1: column '{twice}' given twice")
     for c in COLUMNS:
-        if c not in [f.strip() for f in reader.fieldnames]:
+        if c not in names:
             raise ConfigError(f"{path}: row 1: missing column '{c}' (expected {', '.join(COLUMNS)})")
     for n, row in enumerate(reader, 2):
         if any(v.strip() for v in row.pop(None, ())):  # csv's key for values past the header's (a trailing comma: none)
@@ -301,18 +309,35 @@ def _jsonl_rows(path: Path, text: str):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: line {n}: not valid JSON: {e.msg}") from None
+        except _Duplicate as e:  # json would keep the last one's value silently
+            raise ConfigError(f"{path}: line {n}: key {e} given twice") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: line {n}: expected an object with {', '.join(COLUMNS)}")
         yield f"line {n}", row
+
+
+class _Duplicate(Exception):
+    """A key given twice in one JSON object (its repr is the message's)."""
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(short(key))
+        out[key] = value
+    return out
 
 
 def _number(path: Path, where: str, column: str, value, kind):
     try:
         if isinstance(value, bool):  # JSON's true is no count or time
             raise TypeError
+        if isinstance(value, str) and not plain_number(value):  # '1_0', '１０': no count to take silently
+            raise ValueError
         v = kind(float(value)) if kind is int else kind(value)
         if kind is int and float(value) != v:
             raise ValueError

@@ -72,7 +72,7 @@ def unused_by(process: str, args) -> None:
 def load_service_args(name: str, args) -> ServiceConfig:
     import attrs
 
-    svc = load_service(name, parse_set_args(args.service_set))
+    svc = load_service(name, parse_set_args(args.service_set, "--service-set"))
     if args.slo:
         svc = attrs.evolve(svc, slo=parse_slo(args.slo, svc.slo))
     return svc
@@ -220,7 +220,10 @@ def main(args) -> int:
         requests = None
     else:
         requests = load_requests(args)
-    files, folders = outputs_of(args, services)
+    files, folders = outputs_of(args, services)  # two services of one name: their outputs would be one
+    if args.compare and services[0] == services[1]:  # --service-set applies to both: one run twice
+        raise ConfigError(f"--compare {' '.join(args.compare)}: the same service on both sides, nothing to compare "
+                          f"(give two different ones)")
     check_paths(files, inputs_of(args, names), folders)
     check_writable(files, folders)
     from npusim.progress import pricing_progress

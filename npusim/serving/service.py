@@ -21,7 +21,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.graph.build import MAX_BATCH
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
-from npusim.hw.parse import short, strict_converter
+from npusim.hw.parse import plain_number, short, strict_converter
 from npusim.serving.arrivals import MAX_SPAN_S, MAX_TOKENS
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
@@ -53,6 +53,11 @@ def _within(lo: float, hi: float, unit: str, why: str):
 def _lengths(inst, attr, value):
     if value is not None and (not value or any(not 1 <= b <= MAX_BUCKET_TOKENS for b in value)):
         raise ValueError(f"'{attr.name}' must be a non-empty list of lengths from 1 to {MAX_BUCKET_TOKENS} tokens: "
+                         f"{value!r}")
+    # out of order or repeated: the buckets pass would sort them and keep a repeat (a typo, not a choice)
+    after = next(((a, b) for a, b in zip(value or (), (value or [])[1:]) if b <= a), None)
+    if after:
+        raise ValueError(f"'{attr.name}' must be strictly increasing lengths, got {after[1]} after {after[0]}: "
                          f"{value!r}")
 
 
@@ -212,6 +217,8 @@ def parse_slo(text: str, base: Slo = Slo()) -> Slo:
     import attrs
 
     values, given = attrs.asdict(base), set()
+    if not text.replace(",", "").strip():  # ',' is not the option left out: the service's SLOs kept silently
+        raise ConfigError(f"--slo {text}: expected KEY=MS,... with KEY one of {', '.join(values)}, got none")
     for item in (x for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -221,6 +228,8 @@ def parse_slo(text: str, base: Slo = Slo()) -> Slo:
             raise ConfigError(f"--slo {key}: given twice")
         given.add(key)
         try:
+            if not plain_number(value):
+                raise ValueError(value)
             v = float(value)
         except ValueError:
             raise ConfigError(f"--slo {key}: expected a number of milliseconds, got '{value}'") from None
