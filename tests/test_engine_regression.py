@@ -50,6 +50,7 @@ OPS = [
     ("matmul_square", "matmul", {"m": "1024", "n": "1024", "k": "1024"}),
     ("matmul_prefill", "matmul", {"m": "512", "n": "2048", "k": "1024", "trans_b": "true"}),
     ("matmul_split_k", "matmul", {"m": "16", "n": "256", "k": "8192"}),
+    ("matmul_unaligned_k", "matmul", {"m": "512", "n": "1024", "k": "1040"}),  # A converted to NZ by the AIVs
     ("matmul_w8a16", "matmul", {"m": "8", "n": "4096", "k": "4096", "weight_dtype": "int8", "trans_b": "true"}),
     ("rms_norm", "rms_norm", {"shape": "8,4096"}),
     ("swiglu", "swiglu", {"shape": "8,16896"}),

@@ -11,7 +11,10 @@ partial sum into C with an atomic FixPipe write, after a vector kernel has zeroe
 
 Layouts: ND (row-major) operands arrive by strided DMA, one segment per row of a
 tile (the DMA converts to the cube's fractal layout on the way); NZ operands are
-already in 16 x 16 fractals, so a tile is one segment per 16-wide column block.
+already in 16 x 16 fractals, so a tile is one segment per 16-wide column block. An
+ND operand whose rows the DMA does not convert (not a multiple of 256 bytes, as
+CANN's MatMulV3 decides) is converted to NZ by the vector cores first, in one MIX
+kernel (npusim.ops.matmul_nd2nz).
 W8A16 (weight_dtype=int8): B moves as int8, MTE1 widens it to fp16 into L0B, and
 FixPipe applies per-channel scales it loads into FB. W8A8 (dtype=int8: A and B
 int8, quantised by npusim.ops.quant): the cube multiplies at its int8 fractal
@@ -40,10 +43,13 @@ from attrs import frozen, validators
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
-from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, VecOp
+from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, SyncAll, VecOp
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_msd import lower_msd, msd_applies
-from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes
+from npusim.ops.matmul_nd2nz import conversion_program, nd2nz_operands
+from npusim.ops.matmul_program import (
+    _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes,
+)
 from npusim.ops.reference import batches_to, bsnd_to_batches
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
@@ -256,8 +262,14 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
     bias = gm.tensor("bias", p.n * 4) if p.bias else None
     scale = gm.tensor("scale", p.n * 4) if w8 else None
 
-    la = _Layout(A, p.m, p.k, e, p.format_a)
-    lb = _Layout(B, p.k, p.n, eb, p.format_b, p.trans_b)
+    # an operand whose rows MTE2 cannot convert is converted by the vector cores first, into a workspace
+    nz_a, nz_b = nd2nz_operands(p)
+    nz_bytes = (_stored_bytes(p.m, p.k, e, "NZ") if nz_a else 0, _stored_bytes(p.k, p.n, eb, "NZ") if nz_b else 0)
+    W = gm.tensor("workspace", sum(nz_bytes)) if any(nz_bytes) else None
+    wa = GmTensor("a_nz", W.addr, nz_bytes[0]) if nz_a else None
+    wb = GmTensor("b_nz", W.addr + nz_bytes[0], nz_bytes[1]) if nz_b else None
+    la = _Layout(wa, p.m, p.k, e, "NZ") if nz_a else _Layout(A, p.m, p.k, e, p.format_a)
+    lb = _Layout(wb, p.k, p.n, eb, "NZ") if nz_b else _Layout(B, p.k, p.n, eb, p.format_b, p.trans_b)
     lc = tuple(_Layout(C, p.m, w, eo, "ND") for C, (_, w) in zip(Cs, parts))
     plan, buf = alloc_plan(p, t, hw, op, la, lb, lc, tuple(parts), k_piece, bias, scale)
 
@@ -283,12 +295,20 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         for start, extent in boxes(core * per_core, min(units, (core + 1) * per_core), dims):
             body += _box(plan, start, extent, dims)
         programs.append(Program(_prologue(t) + body + _epilogue(t), buf.buffers))
-    tensors = [x for x in (A, B, *Cs, bias, scale) if x is not None]
+    tensors = [x for x in (A, B, *Cs, bias, scale, W) if x is not None]
     kernels = []
     if split_k > 1:  # partial sums are added into C: every part must start at zero
         kernels.append(fill_kernel(f"{op}_zero_c", hw, Cs[0], 0.0, p.out_dtype) if len(Cs) == 1
                        else _zero_parts(f"{op}_zero_c", hw, Cs, p.out_dtype))
-    kernels.append(Kernel(op, CoreType.AIC, len(programs), aic=programs, gm=tensors, op_type=op))
+    if W is None:
+        kernels.append(Kernel(op, CoreType.AIC, len(programs), aic=programs, gm=tensors, op_type=op))
+    else:  # one MIX kernel: the vector cores convert, SyncAll, the cubes multiply
+        converted = [(A, wa, p.m, p.k)] * nz_a + [(B, wb, p.k, p.n)] * nz_b
+        synced = {id(x): Program([SyncAll(), *x.body], x.buffers) for x in programs}  # shared programs stay shared
+        kernels.append(Kernel(op, CoreType.MIX, len(programs), aic=[synced[id(x)] for x in programs],
+                              aiv=[conversion_program(hw, converted, p.dtype, b, len(programs))
+                                   for b in range(len(programs))],
+                              gm=tensors, workspace_bytes=W.nbytes, op_type=op))
     lead = (batch,) if batch > 1 else ()
     ins = [TensorInfo("a", lead + (p.m, p.k), p.dtype, p.format_a),
            TensorInfo("b", lead + ((p.n, p.k) if p.trans_b else (p.k, p.n)), _b_dtype(p), p.format_b)]
@@ -301,7 +321,7 @@ def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, o
         op_type=op, params=p, tiling=attrs.evolve(t, split_k=split_k, block_dim=len(programs)), kernels=kernels,
         flops=2.0 * batch * p.m * p.n * p.k,
         min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
-        unit="cube", inputs=ins, outputs=outs,
+        unit="cube", inputs=ins, outputs=outs, workspace_bytes=W.nbytes if W is not None else 0,
     )
 
 
