@@ -20,6 +20,7 @@ import attrs
 from attrs import frozen
 
 from npusim.errors import NpusimError
+from npusim.hw.parse import input_file
 from npusim.report.tables import STEP_FILE
 
 REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
@@ -71,8 +72,6 @@ class ProfileRow:
 def profile_files(path: str | Path) -> list[Path]:
     """The op_summary files of `path`: the file itself, or every op_summary*.csv under
     a folder (msprof puts them in PROF_*/mindstudio_profiler_output/), sorted."""
-    from npusim.hw.parse import input_file
-
     p = Path(path)
     if not p.exists():
         raise ProfileError(f"{p}: no such file or folder (expected an op_summary CSV or a folder of them)")

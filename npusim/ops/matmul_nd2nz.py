@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    DTYPE_BYTES, Copy, GmTensor, Loop, Mem, Pipe, Program, SetFlag, SyncAll, VecOp, WaitFlag, addr,
+    DTYPE_BYTES, Copy, GmTensor, Loop, Mem, Pipe, Program, SyncAll, VecOp, addr,
 )
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.matmul_msd import _after, _split

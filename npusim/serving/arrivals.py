@@ -35,7 +35,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.hw.parse import plain_number, short
+from npusim.hw.parse import input_file, plain_number, short
 
 # The seed articles' length mix: 10% under 128 tokens, 60% 128-1024, 30% over 1024.
 # Within a band lengths are uniform; the bottom of the first band (16) and the top of
@@ -204,8 +204,6 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
 def read_text(path: Path, what: str) -> str:
     """A trace or lengths file's text, at most MAX_FILE_BYTES of it. A regular file
     (input_file): a named pipe would wait for a writer, a device might never end."""
-    from npusim.hw.parse import input_file
-
     input_file(path, what)
     try:
         with path.open("rb") as f:
