@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
 from npusim.errors import ConfigError, NpusimError
+from npusim.hw.parse import odd_number, plain
 from npusim.outputs import all_or_none, err, plots_line, say, say_all, tables_line, write_json
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.step_flags import add_fast_forward_flag, fast_forward_key
@@ -54,7 +56,7 @@ def _cmd_op(args) -> int:
         key, eq, value = item.partition("=")
         if not eq:
             raise ConfigError(f"op {args.type}: expected key=value, got '{item}'")
-        if _odd_number(value):  # int() would read it: the op's parameter would be 16 silently
+        if odd_number(value):  # int() would read it: the op's parameter would be 16 silently
             raise ConfigError(f"op {args.type}: parameter '{key}': expected a number in ASCII digits without '_', "
                               f"got '{value}'")
         given, name = (tiling, key[len("tiling."):]) if key.startswith("tiling.") else (params, key)
@@ -120,23 +122,6 @@ def _cmd_op(args) -> int:
             written.append(plots_line(args.plot, paths))
     say_all(written)
     return 0
-
-
-def _odd_number(value: str) -> bool:
-    """Whether an op parameter's value (or one of its list's: 32,32 or 2x16) is a number
-    spelt with '_' or other scripts' digits ('1_6', '１６'), which int() would read."""
-    import re
-
-    from npusim.hw.parse import plain_number
-
-    for part in re.split(r"[,x()\[\]]", value):
-        if not plain_number(part):
-            try:
-                float(part)
-                return True
-            except ValueError:
-                pass
-    return False
 
 
 def _cmd_run(args) -> int:
@@ -330,28 +315,16 @@ def _step_parser(sub, name: str, help: str, passes_nargs=None, default_workload:
     return p
 
 
-def _plain(kind: type):
-    """`kind` (int or float) as a flag's type: plain ASCII only (hw.parse.plain_number),
-    so `--ep ２` or `--requests 1_000` is a usage error, not silently 2 or 1000."""
-    from npusim.hw.parse import plain_number
-
-    def convert(text: str):
-        if not plain_number(text):
-            raise ValueError(text)
-        return kind(text)
-
-    return convert
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors are one line (not the whole usage of a
     command with thirty options before it); subcommands' parsers are of this class too.
-    Its type=int and type=float flags take plain ASCII numbers only (_plain)."""
+    Its type=int and type=float flags take plain ASCII numbers only (hw.parse.plain), so
+    `--ep ２` or `--requests 1_000` is a usage error, not silently 2 or 1000."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for kind in (int, float):
-            self.register("type", kind, _plain(kind))
+            self.register("type", kind, functools.partial(plain, kind))
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")

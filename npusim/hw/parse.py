@@ -47,6 +47,29 @@ def plain_number(text: str) -> bool:
     return text.isascii() and "_" not in text
 
 
+def plain(kind: type, text: str):
+    """kind(text) (int or float) of a plain number (plain_number); ValueError otherwise,
+    as kind() raises for text that is no number at all."""
+    if not plain_number(text):
+        raise ValueError(text)
+    return kind(text)
+
+
+def odd_number(text: str) -> bool:
+    """Whether text (or an item of its list: 32,32 or 2x16) is a number spelt with '_' or
+    other scripts' digits ('1_6', '１６'), which int() and float() would read."""
+    import re
+
+    for part in re.split(r"[,x()\[\]]", text):
+        if not plain_number(part):
+            try:
+                float(part)
+                return True
+            except ValueError:
+                pass
+    return False
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' naming the closest candidate (by difflib's ratio, else
     those containing the word: 'bw' -> 'peak_bw_bytes_per_s'), or '' when none is close."""

@@ -35,7 +35,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.hw.parse import input_file, plain_number, short
+from npusim.hw.parse import input_file, plain, plain_number, short
 
 # The seed articles' length mix: 10% under 128 tokens, 60% 128-1024, 30% over 1024.
 # Within a band lengths are uniform; the bottom of the first band (16) and the top of
@@ -90,7 +90,7 @@ class Ramp:
 def parse_ramp(text: str) -> Ramp:
     """'START,STEP,EVERY_S,MAX' (e.g. 10,10,30,150) -> Ramp."""
     try:
-        start, step, every, top = (float(x) if plain_number(x) else float("?") for x in text.split(","))
+        start, step, every, top = (plain(float, x) for x in text.split(","))
     except ValueError:
         raise ConfigError(f"--ramp: expected START,STEP,EVERY_S,MAX (e.g. 10,10,30,150), got '{text}'") from None
     if not all(map(math.isfinite, (start, step, every, top))):
@@ -156,7 +156,7 @@ def lengths(spec: str, n: int, rng: np.random.Generator, what: str = "--prompt-l
 
     def numbers(count: int, form: str) -> list[float]:
         try:
-            vals = [float(x) if plain_number(x) else float("?") for x in arg.split(",")]
+            vals = [plain(float, x) for x in arg.split(",")]
         except ValueError:
             vals = []
         if len(vals) != count:

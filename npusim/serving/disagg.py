@@ -49,7 +49,7 @@ from npusim.engine.host import Synchronize
 from npusim.engine.links import LinkTransfer
 from npusim.engine.run import run
 from npusim.errors import ConfigError
-from npusim.hw.parse import plain_number
+from npusim.hw.parse import plain
 from npusim.serving.arrivals import Request
 from npusim.serving.cluster import Cluster, at_the_door, check_cards, finished
 from npusim.serving.replica import Replica, StepCostModel
@@ -64,9 +64,7 @@ def parse_pd(text: str) -> tuple[int, int]:
     """'P:D' -> (P, D): cards of prefill and of decode instances."""
     p, colon, d = text.partition(":")
     try:
-        if not plain_number(p + d):
-            raise ValueError(text)
-        pd = (int(p), int(d))
+        pd = (plain(int, p), plain(int, d))
     except ValueError:
         pd = None
     if not colon or pd is None or min(pd) < 1:

@@ -21,7 +21,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.graph.build import MAX_BATCH
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
-from npusim.hw.parse import plain_number, short, strict_converter
+from npusim.hw.parse import plain, short, strict_converter
 from npusim.serving.arrivals import MAX_SPAN_S, MAX_TOKENS
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
@@ -228,9 +228,7 @@ def parse_slo(text: str, base: Slo = Slo()) -> Slo:
             raise ConfigError(f"--slo {key}: given twice")
         given.add(key)
         try:
-            if not plain_number(value):
-                raise ValueError(value)
-            v = float(value)
+            v = plain(float, value)
         except ValueError:
             raise ConfigError(f"--slo {key}: expected a number of milliseconds, got '{value}'") from None
         if not 0 < v <= MAX_SLO_MS:
