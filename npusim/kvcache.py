@@ -122,6 +122,26 @@ class KvLayout:
     def physical_block(self, b: int, logical: int) -> int:
         return physical_block(b, logical, self.max_blocks, self.num_blocks)
 
+    def parts(self, start: int, n: int) -> dict[str, tuple[tuple[int, int], ...]]:
+        """The (offset, bytes) parts of the cache tensors (the block table aside) that hold
+        tokens start .. start + n - 1 of every sequence and head of this layer, adjacent
+        parts merged: what a kernel reading or writing those tokens touches."""
+        names = ("kv_cache",) if self.layout == "contiguous" else ("k_cache", "v_cache")
+        pitch = self.token_pitch()
+        out = {}
+        for name in names:
+            which = "v" if name == "v_cache" else "k"
+            spans = sorted((self.token_offset(which, b, h, pos)[1], take * pitch)
+                           for b in range(self.batch) for h in range(self.kv_heads) for pos, take in self.runs(b, start, n))
+            merged = [list(spans[0])]
+            for offset, nbytes in spans[1:]:
+                if offset == merged[-1][0] + merged[-1][1]:
+                    merged[-1][1] += nbytes
+                else:
+                    merged.append([offset, nbytes])
+            out[name] = tuple(map(tuple, merged))
+        return out
+
     def token_pitch(self) -> int:
         """Bytes from one token of a head to the next inside a run (a block, when paged)."""
         return self.row_bytes if self.layout == "contiguous" else self.head_dim * self.elem_bytes

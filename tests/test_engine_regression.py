@@ -263,6 +263,29 @@ def test_groups_whose_inputs_outgrow_the_l2_are_run_again_block_by_block():
     grouped = run(calls, hw, "kernel", on_device=attempts.append)
     assert len(attempts) > 1 and attempts[-1].lone_from is not None
     assert _result(grouped) == _result(run(calls, hw, "kernel", dedup=False))
+    assert grouped.kept_together == 0 and grouped.fast_forward_note() == ""
+
+
+def test_a_fast_run_keeps_groups_that_come_apart_together():
+    """exact=False (--fast-forward): the same chain runs once, its groups kept as one
+    where they come apart (each waits for its slowest member's fill), and says so; the
+    latency stays within 1% of the exact run's (benchmarks/bench_fastforward.py measures
+    whole steps), and every member's bytes are counted: HBM traffic within 2%."""
+    from npusim.engine import Launch, Synchronize, run
+    from npusim.hw import load_hw
+    from npusim.ops import lower
+
+    hw = load_hw("ascend910b2", overrides={"l2.l2_bytes": 3 << 20})
+    params = dict(heads=8, kv_heads=8, head_dim=64, seq_q=512, seq_kv=512, causal=True)
+    calls = [Launch(k, 0, "graph") for k in lower("attention_unfused", params, hw).kernels] + [Synchronize()]
+    attempts = []
+    fast = run(calls, hw, "kernel", on_device=attempts.append, exact=False)
+    exact = run(calls, hw, "kernel")
+    assert len(attempts) == 1 and fast.kept_together > 0
+    assert "kept as one after" in fast.fast_forward_note()
+    assert fast.cycles != exact.cycles and abs(fast.cycles / exact.cycles - 1) < 0.01
+    s, e = fast.stats, exact.stats
+    assert abs(s.hbm_read_bytes / e.hbm_read_bytes - 1) < 0.02
 
 
 @pytest.mark.parametrize("bumped", ["nothing", "POINT_SCHEME"])

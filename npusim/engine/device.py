@@ -36,7 +36,10 @@ no grouped kernel diverges. Up to that group the rerun is the same run, so the g
 before it stay even and stay grouped; the kernels after it are not grouped at all,
 because a step whose data outgrows the L2 tends to make one after another come apart,
 and each would cost a rerun of everything before it. So grouping never changes a result. It can be
-turned off (Device(dedup=False)); tests check both give the same results.
+turned off (Device(dedup=False)); tests check both give the same results. A run that may
+approximate (engine.run's exact=False, --fast-forward) keeps such a group together instead
+(MemorySystem.exact_groups): the members' transfer ends when the slowest member's fill does,
+with every member's lines and bytes counted; no rerun.
 
 Replay: a kernel launched with a Reuse key whose twin (same key: the same kernel
 at other addresses) has already run *alone* - no other kernel on the device from

@@ -51,6 +51,13 @@ class MemorySystem:
         self.l2 = L2Cache(hw.l2.l2_bytes // hw.l2.line_bytes, hw.l2.ways)
         self.line = hw.l2.line_bytes
         self.burst = hw.dma.burst_bytes
+        # True: a group whose members read different numbers of lines from HBM ends its run
+        # (`uneven`, below); False (a run that may approximate: engine.run's exact=False): it
+        # keeps together, each member's transfer ending when the slowest member's fill does
+        # assumption (exact=False): members kept in step after such a transfer cost what they
+        # would one by one within the fast path's error (benchmarks/bench_fastforward.py)
+        self.exact_groups = True
+        self.kept_together = 0  # transfers of such groups kept together (exact_groups False)
         self._patterns: dict = {}  # per transfer shape: its line pattern (see _lines_of)
         # transfer(addrs, nbytes, segments, stride, write, cap, on_done) -> TransferStats: start
         # a GM read (write=False) or write now, one per address in `addrs` (the identical blocks
@@ -58,7 +65,7 @@ class MemorySystem:
         # the same for every address of a group (they differ by whole lines). The stats say
         # `uneven` if the members of a group read different numbers of lines from HBM: one by
         # one they would not have kept together, so the group's timing is not theirs (the
-        # device runs it again). In C (see the module doc), with _finish for a group's.
+        # device runs it again; never when exact_groups is False). In C (see the module doc), with _finish for a group's.
         self.transfer = Mover(self.l2._core, self.line, self.burst, self._patterns, self._lines_of,
                               self.l2_link.add, self.l2.fills, self._finish, env, Signal, self.hbm.add,
                               _nothing).transfer
@@ -99,6 +106,9 @@ class MemorySystem:
             # they are being filled, so they wait for its flow, as one by one they would.
             fills = [(st.hbm_read, 1)] if missed is None else _member_fills(missed, member, w, line)
             st.uneven = w > 1 and fills[0][1] != w
+            if st.uneven and not self.exact_groups:
+                st.uneven = False
+                self.kept_together += 1
             fills_left = [len(fills)]
             pending[0] += len(fills)
 

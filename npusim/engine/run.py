@@ -60,6 +60,9 @@ class RunResult:
     host_launch_cycles: float
     host_wait_cycles: float
     trace: Trace
+    # transfers after which a group of blocks whose members came apart was kept together
+    # (exact=False: memory.MemorySystem.exact_groups); 0 in an exact run
+    kept_together: int = 0
 
     @property
     def us(self) -> float:
@@ -76,12 +79,15 @@ class RunResult:
         return tuple(k for k in self.kernels if getattr(k, "skipped", 0))
 
     def fast_forward_note(self) -> str:
-        """'' when every kernel was simulated in full, else what the summaries print."""
+        """'' when the run was exact throughout, else what the summaries print."""
         ff = self.fast_forwarded
-        if not ff:
-            return ""
-        return (f"{len(ff)} fast-forwarded ({sum(k.skipped for k in ff):,} identical waves priced from the few "
-                "simulated before them; --exact simulates every wave)")
+        notes = []
+        if ff:
+            notes.append(f"{len(ff)} fast-forwarded ({sum(k.skipped for k in ff):,} identical waves priced from the "
+                         "few simulated before them)")
+        if self.kept_together:
+            notes.append(f"identical blocks that came apart kept as one after {self.kept_together:,} transfers")
+        return "; ".join(notes) + " (without --fast-forward every wave and block is simulated)" if notes else ""
 
     @property
     def hbm_bw_bytes_per_s(self) -> float:
@@ -104,7 +110,10 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     a Chrome trace, and a long step makes hundreds of thousands of them.
     exact=False lets a kernel with many identical waves that starts alone be priced from a
     few of them (engine.fastforward; its record's `skipped` says how many were not
-    simulated); exact=True simulates every kernel in full, as before fast-forward existed.
+    simulated), and keeps a group of blocks whose members come apart together (the
+    slowest member's transfer sets theirs: memory.MemorySystem.exact_groups) where
+    exact=True runs the program again with them one at a time (until_even); exact=True
+    simulates every kernel in full, as before fast-forward existed.
     checked=True: the calls are known to be well formed and their kernels to pass verify()
     (fast-forward's truncated runs: a verified kernel with a loop cut short)."""
     calls = list(calls)
@@ -117,6 +126,7 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
         tracer = Tracer(trace)
         device = Device(env, hw, tracer, dedup, counters, fast)
         device.lone_from = lone_from
+        device.memory.exact_groups = exact
         if on_device is not None:
             on_device(device)
         if progress is not None and lone_from is None:
@@ -141,6 +151,7 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
         host_launch_cycles=host.launch_cycles,
         host_wait_cycles=host.wait_cycles,
         trace=Trace(trace, tuple(tracer.intervals), tuple(tracer.block_spans), tuple(tracer.host_spans), samples),
+        kept_together=device.memory.kept_together,
     )
 
 

@@ -57,6 +57,8 @@ def run_json(result: RunResult, peak_memory_bytes: float, tokens: int = 0, extra
         "kernel_count": len(result.kernels),
         # kernels priced from a few of their waves (engine.fastforward, with --fast-forward)
         "fast_forwarded_kernels": len(result.fast_forwarded),
+        # transfers after which identical blocks that came apart were kept as one (--fast-forward)
+        "kept_together_transfers": result.kept_together,
         "host_launch_us": hw.us(result.host_launch_cycles),
         "host_wait_us": hw.us(result.host_wait_cycles),
         "ops": [_kernel_entry(k, hw) for k in result.kernels],

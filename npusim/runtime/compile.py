@@ -29,6 +29,7 @@ from npusim.graph.lifetimes import align
 from npusim.hw import HwConfig
 from npusim.isa.program import Kernel
 from npusim.ops.collectives.lower import launch_order, transfer
+from npusim.ops.kv_cache import kv_row_align_bytes
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
 from npusim.passes import Schedule, schedule_of
 from npusim.runtime.memory import Placement
@@ -42,13 +43,34 @@ class CompiledNode:
     stream: int
     workspace_bytes: int
     reuse_key: tuple  # equal for nodes lowering to the same kernels at other addresses
+    # a KV cache op's parts of the cache tensors it touches (_cache_parts; None: any other op)
+    cache_parts: dict | None = None
 
 
-def _reuse_key(node: Node, bound: dict[str, int], hw: HwConfig) -> tuple:
+def _reuse_key(node: Node, bound: dict[str, int], line: int, parts: dict | None) -> tuple:
     """Same op, parameters and operand offsets within an L2 line: the same kernels at
-    other addresses (engine.device.Reuse)."""
-    line = hw.l2.line_bytes
-    return (*node.op_key(), tuple(sorted((k, a % line) for k, a in bound.items())))
+    other addresses (engine.device.Reuse). A KV cache op's `layer` only says where in
+    the cache its layer lies: it is left out, and its cache tensors count from the
+    first part it touches (_cache_parts), so the layers of a step share one key
+    (checked: tests/test_runtime_reuse.py lowers them)."""
+    op_type, params = node.op_key()
+    if parts is not None:
+        params = repr(sorted((k, v) for k, v in node.params.items() if k != "layer"))
+    starts = {k: a + (parts[k][0][0] if parts and k in parts else 0) for k, a in bound.items()}
+    return (op_type, params, tuple(sorted((k, a % line) for k, a in starts.items())))
+
+
+def _cache_parts(node: Node, hw: HwConfig) -> dict[str, tuple[tuple[int, int], ...]] | None:
+    """A KV cache op's (npusim.ops CACHE_OPS) parts of its cache tensors it touches: the
+    tokens it writes (a cache write), or every token of its layer (a reader), in each
+    sequence and head (npusim.kvcache.KvLayout.parts); None for any other op."""
+    operands = spec(node.op_type).operands
+    if operands is None or operands.kv is None:
+        return None
+    args = node.args
+    cache = args.kv_cache(kv_row_align_bytes(hw))
+    start, n = (args.start, args.new_tokens) if operands.kv == "write" else (0, cache.context)
+    return cache.parts(start, n)
 
 
 def _bound(node: Node, addresses: dict[str, int]) -> dict[str, int]:
@@ -171,7 +193,9 @@ def compile_nodes(graph: Graph, nodes: Sequence[Node], hw: HwConfig, placement: 
             largest = max(largest, ws)
             many = len(low.kernels) > 1
             kernels = tuple(attrs.evolve(k, name=kernel_name(n.name, k.name, many)) for k in low.kernels)
-            out[n.name] = CompiledNode(n, low, kernels, s, ws, _reuse_key(n, _bound(n, placement.addresses), hw))
+            parts = _cache_parts(n, hw)
+            key = _reuse_key(n, _bound(n, placement.addresses), hw.l2.line_bytes, parts)
+            out[n.name] = CompiledNode(n, low, kernels, s, ws, key, parts)
         base += align(largest, gm_align_bytes(hw))
     return [out[n.name] for n in nodes]
 
@@ -218,15 +242,18 @@ def cross_stream_deps(graph: Graph, nodes: Sequence[CompiledNode], addresses: di
     return deps
 
 
-def _footprint(kernel: Kernel, node: Node, graph: Graph, addresses: dict[str, int]) -> tuple[tuple, tuple]:
+def _footprint(kernel: Kernel, compiled: CompiledNode, graph: Graph, addresses: dict[str, int]) -> tuple[tuple, tuple]:
     """(reads, writes) as (address, bytes) of the node's tensors this kernel itself
-    declares (a split-K matmul's zero-fill kernel touches C, not A or B)."""
+    declares (a split-K matmul's zero-fill kernel touches C, not A or B); of a KV cache,
+    the parts it touches (_cache_parts: a cache write's new tokens, not the whole cache)."""
     mine = {t.name for t in kernel.gm}
+    parts = compiled.cache_parts or {}
 
     def ranges(tensors: dict[str, str]) -> tuple:
-        return tuple((addresses[t], graph.tensors[t].nbytes) for local, t in tensors.items() if local in mine)
+        return tuple((addresses[t] + offset, nbytes) for local, t in tensors.items() if local in mine
+                     for offset, nbytes in parts.get(local, ((0, graph.tensors[t].nbytes),)))
 
-    return ranges(node.inputs), ranges(node.outputs)
+    return ranges(compiled.node.inputs), ranges(compiled.node.outputs)
 
 
 @frozen
@@ -262,7 +289,7 @@ def host_program(graph: Graph, nodes: Sequence[CompiledNode], addresses: dict[st
                 sends += 1
                 continue
             k = c.kernels[i]
-            reuse = Reuse((*c.reuse_key, i), *_footprint(k, c.node, graph, addresses)) if replay else None
+            reuse = Reuse((*c.reuse_key, i), *_footprint(k, c, graph, addresses)) if replay else None
             calls.append((name, Launch(k, c.stream, sched.launch, reuse, Owner(name, c.node.layer, i))))
             if sched.sync == "every_op":
                 calls.append((name, Synchronize()))

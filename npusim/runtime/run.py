@@ -15,8 +15,9 @@ simulated. tests/test_runtime.py checks the result against the full simulation
 The trace of a memoised run is filled in to the whole timeline (memo_trace.py):
 replicated layers and replayed kernels have the spans of what they repeat. memo=True also lets
 the engine replay a kernel whose twin (the same op and parameters at other
-addresses) already ran alone on the device (engine.device.Reuse), instead of
-simulating it again; memo=False simulates everything.
+addresses; a KV cache op's layer is only an address: runtime.compile._reuse_key)
+already ran alone on the device (engine.device.Reuse), instead of simulating it
+again; memo=False simulates everything.
 """
 
 from __future__ import annotations
@@ -239,6 +240,7 @@ def _replicate(part: RunResult, program: HostProgram, first: int, layer: int,
         host_launch_cycles=part.host_launch_cycles + n * launch,
         host_wait_cycles=cycles - (part.cycles - part.host_wait_cycles + n * busy),
         trace=replicate_trace(part, program, set(copies[1]), replicas, moved, delta, (end_before, end), renames),
+        kept_together=part.kept_together,
     )
 
 
