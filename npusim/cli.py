@@ -16,7 +16,7 @@ from npusim.compare_command import COMPARED_PIPELINES, cmd_compare
 from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
-from npusim.step_flags import (PREFILL_BATCH, add_workload_set, check_outputs, context, default_batch, inputs,
+from npusim.step_flags import (PREFILL_BATCH, add_workload_set, check_outputs, context, default_batch, given, inputs,
                                overrides, pass_options, pipeline, step_args, workload_of, workload_sets)
 
 
@@ -200,8 +200,8 @@ def _cmd_validate(args) -> int:
         if plan_args(args):
             raise ConfigError("validate --kernels checks one device's kernels: drop the parallel plan flags")
 
-        given = any(a == "--phase" or a.startswith("--phase=") for a in getattr(args, "argv", ()))
-        report = check_step(workload_of(args), pipeline(args.passes), (args.phase,) if given else ("decode", "prefill"),
+        report = check_step(workload_of(args), pipeline(args.passes),
+                            (args.phase,) if given(args, "--phase") else ("decode", "prefill"),
                             args.batch or 2, context(args), load_hw(getattr(args, "hw", None) or "ascend910b2"),
                             args.seed, **pass_options(args))
         say(report.table())

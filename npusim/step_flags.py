@@ -220,6 +220,11 @@ def _same_file(values, kind: str | None) -> bool:
     return where(values[0]) == where(values[1])
 
 
+def given(args, flag: str) -> bool:
+    """Was `flag` (e.g. "--batch") on the command line, as `flag VALUE` or `flag=VALUE`?"""
+    return any(a == flag or a.startswith(flag + "=") for a in getattr(args, "argv", ()))
+
+
 def add_fast_forward_flag(p) -> None:
     """--fast-forward (run, op, serve): price a kernel that repeats many identical waves
     from a few of them (npusim.engine.fastforward); without it (args.exact) every kernel
@@ -293,6 +298,6 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs", "context",
+__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs", "context", "given",
            "default_batch", "fast_forward_key", "inputs", "lengths", "overrides", "pass_options", "pipeline", "sides",
            "step_args", "workload_of", "workload_sets"]

@@ -67,12 +67,15 @@ def main(args, step: dict, passes: str, check_outputs) -> int:
     from npusim.backends import get_backend
     from npusim.diskcache.command import store_of
     from npusim.progress import progress_bar
-    from npusim.sweep import SweepInterrupted, params_of, parse_grid, plot, sweep, table
-    from npusim.step_flags import workload_of
+    from npusim.sweep import STEP_KNOBS, SweepInterrupted, params_of, parse_grid, plot, sweep, table
+    from npusim.step_flags import given, workload_of
 
     grid = parse_grid(args.set)
     if not grid:
         raise ConfigError("sweep: nothing to sweep: give --set KEY=V1,V2,... (a hardware field, or batch / context)")
+    for knob in STEP_KNOBS:
+        if given(args, f"--{knob}") and knob in grid:
+            raise ConfigError(f"sweep: --{knob} and --set {knob}=... both give the {knob}: drop one")
     check_out(args, check_outputs)
     backend = get_backend(args.backend, args.jobs, args.address)
     csv_path = os.path.join(args.out, CSV_NAME)

@@ -8,7 +8,15 @@ import pytest
 
 from cli_check import fails_cleanly
 
-SWEEP = ["sweep", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--set", "batch=1,2"]
+SWEEP = ["sweep", "--workload", "k3-tiny", "--context", "64", "--set", "batch=1,2"]
+
+
+@pytest.mark.parametrize("flag, knob", [(["--batch", "2"], "batch=1,2"), (["--context=64"], "context=32,64")])
+def test_a_step_knob_given_by_its_flag_and_by_the_grid(flag, knob, tmp_path, capsys):
+    """--batch 2 with --set batch=1,2: the flag was ignored, and the title said batch 2."""
+    name = knob.split("=")[0]
+    fails_cleanly(["sweep", "--workload", "k3-tiny", *flag, "--set", knob, "--out", tmp_path / "o"], capsys,
+                  rf"sweep: --{name} and --set {name}=\.\.\. both give the {name}: drop one", [tmp_path / "o"])
 
 
 def test_an_unknown_backend(tmp_path, capsys):
