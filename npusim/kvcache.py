@@ -131,8 +131,8 @@ class KvLayout:
         out = {}
         for name in names:
             which = "v" if name == "v_cache" else "k"
-            spans = sorted((self.token_offset(which, b, h, pos)[1], take * pitch)
-                           for b in range(self.batch) for h in range(self.kv_heads) for pos, take in self.runs(b, start, n))
+            spans = sorted((self.token_offset(which, b, h, pos)[1], take * pitch) for b in range(self.batch)
+                           for h in range(self.kv_heads) for pos, take in self.runs(b, start, n))
             merged = [list(spans[0])]
             for offset, nbytes in spans[1:]:
                 if offset == merged[-1][0] + merged[-1][1]:

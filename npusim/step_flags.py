@@ -298,6 +298,6 @@ def check_outputs(args, extra: dict | None = None) -> None:
     check_writable(files, folders)
 
 
-__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs", "context", "given",
-           "default_batch", "fast_forward_key", "inputs", "lengths", "overrides", "pass_options", "pipeline", "sides",
-           "step_args", "workload_of", "workload_sets"]
+__all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs",
+           "context", "default_batch", "fast_forward_key", "given", "inputs", "lengths", "overrides", "pass_options",
+           "pipeline", "sides", "step_args", "workload_of", "workload_sets"]

@@ -53,9 +53,9 @@ class MemorySystem:
         self.burst = hw.dma.burst_bytes
         # True: a group whose members read different numbers of lines from HBM ends its run
         # (`uneven`, below); False (a run that may approximate: engine.run's exact=False): it
-        # keeps together, each member's transfer ending when the slowest member's fill does
-        # assumption (exact=False): members kept in step after such a transfer cost what they
-        # would one by one within the fast path's error (benchmarks/bench_fastforward.py)
+        # keeps together, each member's transfer ending when the slowest member's fill does.
+        # assumption: (exact=False) members kept in step after such a transfer cost what they
+        # would one by one, within the fast path's error (benchmarks/bench_fastforward.py)
         self.exact_groups = True
         self.kept_together = 0  # transfers of such groups kept together (exact_groups False)
         self._patterns: dict = {}  # per transfer shape: its line pattern (see _lines_of)
@@ -65,7 +65,8 @@ class MemorySystem:
         # the same for every address of a group (they differ by whole lines). The stats say
         # `uneven` if the members of a group read different numbers of lines from HBM: one by
         # one they would not have kept together, so the group's timing is not theirs (the
-        # device runs it again; never when exact_groups is False). In C (see the module doc), with _finish for a group's.
+        # device runs it again; never when exact_groups is False). In C (see the module doc),
+        # with _finish for a group's.
         self.transfer = Mover(self.l2._core, self.line, self.burst, self._patterns, self._lines_of,
                               self.l2_link.add, self.l2.fills, self._finish, env, Signal, self.hbm.add,
                               _nothing).transfer
