@@ -101,21 +101,24 @@ def pass_options(args) -> dict:
 
 
 def bucket_lengths(args) -> tuple[int, ...]:
-    """--buckets L1,L2,...: positive lengths, strictly increasing (the pass would sort a list
-    out of order and keep a repeat: a typo, not a choice), none past the step's workload's
-    max context (the pass never pads beyond it, so a longer bucket would be cut silently)."""
+    """--buckets L1,L2,...: positive lengths, strictly increasing (passes.buckets.out_of_order),
+    none past the step's workload's max context (the pass never pads beyond it, so a longer
+    bucket would be cut silently)."""
     from npusim.errors import ConfigError
+    from npusim.passes.buckets import out_of_order
     from npusim.workload import load_workload
 
     values = _integers(args.buckets, "--buckets", "a comma list of lengths")
     workload = workload_of(args)
     workload = load_workload(workload) if isinstance(workload, (str, os.PathLike)) else workload
     given = f"--buckets {args.buckets}"
-    for before, length in zip((0, *values), values):
+    after = out_of_order(values)
+    for length in values:
         if length < 1:
             raise ConfigError(f"{given}: expected positive lengths, got {length}")
-        if length <= before:
-            raise ConfigError(f"{given}: expected strictly increasing lengths, got {length} after {before}")
+    if after:
+        raise ConfigError(f"{given}: expected strictly increasing lengths, got {after[1]} after {after[0]}")
+    for length in values:
         if length > workload.max_context_tokens:
             raise ConfigError(f"{given}: {length} is past {workload.name}'s max context "
                               f"({workload.max_context_tokens} tokens), which the buckets pass never pads beyond")

@@ -35,6 +35,14 @@ def bucket_of(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS, margin: int
     return -(-need // top) * top
 
 
+def out_of_order(buckets: Sequence[int]) -> tuple[int, int] | None:
+    """The first (length, the one after it) of `buckets` that does not strictly increase;
+    None if they all do. Bucket lists given out of order or with a repeat are refused
+    where they are read (--buckets, a service's buckets): the pass would sort them and
+    keep the repeat, so such a list is a typo, not a choice."""
+    return next(((a, b) for a, b in zip(buckets, buckets[1:]) if b <= a), None)
+
+
 def pad_to_bucket(graph: Graph, buckets: Sequence[int] = DEFAULT_BUCKETS, margin: int = 0) -> Graph:
     """The graph rebuilt with its shapes at the bucket of its longest sequence (at
     most the workload's max context). It must be the first pass: it rebuilds."""
@@ -72,5 +80,5 @@ def compiles_over(lengths: Sequence[int], buckets: Sequence[int] | None = DEFAUL
     return len({bucket_of(n, buckets, margin) for n in lengths})
 
 
-__all__ = ["DEFAULT_BUCKETS", "bucket_of", "compiles_over", "distinct_kernels", "first_run_compile_us",
+__all__ = ["DEFAULT_BUCKETS", "bucket_of", "compiles_over", "distinct_kernels", "first_run_compile_us", "out_of_order",
            "pad_to_bucket", "padding"]

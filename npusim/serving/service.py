@@ -22,6 +22,7 @@ from npusim.errors import ConfigError
 from npusim.graph.build import MAX_BATCH
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
 from npusim.hw.parse import plain, short, strict_converter
+from npusim.passes.buckets import out_of_order
 from npusim.serving.arrivals import MAX_SPAN_S, MAX_TOKENS
 
 SCHEDULERS = ("static", "dynamic", "continuous", "chunked")
@@ -54,8 +55,7 @@ def _lengths(inst, attr, value):
     if value is not None and (not value or any(not 1 <= b <= MAX_BUCKET_TOKENS for b in value)):
         raise ValueError(f"'{attr.name}' must be a non-empty list of lengths from 1 to {MAX_BUCKET_TOKENS} tokens: "
                          f"{value!r}")
-    # out of order or repeated: the buckets pass would sort them and keep a repeat (a typo, not a choice)
-    after = next(((a, b) for a, b in zip(value or (), (value or [])[1:]) if b <= a), None)
+    after = out_of_order(value) if value is not None else None
     if after:
         raise ValueError(f"'{attr.name}' must be strictly increasing lengths, got {after[1]} after {after[0]}: "
                          f"{value!r}")
