@@ -52,6 +52,9 @@ def no_temporary_files(folder: Path) -> None:
     (["--rate", "5", "--service-set", "host.tokenize_us=.inf"],
      r"key 'host': 'tokenize_us' must be from 0 to 1e\+07 us"),
     (["--rate", "5", "--service-set", "host.pool_threads=100000000000"], r"'pool_threads' must be from 1 to 4096"),
+    # a batch a step's graph may have, but minutes of pricing before the first request (was not done in 5 minutes)
+    (["--rate", "5", "--service-set", "scheduler.max_batch=65536"],
+     r"'max_batch' must be from 1 to 1024 sequences \(the most a service's steps are priced at\): 65536$"),
     (["--rate", "5", "--service-set", "host.preprocess_on=thread_pool"],
      r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'thread_pool'$"),
     (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),
