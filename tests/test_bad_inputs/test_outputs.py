@@ -275,7 +275,7 @@ BEFORE_RUNNING = [  # (argv, the message's start after "npusim: error: ")
     (["op", "all_reduce", "elements=1024", "devices=8", "--profile", "/proc/x/p"], "--profile (op_summary.csv)"),
     (["compare", *RUN[1:], "--trace", "/proc/x/t.json"], "--trace /proc/x/t.json: " + PROC),
     (["compare", *RUN[1:], "--plans", "tp1", "tp2", "--json", "/proc/x/c.json"], f"--json /proc/x/c.json: {PROC}"),
-    (["sweep", *RUN[1:], "--set", "batch=1,2", "--out", "/proc/x/s"],
+    (["sweep", *RUN[1:], "--set", "chip.aic_count=16,20", "--out", "/proc/x/s"],
      f"--out (sweep.csv) /proc/x/s/sweep.csv: {PROC}"),
 ]
 
