@@ -224,8 +224,10 @@ def _same_file(values, kind: str | None) -> bool:
 
 
 def given(args, flag: str) -> bool:
-    """Was `flag` (e.g. "--batch") on the command line, as `flag VALUE` or `flag=VALUE`?"""
-    return any(a == flag or a.startswith(flag + "=") for a in getattr(args, "argv", ()))
+    """Was `flag` (e.g. "--batch") on the command line: `flag VALUE`, `flag=VALUE`, or
+    abbreviated as argparse takes it (`--bat 4`: a prefix argparse found unambiguous)?"""
+    words = (a.split("=", 1)[0] for a in getattr(args, "argv", ()))
+    return any(len(w) > 2 and w.startswith("--") and flag.startswith(w) for w in words)
 
 
 def add_fast_forward_flag(p) -> None:

@@ -11,7 +11,8 @@ from cli_check import fails_cleanly
 SWEEP = ["sweep", "--workload", "k3-tiny", "--context", "64", "--set", "batch=1,2"]
 
 
-@pytest.mark.parametrize("flag, knob", [(["--batch", "2"], "batch=1,2"), (["--context=64"], "context=32,64")])
+@pytest.mark.parametrize("flag, knob", [(["--batch", "2"], "batch=1,2"), (["--context=64"], "context=32,64"),
+                                        (["--bat", "2"], "batch=1,2")])
 def test_a_step_knob_given_by_its_flag_and_by_the_grid(flag, knob, tmp_path, capsys):
     """--batch 2 with --set batch=1,2: the flag was ignored, and the title said batch 2."""
     name = knob.split("=")[0]
