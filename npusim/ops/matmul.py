@@ -63,9 +63,12 @@ MAX_BASE_M, MAX_BASE_N = 128, 256
 # The choosers' K blocking: a base_k slice is this many fractals deep, an L1 chunk this many slices.
 SLICE_FRACTALS, STEP_K = 4, 4
 _pos = validators.gt(0)
-# The most work units (tiles x L1 chunks of K) one matmul may have: the engine takes about
-# 10 us each (2^20: about 10 s; m=524288 x n=4096 x k=4096 on the 910B2's tiles has this many).
-WORK_MAX = 1 << 20
+# The most work units (tiles x L1 chunks of K) one matmul may have: the engine takes 10 to
+# 20 us each (K3's gate_up at 24 prompts of 4096 tokens, 811,008 units, 14 s on 2 cores),
+# so 2^22 is about a minute (m=2097152 x n=4096 x k=4096 on the 910B2's tiles has this
+# many). Serving prices prefills of max_batch prompts at the longest bucket: 2^20 refused
+# K3's gate_up at 32 x 4096 (1,081,344 units), ending the README's K3 serve after minutes.
+WORK_MAX = 1 << 22
 
 
 def _n_parts_validator(instance, attribute, value) -> None:
@@ -333,7 +336,7 @@ def check_work(p: MatmulParams, t: MatmulTiling, k_piece: int, split_k: int, op:
     if work > WORK_MAX:
         shape = (f"batch={batch} x " if batch > 1 else "") + f"m={p.m} x n={p.n} x k={p.k}"
         raise ConfigError(f"op {op}: {shape} is {work} tiles x K chunks of {t.base_m} x {t.base_n} x "
-                          f"{t.base_k * t.step_k}, more than the {WORK_MAX} (2^20) npusim simulates (about 10 s)")
+                          f"{t.base_k * t.step_k}, more than the {WORK_MAX} (2^22) npusim simulates (about a minute)")
 
 
 def check_tiling(t: MatmulTiling, dtype: str, hw: HwConfig, op: str) -> int:

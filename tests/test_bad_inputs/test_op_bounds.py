@@ -26,14 +26,14 @@ BAD_OPS = [
      r"op reduce_scatter: bytes 68719476736 is more than the 17179869184 of 4294967296 fp32 elements"),
     (["all_reduce", "bytes=1KiB", "dtype=int4"], r"op all_reduce: 'dtype' must be in \('fp16', 'bf16', 'fp32'\) "
                                                  r"\(got 'int4'\)$"),
-    (["matmul", "m=1000000", "n=4096", "k=4096"],
-     r"op matmul: m=1000000 x n=4096 x k=4096 is 2000128 tiles x K chunks of 128 x 256 x 256, more than the "
-     r"1048576 \(2\^20\) npusim simulates \(about 10 s\)$"),
+    (["matmul", "m=2200000", "n=4096", "k=4096"],
+     r"op matmul: m=2200000 x n=4096 x k=4096 is 4400128 tiles x K chunks of 128 x 256 x 256, more than the "
+     r"4194304 \(2\^22\) npusim simulates \(about a minute\)$"),
     (["matmul", "m=1", "n=16777216", "k=1048576"], r"op matmul: m=1 x n=16777216 x k=1048576 is 268435456 tiles"),
     (["matmul", "m=65536", "n=4096", "k=4096", "tiling.base_m=16", "tiling.base_n=16"],
-     r"op matmul: .* is 16777216 tiles x K chunks of 16 x 16 x 256, more than the 1048576"),
-    (["batch_matmul", "batch=1000", "m=1000", "n=4096", "k=4096"],
-     r"op batch_matmul: batch=1000 x m=1000 x n=4096 x k=4096 is 2048000 tiles x K chunks"),
+     r"op matmul: .* is 16777216 tiles x K chunks of 16 x 16 x 256, more than the 4194304"),
+    (["batch_matmul", "batch=3000", "m=1000", "n=4096", "k=4096"],
+     r"op batch_matmul: batch=3000 x m=1000 x n=4096 x k=4096 is 6144000 tiles x K chunks"),
     (["add", "shape=1000000000000000"],
      r"op add: its tensors take 6000000000000000 bytes of GM, more than hbm.hbm_bytes 68719476736$"),
     (["matmul", "m=64", "n=64", "k=64", "--set", "hbm.hbm_bytes=4096"],
@@ -48,11 +48,11 @@ def test_op_past_its_bound_is_one_line(argv, expect, capsys):
 
 
 def test_the_largest_accepted_ops_lower():
-    """At the bounds: a matmul of WORK_MAX units (m=524288 x 4096 x 4096 on the 910B2's
-    tiles, about 10 s to simulate) and a collective of ELEMENTS_MAX elements lower (in
+    """At the bounds: a matmul of WORK_MAX units (m=2097152 x 4096 x 4096 on the 910B2's
+    tiles, about a minute to simulate) and a collective of ELEMENTS_MAX elements lower (in
     fp32 too: input, output and the received chunks fit in 64 GiB of HBM)."""
     hw = load_hw()
-    assert WORK_MAX == 524288 // 128 * (4096 // 256) * (4096 // 256)
-    lower("matmul", dict(m=524288, n=4096, k=4096), hw)
+    assert WORK_MAX == 2097152 // 128 * (4096 // 256) * (4096 // 256)
+    lower("matmul", dict(m=2097152, n=4096, k=4096), hw)
     for dtype in ("fp16", "fp32"):
         lower("all_reduce", dict(elements=ELEMENTS_MAX, dtype=dtype), hw)
