@@ -125,21 +125,26 @@ class KvLayout:
     def parts(self, start: int, n: int) -> dict[str, tuple[tuple[int, int], ...]]:
         """The (offset, bytes) parts of the cache tensors (the block table aside) that hold
         tokens start .. start + n - 1 of every sequence and head of this layer, adjacent
-        parts merged: what a kernel reading or writing those tokens touches."""
+        parts merged: what a kernel reading or writing those tokens touches. A head's
+        tokens lie head_stride() after the head before's (in every layout), so the runs
+        are found per sequence and moved per head."""
+        import numpy as np
+
         names = ("kv_cache",) if self.layout == "contiguous" else ("k_cache", "v_cache")
-        pitch = self.token_pitch()
+        runs = [(b, pos, take) for b in range(self.batch) for pos, take in self.runs(b, start, n)]
+        nbytes = np.array([take for *_, take in runs], np.int64) * self.token_pitch()
+        heads = np.arange(self.kv_heads, dtype=np.int64)[:, None] * self.head_stride()
         out = {}
         for name in names:
             which = "v" if name == "v_cache" else "k"
-            spans = sorted((self.token_offset(which, b, h, pos)[1], take * pitch) for b in range(self.batch)
-                           for h in range(self.kv_heads) for pos, take in self.runs(b, start, n))
-            merged = [list(spans[0])]
-            for offset, nbytes in spans[1:]:
-                if offset == merged[-1][0] + merged[-1][1]:
-                    merged[-1][1] += nbytes
-                else:
-                    merged.append([offset, nbytes])
-            out[name] = tuple(map(tuple, merged))
+            first = np.array([self.token_offset(which, b, 0, pos)[1] for b, pos, _ in runs], np.int64)
+            offsets = (heads + first).ravel()
+            sizes = np.broadcast_to(nbytes, (self.kv_heads, len(runs))).ravel()
+            order = np.argsort(offsets, kind="stable")
+            offsets, sizes = offsets[order], sizes[order]
+            # a part starts where the one before it does not end
+            starts = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1] + sizes[:-1]])
+            out[name] = tuple(zip(offsets[starts].tolist(), np.add.reduceat(sizes, starts).tolist()))
         return out
 
     def token_pitch(self) -> int:
