@@ -61,6 +61,32 @@ def test_attention_and_rowwise_entries():
     assert (m.op, dict(m.params)) == ("rms_norm", dict(shape=(6, 512), dtype="fp16"))
 
 
+def _noted(spec: OpSpec, note: str):
+    import attrs
+
+    return attrs.evolve(_row(spec, "x"), note=note)
+
+
+def test_reductions_read_their_dim_and_norms_their_weight():
+    """A softmax runs along the dim its attributes give (CANN's SoftmaxV2 over a middle
+    dim is another kernel than over the last); a norm over the dims its weight covers;
+    ArgMax along another dim than the last is refused, not priced as the last."""
+    x = Tensor((31, 67, 127, 257), "bf16")
+    m = map_row(_noted(OpSpec("SoftmaxV2", (x,), (x,)), "F.softmax; attrs {dim: 2}"))
+    assert (m.op, dict(m.params)) == ("softmax", dict(shape=x.shape, dtype="bf16", dim=-2))
+    assert dict(map_row(_row(OpSpec("SoftmaxV2", (x,), (x,)), "s")).params)["dim"] == -1
+    with pytest.raises(Unmappable, match="dim 4 is not a dim"):
+        map_row(_noted(OpSpec("SoftmaxV2", (x,), (x,)), "attrs {dim: 4}"))
+    with pytest.raises(Unmappable, match="only the last dim"):
+        map_row(_noted(OpSpec("ArgMaxV2", (x,), (Tensor((31, 67, 257), "int32"),)), "attrs {dim: 2}"))
+    norm = OpSpec("LayerNorm", (Tensor((4, 8, 512)), Tensor((8, 512)), Tensor((8, 512))), (Tensor((4, 8, 512)),))
+    assert dict(map_row(_row(norm, "n")).params)["shape"] == (4, 4096)
+    add_norm = OpSpec("AddRmsNorm", (Tensor((4, 8, 512)), Tensor((4, 8, 512)), Tensor((512,))), (Tensor((4, 8, 512)),))
+    assert dict(map_row(_row(add_norm, "a")).params)["shape"] == (32, 512)
+    with pytest.raises(Unmappable, match="not x's trailing dims"):
+        map_row(_row(OpSpec("RmsNorm", (Tensor((4, 8, 512)), Tensor((8,))), (Tensor((4, 8, 512)),)), "r"))
+
+
 @pytest.mark.parametrize("spec, reason", [
     (OpSpec("IncreFlashAttention", (Tensor((2, 1, 512)), Tensor((2, 300, 512))), (Tensor((2, 1, 512)),)), "BSH"),
     (OpSpec("Add", (Tensor((8, 512)), Tensor((1, 512))), (Tensor((8, 512)),)), "broadcast"),
@@ -175,7 +201,7 @@ ROUND_TRIP = [("matmul", ["m=8", "n=512", "k=256", "trans_b=true", "out_dtype=fp
               ("matmul", ["m=64", "n=256", "k=128"]), ("batch_matmul", ["batch=4", "m=32", "n=64", "k=128"]),
               ("rms_norm", ["shape=16,512"]), ("add_rms_norm", ["shape=4,256"]), ("cast", ["shape=8,256"]),
               ("trans_data", ["shape=64,128"]), ("swiglu", ["shape=8,512"]), ("rope", ["shape=4,8,64"]),
-              ("softmax", ["shape=8,1000"])]
+              ("softmax", ["shape=8,1000"]), ("softmax", ["shape=4,300,20", "dim=1"])]
 
 
 def test_npusim_op_profile_feeds_calibrate_and_maps_back_to_the_same_op(tmp_path, capsys, monkeypatch):

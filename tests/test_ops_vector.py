@@ -41,6 +41,9 @@ CASES = [
     ("rms_norm", {"shape": (2, 8192)}), ("layer_norm", {"shape": (5, 8192)}),  # single-buffered
     ("add_rms_norm", {"shape": (3, 8192), "dtype": "bf16"}), ("softmax", {"shape": (256, 8192)}),
     ("softmax", {"shape": (2, 16384)}), ("softmax", {"shape": (1, 12000)}),
+    # over a middle dim (npusim.ops.softmax_axis): all rows of a column block in UB, or rows in chunks
+    ("softmax", {"shape": (31, 67, 127, 257), "dim": 2, "dtype": "bf16"}), ("softmax", {"shape": (4, 9, 1), "dim": 1}),
+    ("softmax", {"shape": (2, 5000, 3), "dim": -2, "dtype": "fp32"}),
     # rows too long for UB: tiled along their columns (npusim.ops.column_tiles, npusim.ops.wide_rows)
     ("swiglu", {"shape": (2, 37888), "dtype": "bf16"}), ("swiglu", {"shape": (3, 2 * 100003), "dtype": "fp32"}),
     ("rms_norm", {"shape": (8, 200000)}), ("rms_norm", {"shape": (2, 16384)}), ("softmax", {"shape": (4, 40000)}),

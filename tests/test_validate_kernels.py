@@ -63,6 +63,9 @@ def test_the_last_k_slice_moves_whole_fractal_blocks_to_l0a():
     ("rms_norm", dict(shape=(128, 256))), ("add_rms_norm", dict(shape=(2, 256))), ("swiglu", dict(shape=(128, 1024))),
     ("rope", dict(shape=(128, 4, 64))), ("add", dict(shape=(128, 256))), ("gelu", dict(shape=(64, 256))),
     ("swiglu", dict(shape=(4, 1024), dtype="bf16")), ("rms_norm", dict(shape=(4, 256), dtype="fp32")),
+    # softmax over a middle dim: all rows in UB (odd and even row counts), and rows in chunks
+    ("softmax", dict(shape=(4, 7, 40), dim=1)), ("softmax", dict(shape=(3, 8, 5, 3), dim=1, dtype="bf16")),
+    ("softmax", dict(shape=(9, 6), dim=0, dtype="fp32")), ("softmax", dict(shape=(2, 3000, 20), dim=1)),
 ])
 def test_vector_kernels_match_their_references(op, params):
     c = check_op(op, params, HW)
@@ -190,6 +193,24 @@ def test_a_skipped_vector_instruction_fails_named(monkeypatch):
     monkeypatch.setattr(rowwise, "_rms_ops", lambda *a: [i for i in ops(*a) if getattr(i, "op", "") != "rsqrt"])
     c = check_op("rms_norm", dict(shape=(8, 256)), HW)
     assert c.failed and c.op == "rms_norm", c.row()
+
+
+def test_a_middle_row_left_out_of_the_sums_fails_softmax_over_a_dim(monkeypatch):
+    """The halving tree must fold the middle row of an odd row count: without it the
+    column sums miss a row and the softmax over a middle dim is wrong. (Left out of the
+    maxima it changes nothing: softmax does not depend on the value subtracted.)"""
+    from npusim.ops import softmax_axis
+
+    tree = softmax_axis._tree
+
+    def no_fold(op, rows, q, src, scratch):
+        return [i for i in tree(op, rows, q, src, scratch) if not (op == "add" and i.n == q and rows > 1)]
+
+    params = dict(shape=(2, 7, 24), dim=1)
+    assert check_op("softmax", params, HW).status == "pass"
+    monkeypatch.setattr(softmax_axis, "_tree", no_fold)
+    c = check_op("softmax", params, HW)
+    assert c.status == "FAIL" and "output 'y' off" in c.row(), c.row()
 
 
 def test_a_dropped_softmax_scale_fails_attention_named(monkeypatch):

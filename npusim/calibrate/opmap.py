@@ -241,6 +241,28 @@ def _rowwise(row: ProfileRow) -> dict:
     return dict(shape=_rows_cols(_shape(row, 0)), dtype=_dtype(row.input_dtypes, 0, row))
 
 
+def _last_dim(row: ProfileRow) -> dict:
+    """A reduction over the last dim (ArgMax), refused along another."""
+    x = _shape(row, 0)
+    if _dim(row, x) != len(x) - 1:
+        raise Unmappable(f"{row.op_type} along dim {_dim(row, x)} of {x} (only the last dim is modelled)")
+    return _rowwise(row)
+
+
+def _norm(weight: int) -> Reader:
+    """A norm over the trailing dims its weight (input `weight`) covers: [rows, prod(weight)]."""
+
+    def read(row: ProfileRow) -> dict:
+        x = _shape(row, 0)
+        gamma = row.input_shapes[weight] if len(row.input_shapes) > weight and row.input_shapes[weight] else x[-1:]
+        if len(gamma) > len(x) or x[len(x) - len(gamma):] != tuple(gamma):
+            raise Unmappable(f"{row.op_type} of {x} with a weight of shape {gamma} (input {weight}): "
+                             "the weight is not x's trailing dims")
+        return dict(shape=(math.prod(x) // math.prod(gamma), math.prod(gamma)), dtype=_dtype(row.input_dtypes, 0, row))
+
+    return read
+
+
 def _binary(op: str) -> Callable[[ProfileRow], Parts]:
     """Add / Mul of two tensors of one shape (npusim's add, mul), or of a tensor and a
     scalar - a scalar input not listed, or of one element - which is one input stream
@@ -312,12 +334,27 @@ def _copy(row: ProfileRow) -> dict:
     return dict(n=math.prod(_shape(row, 0)), dtype=_dtype(row.input_dtypes, 0, row))
 
 
-def _split_dim(row: ProfileRow) -> tuple[tuple[int, ...], int]:
-    """The input and the dim npu_swiglu splits into gate and up halves: the last unless
-    the note's attributes give another ("attrs {dim: 0}")."""
-    x = _shape(row, 0)
+def _dim(row: ProfileRow, x: tuple[int, ...]) -> int:
+    """The dim an op works along: the last unless the note's attributes give another
+    ("attrs {dim: 0}")."""
     found = re.search(r"dim: *(-?\d+)", row.note)
-    dim = int(found[1]) % len(x) if found else len(x) - 1
+    if not found:
+        return len(x) - 1
+    if not -len(x) <= int(found[1]) < len(x):
+        raise Unmappable(f"the note's dim {found[1]} is not a dim of input 0 {x}")
+    return int(found[1]) % len(x)
+
+
+def _softmax(row: ProfileRow) -> dict:
+    """Softmax along the note's dim (the last unless it gives another)."""
+    x = _shape(row, 0)
+    return dict(shape=x, dtype=_dtype(row.input_dtypes, 0, row), dim=_dim(row, x) - len(x))
+
+
+def _split_dim(row: ProfileRow) -> tuple[tuple[int, ...], int]:
+    """The input and the dim npu_swiglu splits into gate and up halves (_dim)."""
+    x = _shape(row, 0)
+    dim = _dim(row, x)
     if x[dim] % 2:
         raise Unmappable(f"SwiGlu of {x} split on dim {dim} of odd length {x[dim]}")
     return x, dim
@@ -366,7 +403,7 @@ def _top_k(row: ProfileRow) -> dict:
     out = row.output_shapes[0] if row.output_shapes else ()
     if not out:
         raise Unmappable("TopK: no output shape to read k from")
-    return _rowwise(row) | dict(k=out[-1])
+    return _last_dim(row) | dict(k=out[-1])
 
 
 def _gather(row: ProfileRow) -> dict:
@@ -396,11 +433,11 @@ OPMAP: dict[str, tuple[str, Reader]] = {
     "FusedInferAttentionScore": ("flash_attention", _attention),
     "FlashAttention": ("flash_attention", _attention),
     "IncreFlashAttention": ("decode_attention", _incre_flash_attention),
-    "RmsNorm": ("rms_norm", _rowwise),
-    "AddRmsNorm": ("add_rms_norm", _rowwise),
-    "LayerNorm": ("layer_norm", _rowwise),
-    "LayerNormV3": ("layer_norm", _rowwise),
-    "LayerNormV4": ("layer_norm", _rowwise),
+    "RmsNorm": ("rms_norm", _norm(1)),
+    "AddRmsNorm": ("add_rms_norm", _norm(2)),
+    "LayerNorm": ("layer_norm", _norm(1)),
+    "LayerNormV3": ("layer_norm", _norm(1)),
+    "LayerNormV4": ("layer_norm", _norm(1)),
     "Swiglu": ("swiglu", _swiglu),
     "SwiGlu": ("swiglu", _swiglu),
     "RotaryMul": ("rope", _rope),
@@ -422,11 +459,11 @@ OPMAP: dict[str, tuple[str, Reader]] = {
     "Sigmoid": ("sigmoid", _rowwise),
     "Exp": ("exp", _exp),
     "AutomaticBufferFusionOp": ("exp", _fused_exp),
-    "SoftmaxV2": ("softmax", _rowwise),
-    "Softmax": ("softmax", _rowwise),
+    "SoftmaxV2": ("softmax", _softmax),
+    "Softmax": ("softmax", _softmax),
     "DynamicQuant": ("quantize_per_token", _dynamic_quant),
-    "ArgMaxV2": ("argmax", _rowwise),
-    "ArgMax": ("argmax", _rowwise),
+    "ArgMaxV2": ("argmax", _last_dim),
+    "ArgMax": ("argmax", _last_dim),
     "TopK": ("top_k", _top_k),
     "TopKV2": ("top_k", _top_k),
     "GatherV2": ("embedding", _gather),

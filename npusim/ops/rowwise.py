@@ -16,6 +16,7 @@ from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Loop, addr
 from npusim.ops.build import align_up
 from npusim.ops.reference import softmax_rows
+from npusim.ops.softmax_axis import softmax_axis_kernel
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 from npusim.ops.wide_rows import wide_layer_norm, wide_rms_norm, wide_softmax
@@ -50,7 +51,8 @@ def reference_layer_norm(p, x, specs, ctx) -> dict:
 
 
 def reference_softmax(p, x, specs, ctx) -> dict:
-    return {"y": softmax_rows(x["x"].reshape(-1, p.shape[-1]))}
+    v = np.moveaxis(x["x"].reshape(p.shape), p.dim, -1)
+    return {"y": np.moveaxis(softmax_rows(v), -1, p.dim)}
 
 
 def reference_rope(p, x, specs, ctx) -> dict:
@@ -70,10 +72,17 @@ class NormParams:
     eps: float = param(1e-6, "added to the variance")
 
 
+def _dim_in_shape(instance, attribute, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not -len(instance.shape) <= value < len(instance.shape):
+        raise ValueError(f"'{attribute.name}' must be a dim of shape {instance.shape} "
+                         f"(-{len(instance.shape)} .. {len(instance.shape) - 1}), got {value!r}")
+
+
 @frozen
 class SoftmaxParams:
-    shape: tuple = param((8, 4096), "input shape [.., cols]; softmax over the last dim", validator=shape_validator())
+    shape: tuple = param((8, 4096), "input shape", validator=shape_validator())
     dtype: str = param("fp16", "dtype of x and y", validator=dtype_validator())
+    dim: int = param(-1, "the dim softmax runs over (negative: from the end)", validator=_dim_in_shape)
 
 
 @frozen
@@ -354,8 +363,19 @@ def lower_layer_norm(p: NormParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
 
 @register("softmax", SoftmaxParams, reference=reference_softmax, ins=("x",), outs=("y",))
 def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
-    """Softmax over the last dim: y = exp(x - max) / sum(exp(x - max))."""
-    r = _rows(p.shape, p.dtype)
+    """Softmax over one dim: y = exp(x - max) / sum(exp(x - max)). Over the last dim (or
+    one followed only by dims of 1) a row at a time; over another, npusim.ops.softmax_axis."""
+    d = p.dim % len(p.shape)
+    reduced, inner = p.shape[d], numel(p.shape[d + 1:])
+    if inner > 1 and reduced > 1:
+        e = DTYPE_BYTES[p.dtype]
+        x = gm.tensor("x", numel(p.shape) * e)
+        y = gm.tensor("y", numel(p.shape) * e)
+        k = softmax_axis_kernel(hw, numel(p.shape[:d]), reduced, inner, p.dtype, e, x, y)
+        # per element: max, - max, exp, sum, * (1/sum); per column: 1/sum
+        return vector_lowered("softmax", p, [k], 5 * numel(p.shape) + numel(p.shape) // reduced,
+                              [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
+    r = _rows((numel(p.shape) // reduced, reduced), p.dtype)
     x = gm.tensor("x", r.rows * r.h * r.e)
     y = gm.tensor("y", r.rows * r.h * r.e)
     up = p.dtype != "fp32"

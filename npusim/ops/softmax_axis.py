@@ -1,0 +1,152 @@
+"""Softmax over a dim that is not the last: x seen as [A, R, I] (R the reduced dim,
+I > 1 the elements after it), CANN's "ARA" case of SoftmaxV2.
+
+Element (a, r, i) sits at (a * R + r) * I + i, so the R values a softmax reduces are
+I elements apart and the I columns of one a are independent softmaxes. A tile is
+a block of w columns of one a over R rows (or a chunk of them): one strided copy
+of R segments of w elements, I elements apart in GM, rows padded to whole 32-byte
+blocks in UB. Per tile, in fp32:
+- the column maxima and sums are halving trees of elementwise instructions (rows
+  r and r + h combined, h halving: log2(R) instructions, R - 1 row operations);
+- the maxima and the reciprocal sums are applied to every row by one instruction
+  that reads the [w] vector again for each row (Ascend C's repeat stride 0).
+When R rows of w columns fit UB (ping and pong), one pass per tile; when R rows of
+even one block of columns do not, the rows stream in chunks, three passes per
+column block, as the wide softmax does for long rows (npusim.ops.wide_rows): the
+maxima, the sums of exp(x - max), then y. Tiles (column block, a) are split over
+the vector cores in contiguous runs, column block outermost, so a core's run moves
+by one a at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from npusim.hw import HwConfig
+from npusim.isa.program import GmTensor, Mem
+from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.layout import gm_copy, split_runs
+from npusim.ops.row_stats import over_rows
+from npusim.ops.vector import UB_BLOCK, cast, vop
+from npusim.ops.vector_kernels import (
+    compress, pipeline_epilogue, pipeline_prologue, tile_kernel, tile_pipeline,
+)
+
+F32 = 4
+
+
+def _tree(op: str, rows: int, q: int, src: int, scratch: int) -> list:
+    """Combine `rows` fp32 rows of q elements (q * 4 bytes apart) at src with `op` into
+    the first row of scratch (which holds rows // 2 rows): rows [0, h) with rows
+    [n - h, n), the middle row of an odd n folded into row 0, until one is left."""
+    pitch = q * F32
+    if rows == 1:
+        return [vop("copy", q, "fp32", scratch, src, flops=0)]
+    ops, n = [], rows
+    while n > 1:
+        h = n // 2
+        ops.append(vop(op, h * q, "fp32", scratch, src, src + (n - h) * pitch))
+        if n % 2:
+            ops.append(vop(op, q, "fp32", scratch, scratch, src + h * pitch))
+        src, n = scratch, h
+    return ops
+
+
+def _ub_bytes(rows: int, q: int, e: int, up: bool) -> int:
+    """UB a tile of `rows` x q columns needs: input and output ping and pong, the fp32
+    copy (16-bit dtypes), the trees' scratch and three [q] fp32 vectors (maxima, sums,
+    ones), each buffer padded to a whole block."""
+    sizes = [rows * q * e] * 4 + ([rows * q * F32] if up else []) + [max(1, rows // 2) * q * F32] + [q * F32] * 3
+    return sum(align_up(s, UB_BLOCK) for s in sizes)
+
+
+def _tiling(hw: HwConfig, r: int, inner: int, e: int, up: bool) -> tuple[int, int]:
+    """(w, rows per tile): the widest column block (whole blocks, even over the inner
+    dim) with all R rows in UB; if one block of R rows does not fit, one block and
+    the most rows that do."""
+    step = UB_BLOCK // e
+    ub = hw.aiv.ub_bytes
+    if _ub_bytes(r, step, e, up) <= ub:
+        w = step
+        while w + step <= align_up(inner, step) and _ub_bytes(r, w + step, e, up) <= ub:
+            w += step
+        chunks = cdiv(inner, w)
+        return align_up(cdiv(inner, chunks), step), r
+    rows = r
+    while rows > 1 and _ub_bytes(rows, step, e, up) > ub:
+        rows = max(1, rows * ub // _ub_bytes(rows, step, e, up) - 1)
+    return step, rows
+
+
+def softmax_axis_kernel(hw: HwConfig, a_count: int, r: int, inner: int, dtype: str, e: int,
+                        x: GmTensor, y: GmTensor):
+    """One AIV kernel: softmax over the middle dim of [a_count, r, inner] (module doc)."""
+    up = dtype != "fp32"
+    w, rows = _tiling(hw, r, inner, e, up)
+    col_blocks = cdiv(inner, w)
+    buf = Buffers(hw, "softmax")
+    sets = [([buf.alloc(f"in_{p}", Mem.UB, rows * w * e)], [buf.alloc(f"out_{p}", Mem.UB, rows * w * e)])
+            for p in (0, 1)]
+    wide = buf.alloc("fp32", Mem.UB, rows * w * F32) if up else None
+    scratch = buf.alloc("tree", Mem.UB, max(1, rows // 2) * w * F32)
+    mx, sm, ones = (buf.alloc(n, Mem.UB, w * F32) for n in ("max", "sum", "ones"))
+    row_chunks = [(r0, min(rows, r - r0)) for r0 in range(0, r, rows)]
+
+    def tile(a: int, c: int, r0: int, n: int, work, store: bool):
+        cols = min(w, inner - c * w)
+        q = align_up(cols, UB_BLOCK // e)  # columns a row takes in UB (whole blocks in both dtypes)
+        at = ((a * r + r0) * inner + c * w) * e
+
+        def make(p: int):
+            (ub_in,), (ub_out,) = sets[p]
+            fp32 = wide if up else ub_in
+            ops = [cast(n * q, dtype, "fp32", fp32, ub_in)] if up else []
+            ops += work(n, q, fp32, ub_out)
+            stores = [gm_copy(Mem.UB, Mem.GM, ub_out, y.addr + at, cols * e, n, q * e, inner * e)] if store else []
+            return [gm_copy(Mem.GM, Mem.UB, x.addr + at, ub_in, cols * e, n, inner * e, q * e)], ops, stores
+        return make
+
+    def exp_rows(n: int, q: int, fp32: int, maxima: int) -> list:
+        return [over_rows("sub", n, q, q * F32, fp32, fp32, maxima), vop("exp", n * q, "fp32", fp32, fp32)]
+
+    def scale_rows(n: int, q: int, fp32: int, ub_out: int) -> list:
+        """y = exp(x - max) * (1 / sum), cast to the output dtype."""
+        ops = [over_rows("mul", n, q, q * F32, fp32 if up else ub_out, fp32, sm)]
+        return ops + ([cast(n * q, "fp32", dtype, ub_out, fp32)] if up else [])
+
+    def one_pass(n: int, q: int, fp32: int, ub_out: int) -> list:
+        """All R rows in the tile: maxima (in the scratch), exp(x - max), sums, y."""
+        ops = _tree("max", n, q, fp32, scratch) + exp_rows(n, q, fp32, scratch) + _tree("add", n, q, fp32, scratch)
+        return ops + [vop("div", q, "fp32", sm, ones, scratch)] + scale_rows(n, q, fp32, ub_out)
+
+    def accumulate(first: bool, op: str, stat: int, before) -> Callable:
+        """A chunk's tree of `op` folded into `stat` (the first chunk's copied)."""
+        def work(n, q, fp32, ub_out):
+            fold = vop("copy", q, "fp32", stat, scratch, flops=0) if first else vop(op, q, "fp32", stat, stat, scratch)
+            return before(n, q, fp32) + _tree(op, n, q, fp32, scratch) + [fold]
+        return work
+
+    def apply(n: int, q: int, fp32: int, ub_out: int) -> list:
+        return exp_rows(n, q, fp32, mx) + scale_rows(n, q, fp32, ub_out)
+
+    def chunked(a: int, c: int) -> list:
+        """Three passes over the row chunks of one column block of one a."""
+        def run(works, store):
+            return pipeline_prologue() + tile_pipeline(
+                [tile(a, c, r0, n, wk, store) for (r0, n), wk in zip(row_chunks, works)]) + pipeline_epilogue()
+        first = [k == 0 for k in range(len(row_chunks))]
+        body = run([accumulate(f, "max", mx, lambda n, q, fp32: []) for f in first], False)
+        body += run([accumulate(f, "add", sm, lambda n, q, fp32: exp_rows(n, q, fp32, mx)) for f in first], False)
+        return body + [vop("div", w, "fp32", sm, ones, sm)] + run([apply] * len(row_chunks), True)
+
+    units = [(a, c) for c in range(col_blocks) for a in range(a_count)]
+    bodies = []
+    for lo, hi in split_runs(len(units), hw.aiv_count):
+        body = [vop("dup", w, "fp32", ones, scalar=1.0, flops=0)]
+        if len(row_chunks) == 1:
+            body += pipeline_prologue() + tile_pipeline(
+                [tile(a, c, 0, r, one_pass, True) for a, c in units[lo:hi]]) + pipeline_epilogue()
+        else:
+            body += compress([chunked(a, c) for a, c in units[lo:hi]], "i")
+        bodies.append(body)
+    return tile_kernel("softmax", "softmax", buf.buffers, bodies, [x, y])
