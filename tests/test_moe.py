@@ -301,9 +301,39 @@ def test_bad_routing_trace_is_one_line(tmp_path, text, expect):
     assert "\n" not in str(e.value)
 
 
-def test_tensor_parallel_moe_is_refused():
-    with pytest.raises(ConfigError, match=r"--tp 2: k3-tiny-moe is a mixture of experts"):
-        build_decoder("k3-tiny-moe", "decode", 2, 16, tp=2)
+# ---- tensor parallelism: every expert's FFN split over the group
+
+
+def test_tensor_parallel_moe_splits_every_expert_and_sums_once():
+    """Under --tp 2 each device holds half of every expert's (and the shared experts')
+    FFN columns, routes every token, and its combine's partial rows are all-reduced
+    before the residual is added, once per MoE layer."""
+    full, half = (build_decoder("k3-tiny-moe", "decode", 2, 16, tp=tp) for tp in (1, 2))
+    for name, spec in full.tensors.items():
+        if name.endswith(("_experts", "_shared")) and spec.kind == "weight":
+            assert np.prod(half.tensors[name].shape) * 2 == np.prod(spec.shape), name
+    w = load_workload("k3-tiny-moe")
+    reduces = [n for n in half.nodes if n.op_type == "all_reduce"]
+    assert len(reduces) == 2 * w.layers  # after the O projection and after each FFN (dense or MoE)
+    assert [n.name for n in half.nodes if n.name.endswith("moe_all_reduce")] == [
+        f"L{i}.moe_all_reduce" for i in range(w.layers) if w.is_moe_layer(i)]
+    with pytest.raises(ConfigError, match=r"--tp 3 does not divide k3-tiny-moe's heads"):
+        build_decoder("k3-tiny-moe", "decode", 2, 16, tp=3)
+    odd = attrs.evolve(w, expert_ffn_size=w.expert_ffn_size + 1)
+    with pytest.raises(ConfigError, match=rf"--tp 2 does not divide k3-tiny-moe's expert_ffn_size {odd.expert_ffn_size}"):
+        build_decoder(odd, "decode", 2, 16, tp=2)
+
+
+def test_tensor_parallel_moe_computes_what_one_device_does(monkeypatch):
+    """The ranks' shards of each expert together give the unsharded logits; without the
+    all_reduce of the combine's partial rows they do not."""
+    from npusim.graph.blocks import Layer
+    from npusim.parallel.numerics import check_sharded
+
+    assert check_sharded("k3-tiny-moe", tp=2).passed
+    reduce = Layer.all_reduce
+    monkeypatch.setattr(Layer, "all_reduce", lambda s, name, x: x if name == "moe" else reduce(s, name, x))
+    assert not check_sharded("k3-tiny-moe", tp=2).passed
 
 
 # ---- expert parallelism
@@ -343,10 +373,11 @@ def test_ep_not_dividing_the_experts_is_one_line():
         run_decoder("k3-tiny-moe", HW, "decode", 2, 16, ep=2, devices=4)
 
 
-def test_a_moe_too_big_for_one_device_is_told_the_ep_that_fits():
+def test_a_moe_too_big_for_one_device_is_told_the_tp_and_the_ep_that_fit():
     from npusim.runtime.memory import OutOfMemoryError
 
-    with pytest.raises(OutOfMemoryError, match=r"weights 86.99 GiB .* fit with the experts over 2 devices \(--ep 2\)$"):
+    with pytest.raises(OutOfMemoryError, match=r"weights 86.99 GiB .* fit on 2 devices \(--tp 2\) or with the experts "
+                                               r"over 2 devices \(--ep 2\)$"):
         run_decoder("mixtral-8x7b", HW, "decode", 8, 2048)
 
 

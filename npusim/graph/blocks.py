@@ -10,7 +10,8 @@ returns the tensor it leaves in the residual stream:
     FFN_BUILDERS["moe"]:    rms_norm -> router matmul -> moe_gating -> moe_init_routing ->
                       [shared experts: gate, up, silu, mul, down] -> [all_to_all dispatch]
                       -> grouped gate, up -> silu -> mul -> grouped down -> [all_to_all
-                      combine] -> moe_finalize_routing (+ residual)
+                      combine] -> moe_finalize_routing (+ residual; under tensor
+                      parallelism: the partial rows all-reduced, then + residual)
 
 A MoE decoder's first `first_dense_layers` layers take the SwiGLU block
 (`ffn_block`). The MoE ops are npusim.ops.moe and npusim.ops.grouped_matmul; each
@@ -214,7 +215,7 @@ def moe_ffn(s: Layer, x: str) -> str:
     if w.shared_experts:  # every token through the shared experts, as one SwiGLU of their summed width;
         # built before the routed experts (as frameworks issue it): they read only the norm, so the
         # streams pass runs them beside the dispatch all-to-all and the routed experts' GEMMs
-        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe,
+        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe // s.tp,
                                    ("w_gate_shared", "w_up_shared", "w_down_shared"), "shared_")
 
     def all_to_all(name: str, x: str) -> str:
@@ -234,6 +235,7 @@ def moe_ffn(s: Layer, x: str) -> str:
                {"x": a, "weight": s.wt(weight)} | counts, {"y": out})
 
     rows = received  # the expert GEMMs run over the rows this device's experts received
+    fe //= s.tp  # under tensor parallelism each expert's FFN columns are split like the dense FFN's
     gate, up = s.act("experts_gate", (rows, fe)), s.act("experts_up", (rows, fe))
     grouped("experts_gate_proj", permuted, "w_gate_experts", gate, fe, h)
     grouped("experts_up_proj", permuted, "w_up_experts", up, fe, h)
@@ -245,10 +247,21 @@ def moe_ffn(s: Layer, x: str) -> str:
     grouped("experts_down_proj", act, "w_down_experts", down, h, fe)
     if s.ep > 1:
         down = all_to_all("moe_combined", down)
-    out = s.act("out", (n, h))
+    if s.tp == 1:
+        out = s.act("out", (n, h))
+        s.node("moe_finalize_routing", "moe_finalize_routing",
+               dict(tokens=n, hidden=h, k=k, dtype=dt, residual=True, shared=bool(shared)),
+               {"x": down, "row_map": row_map, "weights": weights, "residual": x} | shared, {"y": out})
+        return out
+    # each device's experts gave partial rows (its FFN columns): combine them, sum over the
+    # group, then add the residual once
+    partial = s.act("moe_partial", (n, h))
     s.node("moe_finalize_routing", "moe_finalize_routing",
-           dict(tokens=n, hidden=h, k=k, dtype=dt, residual=True, shared=bool(shared)),
-           {"x": down, "row_map": row_map, "weights": weights, "residual": x} | shared, {"y": out})
+           dict(tokens=n, hidden=h, k=k, dtype=dt, residual=False, shared=bool(shared)),
+           {"x": down, "row_map": row_map, "weights": weights} | shared, {"y": partial})
+    out = s.act("out", (n, h))
+    s.node("ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": s.all_reduce("moe", partial)},
+           {"y": out})
     return out
 
 

@@ -51,18 +51,22 @@ from npusim.workload import Workload, load_workload
 MASK_VALUE = -10000.0
 
 
+# The dim tensor parallelism (Megatron) splits of each weight a layer may have: Q, K, V
+# (and their biases), gate and up by output rows, O and down by input columns - in a MoE
+# layer each expert's gate, up and down, and the shared experts', alike.
+TP_SPLIT_DIMS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "w_gate": 0, "w_up": 0, "wo": 1, "w_down": 1,
+                 "w_gate_experts": 1, "w_up_experts": 1, "w_down_experts": 2,
+                 "w_gate_shared": 0, "w_up_shared": 0, "w_down_shared": 1}
+
+
 def tp_layer_weight_shapes(w: Workload, tp: int, layer: int | None = None) -> dict[str, tuple[int, ...]]:
     """One device's weights of layer `layer` (None: the last) under tensor parallelism
-    `tp` (Megatron): Q, K, V, gate and up split by output rows (heads, K/V heads, FFN
-    columns), O and down by input columns; norms replicated."""
+    `tp`: each weight of TP_SPLIT_DIMS split along its dim; norms and the router replicated."""
     shapes = dict(w.layer_weight_shapes(layer))
-    for name, (axis, size) in {"wq": (0, w.q_size), "wk": (0, w.kv_size), "wv": (0, w.kv_size),
-                               "bq": (0, w.q_size), "bk": (0, w.kv_size), "bv": (0, w.kv_size),
-                               "w_gate": (0, w.ffn_size), "w_up": (0, w.ffn_size),
-                               "wo": (1, w.q_size), "w_down": (1, w.ffn_size)}.items():
+    for name, axis in TP_SPLIT_DIMS.items():
         if name in shapes:
             shape = list(shapes[name])
-            shape[axis] = size // tp
+            shape[axis] //= tp
             shapes[name] = tuple(shape)
     return shapes
 
@@ -75,14 +79,14 @@ def ep_layer_weight_shapes(w: Workload, ep: int, layer: int | None = None) -> di
 
 
 def check_tp(w: Workload, tp: int) -> None:
-    """ConfigError unless `tp` splits the heads, the K/V heads and the FFN evenly."""
+    """ConfigError unless `tp` splits the heads, the K/V heads and the FFN (a MoE layer:
+    each expert's FFN) evenly."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp: expected a positive integer, got {tp!r}")
-    if tp > 1 and w.is_moe:
-        raise ConfigError(f"--tp {tp}: {w.name} is a mixture of experts; sharding its experts over a "
-                          f"tensor-parallel group is not modelled (run it on one device, or place its experts "
-                          f"over devices with --ep N --devices N)")
-    for key, n in (("heads", w.heads), ("kv_heads", w.kv_heads), ("ffn_size", w.ffn_size)):
+    dense = not w.is_moe or w.first_dense_layers > 0  # layers with the dense FFN
+    sizes = (("heads", w.heads), ("kv_heads", w.kv_heads)) + ((("ffn_size", w.ffn_size),) if dense else ()) + (
+        (("expert_ffn_size", w.expert_ffn_size),) if w.is_moe else ())
+    for key, n in sizes:
         if n % tp:
             raise ConfigError(f"--tp {tp} does not divide {w.name}'s {key} {n}")
 
@@ -380,5 +384,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
+__all__ = ["MASK_VALUE", "TP_SPLIT_DIMS", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
            "ep_layer_weight_shapes", "host_inputs", "node_params", "positions", "rope_tables", "tp_layer_weight_shapes"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def add_plan_flags(p) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: heads, K/V heads and FFN columns "
-                   "split over this many devices of one node, an all_reduce after the O and down projections; "
+                   "(a MoE layer: every expert's) split over this many devices of one node, an all_reduce after "
+                   "the O and down projections (and a MoE layer's combine); "
                    "one device is simulated, its peers symmetric")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree (prefill): each device holds "
                    "1/sp of every prompt and all_gathers each layer's K and V")

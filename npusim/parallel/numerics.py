@@ -2,9 +2,9 @@
 collectives summing (tensor parallel) or gathering (sequence parallel) across ranks,
 and compare with the unsharded FP32 reference.
 
-Each rank gets the slices of the full model's weights and KV cache it holds (rows
-of Q, K, V, gate and up; columns of O and down; its K/V heads of the cache), so the
-ranks together compute what one device computes. The ranks run in threads that
+Each rank gets the slices of the full model's weights and KV cache it holds (each
+weight along its dim of graph.build.TP_SPLIT_DIMS, every expert's alike; its K/V
+heads of the cache), so the ranks together compute what one device computes. The ranks run in threads that
 meet at each collective (ops.collectives.exchange).
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.graph.build import build_decoder, host_inputs
+from npusim.graph.build import TP_SPLIT_DIMS, build_decoder, host_inputs
 from npusim.graph.execute import _caches, _pack, _start_cache, cosine, execute, random_weights
 from npusim.graph.ir import Graph
 from npusim.hw import load_hw
@@ -27,20 +27,15 @@ from npusim.parallel.plan import Plan, check_plan
 from npusim.passes import apply
 from npusim.workload import Workload, load_workload
 
-ROWS = ("wq", "wk", "wv", "bq", "bk", "bv", "w_gate", "w_up")  # split by output rows
-COLUMNS = ("wo", "w_down")  # split by input columns
 THRESHOLD = 0.999  # cosine to the FP32 reference a sharded step must reach
 
 
 def _slice(name: str, x: np.ndarray, rank: int, tp: int) -> np.ndarray:
-    key = re.sub(r"^L\d+\.", "", name)
-    if key in ROWS:
-        n = x.shape[0] // tp
-        return x[rank * n:(rank + 1) * n]
-    if key in COLUMNS:
-        n = x.shape[1] // tp
-        return x[:, rank * n:(rank + 1) * n]
-    return x
+    axis = TP_SPLIT_DIMS.get(re.sub(r"^L\d+\.", "", name))
+    if axis is None:
+        return x
+    n = x.shape[axis] // tp
+    return np.take(x, range(rank * n, (rank + 1) * n), axis=axis)
 
 
 def _rank_weights(shard: Graph, full: dict[str, np.ndarray], rank: int, tp: int) -> dict[str, np.ndarray]:

@@ -129,13 +129,13 @@ def device_kv_bytes(w: Workload, batch: int, tokens: int, tp: int) -> int:
 
 def devices_to_fit(w: Workload, batch: int, tokens: int, hw: HwConfig,
                    weight_bytes: Callable[[int], int] | None = None) -> int | None:
-    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node
-    (a mixture of experts: 1 or None).
+    """The smallest tensor-parallel degree whose weights and KV cache fit one device, within a node.
     `weight_bytes(tp)`: one device's weights (default device_weight_bytes; an INT8 step passes its own)."""
     weight_bytes = weight_bytes or (lambda tp: device_weight_bytes(w, tp))
-    # a mixture of experts is not split by tensor parallelism (graph.build.check_tp): one device or none
-    for tp in range(1, 2 if getattr(w, "is_moe", False) else hw.topology.node_device_count + 1):
-        if w.heads % tp or w.kv_heads % tp or w.ffn_size % tp:
+    for tp in range(1, hw.topology.node_device_count + 1):
+        try:
+            check_tp(w, tp)
+        except ConfigError:
             continue
         if weight_bytes(tp) + device_kv_bytes(w, batch, tokens, tp) <= hw.hbm.hbm_bytes:
             return tp

@@ -177,13 +177,13 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     if s.ep > 1:
         where = f"the memory of one of {s.ep} {hw.name} devices (--ep {s.ep})"
     need_tp = devices_to_fit(w, batch, ctx, hw, lambda tp: _least_weight_bytes(attrs.evolve(s, tp=tp)))
-    more = (f"; weights and KV cache fit on {need_tp} devices (--tp {need_tp})" if need_tp and need_tp > tp else "")
-    if w.is_moe:  # experts are placed by expert parallelism, not split by tp (each device its own batch)
+    fit = [f"on {need_tp} devices (--tp {need_tp})"] if need_tp and need_tp > tp and s.ep == 1 else []
+    if w.is_moe and tp == 1:  # or with the experts placed by expert parallelism (each device its own batch)
         need_ep = next((ep for ep in range(s.ep + 1, min(w.experts, hw.topology.max_devices) + 1)
                         if w.experts % ep == 0 and _least_weight_bytes(attrs.evolve(s, ep=ep))
                         + device_kv_bytes(w, batch, ctx, 1) <= hw.hbm.hbm_bytes), None)
-        more = f"; weights and KV cache fit with the experts over {need_ep} devices (--ep {need_ep})" \
-            if need_ep else ""
+        fit += [f"with the experts over {need_ep} devices (--ep {need_ep})"] if need_ep else []
+    more = f"; weights and KV cache fit {' or '.join(fit)}" if fit else ""
     return (f"{w.name} {s.phase} batch {batch} x context {ctx} does not fit in {where}: {need}; "
             f"the largest batch that fits at context {ctx} is {best_batch}, "
             f"the largest context that fits at batch {batch} is {best_ctx}{more}")
