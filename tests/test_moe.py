@@ -324,6 +324,42 @@ def test_tensor_parallel_moe_splits_every_expert_and_sums_once():
         build_decoder(odd, "decode", 2, 16, tp=2)
 
 
+def test_expert_parallel_with_tensor_parallel_attention():
+    """--ep 4 --tp 2: attention over two tensor-parallel groups of two devices (half the
+    heads each), whole experts over all four (a quarter each, the shared ones whole);
+    each device takes half its group's tokens through the MoE layer and the group
+    all_gathers them; the plan is read back from the graph's collectives."""
+    from npusim.parallel.plan import Plan, check_plan, device_weight_bytes, graph_plan
+
+    w = load_workload("k3-tiny-moe")
+    g = build_decoder(w, "decode", 8, 256, tp=2, ep=4)
+    full = build_decoder(w, "decode", 8, 256)
+    for name, spec in full.tensors.items():
+        if spec.kind != "weight" or not name.startswith("L"):
+            continue
+        ratio = np.prod(spec.shape) // np.prod(g.tensors[name].shape)
+        key = name.split(".", 1)[1]
+        want = 4 if key.endswith("_experts") else 2 if key in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down") else 1
+        assert ratio == want, name
+    moe = [i for i in range(w.layers) if w.is_moe_layer(i)]
+    nodes = {n.name: n for n in g.nodes}
+    for i in moe:
+        assert dict(nodes[f"L{i}.moe_init_routing"].params)["tokens"] == 4
+        gather = nodes[f"L{i}.moe_all_gather"].params
+        assert (gather["devices"], gather["elements"]) == (2, 8 * w.hidden_size)
+        assert nodes[f"L{i}.moe_dispatched_all_to_all"].params["devices"] == 4
+    assert graph_plan(g) == Plan(2, 1, ep=4) and Plan(2, 1, ep=4).world == 4
+    assert device_weight_bytes(w, 2, 4) < device_weight_bytes(w, 1, 4)
+    hw = load_hw("ascend910b2")
+    with pytest.raises(ConfigError, match=r"^--tp 2 does not divide --ep 3: attention runs in tensor-parallel groups"):
+        check_plan(Plan(2, 1, ep=3), attrs.evolve(w, experts=6), hw)
+    with pytest.raises(ConfigError, match=r"^--devices 8 must equal --ep 4 = 4$"):
+        check_plan(Plan(2, 1, devices=8, ep=4), w, hw)
+    run = run_decoder(w, HW, "decode", 8, 256, "optimized", tp=2, ep=4, devices=4, memo=False)
+    kinds = {n.op_type for n in run.graph.nodes}
+    assert {"all_reduce", "all_gather", "all_to_all"} <= kinds and run.latency_us > 0
+
+
 def test_tensor_parallel_moe_computes_what_one_device_does(monkeypatch):
     """The ranks' shards of each expert together give the unsharded logits; without the
     all_reduce of the combine's partial rows they do not."""

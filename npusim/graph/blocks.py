@@ -149,9 +149,11 @@ def attention_block(s: Layer, x: str, rows: tuple[int, int], parts: list, cos: s
     return x_attn
 
 
-def _ffn_norm(s: Layer, x: str) -> str:
-    norm = s.act("ffn_norm_out", (s.n, s.w.hidden_size))
-    s.node("ffn_norm", "rms_norm", dict(shape=(s.n, s.w.hidden_size), dtype=s.w.dtype, eps=s.w.norm_eps),
+def _ffn_norm(s: Layer, x: str, rows: int | None = None) -> str:
+    """The FFN's RMSNorm over the first `rows` rows of x (default all of them)."""
+    rows = s.n if rows is None else rows
+    norm = s.act("ffn_norm_out", (rows, s.w.hidden_size))
+    s.node("ffn_norm", "rms_norm", dict(shape=(rows, s.w.hidden_size), dtype=s.w.dtype, eps=s.w.norm_eps),
            {"x": x, "gamma": s.wt("ffn_norm")}, {"y": norm})
     return norm
 
@@ -185,10 +187,20 @@ def swiglu_ffn(s: Layer, x: str) -> str:
 def moe_ffn(s: Layer, x: str) -> str:
     """RMSNorm, the router, the tokens permuted into expert order, the experts' SwiGLU
     as grouped matmuls over their rows, [the shared experts' SwiGLU over every token],
-    and the combine (weighted by the router, plus the shared output and the residual)."""
-    w, n, L, i = s.w, s.n, s.L, s.i
+    and the combine (weighted by the router, plus the shared output and the residual).
+
+    Under tensor parallelism alone each device holds 1/tp of every expert's FFN columns
+    and the combine's partial rows are all-reduced before the residual is added. Under
+    expert parallelism with tensor-parallel attention each device of a group takes its
+    share of the group's tokens (rows [r n/tp, (r+1) n/tp) of the all-reduced attention
+    output) through the whole MoE layer, and the group all_gathers the results.
+    # assumption: the shares are ceil(n / tp) tokens; the simulated device's rows are the
+    # first share (its reads start at row 0 of the layer input), the gathered output padded."""
+    w, L, i = s.w, s.L, s.i
     h, dt, e, k, fe = w.hidden_size, w.dtype, w.experts, w.experts_per_token, w.expert_ffn_size
-    norm = _ffn_norm(s, x)
+    split = s.tp if s.ep == 1 else 1  # the experts' FFN columns are split over tensor parallelism alone
+    n = s.n if s.ep == 1 else -(-s.n // s.tp)  # tokens this device takes through the layer
+    norm = _ffn_norm(s, x, n)
     logits = s.act("router_logits", (n, e))
     s.b.matmul(L + "router", norm, s.wt("w_router"), logits, n, e, h, i)
     weights, ids = s.act("router_weights", (n, k), dtype="fp32"), s.act("router_ids", (n, k), dtype="int32")
@@ -215,7 +227,7 @@ def moe_ffn(s: Layer, x: str) -> str:
     if w.shared_experts:  # every token through the shared experts, as one SwiGLU of their summed width;
         # built before the routed experts (as frameworks issue it): they read only the norm, so the
         # streams pass runs them beside the dispatch all-to-all and the routed experts' GEMMs
-        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe // s.tp,
+        shared["shared"] = _swiglu(s, norm, n, w.shared_experts * fe // split,
                                    ("w_gate_shared", "w_up_shared", "w_down_shared"), "shared_")
 
     def all_to_all(name: str, x: str) -> str:
@@ -235,7 +247,7 @@ def moe_ffn(s: Layer, x: str) -> str:
                {"x": a, "weight": s.wt(weight)} | counts, {"y": out})
 
     rows = received  # the expert GEMMs run over the rows this device's experts received
-    fe //= s.tp  # under tensor parallelism each expert's FFN columns are split like the dense FFN's
+    fe //= split
     gate, up = s.act("experts_gate", (rows, fe)), s.act("experts_up", (rows, fe))
     grouped("experts_gate_proj", permuted, "w_gate_experts", gate, fe, h)
     grouped("experts_up_proj", permuted, "w_up_experts", up, fe, h)
@@ -247,18 +259,23 @@ def moe_ffn(s: Layer, x: str) -> str:
     grouped("experts_down_proj", act, "w_down_experts", down, h, fe)
     if s.ep > 1:
         down = all_to_all("moe_combined", down)
-    if s.tp == 1:
-        out = s.act("out", (n, h))
+    combine = {"x": down, "row_map": row_map, "weights": weights} | shared
+    if split == 1:
+        out = s.act("out" if s.tp == 1 else "out_share", (n, h))
         s.node("moe_finalize_routing", "moe_finalize_routing",
                dict(tokens=n, hidden=h, k=k, dtype=dt, residual=True, shared=bool(shared)),
-               {"x": down, "row_map": row_map, "weights": weights, "residual": x} | shared, {"y": out})
-        return out
+               combine | {"residual": x}, {"y": out})
+        if s.tp == 1:
+            return out
+        gathered = s.act("out", (n * s.tp, h))  # the group's shares, stacked (padded to tp equal shares)
+        s.node("moe_all_gather", "all_gather", dict(elements=n * s.tp * h, dtype=dt, devices=s.tp),
+               {"x": out}, {"y": gathered})
+        return gathered
     # each device's experts gave partial rows (its FFN columns): combine them, sum over the
     # group, then add the residual once
     partial = s.act("moe_partial", (n, h))
     s.node("moe_finalize_routing", "moe_finalize_routing",
-           dict(tokens=n, hidden=h, k=k, dtype=dt, residual=False, shared=bool(shared)),
-           {"x": down, "row_map": row_map, "weights": weights} | shared, {"y": partial})
+           dict(tokens=n, hidden=h, k=k, dtype=dt, residual=False, shared=bool(shared)), combine, {"y": partial})
     out = s.act("out", (n, h))
     s.node("ffn_residual", "add", dict(shape=(n, h), dtype=dt), {"x1": x, "x2": s.all_reduce("moe", partial)},
            {"y": out})

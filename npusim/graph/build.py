@@ -59,23 +59,20 @@ TP_SPLIT_DIMS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "w_gate":
                  "w_gate_shared": 0, "w_up_shared": 0, "w_down_shared": 1}
 
 
-def tp_layer_weight_shapes(w: Workload, tp: int, layer: int | None = None) -> dict[str, tuple[int, ...]]:
-    """One device's weights of layer `layer` (None: the last) under tensor parallelism
-    `tp`: each weight of TP_SPLIT_DIMS split along its dim; norms and the router replicated."""
+def shard_weight_shapes(w: Workload, tp: int = 1, ep: int = 1, layer: int | None = None) -> dict[str, tuple[int, ...]]:
+    """One device's weights of layer `layer` (None: the last) under a parallel plan: each
+    weight of TP_SPLIT_DIMS split along its dim over `tp`; under expert parallelism
+    (`ep`) each expert weight holds experts / ep whole experts, and the shared experts
+    stay whole (each device runs them on its own tokens); norms and the router replicated."""
     shapes = dict(w.layer_weight_shapes(layer))
-    for name, axis in TP_SPLIT_DIMS.items():
-        if name in shapes:
-            shape = list(shapes[name])
-            shape[axis] //= tp
-            shapes[name] = tuple(shape)
+    for name, shape in shapes.items():
+        shape = list(shape)
+        if ep > 1 and name.endswith("_experts"):
+            shape[0] //= ep
+        elif name in TP_SPLIT_DIMS and not (ep > 1 and name.endswith("_shared")):
+            shape[TP_SPLIT_DIMS[name]] //= tp
+        shapes[name] = tuple(shape)
     return shapes
-
-
-def ep_layer_weight_shapes(w: Workload, ep: int, layer: int | None = None) -> dict[str, tuple[int, ...]]:
-    """One device's weights of layer `layer` under expert parallelism `ep`: experts / ep of
-    each expert weight, everything else whole (attention is data parallel)."""
-    return {name: (s[0] // ep, *s[1:]) if name.endswith("_experts") else s
-            for name, s in w.layer_weight_shapes(layer).items()}
 
 
 def check_tp(w: Workload, tp: int) -> None:
@@ -155,7 +152,10 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     `ep`: the graph of one device of an expert-parallel group of `ep` (each runs its own
     `batch` sequences' attention - data parallel - and holds experts / ep of every MoE
     layer's experts; an all_to_all sends each token's rows to its experts' devices and
-    one brings them back: npusim.graph.blocks.moe_ffn).
+    one brings them back: npusim.graph.blocks.moe_ffn). With `tp` too, attention is
+    tensor parallel in groups of `tp` devices (ep / tp groups, each its own `batch`
+    sequences) and each device of a group sends its share of the group's tokens to
+    the experts, the group all_gathering the layer's output after.
     """
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     check_tp(w, tp)
@@ -203,8 +203,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
            {"ids": tokens, "table": embed}, {"y": x})
 
     for i in range(w.layers):
-        layer = Layer(b, i, n, tp, ep_layer_weight_shapes(w, ep, i) if ep > 1 else tp_layer_weight_shapes(w, tp, i),
-                      ep)
+        layer = Layer(b, i, n, tp, shard_weight_shapes(w, tp, ep, i), ep)
         x_attn = attention_block(layer, x, rows, parts, cos, sin, batch, ctx, sp, phase, _attention)
         x = ffn_block(w, i)(layer, x_attn)
 
@@ -385,4 +384,4 @@ def node_params(node: Node):
 
 
 __all__ = ["MASK_VALUE", "TP_SPLIT_DIMS", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
-           "ep_layer_weight_shapes", "host_inputs", "node_params", "positions", "rope_tables", "tp_layer_weight_shapes"]
+           "host_inputs", "node_params", "positions", "rope_tables", "shard_weight_shapes"]

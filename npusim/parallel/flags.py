@@ -13,8 +13,9 @@ def add_plan_flags(p) -> None:
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (run only): the layers split over "
                    "this many devices, the batch into --microbatches flowing through them")
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipelined step (with --pp)")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (a MoE decoder): each device runs its "
-                   "own batch's attention and holds experts / ep of every MoE layer's experts; all_to_alls carry "
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (a MoE decoder): each device (with --tp: "
+                   "each tensor-parallel group of --tp devices) runs its own batch's attention, and each holds "
+                   "experts / ep of every MoE layer's experts; all_to_alls carry "
                    "the tokens' rows to their experts and back; the busiest device is simulated")
     p.add_argument("--devices", type=int, help="devices the step runs on (must equal tp x sp x pp, or ep; "
                    "default that)")

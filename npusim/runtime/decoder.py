@@ -175,7 +175,7 @@ def _oom_message(s: Step, batch: int, ctx: int, hw: HwConfig, need: str) -> str:
     best_ctx = _largest(lambda n: fits(length=n), min(ctx - 1, _most(free, device_kv_bytes(w, batch, 1, tp))))
     where = f"{hw.name}'s memory" if tp == 1 else f"the memory of one of {tp} {hw.name} devices (--tp {tp})"
     if s.ep > 1:
-        where = f"the memory of one of {s.ep} {hw.name} devices (--ep {s.ep})"
+        where = f"the memory of one of {s.ep} {hw.name} devices (--ep {s.ep}{f' --tp {tp}' if tp > 1 else ''})"
     need_tp = devices_to_fit(w, batch, ctx, hw, lambda tp: _least_weight_bytes(attrs.evolve(s, tp=tp)))
     fit = [f"on {need_tp} devices (--tp {need_tp})"] if need_tp and need_tp > tp and s.ep == 1 else []
     if w.is_moe and tp == 1:  # or with the experts placed by expert parallelism (each device its own batch)
