@@ -16,6 +16,9 @@ column block, as the wide softmax does for long rows (npusim.ops.wide_rows): the
 maxima, the sums of exp(x - max), then y. Tiles (column block, a) are split over
 the vector cores in contiguous runs, column block outermost, so a core's run moves
 by one a at a time.
+# assumption: a column block of one a stays on one core (its statistics do), so a
+# softmax with fewer (a, column block) units than vector cores leaves cores idle
+# ([100000, 2] over dim 0 runs on one core); its rows are not split over cores.
 """
 
 from __future__ import annotations
