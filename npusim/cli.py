@@ -400,8 +400,8 @@ def build_parser(serve_options: bool = True) -> argparse.ArgumentParser:
                   "PATH with its name before the suffix (trace.json -> trace.baseline.json, trace.optimized.json; "
                   "trace.tp2.json; trace.A.json, trace.B.json)", two=True)
     compare.add_argument("--plans", nargs="+", metavar="PLAN", help="compare parallel plans instead of "
-                         "pipelines, as separate words (--plans tp1 tp2 tp4); each is tpN, spN or ONE comma list "
-                         "of both (tp2,sp2), under one pipeline of --passes")
+                         "pipelines, as separate words (--plans tp1 tp2 tp4); each is tpN, spN, epN (a MoE decoder) "
+                         "or ONE comma list of them (tp2,sp2; tp2,ep8), under one pipeline of --passes")
     for p_ in (run, compare):
         p_.add_argument("--progress", action=argparse.BooleanOptionalAction, help=PROGRESS)
         p_.add_argument("--no-memo", action="store_true", help="simulate every layer (no layer memo)")

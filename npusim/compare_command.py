@@ -122,9 +122,10 @@ def _cmd_compare_plans(args) -> int:
         raise ConfigError(f"--passes {' '.join(passes)}: --plans compares plans under ONE pipeline (e.g. --passes "
                           f"{passes[-1]}); to compare pipelines under one plan: --tp N --passes {' '.join(passes)}")
     args.passes = pipeline(passes[0])
-    for flag in ("tp", "sp", "devices"):
+    for flag in ("tp", "sp", "ep", "devices"):
         if flag in plan_args(args):
-            raise ConfigError(f"--{flag}: with --plans each plan gives its own degrees (tp2,sp2); drop --{flag}")
+            raise ConfigError(f"--{flag}: with --plans each plan gives its own degrees (tp2,sp2; tp2,ep8); "
+                              f"drop --{flag}")
     names = list(parse_plans(args.plans))
     traces = _trace_paths(args.trace, names) if args.trace else {}
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})

@@ -430,3 +430,17 @@ def test_the_shared_experts_run_beside_the_dispatch():
                          for t in ("all_to_all", "grouped_matmul"))
     assert max(k.end for k in mine) < min(k.start for k in experts)
     assert min(k.start for k in mine) < max(k.end for k in dispatch[:2])  # the dispatch's kernels
+
+
+def test_compare_plans_takes_expert_parallel_plans():
+    """`compare --plans tp1 ep2 tp2,ep4`: each plan's step, its devices and the tokens of
+    every batch its devices run (an expert-parallel plan runs one per data-parallel group)."""
+    from npusim.parallel.compare import compare_plans, plans_table
+
+    c = compare_plans("k3-tiny-moe", HW, "decode", 8, 256, plans=["tp1", "ep2", "tp2,ep4"], memo=False)
+    assert [(p.world, p.replicas) for p in c.plans.values()] == [(1, 1), (2, 2), (4, 2)]
+    table = plans_table(c)
+    row = next(line for line in table.splitlines() if line.strip().startswith("tokens/s"))
+    want = [c.fitted[k].tokens_per_s * c.plans[k].replicas for k in c.plans]
+    assert row.split()[1:] == [f"{x:,.1f}" for x in want]
+    assert "one per data-parallel group" in table

@@ -1,7 +1,7 @@
 """One step under several parallel plans, side by side (`npusim compare --plans tp1 tp2 tp4`).
 
-A plan is one word: tpN, spN, or one comma list of both (tp2,sp2) - as a pipeline of
-`--passes` is one word, a name or one comma list. Each plan's step is run as `run`
+A plan is one word: tpN, spN, epN (a MoE decoder), or one comma list of them (tp2,sp2;
+tp2,ep8) - as a pipeline of `--passes` is one word, a name or one comma list. Each plan's step is run as `run`
 runs it (one device simulated, its peers symmetric), under one pipeline; a plan that
 does not fit its devices' memory is shown as such, with the memory message.
 """
@@ -24,8 +24,8 @@ from npusim.runtime.memory import OutOfMemoryError, size
 from npusim.runtime.run import GraphRun
 from npusim.workload import Workload, load_workload
 
-_PART = re.compile(r"(tp|sp)([0-9]+)")  # ASCII digits: not tp２
-SYNTAX = "tpN, spN or one comma list of both (tp2,sp2)"
+_PART = re.compile(r"(tp|sp|ep)([0-9]+)")  # ASCII digits: not tp２
+SYNTAX = "tpN, spN, epN or one comma list of them (tp2,sp2; tp2,ep8)"
 
 
 def parse_plan(spec: str) -> Plan:
@@ -42,7 +42,7 @@ def parse_plan(spec: str) -> Plan:
         if n < 1:
             raise ConfigError(f"--plans {spec}: {axis} expects a positive degree, got {n}")
         degrees[axis] = n
-    return Plan(degrees.get("tp", 1), degrees.get("sp", 1))
+    return Plan(degrees.get("tp", 1), degrees.get("sp", 1), ep=degrees.get("ep", 1))
 
 
 def parse_plans(specs: Sequence[str]) -> dict[str, Plan]:
@@ -101,7 +101,7 @@ def compare_plans(workload: Workload | str, hw: HwConfig | str = "ascend910b2", 
         try:
             runs[name] = _named(name, lambda: run_decoder(w, hw, phase, batch, context, passes, memo=memo,
                                                           cache=cache, store=store, counters=counters,
-                                                          tp=plan.tp, sp=plan.sp, **options))
+                                                          tp=plan.tp, sp=plan.sp, ep=plan.ep, **options))
         except OutOfMemoryError as e:
             runs[name] = e
     if progress:
@@ -123,7 +123,7 @@ def _named(name: str, call):
 
 _ROWS = (  # label, the cell of a plan's column from (comparison, plan name, its run, its communication)
     ("latency (us)", lambda c, k, r, b: f"{r.latency_us:,.1f}"),
-    ("tokens/s", lambda c, k, r, b: f"{r.tokens_per_s:,.1f}"),
+    ("tokens/s", lambda c, k, r, b: f"{r.tokens_per_s * c.plans[k].replicas:,.1f}"),
     ("speed-up over {base}", lambda c, k, r, b: f"{c.speedup(k):.2f}x"),
     ("communication (us)", lambda c, k, r, b: f"{b.comm_us:,.1f}"),
     ("communication share", lambda c, k, r, b: f"{100 * b.comm_share:.1f}%"),
@@ -147,6 +147,8 @@ def plans_table(c: PlanComparison, overrides=None) -> str:
         lines.append(f"  {label.format(base=c.base):22s}" + "".join(f"{v:>{w}s}" for v in cells))
     lines += ["", "  one device simulated per plan, its peers symmetric; communication: time in collectives; exposed:",
               "  the part no compute kernel overlaps; links: bytes sent / the device's links at full rate for the step"]
+    if any(p.replicas > 1 for p in c.plans.values()):
+        lines.append("  tokens/s: of every batch the plan's devices run (an expert-parallel plan runs one per data-parallel group)")
     lines += [f"  {k}: {r}" for k, r in c.runs.items() if k not in fitted]
     return "\n".join(lines)
 

@@ -58,6 +58,11 @@ class Plan:
         return self.ep if self.ep > 1 else self.tp * self.sp
 
     @property
+    def replicas(self) -> int:
+        """Data-parallel groups, each running its own batch: ep / tp under expert parallelism, else 1."""
+        return self.ep // self.tp if self.ep > 1 else 1
+
+    @property
     def name(self) -> str:
         """tp2, sp4, tp2,sp2, ep8 - or tp1 for one device: as `compare --plans` takes it."""
         return ",".join(f"{axis}{n}" for axis, n in (("tp", self.tp), ("sp", self.sp), ("ep", self.ep))

@@ -60,8 +60,8 @@ def test_bad_pipeline(cmd, argv, expect, capsys):
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["--plans", "tp2x"], r"--plans tp2x: expected tpN, spN or one comma list of both \(tp2,sp2\), got 'tp2x'"),
-    (["--plans", "pp2"], r"--plans pp2: expected tpN, spN .*; a pipeline is run by npusim run --pp N"),
+    (["--plans", "tp2x"], r"--plans tp2x: expected tpN, spN, epN or one comma list of them \(tp2,sp2; tp2,ep8\), got 'tp2x'"),
+    (["--plans", "pp2"], r"--plans pp2: expected tpN, spN.*; a pipeline is run by npusim run --pp N"),
     (["--plans", "tp0"], r"--plans tp0: tp expects a positive degree, got 0"),
     (["--plans", "tp2,tp4"], r"--plans tp2,tp4: tp given twice in one plan"),
     (["--plans", "tp2", "tp2,sp1"], r"--plans tp2,sp1: the plan tp2 is given twice"),
