@@ -106,10 +106,9 @@ class MemorySystem:
             # shared lines the first toucher reads them and the others hit them while
             # they are being filled, so they wait for its flow, as one by one they would.
             fills = [(st.hbm_read, 1)] if missed is None else _member_fills(missed, member, w, line)
-            st.uneven = w > 1 and fills[0][1] != w
-            if st.uneven and not self.exact_groups:
-                st.uneven = False
-                self.kept_together += 1
+            came_apart = w > 1 and fills[0][1] != w
+            st.uneven = came_apart and self.exact_groups
+            self.kept_together += came_apart and not self.exact_groups
             fills_left = [len(fills)]
             pending[0] += len(fills)
 

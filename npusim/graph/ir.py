@@ -98,9 +98,10 @@ class Node:
             object.__setattr__(self, "_args", make_record(self.op_type, spec(self.op_type).params, self.params))
         return self._args
 
-    def op_key(self) -> tuple[str, str]:
-        """(op type, parameters): equal for nodes that lower to the same kernels (addresses aside)."""
-        return self.op_type, repr(sorted(self.params.items()))
+    def op_key(self, leave_out: str = "") -> tuple[str, str]:
+        """(op type, parameters): equal for nodes that lower to the same kernels (addresses aside);
+        `leave_out`: a parameter left out of the key (one that only moves the kernels' addresses)."""
+        return self.op_type, repr(sorted((k, v) for k, v in self.params.items() if k != leave_out))
 
 
 @frozen(repr=False)

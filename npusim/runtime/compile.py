@@ -53,9 +53,7 @@ def _reuse_key(node: Node, bound: dict[str, int], line: int, parts: dict | None)
     the cache its layer lies: it is left out, and its cache tensors count from the
     first part it touches (_cache_parts), so the layers of a step share one key
     (checked: tests/test_runtime_reuse.py lowers them)."""
-    op_type, params = node.op_key()
-    if parts is not None:
-        params = repr(sorted((k, v) for k, v in node.params.items() if k != "layer"))
+    op_type, params = node.op_key(leave_out="layer" if parts is not None else "")
     starts = {k: a + (parts[k][0][0] if parts and k in parts else 0) for k, a in bound.items()}
     return (op_type, params, tuple(sorted((k, a % line) for k, a in starts.items())))
 
