@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 from attrs import frozen, validators
@@ -216,10 +218,12 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
                     VecOp("add", d, "fp32", o_h, (o_h, ub["opv"]))]
         return ops
 
-    def with_buffers(ops: list, x: int) -> list:
-        """tile_ops written for buffer set 0, moved to set x."""
+    @functools.cache
+    def tile_work(nk: int, x: int) -> tuple:
+        """tile_ops(nk) on buffer set x: the same instructions in every tile of that size
+        (built once per kernel; a paged cache has a program per block)."""
         moves = {ub["k"][0]: ub["k"][x], ub["v"][0]: ub["v"][x]}
-        return [o.moved(o.dst, tuple(moves.get(s, s) for s in o.srcs)) for o in ops]
+        return tuple(o.moved(o.dst, tuple(moves.get(s, s) for s in o.srcs)) for o in tile_ops(nk))
 
     def loads(kv: dict, b: int, h: int, x: int, pos: int, nk: int, j_tokens: int) -> list:
         """MTE2 copies of tile (pos, nk keys) of KV head (b, h) into buffer set x; the
@@ -271,7 +275,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
                 pos = c0 + first + j_off * nk
                 return [WaitFlag(V, MTE2, x), *loads(kv, b, h, x, pos, nk, 2 * nk if in_loop else 0),
                         SetFlag(MTE2, V, x), WaitFlag(MTE2, V, x),
-                        *with_buffers(tile_ops(nk), x), SetFlag(V, MTE2, x)]
+                        *tile_work(nk, x), SetFlag(V, MTE2, x)]
             return make
 
         if paged:  # every tile its own blocks: unrolled
