@@ -10,6 +10,7 @@ the largest worker process that priced engine points).
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 
@@ -31,7 +32,8 @@ def main() -> None:
     p.add_argument("--output-lengths", default="fixed:64")
     p.add_argument("--service-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a service field, e.g. host.pool_threads=16")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes pricing engine points (npusim serve --jobs)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes pricing engine points (npusim serve --jobs; default: the machine's CPUs)")
     a = p.parse_args()
     svc = load_service(a.service, parse_set_args(a.service_set))
     reqs = synthetic(a.requests, 0, "poisson", a.rate, prompt=a.prompt_lengths, output=a.output_lengths)
@@ -51,7 +53,7 @@ def main() -> None:
           f"({cost.engine_runs - warm_runs} more engine runs); decode batch "
           f"mean {m['decode_batch']['mean']:.1f} (steps with decodes: "
           f"{np.mean([st.decode_batch for st in run.steps if st.decode_batch]):.1f}); peak RSS {rss:.0f} MiB"
-          + (f" (largest worker {workers:.0f} MiB)" if a.jobs > 1 else ""))
+          + (f" (largest worker {workers:.0f} MiB)" if workers else ""))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from npusim.diskcache.command import add_cache_flags, store_of
@@ -84,7 +85,8 @@ def step_cost(svc: ServiceConfig, args, hw, bar, tp: int | None = None) -> StepC
     points it will need only when the bar is drawn)."""
     return StepCost(workload_of(args), hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch,
                     tol=args.tol, store=store_of(args), on_point=bar.started, on_priced=bar.step_priced,
-                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs, tp=args.tp if tp is None else tp,
+                    on_plan=bar.planned if bar.shown else None, jobs=args.jobs or os.cpu_count() or 1,
+                    tp=args.tp if tp is None else tp,
                     exact=getattr(args, "exact", True))
 
 
@@ -115,7 +117,7 @@ def check_args(args) -> None:
     check_seed(args.seed)
     if not 0 < args.tol < math.inf:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
     pd = pd_of(args)
     if pd is not None:
@@ -346,10 +348,10 @@ def add_arguments(p) -> None:
     add_fast_forward_flag(p)
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="step-cost model: relative error at which a "
                    "grid cell is split")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes pricing the step-cost model's engine "
+    p.add_argument("--jobs", type=int, help="worker processes pricing the step-cost model's engine "
                    "points at once (a split cell's two halves, a cell's corners); with --plan --backend, those "
                    "serving candidate clusters at once (each pricing its own points); the results do not depend on "
-                   "it")
+                   "it (default: the machine's CPUs)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="count the steps the engine "
                    "simulates for the step-cost model, on stderr (default: only when stderr is a terminal)")
 
