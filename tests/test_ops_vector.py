@@ -43,7 +43,7 @@ CASES = [
     ("softmax", {"shape": (2, 16384)}), ("softmax", {"shape": (1, 12000)}),
     # over a middle dim (npusim.ops.softmax_axis): all rows of a column block in UB, or rows in chunks
     ("softmax", {"shape": (31, 67, 127, 257), "dim": 2, "dtype": "bf16"}), ("softmax", {"shape": (4, 9, 1), "dim": 1}),
-    ("softmax", {"shape": (2, 5000, 3), "dim": -2, "dtype": "fp32"}),
+    ("softmax", {"shape": (2, 5000, 3), "dim": -2, "dtype": "fp32"}), ("softmax", {"shape": (10**7, 2, 2), "dim": 1}),
     # rows too long for UB: tiled along their columns (npusim.ops.column_tiles, npusim.ops.wide_rows)
     ("swiglu", {"shape": (2, 37888), "dtype": "bf16"}), ("swiglu", {"shape": (3, 2 * 100003), "dtype": "fp32"}),
     ("rms_norm", {"shape": (8, 200000)}), ("rms_norm", {"shape": (2, 16384)}), ("softmax", {"shape": (4, 40000)}),
@@ -239,6 +239,7 @@ def test_shared_block_programs_simulate_as_every_block_alone(op, params):
 
 @pytest.mark.parametrize("op, params, names", [
     ("softmax", {"shape": (0, 5)}, "shape"),
+    ("softmax", {"shape": (300000, 1000, 3), "dim": 1}, "2^19"),  # 1.8M tile loads: minutes
     ("add", {"shape": (8, -1)}, "shape"),
     ("rope", {"shape": (8, 128)}, "shape"),
     ("rope", {"shape": (8, 32, 40)}, "head_dim"),

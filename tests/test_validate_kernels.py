@@ -66,6 +66,8 @@ def test_the_last_k_slice_moves_whole_fractal_blocks_to_l0a():
     # softmax over a middle dim: all rows in UB (odd and even row counts), and rows in chunks
     ("softmax", dict(shape=(4, 7, 40), dim=1)), ("softmax", dict(shape=(3, 8, 5, 3), dim=1, dtype="bf16")),
     ("softmax", dict(shape=(9, 6), dim=0, dtype="fp32")), ("softmax", dict(shape=(2, 3000, 20), dim=1)),
+    # several a packed into a tile (each instruction repeats per a)
+    ("softmax", dict(shape=(200, 7, 2), dim=1, dtype="bf16")), ("softmax", dict(shape=(100, 9, 5), dim=1, dtype="fp32")),
 ])
 def test_vector_kernels_match_their_references(op, params):
     c = check_op(op, params, HW)
@@ -203,10 +205,11 @@ def test_a_middle_row_left_out_of_the_sums_fails_softmax_over_a_dim(monkeypatch)
 
     tree = softmax_axis._tree
 
-    def no_fold(op, rows, q, src, scratch):
-        return [i for i in tree(op, rows, q, src, scratch) if not (op == "add" and i.n == q and rows > 1)]
+    def no_fold(op, rows, q, src, scratch, na=1, slab=0):
+        ops = tree(op, rows, q, src, scratch, na, slab)
+        return [i for i in ops if not (op == "add" and i.n == q * na and rows > 1)]
 
-    params = dict(shape=(2, 7, 24), dim=1)
+    params = dict(shape=(96, 7, 24), dim=1)  # two a packed in a tile
     assert check_op("softmax", params, HW).status == "pass"
     monkeypatch.setattr(softmax_axis, "_tree", no_fold)
     c = check_op("softmax", params, HW)
