@@ -244,8 +244,9 @@ def _rowwise(row: ProfileRow) -> dict:
 def _last_dim(row: ProfileRow) -> dict:
     """A reduction over the last dim (ArgMax), refused along another."""
     x = _shape(row, 0)
-    if _dim(row, x) != len(x) - 1:
-        raise Unmappable(f"{row.op_type} along dim {_dim(row, x)} of {x} (only the last dim is modelled)")
+    dim = _dim(row, x)
+    if dim != len(x) - 1:
+        raise Unmappable(f"{row.op_type} along dim {dim} of {x} (only the last dim is modelled)")
     return _rowwise(row)
 
 

@@ -70,14 +70,19 @@ def _tree(op: str, rows: int, q: int, src: int, scratch: int, na: int = 1, slab:
     return ops
 
 
-def _ub_bytes(rows: int, q: int, e: int, up: bool, na: int = 1) -> int:
-    """UB a tile of `na` a of `rows` x q columns each needs: input and output ping and
-    pong, the fp32 copy (16-bit dtypes), the trees' scratch, the maxima, the sums (one
-    row per a) and the ones, each buffer padded to a whole block."""
+def _buffers(rows: int, q: int, e: int, up: bool, na: int = 1) -> list[tuple[str, int]]:
+    """(name, bytes) of the UB buffers a tile of `na` a of `rows` x q columns each needs:
+    input and output ping and pong, the fp32 copy (16-bit dtypes), the trees' scratch,
+    the maxima, the sums (one row per a) and the ones."""
     tile = na * rows * q
-    sizes = [tile * e] * 4 + ([tile * F32] if up else []) + [na * max(1, rows // 2) * q * F32] + [
-        q * F32, na * q * F32, q * F32]
-    return sum(align_up(s, UB_BLOCK) for s in sizes)
+    return ([(f"{side}_{p}", tile * e) for p in (0, 1) for side in ("in", "out")]
+            + ([("fp32", tile * F32)] if up else [])
+            + [("tree", na * max(1, rows // 2) * q * F32), ("max", q * F32), ("sum", na * q * F32), ("ones", q * F32)])
+
+
+def _ub_bytes(rows: int, q: int, e: int, up: bool, na: int = 1) -> int:
+    """UB the tile's buffers (_buffers) take, each padded to a whole block."""
+    return sum(align_up(nbytes, UB_BLOCK) for _, nbytes in _buffers(rows, q, e, up, na))
 
 
 def _tiling(hw: HwConfig, a_count: int, r: int, inner: int, e: int, up: bool) -> tuple[int, int, int]:
@@ -116,11 +121,9 @@ def softmax_axis_kernel(hw: HwConfig, a_count: int, r: int, inner: int, dtype: s
         raise ProgramError(f"op softmax over a dim of {r} with {a_count} before it and {inner} after: {tiles} tile "
                            f"loads, more than the {TILES_MAX} (2^19) npusim simulates (about a minute)")
     buf = Buffers(hw, "softmax")
-    sets = [([buf.alloc(f"in_{p}", Mem.UB, na * rows * w * e)], [buf.alloc(f"out_{p}", Mem.UB, na * rows * w * e)])
-            for p in (0, 1)]
-    wide = buf.alloc("fp32", Mem.UB, na * rows * w * F32) if up else None
-    scratch = buf.alloc("tree", Mem.UB, na * max(1, rows // 2) * w * F32)
-    mx, sm, ones = (buf.alloc(n, Mem.UB, k * w * F32) for n, k in (("max", 1), ("sum", na), ("ones", 1)))
+    at = {name: buf.alloc(name, Mem.UB, nbytes) for name, nbytes in _buffers(rows, w, e, up, na)}
+    sets = [([at[f"in_{p}"]], [at[f"out_{p}"]]) for p in (0, 1)]
+    wide, scratch, mx, sm, ones = at.get("fp32"), at["tree"], at["max"], at["sum"], at["ones"]
     row_chunks = [(r0, min(rows, r - r0)) for r0 in range(0, r, rows)]
 
     def tile(a: int, c: int, r0: int, n: int, work, store: bool, k: int = 1):
