@@ -158,3 +158,13 @@ def test_bad_transposes_are_one_line_errors(params, names):
         lower("transpose", params, HW)
     msg = str(err.value)
     assert "\n" not in msg and "transpose" in msg and names in msg
+
+
+def test_no_tile_of_whole_bursts_fitting_ub_is_a_one_line_error():
+    """A burst too long for a [burst x burst] tile in and out, double-buffered, to fit UB
+    (512-byte bursts of fp32: 4 x 64 KiB): the tiling names both fields, not a TypeError."""
+    hw = load_hw("ascend910b2", overrides={"dma.burst_bytes": 512})
+    with pytest.raises(NpusimError) as err:
+        lower("transpose", {"shape": (2048, 2048), "dtype": "fp32"}, hw)
+    msg = str(err.value)
+    assert "\n" not in msg and "dma.burst_bytes" in msg and "aiv.ub_bytes" in msg

@@ -162,6 +162,10 @@ def _tiling(g: _Perm, e: int, hw: HwConfig) -> tuple[int, int, int]:
         cost = cdiv(tiles, hw.aiv_count) * per_tile
         if best is None or cost < best[0]:
             best = (cost, tb, ta)
+    if best is None:
+        raise ProgramError(f"transpose: no tile of whole {hw.dma.burst_bytes}-byte DMA bursts (dma.burst_bytes) of "
+                           f"{e}-byte elements fits UB ({hw.aiv.ub_bytes} bytes, aiv.ub_bytes) in and out, "
+                           "double-buffered")
     _, tb, ta = best
     if g.stack_dim is None or (tb, ta) != (rows, cols):
         return 1, tb, ta
