@@ -11,7 +11,7 @@ YAML files.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
@@ -21,6 +21,8 @@ from cattrs.errors import ForbiddenExtraKeysError
 from npusim.errors import ConfigError
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
 from npusim.hw.parse import plain, short, strict_converter
+from npusim.kvcache import PASS_KV_LAYOUTS
+from npusim.passes import PASSES, pass_names
 from npusim.passes.buckets import out_of_order
 from npusim.serving.arrivals import MAX_SPAN_S, MAX_TOKENS
 
@@ -166,7 +168,35 @@ _conv = strict_converter()
 SECTIONS = tuple(a.name for a in attrs.fields(attrs.resolve_types(ServiceConfig)) if attrs.has(a.type))
 
 
-def structure_service(raw: Mapping[str, Any], where: str) -> ServiceConfig:
+def _check_passes(svc: ServiceConfig, where: str, options: Collection[str] | None = None) -> None:
+    """The service's passes are known, and each pass option of `options` (None: all) it
+    gives is taken by one of them (`npusim run` refuses an option for a pass that does not
+    run: it would be ignored silently)."""
+    try:
+        names = pass_names(svc.passes)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: key 'passes': {str(e).removeprefix('--passes: ')}") from None
+    if svc.kv_layout is not None and svc.kv_layout not in PASS_KV_LAYOUTS:
+        raise ConfigError(f"{where}: key 'kv_layout': expected one of {', '.join(PASS_KV_LAYOUTS)}, "
+                          f"got {svc.kv_layout!r}")
+    for key in svc.pass_options():
+        if options is not None and key not in options:
+            continue
+        takers = [name for name, p in PASSES.items() if key in p.options]
+        if not set(names) & set(takers):
+            raise ConfigError(f"{where}: key '{key}' is an option of the {' or '.join(takers)} pass, which "
+                              f"'passes' ({svc.passes}) does not include (add it, or leave the key out)")
+
+
+def structure_service(raw: Mapping[str, Any], where: str, options: Collection[str] | None = None) -> ServiceConfig:
+    """`raw` -> a ServiceConfig; a pass option of `options` (None: all) for a pass it does
+    not run is refused."""
+    svc = _structure(raw, where)
+    _check_passes(svc, where, options)
+    return svc
+
+
+def _structure(raw: Mapping[str, Any], where: str) -> ServiceConfig:
     for section in SECTIONS:  # cattrs would say only "argument of type 'NoneType' is not iterable"
         if section in raw and not isinstance(raw[section], Mapping):
             raise ConfigError(f"{where}: key '{section}': expected a mapping, got {short(raw[section])}")
@@ -214,7 +244,9 @@ def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] |
                 raise ConfigError(f"--service-set {dotted}: '{p}' is not a section")
         d[last] = value
         where = f"{path} (--service-set)"
-    return structure_service(raw, where)
+    # --service-set passes=... that drops a pass leaves the file's options for it unused on
+    # purpose (passes=optimized on seed-optimized: no buckets); an option set beside it is not
+    return structure_service(raw, where, set(overrides) if "passes" in (overrides or {}) else None)
 
 
 def parse_slo(text: str, base: Slo = Slo()) -> Slo:

@@ -66,12 +66,36 @@ def no_temporary_files(folder: Path) -> None:
     # issue 35: --max-rate writes only what it can (its probes are Poisson runs of its own)
     (["--max-rate", "--rate", "5", "--csv", "c.csv"], r"--csv: --max-rate runs many probes"),
     (["--max-rate", "--rate", "5", "--ramp", "1,1,1,2"], r"--ramp: not used by --max-rate"),
+    # a pass option for a pass the service does not run was ignored silently (`run` refuses it);
+    # an unknown pass or KV layout was named as --passes, or without the file and key
+    (["--rate", "5", "--service", "seed-baseline", "--service-set", "buckets=[128]"],
+     r"seed-baseline\.yaml \(--service-set\): key 'buckets' is an option of the buckets pass, which 'passes' "
+     r"\(baseline\) does not include"),
+    (["--rate", "5", "--service-set", "passes=fusion,banana"],
+     r"seed-optimized\.yaml \(--service-set\): key 'passes': unknown pass or pipeline 'banana'"),
+    (["--rate", "5", "--service", "vllm-continuous", "--service-set", "kv_layout=banana"],
+     r"vllm-continuous\.yaml \(--service-set\): key 'kv_layout': expected one of contiguous, paged, got 'banana'$"),
 ])
 def test_serve_bad_argument(argv, expect, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "o.json"
     with deadline():
         fails_cleanly([*SERVE, *argv, "--json", out], capsys, expect, outputs=[out, tmp_path / "c.csv"])
+
+
+def test_a_pass_option_without_its_pass(tmp_path):
+    """A service file giving buckets without the buckets pass is refused; --service-set
+    passes=... dropping a pass leaves the file's options for it unused on purpose."""
+    from npusim.errors import ConfigError
+    from npusim.serving.service import load_service
+
+    assert "buckets" not in load_service("seed-optimized", {"passes": "optimized"}).passes
+    f = tmp_path / "svc.yaml"
+    f.write_text("passes: optimized\nmargin: 4\nscheduler: {kind: continuous}\n")
+    with pytest.raises(ConfigError, match=rf"^{f}: key 'margin' is an option of the buckets pass, which 'passes' "
+                                          r"\(optimized\) does not include"):
+        load_service(f)
+    assert load_service(f, {"passes": "optimized,buckets"}).margin == 4
 
 
 @pytest.mark.parametrize("rows, expect", [
