@@ -14,12 +14,14 @@ import os
 import re
 import reprlib
 import stat
+import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import cattrs
 import yaml
+from cattrs.cols import is_sequence, list_structure_factory
 
 from npusim.errors import ConfigError
 
@@ -291,6 +293,22 @@ def strict_converter() -> cattrs.Converter:
             raise TypeError(f"expected a string, got {short(v)}")
         return v
 
+    def sequence_hook(t, converter):
+        # cattrs would iterate whatever it is given: a number said "'int' object is not
+        # iterable", a string or a mapping was read item by item
+        args = typing.get_args(t)
+        homogeneous = typing.get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis
+        items = list_structure_factory(list[args[0]] if args else list, converter)
+
+        def structure(v, _):
+            if not isinstance(v, (list, tuple)):
+                raise TypeError(f"expected a list, got {short(v)}")
+            out = items(v, t)
+            return tuple(out) if homogeneous else out
+
+        return structure
+
     for kind, hook in ((int, to_int), (float, to_float), (bool, to_bool), (str, to_str)):
         conv.register_structure_hook(kind, hook)
+    conv.register_structure_hook_factory(is_sequence, sequence_hook)
     return conv

@@ -66,6 +66,9 @@ def no_temporary_files(folder: Path) -> None:
     # issue 35: --max-rate writes only what it can (its probes are Poisson runs of its own)
     (["--max-rate", "--rate", "5", "--csv", "c.csv"], r"--csv: --max-rate runs many probes"),
     (["--max-rate", "--rate", "5", "--ramp", "1,1,1,2"], r"--ramp: not used by --max-rate"),
+    # a list key given a number or a string: "'int' object is not iterable", or read letter by letter
+    *[(["--rate", "5", "--service-set", f"buckets={v}"], rf"seed-optimized\.yaml \(--service-set\): key 'buckets': "
+       rf"expected a list, got {e}$") for v, e in (("512", "512"), ("abc", "'abc'"), ("{a: 1}", r"\{'a': 1\}"))],
     # a pass option for a pass the service does not run was ignored silently (`run` refuses it);
     # an unknown pass or KV layout was named as --passes, or without the file and key
     (["--rate", "5", "--service", "seed-baseline", "--service-set", "buckets=[128]"],
