@@ -169,6 +169,9 @@ def read_hccl(path: str | Path, options: Mapping[str, str] | None = None) -> lis
     for n, line in enumerate(text.splitlines(), start=1):
         found = _command(line)
         if found is not None:
+            if found.devices is not None and found.devices < 1:  # it divided by zero in the simulation
+                raise ProfileError(f"{path}: row {n}: its command line runs {found.devices} ranks (mpirun -n): "
+                                   f"expected 1 or more")
             command = found
             continue
         cells = _split(line)

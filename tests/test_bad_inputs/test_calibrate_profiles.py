@@ -82,6 +82,9 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (COMMAND + TABLE + ROW, ["devices8"], r"--hccl .*ar\.txt: expected KEY=VALUE after the file .* got 'devices8'"),
     (TABLE + ROW, ["op=broadcast", "devices=8"], r"op=broadcast: expected one of all_reduce, "),
     (TABLE + ROW, ["op=all_reduce", "devices=1"], r"devices=1: expected an integer of 2 or more"),
+    # mpirun -n 0: ZeroDivisionError in the collective's simulation
+    (COMMAND.replace("-n 8", "-n 0") + TABLE + ROW, [],
+     r"ar\.txt: row 1: its command line runs 0 ranks \(mpirun -n\): expected 1 or more$"),
     (COMMAND.replace("fp16", "int8") + TABLE + ROW, [],
      r"ar\.txt: none of its 1 rows maps to an npusim op \(all_reduce_test \(8 ranks\) x1 \(dtype int8 .*row 3$"),
 ])
