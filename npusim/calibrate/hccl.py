@@ -40,6 +40,10 @@ COLUMNS = {"data_size": ("data_size",), "time": ("aveg_time", "avg_time"), "band
 FAILED = "failed"
 _MPI_RANKS = ("-n", "-np", "--np", "--n")
 _TEST_NAME = re.compile(r"(?:^|/)(" + "|".join(ALL_TESTS) + r")$")
+# a table row's first cell: a number of any form (a garbled size is refused as a row,
+# not skipped as a note: "-8192" or "81.5" made the table look empty), unlike a log's
+# timestamp or a note's first word
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|0[xX][0-9a-fA-F]+")
 
 
 @frozen
@@ -180,7 +184,7 @@ def read_hccl(path: str | Path, options: Mapping[str, str] | None = None) -> lis
             columns, names, header_line = head, [c.rstrip(":").strip() for c in cells], n
             setup = _merge(path, n, command, given)
             continue
-        if columns is None or not cells or not cells[0].isdigit():
+        if columns is None or not cells or not _NUMBER.fullmatch(cells[0]):
             continue  # not a row of a table
         rows.append(_row(path, n, cells, columns, names, setup))
     if columns is None:
@@ -208,7 +212,11 @@ def _row(path: Path, line: int, cells: list[str], columns: dict[str, int], names
             raise ProfileError(f"{path}: row {line}, column '{names[columns[key]]}': expected {what}, got '{text}'")
         return value
 
-    nbytes = int(number("data_size", "a size in bytes > 0"))
+    nbytes = number("data_size", "a whole number of bytes > 0")
+    if not nbytes.is_integer():
+        raise ProfileError(f"{path}: row {line}, column '{names[columns['data_size']]}': expected a whole number of "
+                           f"bytes > 0, got '{cell('data_size')}'")
+    nbytes = int(nbytes)
     us = number("time", "a time in us > 0")
     if columns["bandwidth"] is not None:  # read to refuse a garbled row; the time is what is fitted
         number("bandwidth", "a bandwidth >= 0", positive=False)

@@ -82,6 +82,10 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (COMMAND + TABLE + ROW, ["devices8"], r"--hccl .*ar\.txt: expected KEY=VALUE after the file .* got 'devices8'"),
     (TABLE + ROW, ["op=broadcast", "devices=8"], r"op=broadcast: expected one of all_reduce, "),
     (TABLE + ROW, ["op=all_reduce", "devices=1"], r"devices=1: expected an integer of 2 or more"),
+    # a garbled size: the row was skipped as a note ("no rows under the hccl_test header"), or 81.5 read as 81
+    *[(COMMAND + TABLE + ROW.replace("8192 ", size), [],
+       rf"ar\.txt: row 3, column 'data_size\(Bytes\)': expected a whole number of bytes > 0, got '{size.strip()}'$")
+      for size in ("-8192", "81.5 ", "0x2000")],
     # mpirun -n 0: ZeroDivisionError in the collective's simulation
     (COMMAND.replace("-n 8", "-n 0") + TABLE + ROW, [],
      r"ar\.txt: row 1: its command line runs 0 ranks \(mpirun -n\): expected 1 or more$"),
