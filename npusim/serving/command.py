@@ -36,6 +36,7 @@ from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 
 # --cv not given: gamma gaps with cv 1 are exponential ones, a Poisson process's variability.
 DEFAULT_CV = 1.0
+PLOT_NAMES = ("latency_cdf.png", "latency_cdf.svg", "batch_kv.png", "batch_kv.svg")  # what --plot DIR holds
 
 
 def load_requests(args):
@@ -187,6 +188,13 @@ def outputs_of(args, services: list[ServiceConfig]) -> tuple[dict, dict]:
     return files, folders
 
 
+def plot_files(folders: dict) -> dict:
+    """The files each --plot folder will hold, by flag: no other output may be one of them
+    (--json DIR/latency_cdf.png was replaced by the plot)."""
+    return {f"{flag} ({name})": os.path.join(folder, name) for flag, folder in folders.items() if folder
+            for name in PLOT_NAMES}
+
+
 def inputs_of(args, names: list[str]) -> dict:
     """The files the command reads, by flag."""
     from npusim.hw.load import find_file
@@ -226,7 +234,7 @@ def main(args) -> int:
     if args.compare and services[0] == services[1]:  # --service-set applies to both: one run twice
         raise ConfigError(f"--compare {' '.join(args.compare)}: the same service on both sides, nothing to compare "
                           f"(give two different ones)")
-    check_paths(files, inputs_of(args, names), folders)
+    check_paths(files | plot_files(folders), inputs_of(args, names), folders)
     check_writable(files, folders)
     from npusim.progress import pricing_progress
 

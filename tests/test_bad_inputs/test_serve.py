@@ -148,6 +148,12 @@ def _hw_without(tmp_path: Path, *dtypes: str) -> Path:
     (["--rate", "5", "--json", "/proc/x/y.json"], r"--json /proc/x/y.json: cannot be written"),
     (["--rate", "5", "--csv", "{d}/t.csv/c.csv"], r"--csv .*: cannot be written: Not a directory"),
     (["--rate", "5", "--plot", "{d}/t.csv"], r"--plot .*t.csv: is a file"),
+    # a plot's file as another output: the plot replaced the JSON, exit status 0
+    (["--rate", "5", "--plot", "{d}/p", "--json", "{d}/p/latency_cdf.png"],
+     r"--plot \(latency_cdf\.png\) .*p/latency_cdf\.png: the same file as the output of --json"),
+    (["--rate", "5", "--compare", "seed-optimized", "vllm-continuous", "--plot", "{d}/p", "--json",
+      "{d}/p/vllm-continuous/batch_kv.svg"], r"--plot \(vllm-continuous\) \(batch_kv\.svg\) .*: the same file as the "
+                                             r"output of --json"),
 ])
 def test_serve_outputs_checked_before_the_run(argv, expect, capsys, tmp_path, monkeypatch):
     """An output on an input or on another output, or one that cannot be written, is
@@ -161,6 +167,14 @@ def test_serve_outputs_checked_before_the_run(argv, expect, capsys, tmp_path, mo
     fails_cleanly([*SERVE, *(a.format(d=tmp_path) for a in argv)], capsys, expect)
     assert not priced
     assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_serve_plot_names_are_the_files_checked(tmp_path):
+    """The files checked before the run against the other outputs are those --plot writes."""
+    from npusim.serving.command import PLOT_NAMES
+
+    assert main([*SERVE, "--rate", "20", "--plot", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PLOT_NAMES)
 
 
 def test_serve_closed_stdout_still_writes_the_files(tmp_path):
