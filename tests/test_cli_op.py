@@ -55,6 +55,16 @@ def test_errors_are_one_line(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_a_float_parameter_that_is_not_finite(value, tmp_path, capsys):
+    """It ran (and --json wrote "scale": NaN, which is no JSON); now one line naming it."""
+    out = tmp_path / "op.json"
+    assert main(["op", "scale", "shape=[8,64]", f"scale={value}", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"npusim: error: op scale: parameter 'scale' expects a finite number, got '{value}'\n"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("params", [["m=4096", "n=4096", "k=4096", "format_a=NZ", "format_b=NZ"],
                                     ["m=1", "n=4096", "k=4096", "format_b=NZ"]], ids=["big", "gemv"])
 def test_text_json_and_csv_give_the_same_figures(params, tmp_path, capsys):

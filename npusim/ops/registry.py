@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -210,9 +211,12 @@ def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
             return value.lower() in ("true", "1", "yes")
         if kind is tuple:
             return tuple(int(x) for x in value.replace("x", ",").strip("[]()").split(",") if x.strip())
-        return kind(value)
+        number = kind(value)
     except ValueError:
         raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {kind.__name__}, got '{value}'") from None
+    if kind is float and not math.isfinite(number):  # nan, inf, 1e400: no scalar a kernel takes (nor JSON)
+        raise ConfigError(f"op {op_type}: parameter '{f.name}' expects a finite number, got '{value}'")
+    return number
 
 
 def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = "parameter", base=None):
