@@ -123,6 +123,35 @@ def check_grid(grid: Grid | Sequence[Grid], hw: str) -> None:
                     load_hw(hw, {key: v})
 
 
+def check_step(workload, grid: Grid | Sequence[Grid], step: Mapping[str, Any]) -> None:
+    """What every point shares - the parallel plan, the fusion rules, and --batch and
+    --context where the grid does not sweep them - checked against the workload before
+    anything runs: a flag no point can take is one error, not a failed row per point.
+    (What a point's hardware decides - memory, a plan's topology - stays that point's.)"""
+    from npusim.graph.build import _lengths, check_sp
+    from npusim.parallel.plan import Plan, check_plan_shape
+
+    for key in ("pp", "microbatches"):
+        if key in step:
+            raise ConfigError(f"--{key}: a pipelined step is run by `npusim run`, not swept")
+    plan = check_plan_shape(Plan(step.get("tp", 1), step.get("sp", 1), step.get("devices"), step.get("ep", 1)),
+                            workload)
+    if step.get("fusion_rules") is not None:
+        from npusim.passes.fusion import load_rules
+
+        load_rules(step["fusion_rules"])
+    shapes = list(dict.fromkeys(tuple(_split(p)[0].items()) for p in points(grid)))  # distinct (batch, context)
+    errors = []
+    for knobs in shapes:
+        s = dict(step) | dict(knobs)
+        try:
+            check_sp(workload, s["phase"], _lengths(workload, s["phase"], s["batch"], s.get("context")), plan.sp)
+        except ConfigError as e:
+            errors.append(e)
+    if shapes and len(errors) == len(shapes):  # some shapes fit the workload: the others fail as their points
+        raise errors[0]
+
+
 # ---- one point
 
 
@@ -186,6 +215,7 @@ def sweep(workload, grid: Grid | Sequence[Grid], hw: str = "ascend910b2", phase:
         loaded = load_workload(workload)  # a bad name: one error, before the pool starts
     else:
         loaded = workload
+    check_step(loaded, grid, dict(phase=phase, batch=batch, context=context, **options))
     if isinstance(backend, str):
         backend = get_backend(backend, jobs, address)
     spec = {"workload": workload, "hw": hw, "overrides": dict(overrides or {}),
@@ -284,5 +314,5 @@ def _cell(v) -> str:
     return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
-__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "columns", "params_of", "parse_grid",
+__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "check_step", "columns", "params_of", "parse_grid",
            "parse_values", "plot", "points", "run_point", "sweep", "swept", "table", "write_csv"]

@@ -103,6 +103,19 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
     """One-line ConfigError for a plan that cannot run: tp not dividing the heads, K/V
     heads or FFN; devices other than tp x sp; more devices than the topology has; a
     tensor-parallel group spanning nodes. (build_decoder checks that sp splits the prompt.)"""
+    check_plan_shape(plan, w)
+    topo = hw.topology
+    if plan.world > topo.max_devices:
+        raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.size_text()}")
+    if plan.tp > topo.node_device_count:
+        raise ConfigError(f"--tp {plan.tp} spans nodes: a tensor-parallel group must fit in one node of "
+                          f"{topo.node_device_count} devices (topology.node_device_count)")
+    return plan
+
+
+def check_plan_shape(plan: Plan, w: Workload) -> Plan:
+    """check_plan's rules that need no hardware: the degrees against each other and the
+    workload (a sweep checks them once, whatever hardware its points have)."""
     if w.is_moe and plan.ep != 1 and plan.sp != 1:
         raise ConfigError(f"--ep {plan.ep} with --sp {plan.sp}: expert parallelism is modelled with data-parallel "
                           f"attention (each device or tensor-parallel group its own batch), not sequence parallel")
@@ -120,12 +133,6 @@ def check_plan(plan: Plan, w: Workload, hw: HwConfig) -> Plan:
         if plan.devices != world:
             product = f"--ep {plan.ep}" if plan.ep > 1 else f"--tp {plan.tp} x --sp {plan.sp}"
             raise ConfigError(f"--devices {plan.devices} must equal {product} = {world}")
-    topo = hw.topology
-    if plan.world > topo.max_devices:
-        raise ConfigError(f"{plan.world} devices, but {hw.name}'s topology has {topo.size_text()}")
-    if plan.tp > topo.node_device_count:
-        raise ConfigError(f"--tp {plan.tp} spans nodes: a tensor-parallel group must fit in one node of "
-                          f"{topo.node_device_count} devices (topology.node_device_count)")
     return plan
 
 

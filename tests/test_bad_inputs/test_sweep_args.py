@@ -20,6 +20,31 @@ def test_a_step_knob_given_by_its_flag_and_by_the_grid(flag, knob, tmp_path, cap
                   rf"sweep: --{name} and --set {name}=\.\.\. both give the {name}: drop one", [tmp_path / "o"])
 
 
+@pytest.mark.parametrize("flags, expect", [
+    (["--batch", "0"], r"batch must be a positive integer, got 0$"),
+    (["--context", "1000"], r"length 1000 exceeds the workload's max_context_tokens 512$"),
+    (["--batch", "3", "--context", "4,8"], r"2 lengths for batch 3$"),
+    (["--tp", "3"], r"--tp 3 does not divide k3-tiny's heads 4$"),
+    (["--sp", "2"], r"--sp 2: sequence parallel splits a prefill's prompt"),
+    (["--pp", "2"], r"--pp: a pipelined step is run by `npusim run`, not swept$"),
+    (["--set", "context=600,700"], r"length 600 exceeds the workload's max_context_tokens 512$"),
+])
+def test_a_flag_no_point_can_take_is_refused_before_any_runs(flags, expect, tmp_path, capsys):
+    """They ran every point, each failing alike, and wrote sweep.csv and the plot of failures."""
+    out = tmp_path / "o"
+    fails_cleanly(["sweep", "--workload", "k3-tiny", "--jobs", "1", "--set", "chip.aic_count=4,8", *flags,
+                   "--out", out], capsys, expect, [out / "sweep.csv", out / "sweep.png"])
+
+
+def test_a_shape_some_points_can_take_fails_only_at_the_others(tmp_path, capsys):
+    from npusim.cli import main
+
+    assert main(["sweep", "--workload", "k3-tiny", "--jobs", "1", "--set", "context=8,1000",
+                 "--out", str(tmp_path / "o")]) == 1
+    out = capsys.readouterr().out
+    assert "1 ok, 1 failed" in out and "length 1000 exceeds" in out
+
+
 def test_an_unknown_backend(tmp_path, capsys):
     fails_cleanly([*SWEEP, "--backend", "dask", "--out", tmp_path / "o"], capsys,
                   r"--backend dask: unknown backend \(expected one of: local, ray\)", [tmp_path / "o"])
