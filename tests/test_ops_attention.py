@@ -255,6 +255,16 @@ def test_kv_layout_parameters_are_checked():
                                        kv_layout="paged"), HW)
 
 
+@pytest.mark.parametrize("position", [-1, 0])
+def test_a_cache_write_of_more_tokens_than_the_cache_holds(position):
+    """position -1 (the default: context - new_tokens) started at -4: verify's error on a
+    copy outside every GM tensor, naming no parameter."""
+    with pytest.raises(ConfigError, match=r"^op kv_cache_write: 'new_tokens' 8 exceeds context 4 \(the tokens the "
+                                          r"cache holds per sequence\)$"):
+        lower("kv_cache_write", dict(batch=1, kv_heads=2, head_dim=64, new_tokens=8, context=4, layers=1,
+                                     position=position), HW)
+
+
 @pytest.mark.parametrize("layout", ["per_layer", "contiguous"])
 def test_decode_blocks_share_one_program(layout):
     """Decode at batch 8, 32 heads, context 4096: with a block per (batch, kv head) and its

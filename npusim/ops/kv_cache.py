@@ -38,6 +38,9 @@ class KvCacheWriteParams:
     def __attrs_post_init__(self):
         if self.layer >= self.layers:
             raise ValueError(f"'layer' {self.layer} must be < layers {self.layers}")
+        if self.new_tokens > self.context:  # (position -1 would start before the cache: a negative address)
+            raise ValueError(f"'new_tokens' {self.new_tokens} exceeds context {self.context} (the tokens the cache "
+                             "holds per sequence)")
         if self.start + self.new_tokens > self.context:
             raise ValueError(f"'position' {self.start} + new_tokens {self.new_tokens} exceeds context {self.context}")
 
