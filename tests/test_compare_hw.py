@@ -293,6 +293,13 @@ def test_a_prefill_run_without_batch_runs_one_prompt(tmp_path, capsys):
     (["--variant", "l2.no_such_field=1"], "l2.no_such_field=1: ascend910b2 (--set): unknown key"),
     (["--variant", "l2.l2_bytes=1,2"], "--variant l2.l2_bytes=1,2: takes one value"),
     (["--fusion-rules", "a.yaml", "--fusion-rules", "b.yaml"], "--fusion-rules given twice"),
+    # these ran the one step twice and printed a table of +0.00
+    (["--variant", "l2.l2_bytes=201326592"], "sides unmodified and l2.l2_bytes=201326592: the same config and "
+                                             "fusion rules once loaded, nothing to compare"),
+    (["--variant", "chip.aic_count=4", "--variant", "chip.aic_count=4.0"],
+     "sides chip.aic_count=4 and chip.aic_count=4.0: the same config and fusion rules once loaded"),
+    (["--variant", "chip.freq_hz=1.8e9", "--variant", "chip.freq_hz=1800000000"],
+     "sides chip.freq_hz=1.8e9 and chip.freq_hz=1800000000: the same config"),
 ])
 def test_bad_input_is_one_line(extra, said, capsys):
     try:  # a usage error (a flag given twice) exits from argparse, the rest return

@@ -265,17 +265,26 @@ def _compare_sides(workload, hw, phase, batch, context, pipelines, overrides, si
             raise ConfigError(f"sides[{name!r}]: expected a mapping of {', '.join(SIDE_KEYS)}, got {short(side)}")
         _check_args(workload, phase, batch, context, pipelines[0], hw=side.get("hw", hw),
                     overrides=side.get("overrides"))
-    runs = {}
-    for i, (name, side) in enumerate(sides.items()):
-        if progress:
-            progress(i, len(sides))
+    configs = {}
+    for name, side in sides.items():
         config = load_hw(side.get("hw", hw), overrides)
         if side.get("overrides"):
             try:
                 config = load_hw(config, side["overrides"])
             except ConfigError as e:  # the side's own overrides are wrong: name the side
                 raise ConfigError(f"{name}: {e}") from None
-        opts = options | ({"fusion_rules": side["fusion_rules"]} if side.get("fusion_rules") else {})
+        configs[name] = (config, side.get("fusion_rules") or options.get("fusion_rules"))
+    names = list(configs)
+    for i, a in enumerate(names):  # a value spelt otherwise, or the config's own: two runs of one step
+        same = next((b for b in names[i + 1:] if configs[b] == configs[a]), None)
+        if same is not None:
+            raise ConfigError(f"sides {a} and {same}: the same config and fusion rules once loaded, nothing to "
+                              "compare (give two different ones)")
+    runs = {}
+    for i, (name, (config, rules)) in enumerate(configs.items()):
+        if progress:
+            progress(i, len(sides))
+        opts = options | ({"fusion_rules": rules} if rules else {})
         runs[name] = run_decoder(workload, config, phase, batch, context, pipelines[0], cache=cache, **run_options,
                                  **opts)
     if progress:
