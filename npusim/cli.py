@@ -9,7 +9,7 @@ import sys
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw.parse import odd_number, plain
-from npusim.outputs import all_or_none, err, plots_line, say, say_all, tables_line, write_json
+from npusim.outputs import all_or_none, err, plots_line, say, say_all, tables_line, write_json, wrote_line
 from npusim.diskcache.command import add_cache_command, add_cache_flags, store_of
 from npusim.step_flags import add_fast_forward_flag, fast_forward_key
 from npusim.compare_command import COMPARED_PIPELINES, cmd_compare
@@ -81,6 +81,7 @@ def _cmd_op(args) -> int:
         with all_or_none():  # both or neither
             if args.json:
                 write_json(args.json, report_json(reports))
+                written.append(wrote_line([args.json]))
             if args.profile:
                 from npusim.outputs import write_text
 
@@ -111,6 +112,8 @@ def _cmd_op(args) -> int:
             from npusim.report import write_chrome_trace
 
             write_chrome_trace(report.run, args.trace, metadata=meta)
+        if args.json or args.trace:
+            written.append(wrote_line(p for p in (args.json, args.trace) if p))
         if args.profile:
             from npusim.report.tables import write_tables
 
@@ -157,6 +160,8 @@ def _cmd_run(args) -> int:
             from npusim.report.trace import write_trace
 
             write_trace(run_trace(run, memory_timeline(run)), args.trace, metadata=meta)
+        if args.json or args.trace:
+            written.append(wrote_line(p for p in (args.json, args.trace) if p))
         if args.profile:
             # what ran, but the config (the one `npusim calibrate` fits), its files as absolute paths
             workload = args.workload  # a name, or a path made absolute

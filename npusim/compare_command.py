@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from npusim.diskcache.command import store_of
-from npusim.outputs import all_or_none, plots_line, say, say_all, write_json
+from npusim.outputs import all_or_none, plots_line, say, say_all, write_json, wrote_line
 from npusim.parallel.flags import plan_args
 from npusim.step_flags import check_outputs, inputs, pipeline, step_args, workload_of
 
@@ -62,6 +62,7 @@ def cmd_compare(args) -> int:
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
             write_json(args.json, _compare_json(c, sides) | {"provenance": meta})
+            written.append(wrote_line([args.json]))
         written += _write_traces(c.runs, traces, meta, "side" if sides else "pipeline", metas)
         if args.plot:
             from npusim.report import plots
@@ -140,6 +141,7 @@ def _cmd_compare_plans(args) -> int:
     with all_or_none():  # an interruption or a failure between two outputs leaves none of them
         if args.json:
             write_json(args.json, plans_json(c) | {"provenance": meta})
+            written.append(wrote_line([args.json]))
         written += _write_traces(c.fitted, traces, meta, "plan")
         if args.plot:
             from npusim.parallel.plots import plan_scaling

@@ -327,6 +327,11 @@ def say_all(lines) -> None:
         say(line)
 
 
+def wrote_line(paths) -> str:
+    """One line naming the files (a JSON report, a trace, a CSV) a command wrote."""
+    return "wrote " + ", ".join(str(p) for p in paths)
+
+
 def plots_line(out_dir: str | os.PathLike, paths) -> str:
     """One line naming the plots written into `out_dir`."""
     names = ", ".join(dict.fromkeys(Path(p).stem for p in paths))
@@ -343,6 +348,6 @@ def err(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable", "drop_stdout",
-           "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all", "tables_line", "write_json",
-           "write_text"]
+__all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable",
+           "drop_stdout", "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all", "tables_line",
+           "write_json", "write_text", "wrote_line"]

@@ -30,6 +30,7 @@ def test_run_prints_summary_and_writes_json_and_trace(tmp_path, capsys):
     assert main(["op", "matmul", "m=256", "n=256", "k=256", "--json", str(j), "--trace", str(t)]) == 0
     out = capsys.readouterr().out
     assert "matmul on ascend910b2:" in out and "TFLOPS" in out and "bound:" in out and "pipes busy:" in out
+    assert out.splitlines()[-1] == f"wrote {j}, {t}"  # the message says what was written
     report = json.loads(j.read_text())
     for key in CONTRACT:
         assert key in report

@@ -258,6 +258,21 @@ def test_a_warm_run_never_writes_its_json_over_an_input(tmp_path, capsys):
     assert hw.read_text() == before
 
 
+def test_a_warm_run_names_the_json_it_wrote_not_the_first_runs(tmp_path, capsys, monkeypatch):
+    """The line naming the JSON report is the command's own: a run served from the store
+    prints the path it was given (the stored text leaves the first run's out)."""
+    monkeypatch.setenv("NPUSIM_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["op", "add", "shape=64,64"]
+    outs = []
+    for name in ("a.json", "b.json"):
+        assert main([*argv, "--json", str(tmp_path / name)]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0].splitlines()[-1] == f"wrote {tmp_path / 'a.json'}"
+    assert outs[1].splitlines()[-1] == f"wrote {tmp_path / 'b.json'}"
+    assert outs[0].splitlines()[:-1] == outs[1].splitlines()[:-1]
+    assert main(argv) == 0 and "wrote" not in capsys.readouterr().out
+
+
 def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
     from npusim.runtime.decoder import run_decoder
 

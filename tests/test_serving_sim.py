@@ -189,7 +189,8 @@ def test_serve_cli_writes_identical_json(tmp_path, capsys):
         assert main([*args, "--json", str(tmp_path / f"{i}.json"), "--csv", str(tmp_path / f"{i}.csv")]) == 0
         outs.append((tmp_path / f"{i}.json").read_text())
     assert outs[0] == outs[1]
-    assert "TTFT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFT" in out and out.splitlines()[-1] == f"wrote {tmp_path / '1.csv'}, {tmp_path / '1.json'}"
     assert (tmp_path / "0.csv").read_text().count("\n") == 61
 
 

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from npusim.outputs import say, write_json
+from npusim.outputs import say, write_json, wrote_line
 
 # flags that name outputs or steer the cache and the terminal, not what is computed
 _NOT_INPUTS = frozenset({"json", "trace", "profile", "plot", "progress", "cache_dir", "no_cache", "argv", "func",
@@ -95,6 +95,7 @@ def replayed(command: Callable, check_outputs: Callable) -> Callable:
             if args.json:
                 data = hit["json"] | {"provenance": hit["json"]["provenance"] | {"command": args.argv}}
                 write_json(args.json, data)
+                say(wrote_line([args.json]))
             return 0
         tee = _Tee(sys.stdout)
         with contextlib.redirect_stdout(tee):
@@ -106,7 +107,9 @@ def replayed(command: Callable, check_outputs: Callable) -> Callable:
                     return status
                 with open(args.json) as f:
                     data = json.load(f)
-            store.put(key, {"stdout": "".join(tee.kept), "json": data})
+            # the line naming the JSON is this command's, not the stored run's (a hit names its own path)
+            printed = "".join(tee.kept).removesuffix(wrote_line([args.json]) + "\n" if args.json else "")
+            store.put(key, {"stdout": printed, "json": data})
         return status
 
     return run

@@ -21,7 +21,9 @@ from npusim.step_flags import add_fast_forward_flag, add_workload_set, workload_
 from npusim.errors import ConfigError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
-from npusim.outputs import all_or_none, check_paths, check_writable, plots_line, say, write_json, write_text
+from npusim.outputs import (
+    all_or_none, check_paths, check_writable, plots_line, say, say_all, write_json, write_text, wrote_line,
+)
 from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOKENS, check_rate, check_requests,
                                      check_seed, load_trace, parse_ramp, synthetic)
 from npusim.serving.report import metrics, requests_csv, summary
@@ -265,12 +267,12 @@ def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
         say("")
         say(compare_table(colocated, results[0], ("colocated", f"P:D {pd[0]}:{pd[1]}")))
         results[0] = results[0] | {"colocated": colocated}
-    plotted = []
+    plotted, files = [], []
     one = len(services) == 1
     with all_or_none():  # written once every run has finished: an interruption leaves none of them
         for svc, run in zip(services, runs):
             if args.csv:
-                write_text(args.csv if one else _suffixed(args.csv, svc.name), requests_csv(run))
+                files.append(write_text(args.csv if one else _suffixed(args.csv, svc.name), requests_csv(run)))
             if args.plot:
                 from npusim.serving.plots import batch_and_kv, latency_cdf
 
@@ -280,11 +282,12 @@ def _serve(args, hw, services: list[ServiceConfig], requests, bar) -> int:
             if args.trace:
                 from npusim.serving.trace import write_trace
 
-                write_trace(run, args.trace if one else _suffixed(args.trace, svc.name))
+                path = args.trace if one else _suffixed(args.trace, svc.name)
+                write_trace(run, path)
+                files.append(path)
         if args.json:
-            write_json(args.json, results[0] if one else {m["service"]: m for m in results})
-    for line in plotted:
-        say(line)
+            files.append(write_json(args.json, results[0] if one else {m["service"]: m for m in results}))
+    say_all(([wrote_line(files)] if files else []) + plotted)
     return 0
 
 
