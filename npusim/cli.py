@@ -39,7 +39,7 @@ def _cmd_op(args) -> int:
     from npusim.errors import ConfigError
     from npusim.hw import load_hw
     from npusim.ops import lower, simulate_op
-    from npusim.ops.registry import spec
+    from npusim.ops.registry import make_record, spec
     from npusim.report.contract import provenance
     from npusim.report.op_text import op_help, op_summary
 
@@ -96,6 +96,9 @@ def _cmd_op(args) -> int:
         say(f"check {args.type}: its kernels run by the functional interpreter vs its numpy reference\n"
             f"{table_header()}\n{result.row()}\n{result.status.upper() if result.status != 'pass' else 'PASSED'}")
         return 1 if result.failed else 0
+    # the parameters are checked before the cache is asked: a result stored before a check
+    # existed is never served for values it now refuses
+    make_record(args.type, spec(args.type).params, params)
     trace, counters = "instr" if args.trace or args.plot else "kernel", bool(args.trace)
     report = cached(store_of(args), "op", (args.type, params, tiling, trace, counters) + fast_forward_key(args.exact),
                     hw, lambda hw: simulate_op(lower(args.type, params, hw, tiling or None), hw, trace=trace,

@@ -273,6 +273,26 @@ def test_a_warm_run_names_the_json_it_wrote_not_the_first_runs(tmp_path, capsys,
     assert main(argv) == 0 and "wrote" not in capsys.readouterr().out
 
 
+def test_an_op_parameter_refused_now_is_refused_though_a_result_for_it_is_stored(tmp_path, capsys, monkeypatch):
+    """npusim op checks its parameters before it asks the cache of simulated ops (keyed on
+    the model version, which a new check does not bump): a check added after a result was
+    stored refuses the value all the same. (--trace: past the replay of printed text,
+    which is keyed on the source.)"""
+    import npusim.ops.registry as registry
+    from npusim.errors import ConfigError
+
+    monkeypatch.setenv("NPUSIM_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["op", "scale", "shape=64,64", "scale=3", "--trace", str(tmp_path / "t.json")]
+    assert main(argv) == 0 and main(argv) == 0  # stored, then served
+    capsys.readouterr()
+
+    def refuse(op_type, f, value):
+        raise ConfigError(f"op {op_type}: parameter '{f.name}' refused by a newer check")
+
+    monkeypatch.setattr(registry, "_coerce", refuse)
+    assert main(argv) == 2 and "refused by a newer check" in capsys.readouterr().err
+
+
 def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
     from npusim.runtime.decoder import run_decoder
 
