@@ -90,3 +90,19 @@ def test_each_chunk_is_one_mmad_of_its_columns():
 def test_a_chunk_that_is_not_whole_fractal_blocks_is_an_error():
     with pytest.raises(ProgramError, match="d_chunk=40 is not a multiple of 16"):
         lower("flash_attention", attn(head_dim=256), HW, tiling=dict(d_chunk=40))
+
+
+@pytest.mark.parametrize(("tiling", "names"), [
+    ({"vec_rows": 100000}, "vec_rows=100000"),  # ran as the AIV's 64 rows, printed as 100000
+    ({"vec_rows": 65}, "vec_rows=65"),
+    ({"q_splits": 1000}, "q_splits=1000"),  # ran as the head's 8 q tiles
+    ({"q_splits": 9}, "q_splits=9"),
+])
+def test_a_forced_tiling_beyond_what_it_splits_is_an_error_not_a_quiet_clamp(tiling, names):
+    """A forced value the kernel cannot take as given is refused, not run as another one
+    while the tiling printed says it ran as given."""
+    p = dict(batch=1, heads=30, kv_heads=30, seq_q=1024, seq_kv=1024)  # 6 leftover heads on 24 cores
+    with pytest.raises(ProgramError, match=names):
+        lower("flash_attention", p, HW, {"q_tile": 128} | tiling)
+    ok = {k: 64 if k == "vec_rows" else 8 for k in tiling}  # the most each can be
+    assert lower("flash_attention", p, HW, {"q_tile": 128} | ok).kernels

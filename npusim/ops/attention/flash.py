@@ -220,7 +220,10 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
     left = units - whole
     parts = []
     if left:
-        n_parts = min(t.q_splits, n_tiles) if t.q_splits else _splits(left, cores, work, uniform)
+        if t.q_splits > n_tiles:  # it would run as n_tiles: the tiling printed would not be the one run
+            raise ProgramError(f"op flash_attention: tiling q_splits={t.q_splits} exceeds the {n_tiles} q tiles "
+                               f"of a head (q_tile {g.qt}) it splits")
+        n_parts = t.q_splits or _splits(left, cores, work, uniform)
         parts = _partition(work, n_parts, uniform)
     # block -> (kind, unit): kind -1 = the whole head, else the index of a part
     blocks = [(-1, u) for u in range(whole)] + [(i, u) for i in range(len(parts)) for u in range(whole, units)]

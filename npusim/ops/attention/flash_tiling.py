@@ -150,7 +150,10 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
         return vec, ub
 
     if t.vec_rows:
-        rc = min(t.vec_rows, r)
+        if t.vec_rows > r:  # it would run as r: the tiling printed would not be the one run
+            raise ProgramError(f"op flash_attention: tiling vec_rows={t.vec_rows} exceeds the rows each AIV takes "
+                               f"of a q tile (half of it: {r} of q_tile {qt})")
+        rc = t.vec_rows
     else:  # the most rows per chunk that fit, then chunks of equal size
         rc = next((n for n in range(r, 1, -1) if _fits(lambda: vec_buffers(n))), 1)
         rc = cdiv(r, cdiv(r, rc))
