@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from npusim.errors import ConfigError, NpusimError
-from npusim.outputs import all_or_none, say, write_json
+from npusim.outputs import all_or_none, say, write_json, wrote_line
 from npusim.serving.arrivals import MAX_SPAN_S, check_rate, synthetic
 from npusim.serving.cluster import MAX_CARDS
 from npusim.serving.command import pd_of, step_cost
@@ -120,6 +120,7 @@ def max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
     if args.json:
         with all_or_none():
             write_json(args.json, found[services[0].name] if len(services) == 1 else found)
+        say(wrote_line([args.json]))
     return 0
 
 

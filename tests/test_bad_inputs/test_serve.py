@@ -197,7 +197,9 @@ def test_serve_max_rate_writes_its_json(capsys, tmp_path):
     m = json.loads(out.read_text())
     assert m["service"] == "seed-optimized" and m["requests_per_probe"] == 5
     assert m["probes"] and all(set(p) == {"rate_requests_per_s", "sustained"} for p in m["probes"])
-    assert f"highest sustainable rate {m['max_rate_requests_per_s']:.3g} req/s" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"highest sustainable rate {m['max_rate_requests_per_s']:.3g} req/s" in printed
+    assert printed.splitlines()[-1] == f"wrote {out}"
 
 
 def test_serve_interrupted_between_outputs_leaves_none(capsys, tmp_path, monkeypatch):
