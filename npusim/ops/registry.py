@@ -63,11 +63,16 @@ class GmArena:
     for names it binds, the rest bump-allocated, align_bytes aligned (gm_align_bytes:
     the default config's when not given)."""
 
-    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE, align_bytes: int | None = None):
+    def __init__(self, bound: Mapping[str, int] | None = None, base: int = GM_BASE, align_bytes: int | None = None,
+                 capacity: int | None = None, op_type: str = ""):
         self.bound = dict(bound or {})
         self.next = base
+        self.base = base
         self.align_bytes = align_bytes or gm_align_bytes()
         self.tensors: dict[str, GmTensor] = {}
+        # bytes the allocated tensors may take (hbm.hbm_bytes; None: no limit): a tensor past
+        # it is refused when it is allocated, before the lowering builds programs for it
+        self.capacity, self.op_type = capacity, op_type
 
     def tensor(self, name: str, nbytes: int) -> GmTensor:
         if name in self.tensors:
@@ -77,6 +82,9 @@ class GmArena:
         else:
             addr = self.next
             self.next += -(-nbytes // self.align_bytes) * self.align_bytes
+            if self.capacity is not None and self.next - self.base > self.capacity:
+                raise ConfigError(f"op {self.op_type}: its tensors take at least {self.next - self.base} bytes of GM "
+                                  f"(tensor {name!r}: {nbytes}), more than hbm.hbm_bytes {self.capacity}")
         t = self.tensors[name] = GmTensor(name, addr, nbytes)
         return t
 
@@ -245,9 +253,7 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
         tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
     if gm is not None:  # a memory plan placed the tensors (and checked that they fit)
         return s.lower(params, hw, gm, tiling)
-    arena = GmArena(align_bytes=gm_align_bytes(hw))
-    low = s.lower(params, hw, arena, tiling)
-    if arena.next - GM_BASE > hw.hbm.hbm_bytes:  # (the simulation would walk every line of them)
-        raise ConfigError(f"op {op_type}: its tensors take {arena.next - GM_BASE} bytes of GM, more than "
-                          f"hbm.hbm_bytes {hw.hbm.hbm_bytes}")
-    return low
+    # tensors past the HBM are refused as they are allocated (the simulation would walk
+    # every line of them, and the lowering build programs for them first)
+    arena = GmArena(align_bytes=gm_align_bytes(hw), capacity=hw.hbm.hbm_bytes, op_type=op_type)
+    return s.lower(params, hw, arena, tiling)
