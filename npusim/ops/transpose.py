@@ -23,6 +23,7 @@ what it costs is its DMA pattern and the UB transpose between them:
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 from attrs import frozen
 
@@ -146,7 +147,7 @@ def _tiling(g: _Perm, e: int, hw: HwConfig) -> tuple[int, int, int]:
     # spread a small transpose over the cores rather than filling one core's UB
     cap = max(step * step, cdiv(batches * rows * cols, hw.aiv_count))
     best = None
-    for tb in sorted({*range(step, rows, step), rows}):
+    for tb in chain(range(step, rows, step), (rows,)):  # ascending, lazily: the loop ends once a tile outgrows UB
         pb = align_up(tb * e, UB_BLOCK)
         ta = min(cols, cap // tb, room // tb // UB_BLOCK * UB_BLOCK // e, room // pb)
         if ta < cols:

@@ -60,3 +60,12 @@ def test_the_largest_accepted_ops_lower():
     lower("matmul", dict(m=2097152, n=4096, k=4096), hw)
     for dtype in ("fp16", "fp32"):
         lower("all_reduce", dict(elements=ELEMENTS_MAX, dtype=dtype), hw)
+
+
+def test_a_transpose_of_billions_of_short_rows_lowers_without_listing_every_tile_height():
+    """The tiling tries tile heights in ascending order until one outgrows UB: listed
+    lazily, [2^31, 2] lowers at once (the whole list of 2^26 heights took over a minute
+    before the first was tried)."""
+    with deadline(30):
+        low = lower("transpose", dict(shape=(2 ** 31, 2)), load_hw())
+    assert low.kernels
