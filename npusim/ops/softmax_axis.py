@@ -35,11 +35,10 @@ from npusim.ops.layout import gm_copy, split_runs
 from npusim.ops.row_stats import over_rows
 from npusim.ops.vector import UB_BLOCK, cast, vop
 from npusim.ops.vector_kernels import (
-    compress, pipeline_epilogue, pipeline_prologue, tile_kernel, tile_pipeline,
+    TILES_MAX, compress, pipeline_epilogue, pipeline_prologue, tile_kernel, tile_pipeline,
 )
 
 F32 = 4
-TILES_MAX = 1 << 19  # tile loads (every pass's) a softmax over a middle dim may take: about a minute simulated
 
 
 def _tree(op: str, rows: int, q: int, src: int, scratch: int, na: int = 1, slab: int = 0) -> list:

@@ -34,6 +34,7 @@ from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
 from npusim.ops.layout import UB_RESERVE, gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import MAX_DTYPES, UB_BLOCK, numel, one_of, shape_validator
+from npusim.ops.vector_kernels import TILES_MAX
 
 # The transpose works on 2-byte elements (int8: bytes); wider ones are planes of these.
 PLANE_DTYPE = {1: "int8", 2: "int16"}
@@ -233,6 +234,9 @@ def lower_transpose(p: TransposeParams, hw: HwConfig, gm: GmArena, tiling=None) 
 
     bands, chunks = cdiv(rows, tb), cdiv(cols, ta)
     parts = _batch_parts(g, tk)
+    if len(parts) * bands * chunks > TILES_MAX:
+        raise ProgramError(f"op transpose of {p.shape}: {len(parts) * bands * chunks} tiles of [{tb}, {ta}], more than "
+                           f"the {TILES_MAX} (2^19) npusim simulates (about a minute)")
     per_core = []
     for lo, hi in split_runs(len(parts) * bands * chunks, hw.aiv_count):
         groups: list[list] = []  # one per (batch index, band of O): its tiles move by constant steps

@@ -201,6 +201,10 @@ def fill_kernel(name: str, hw: HwConfig, tensor: GmTensor, value: float, dtype: 
 # only by a constant step per block into one Program, so the IR stays small and
 # the engine can simulate identical blocks once.
 
+# the most tiles (tile loads, every pass's) a kernel that lists its tiles may take: each
+# is built in Python and simulated, about a minute for this many
+TILES_MAX = 1 << 19
+
 # make(p) -> (loads, vector work, stores) of one tile on buffer set p (0 ping, 1 pong)
 TileFn = Callable[[int], tuple[list, list, list]]
 
