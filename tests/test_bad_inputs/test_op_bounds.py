@@ -41,6 +41,10 @@ BAD_OPS = [
     (["matmul", "m=64", "n=64", "k=64", "--set", "hbm.hbm_bytes=4096"],
      r"op matmul: its tensors take at least \d+ bytes of GM \(tensor '\w+': \d+\), more than hbm.hbm_bytes 4096$"),
     # refused when the tensor is allocated: the lowering built programs for 2^31 sequences first (minutes)
+    # the tiling choices looped over the size first: 2^30 splits, 2^27 head_dim chunks (minutes)
+    (["decode_attention", "context=1099511627776"],
+     r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'k_cache': \d+\), more than"),
+    (["flash_attention", "head_dim=2147483648"], r"op flash_attention: tiling does not fit L1"),
     (["decode_attention", "batch=2147483648"],
      r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'q': \d+\), more than hbm.hbm_bytes"),
 ]

@@ -217,10 +217,14 @@ def _widest_chunk(p: AttentionParams, hw: HwConfig, qt: int, nb: int) -> int:
     then names the buffer). Each further chunk costs Mmad start-ups and, in P V, a
     reload of P into L0A; L1 and UB hold the whole head either way."""
     dp = align_up(p.head_dim, 16)
-    widths = dict.fromkeys(align_up(cdiv(dp, n), 16) for n in range(1, dp // 16 + 1))
+    # (at most CHUNKS_MAX chunks: a head that needs more does not fit L1 or UB anyway, and
+    # a head_dim of 2^31 listed 2^27 widths before its tensors were refused)
+    widths = dict.fromkeys(align_up(cdiv(dp, n), 16) for n in range(1, min(dp // 16, CHUNKS_MAX) + 1))
     return next((w for w in widths if _l0_fits(p, hw, qt, nb, w)), 16)
 
 
+# the most head_dim chunks _widest_chunk tries (4096 chunks of one fractal block: a head of 65,536)
+CHUNKS_MAX = 4096
 # choose_flash_tiling's candidates, largest first
 Q_TILES, KV_TILES, SUB_TILES = (128, 64, 32, 16), (256, 128, 64, 32), (128, 64, 32, 16)
 
