@@ -343,6 +343,9 @@ class _Parser(argparse.ArgumentParser):
         if empty:
             self.error(f"argument {empty}: expected a value, got an empty string")
         default_batch(namespace)  # a step command's --batch not given: by its --phase
+        # (build_decoder would refuse it too, without naming the flag)
+        if isinstance(getattr(namespace, "batch", None), int) and namespace.batch < 1:
+            self.error(f"argument --batch: expected a whole number of sequences >= 1, got {namespace.batch}")
         namespace.__dict__.pop("_mentioned", None)  # _Once's record
         return namespace, extras
 

@@ -314,5 +314,5 @@ def _cell(v) -> str:
     return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
-__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "check_step", "columns", "params_of", "parse_grid",
-           "parse_values", "plot", "points", "run_point", "sweep", "swept", "table", "write_csv"]
+__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "check_step", "columns", "params_of",
+           "parse_grid", "parse_values", "plot", "points", "run_point", "sweep", "swept", "table", "write_csv"]

@@ -157,8 +157,10 @@ def test_bad_json_text_is_one_clean_error(case, tmp_path, capsys):
 
 BAD_SIZES = {
     "batch 100M": (["--workload", "k3-tiny", "--batch", "100000000"], r"batch 100000000 is more than the 65536"),
-    "batch 0": (["--workload", "k3-tiny", "--batch", "0"], r"batch must be a positive integer, got 0"),
-    "negative batch": (["--workload", "k3-tiny", "--batch", "-3"], r"batch must be a positive integer, got -3"),
+    "batch 0": (["--workload", "k3-tiny", "--batch", "0"],
+                r"argument --batch: expected a whole number of sequences >= 1, got 0"),
+    "negative batch": (["--workload", "k3-tiny", "--batch", "-3"],
+                       r"argument --batch: expected a whole number of sequences >= 1, got -3"),
     "context 0": (["--workload", "k3-tiny", "--context", "0"], r"lengths must be positive integers, got 0"),
     "context beyond the model": (["--workload", "k3-tiny", "--context", "100000000"], r"exceeds the workload's max"),
     "ragged context, wrong count": (["--workload", "k3-tiny", "--batch", "2", "--context", "3,4,5"],
