@@ -247,6 +247,11 @@ def check_paths(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping
     for flag, path in inputs.items():
         if path is not None and os.path.isfile(path):
             seen.setdefault(_key(path), f"input of {flag}")
+    for given, what in ((outputs, "a file path ('-' is not read as the terminal: give /dev/stdout)"),
+                        (folders or {}, "a folder path")):
+        for flag, path in given.items():
+            if path is not None and os.fspath(path) == "-":  # it would be a file or folder named '-'
+                raise OutputError(f"{flag} -: expected {what}")
     for flag, path in outputs.items():
         if path is None:
             continue

@@ -46,8 +46,9 @@ def add_arguments(p, progress_help: str) -> None:
 def check_out(args, check_outputs) -> None:
     """--out is a new or empty folder, or --overwrite / --resume was given; no output on
     an input; every sweep file can be written there."""
-    from npusim.outputs import OutputError
+    from npusim.outputs import OutputError, check_paths
 
+    check_paths({}, {}, {"--out": args.out})  # ('-' is no folder)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite: give one (resume keeps the finished points, overwrite "
                           "starts again)")

@@ -224,6 +224,18 @@ def test_an_unwritable_output_names_the_path_and_the_reason(flag, path, reason, 
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.parametrize(("argv", "reason"), [
+    ([*OP, "--json", "-"], "--json -: expected a file path ('-' is not read as the terminal: give /dev/stdout)"),
+    ([*RUN, "--plot", "-"], "--plot -: expected a folder path"),
+    (["sweep", "--workload", "k3-tiny", "--set", "chip.aic_count=4,8", "--out", "-"], "--out -: expected a folder"),
+])
+def test_a_dash_is_not_taken_for_a_file_named_dash(argv, reason, tmp_path, capsys, monkeypatch):
+    """'-' would have become a file (or folder) named '-' in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    refused(argv, capsys, reason)
+    assert not (tmp_path / "-").exists()
+
+
 def test_a_full_disk_on_op_json(capsys):
     refused([*OP, "--json", "/dev/full"], capsys, "cannot write /dev/full: No space left on device")
 
