@@ -195,32 +195,41 @@ def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tilin
     units = [(b, t0, tn, g * hg, min(hg, nh - g * hg)) for b in range(p.batch) for t0, tn in runs
              for g in range(groups)]
 
+    def form(tn: int, hn: int, k: int) -> tuple[list, list, list]:
+        """(loads, work, stores) of a tile of tn tokens x hn heads on buffer set k, its GM
+        addresses 0: a tile of that size is these, its loads and stores moved to its GM."""
+        loads = [gm_copy(Mem.GM, Mem.UB, 0, ub[k], hn * d * e, tn, nh * d * e, hn * d * e) for ub in (in_k, in_v)]
+        if p.layout == "contiguous":
+            # V interleaves K and V per token: [tokens, heads, d] x 2 -> [heads, tokens, row]
+            moves = ((tn, row, hn * d * e), (hn, tn * row, d * e))  # token t, head h: a row of d
+            work = [VecOp("copy", tn * hn * d, p.dtype, out[k], (in_k[k],), flops_per_elem=0, pitches=moves),
+                    VecOp("copy", tn * hn * d, p.dtype, out[k] + d * e, (in_v[k],), flops_per_elem=0,
+                          pitches=moves)]
+            return loads, work, [gm_copy(Mem.UB, Mem.GM, out[k], 0, tn * row, hn, tn * row, cache.head_stride())]
+        if tn > 1 and hn > 1:  # token-major tile -> head-major runs
+            moves = ((tn, d * e, hn * d * e), (hn, tn * d * e, d * e))  # [tokens, heads, d] -> [heads, tokens, d]
+            work = [VecOp("copy", tn * hn * d, p.dtype, o[k], (i[k],), flops_per_elem=0, pitches=moves)
+                    for o, i in ((out_k, in_k), (out_v, in_v))]
+            src = (out_k[k], out_v[k])
+        else:  # [1, heads, d] or [tokens, 1, d]: already one run per head
+            work, src = [], (in_k[k], in_v[k])
+        return loads, work, [gm_copy(Mem.UB, Mem.GM, ub, 0, tn * d * e, hn, tn * d * e, cache.head_stride())
+                             for ub in src]
+
+    forms: dict[tuple[int, int, int], tuple[list, list, list]] = {}  # (tn, hn, k) -> form(tn, hn, k)
+    stored = "k" if p.layout == "contiguous" else "kv"  # the cache whose address each store takes
+
     def tile(b: int, t0: int, tn: int, h0: int, hn: int):
         pos = start + t0
         src_off = ((b * n + t0) * nh + h0) * d * e
 
         def make(k: int):
-            loads = [gm_copy(Mem.GM, Mem.UB, t.addr + src_off, ub[k], hn * d * e, tn, nh * d * e, hn * d * e)
-                     for t, ub in ((k_new, in_k), (v_new, in_v))]
-            if p.layout == "contiguous":
-                # V interleaves K and V per token: [tokens, heads, d] x 2 -> [heads, tokens, row]
-                moves = ((tn, row, hn * d * e), (hn, tn * row, d * e))  # token t, head h: a row of d
-                work = [VecOp("copy", tn * hn * d, p.dtype, out[k], (in_k[k],), flops_per_elem=0, pitches=moves),
-                        VecOp("copy", tn * hn * d, p.dtype, out[k] + d * e, (in_v[k],), flops_per_elem=0,
-                              pitches=moves)]
-                stores = [gm_copy(Mem.UB, Mem.GM, out[k], cache.token_addr("k", b, h0, pos), tn * row, hn,
-                                  tn * row, cache.head_stride())]
-                return loads, work, stores
-            if tn > 1 and hn > 1:  # token-major tile -> head-major runs
-                moves = ((tn, d * e, hn * d * e), (hn, tn * d * e, d * e))  # [tokens, heads, d] -> [heads, tokens, d]
-                work = [VecOp("copy", tn * hn * d, p.dtype, o[k], (i[k],), flops_per_elem=0, pitches=moves)
-                        for o, i in ((out_k, in_k), (out_v, in_v))]
-                src = (out_k[k], out_v[k])
-            else:  # [1, heads, d] or [tokens, 1, d]: already one run per head
-                work, src = [], (in_k[k], in_v[k])
-            stores = [gm_copy(Mem.UB, Mem.GM, ub, cache.token_addr(which, b, h0, pos), tn * d * e, hn,
-                              tn * d * e, cache.head_stride()) for which, ub in zip("kv", src)]
-            return loads, work, stores
+            key = (tn, hn, k)
+            if key not in forms:
+                forms[key] = form(tn, hn, k)
+            loads, work, stores = forms[key]
+            return ([c.moved(t.addr + src_off, c.dst_addr) for c, t in zip(loads, (k_new, v_new))], work,
+                    [c.moved(c.src_addr, cache.token_addr(which, b, h0, pos)) for c, which in zip(stores, stored)])
 
         return make
 

@@ -209,23 +209,37 @@ TILES_MAX = 1 << 19
 TileFn = Callable[[int], tuple[list, list, list]]
 
 
+def _stages(direct: bool, k: int) -> tuple[tuple, tuple, tuple, tuple]:
+    """The flags of a tile on buffer set k: (before its loads, after its loads, before
+    its stores, after its stores); its vector work, if any, runs between the second and
+    the third. Built once (_STAGES): every tile of every pipeline shares these records."""
+    if direct:
+        return ((WaitFlag(Pipe.MTE3, Pipe.MTE2, k),),
+                (SetFlag(Pipe.MTE2, Pipe.MTE3, k), WaitFlag(Pipe.MTE2, Pipe.MTE3, k)),
+                (),
+                (SetFlag(Pipe.MTE3, Pipe.MTE2, k),))
+    return ((WaitFlag(Pipe.V, Pipe.MTE2, k),),
+            (SetFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE3, Pipe.V, k)),
+            (SetFlag(Pipe.V, Pipe.MTE2, k), SetFlag(Pipe.V, Pipe.MTE3, k), WaitFlag(Pipe.V, Pipe.MTE3, k)),
+            (SetFlag(Pipe.MTE3, Pipe.V, k),))
+
+
+# (direct, buffer set) -> the flags of _stages
+_STAGES = {(direct, k): _stages(direct, k) for direct in (False, True) for k in (0, 1)}
+
+
 def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
     """The instructions of `tiles` run double-buffered: MTE2 loads tile i+1 while V
     works on tile i and MTE3 stores tile i-1. direct=True (no tile has vector work):
     MTE3 stores straight from the load buffer, MTE2 -> MTE3 flags, no V stage."""
     bodies = []
     for i in range(0, len(tiles), 2):
-        body = []
+        body: list = []
         for k, make in enumerate(tiles[i:i + 2]):
             loads, work, stores = make(k)
-            if direct:
-                body += [WaitFlag(Pipe.MTE3, Pipe.MTE2, k), *loads, SetFlag(Pipe.MTE2, Pipe.MTE3, k),
-                         WaitFlag(Pipe.MTE2, Pipe.MTE3, k), *stores, SetFlag(Pipe.MTE3, Pipe.MTE2, k)]
-            else:
-                body += [WaitFlag(Pipe.V, Pipe.MTE2, k), *loads, SetFlag(Pipe.MTE2, Pipe.V, k),
-                         WaitFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE3, Pipe.V, k), *work,
-                         SetFlag(Pipe.V, Pipe.MTE2, k), SetFlag(Pipe.V, Pipe.MTE3, k),
-                         WaitFlag(Pipe.V, Pipe.MTE3, k), *stores, SetFlag(Pipe.MTE3, Pipe.V, k)]
+            before_loads, after_loads, before_stores, after_stores = _STAGES[bool(direct), k]
+            body += [*before_loads, *loads, *after_loads, *(() if direct else work), *before_stores, *stores,
+                     *after_stores]
         bodies.append(body)
     return compress(bodies, "j")
 
@@ -263,17 +277,43 @@ def _map_addrs(items, fn) -> list:
 
 def _shape(items) -> tuple[tuple, list[int]]:
     """(the body with every address reduced to its loop terms, the address bases in order):
-    two bodies with equal shapes differ only in where they point."""
+    two bodies with equal shapes differ only in where they point.
+
+    The shape is a key, not a body: a Copy or VecOp is a tuple of its class and fields,
+    its addresses (as _map_addrs visits them) replaced by their terms, a Loop one of
+    Loop, its var, count and body's shape, anything else itself. Two keys are equal
+    exactly when the bodies rebuilt that way would be, at a fraction of the cost (a
+    lowering compares the shapes of tens of thousands of tiles)."""
     bases: list[int] = []
+    return _shape_key(items, bases), bases
 
-    def strip(a):
-        if a.__class__ is int:
-            bases.append(a)
-            return ()
-        bases.append(a.base)
-        return a.terms
 
-    return tuple(_map_addrs(items, strip)), bases
+def _shape_key(items, bases: list[int]) -> tuple:
+    """The shape of `items` (see _shape), their address bases appended to `bases`."""
+    out = []
+    for it in items:
+        cls = it.__class__
+        if cls is Loop:
+            out.append((Loop, it.var, it.count, _shape_key(it.body, bases)))
+        elif cls is Copy:
+            out.append((Copy, it.src, it.dst, _terms(it.src_addr, bases), _terms(it.dst_addr, bases), it.nbytes,
+                        it.segments, it.src_stride, it.dst_stride, it.convert))
+        elif cls is VecOp:
+            dst = _terms(it.dst, bases)
+            out.append((VecOp, it.op, it.n, it.dtype, dst, tuple([_terms(a, bases) for a in it.srcs]), it.out_dtype,
+                        it.out_n, it.flops_per_elem, it.scalar, it.scalar_src, it.pitches))
+        else:
+            out.append(it)
+    return tuple(out)
+
+
+def _terms(a, bases: list[int]) -> tuple:
+    """An address's loop terms (() for a plain int); its base appended to `bases`."""
+    if a.__class__ is int:
+        bases.append(a)
+        return ()
+    bases.append(a.base)
+    return a.terms
 
 
 def _shift(items, steps: list[int], var: str) -> list:
