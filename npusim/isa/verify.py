@@ -26,6 +26,14 @@ depends only on itself, its core and its program's buffers: one that passed is n
 checked again on a core of that kind with those buffers (the per-block programs of
 a kernel repeat most of their local instructions). A failing one is met first
 where it would be met anyway, so the error is the same line.
+
+Likewise a Program object met again on a core of the kind it passed on (a MIX
+AIV program, once per sub-core; a program some blocks share, in runs apart) is not
+walked again: only the checks that read `block` or `sub` - the accesses whose
+addresses move with them, listed by its first walk in walk order - are run with
+the new site's ranges, and its flag counts are the first walk's. Every other check
+reads neither, so it passes again; the first of the listed ones to fail is the
+first the walk would have failed at.
 """
 
 from __future__ import annotations
@@ -59,8 +67,14 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
     capacity = _mem_capacity(hw)
     walks = {}
     passed: dict[tuple, set] = {}  # (core, program buffers) -> var-free instructions that passed
-    for site, indices in _sites(kernel, hw):
-        walk = _check_program(kernel, hw, capacity, site, passed)
+    sites = list(_sites(kernel, hw))
+    # (core, id(program)) -> its first walk on that core, for the programs met on more than one site
+    first: dict[tuple, _Walk | None] = {}
+    for key, n in Counter((site.core, id(_program(kernel, site))) for site, _ in sites).items():
+        if n > 1:
+            first[key] = None
+    for site, indices in sites:
+        walk = _check_program(kernel, hw, capacity, site, passed, first)
         for index in indices:  # blocks sharing one Program object are checked once
             walks[(site.core, index, site.sub)] = walk
     if kernel.core_type is CoreType.MIX:
@@ -162,6 +176,9 @@ class _Walk:
     # hw.sync.flag_ids, read on the first flag checked (once: a cached step's config
     # records each read with a Python call)
     flag_ids: int | None = None
+    # the accesses whose addresses read `block` or `sub`, in walk order: check_access's
+    # arguments but `w`; None: not listed (a program met on one site only; see the module doc)
+    site_checks: list | None = None
 
     def fail(self, msg: str, path: Path | None = None, instr=None):
         """Raise the one-line error: kernel, block, core, instruction, what was expected."""
@@ -176,16 +193,40 @@ class _Walk:
             self.fail(f"pipe {pipe!r} does not exist on {core} (has {names(have)})", path, instr)
 
 
+def _program(kernel: Kernel, site: _Site) -> Program:
+    """The program `site` runs."""
+    return (kernel.aic if site.core is CoreType.AIC else kernel.aiv)[site.index]
+
+
 def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site,
-                   passed: dict[tuple, set]) -> _Walk:
+                   passed: dict[tuple, set], first: dict[tuple, _Walk | None]) -> _Walk:
     """Check one program as it runs on `site`; return the walk with its flag counts.
-    `passed`: the var-free instructions already checked, by core and buffers (see the module doc)."""
-    progs = kernel.aic if site.core is CoreType.AIC else kernel.aiv
-    program = progs[site.index]
+    `passed`: the var-free instructions already checked, by core and buffers; `first`:
+    the first walk of each program object met on several sites of a core, None until
+    walked (see the module doc)."""
+    program = _program(kernel, site)
+    key = (site.core, id(program))
+    seen = first.get(key)
+    if seen is not None:
+        return _check_again(seen, site)
     w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()))
+    if key in first:
+        w.site_checks = []
     w.buffers = _check_buffers(w, program.buffers, capacity)
     _walk(w, program.body, (), site.scope, 1)
     _check_flag_balance(w)
+    if key in first:
+        first[key] = w
+    return w
+
+
+def _check_again(seen: _Walk, site: _Site) -> _Walk:
+    """The walk of `seen`'s program on another site of its core: its checks that read
+    `block` or `sub` run again with this site's ranges, the rest is `seen`'s."""
+    w = _Walk(seen.kernel, seen.hw, site, seen.buffers, seen.passed, seen.sets, seen.waits, seen.first_flag,
+              seen.cross_sets, seen.cross_waits, seen.first_cross, seen.flag_ids)
+    for instr, path, scope, *access in seen.site_checks:
+        check_access(w, instr, path, {**scope, **site.scope}, *access)
     return w
 
 
@@ -218,14 +259,23 @@ def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, in
 
 
 def _walk(w: _Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
-    """Check each instruction of `body`, which runs `mult` times, with vars in `scope`."""
+    """Check each instruction of `body`, which runs `mult` times, with vars in `scope`.
+    A flag whose (src, dst, id) was met before is only counted, here (_check_flag: it
+    passes alike; most of a program's instructions are such flags)."""
+    first_flag = w.first_flag
     for i, instr in enumerate(body):
-        addresses = _ADDRESSES.get(instr.__class__)
+        cls = instr.__class__
+        if cls is SetFlag or cls is WaitFlag:
+            key = (instr.src, instr.dst, instr.id)
+            if key in first_flag:
+                (w.sets if cls is SetFlag else w.waits)[key] += mult
+                continue
+        addresses = _ADDRESSES.get(cls)
         free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
         if free and instr in w.passed:
             continue
         path = prefix + (i,)
-        check = _CHECKS.get(instr.__class__)
+        check = _CHECKS.get(cls)
         if check is None:
             kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
             w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)

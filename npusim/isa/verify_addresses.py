@@ -16,7 +16,7 @@ import bisect
 import operator
 from typing import TYPE_CHECKING
 
-from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, Addr, Affine, Mem
+from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Mem
 
 if TYPE_CHECKING:
     from npusim.isa.verify import Path, Scope, _Walk
@@ -27,8 +27,12 @@ def check_access(
     nbytes: int, segments: int = 1, stride: int | None = None,
 ) -> None:
     """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned;
-    for GM, inside one of the kernel's GmTensors when it declares any."""
-    lo, hi = _span(w, instr, path, scope, role, a)
+    for GM, inside one of the kernel's GmTensors when it declares any. An access whose
+    address reads `block` or `sub` is listed in w.site_checks, if it lists them (verify's
+    module doc)."""
+    lo, hi, site_bound = _span(w, instr, path, scope, role, a)
+    if site_bound and w.site_checks is not None:
+        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
     step = nbytes if stride is None else stride
     reach = (segments - 1) * step  # offset of the last segment from the first
     start, end = lo + min(0, reach), hi + max(0, reach) + nbytes
@@ -38,20 +42,23 @@ def check_access(
         _check_local(w, instr, path, role, mem, a, start, end, segments, step)
 
 
-def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int]:
-    """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners)."""
+def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int, bool]:
+    """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners),
+    and whether it reads `block` or `sub`."""
     if a.__class__ is int:
-        return a, a
+        return a, a, False
     if a.__class__ is not Affine:  # e.g. a numpy int: program.at() would fail on it in the engine
         w.fail(f"{role} address {a!r} is a {type(a).__name__}, expected an int or Affine", path, instr)
     lo = hi = a.base
+    site_bound = False
     for var, step in a.terms:
         r = scope.get(var)
         if r is None:
             w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
         lo += step * (r[0] if step > 0 else r[1])
         hi += step * (r[1] if step > 0 else r[0])
-    return lo, hi
+        site_bound = site_bound or var in RESERVED_VARS
+    return lo, hi, site_bound
 
 
 def _check_local(
