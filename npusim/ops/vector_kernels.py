@@ -330,13 +330,18 @@ def _runs(bodies: Sequence[list]):
     while i < len(bodies):
         j, steps = i, []
         if i + 1 < len(bodies) and shapes[i + 1][0] == shapes[i][0]:
-            steps = [b - a for a, b in zip(shapes[i][1], shapes[i + 1][1])]
+            steps = _steps(shapes[i][1], shapes[i + 1][1])
             j = i + 1
-            while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and all(
-                    b - a == s for a, b, s in zip(shapes[j][1], shapes[j + 1][1], steps)):
+            while j + 1 < len(bodies) and shapes[j + 1][0] == shapes[i][0] and _steps(
+                    shapes[j][1], shapes[j + 1][1]) == steps:
                 j += 1
         yield i, j, steps
         i = j + 1
+
+
+def _steps(bases: list[int], then: list[int]) -> list[int]:
+    """How far each address moves from one body to the next of the same shape."""
+    return [b - a for a, b in zip(bases, then)]
 
 
 def compress(bodies: Sequence[list], var: str) -> list:
