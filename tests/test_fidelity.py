@@ -146,3 +146,29 @@ def test_softmax_over_a_middle_dim_is_off_as_docs_fidelity_says():
     print(said)
     for s in said:
         assert s in page, s
+
+
+def test_a_causal_prefill_costs_silicon_more_per_score_as_docs_fidelity_says():
+    """docs/fidelity.md's figures for the causal against the non-causal prefill rows of
+    FusedInferAttentionScore, from the measured rows: each 128-row query block computes
+    the keys up to its diagonal (CANN's prompt kernel), a non-causal one all of them."""
+    from pathlib import Path
+
+    def row(q: tuple, kv: tuple, dtype: str):
+        (r,) = [r for r in read_csv(DATA / "attention.csv") if r.op_type == "FusedInferAttentionScore"
+                and r.input_shapes[:2] == (q, kv) and r.input_dtypes[0] == dtype]
+        return r
+
+    causal = row((4, 1024, 32, 128), (4, 1024, 32, 128), "FLOAT16")
+    full = row((4, 512, 64, 128), (4, 512, 8, 128), "BF16")
+    b, s, n, _ = causal.input_shapes[0]
+    causal_scores = b * n * sum(128 * 128 * (i + 1) for i in range(s // 128))
+    b, s, n, _ = full.input_shapes[0]
+    full_scores = b * n * s * s
+    ratio = (causal.duration_us / causal_scores) / (full.duration_us / full_scores)
+    page = " ".join((Path(__file__).parents[1] / "docs" / "fidelity.md").read_text().split())
+    said = (f"about {ratio:.1f}x more per score", f"{causal.duration_us:.1f} us for its ~{causal_scores / 1e6:.0f}M "
+            f"scores", f"{full.duration_us:.1f} us for {full_scores / 1e6:.0f}M")
+    print(said)
+    for text in said:
+        assert text in page, text
