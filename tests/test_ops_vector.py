@@ -359,3 +359,24 @@ def test_int64_maximum_costs_more_vector_cycles_than_int32():
          .stats.busy_cycles["AIV.V"] for dt in ("int32", "int64")}
     # no 64-bit ALU: compares and selects over twice the 32-bit words, against one Max
     assert v["int64"] > 2 * v["int32"]
+
+
+def test_a_tile_body_shape_tells_apart_every_field_of_its_instructions():
+    """compress folds tile bodies whose shapes (vector_kernels._shape) are equal: a Copy
+    or VecOp differing in any field but where it points must give another shape (a
+    field added to either record and left out of the shape would fold unequal tiles)."""
+    import attrs
+
+    from npusim.isa.program import Copy, Mem, VecOp
+    from npusim.ops.vector_kernels import _shape
+
+    addresses = {"src_addr", "dst_addr", "dst", "srcs"}
+    other = {"src": Mem.L1, "dst": Mem.L1, "nbytes": 64, "segments": 2, "src_stride": 64, "dst_stride": 64,
+             "convert": "nd2nz", "op": "mul", "n": 128, "dtype": "fp32", "out_dtype": "fp32", "out_n": 1,
+             "flops_per_elem": 2, "scalar": 2.0, "scalar_src": 32, "pitches": ((2, 0, 0),)}
+    for base in (Copy(Mem.GM, Mem.UB, 0, 0, 32), VecOp("add", 64, "fp16", 0, (0, 64))):
+        for f in attrs.fields(base.__class__):
+            if f.name in addresses:
+                continue
+            changed = attrs.evolve(base, **{f.name: other[f.name]})
+            assert _shape([changed])[0] != _shape([base])[0], f"{base.__class__.__name__}.{f.name}"
