@@ -217,6 +217,11 @@ def test_max_rate_brackets_the_slo(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "highest sustainable rate" in out and " x" in out  # some probe missed the SLO
+    # an SLO no load meets: one line naming what the unloaded service missed, after a few probes
+    assert main(argv[:-1] + ["ttft_ms=0.001,tpot_ms=10"]) == 2
+    err = capsys.readouterr().err
+    assert "unloaded): TTFT P90" in err and "> 0.001 ms; no rate meets these SLOs" in err
+    assert "TPOT" not in err.split("unloaded):")[1]  # the SLO it met is not named as missed
     no_slo = argv[:-2] + ["--service-set", "slo.ttft_ms=null", "--service-set", "slo.tpot_ms=null"]
     assert main(no_slo) == 2
     assert "--max-rate: the service sets no SLO" in capsys.readouterr().err

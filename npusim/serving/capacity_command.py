@@ -14,7 +14,7 @@ from npusim.serving.cluster import MAX_CARDS
 from npusim.serving.command import pd_of, step_cost
 from npusim.serving.disagg import DECODE_SCHEDULERS
 from npusim.serving.plan import Shape, plan_json, search, shapes, table
-from npusim.serving.report import metrics, slo_line, sustainable
+from npusim.serving.report import metrics, missed, slo_line, sustainable
 from npusim.serving.service import ServiceConfig
 from npusim.serving.simulate import serve
 from npusim.step_flags import workload_sets
@@ -34,40 +34,51 @@ def check_max_rate(svc: ServiceConfig) -> None:
 
 def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float, list[tuple[float, bool]]]:
     """The highest Poisson rate (requests/s) the service sustains, by bisection:
-    from --rate, doubled or halved until the limit is bracketed, then `probes` halvings
-    of the bracket. Every probe runs the same seed and request count. A service that
-    meets the SLOs at every rate up to 2^20 x --rate is not loaded by so few requests:
-    an error, not a rate."""
+    from --rate, doubled until the limit is bracketed, or, if --rate misses, halved
+    three times, then down at once to the slowest load a probe may be (MAX_SPAN_S);
+    then geometric bisections down to a 2x bracket and `probes` halvings of it. Every
+    probe runs the same seed and request count. Two errors, not rates: a service that
+    meets the SLOs at every rate up to 2^20 x --rate is not loaded by so few requests,
+    and one that misses them at the slowest load has SLOs no rate meets (the message
+    names what it missed)."""
     check_max_rate(svc)
     cost = step_cost(svc, args, hw, bar)
     seen: list[tuple[float, bool]] = []
     n = args.requests or 1000
     slowest = 10 * n / MAX_SPAN_S  # a probe's load must arrive within MAX_SPAN_S (10x: a Poisson tail)
+    last: dict = {}
 
     def ok(rate: float) -> bool:
         bar.probing(rate, lo, hi)
-        good = sustainable(metrics(serve(probe_load(args, rate), svc, cost, args.cards, args.router, pd_of(args),
-                                         args.pd_router)), svc.slo)
+        last["m"] = metrics(serve(probe_load(args, rate), svc, cost, args.cards, args.router, pd_of(args),
+                                  args.pd_router))
+        good = sustainable(last["m"], svc.slo)
         seen.append((rate, good))
         return good
 
     rate = check_rate(args.rate if args.rate is not None else 1.0)
     lo = hi = None  # the highest rate met, the lowest missed
     lo, hi = (rate, None) if ok(rate) else (None, rate)
-    for _ in range(20):  # bracket: at most 2^20 x away from the first guess
-        if lo is not None and hi is not None:
+    for _ in range(20):  # bracket: at most 2^20 x above the first guess
+        if hi is not None:
             break
-        if hi is None:
-            lo, hi = (lo * 2, None) if ok(lo * 2) else (lo, lo * 2)
-        elif hi / 2 < slowest:
-            break
-        else:
-            lo, hi = (hi / 2, hi) if ok(hi / 2) else (None, hi / 2)
+        lo, hi = (lo * 2, None) if ok(lo * 2) else (lo, lo * 2)
     if hi is None:
         raise ConfigError(f"--max-rate: {svc.name} met the SLOs at every rate tried, up to {lo:.3g} req/s: {n} "
                           f"requests per probe do not load it (give more --requests)")
+    for _ in range(3):  # a few halvings first: the limit is most often near the first guess
+        if lo is not None or hi / 2 < slowest:
+            break
+        lo, hi = (hi / 2, hi) if ok(hi / 2) else (None, hi / 2)
     if lo is None:
-        return 0.0, seen
+        if hi <= slowest or not ok(slowest):
+            raise ConfigError(f"--max-rate: {svc.name} misses {slo_line(svc.slo)} even at {min(hi, slowest):.3g} "
+                              f"req/s ({n} requests one at a time, unloaded): {missed(last['m'], svc.slo)}; no rate "
+                              f"meets these SLOs")
+        lo = slowest
+    while hi > 2 * lo:  # geometric down to a 2x bracket: a few probes however wide the first
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     for _ in range(probes):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)

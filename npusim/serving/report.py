@@ -212,6 +212,16 @@ def sustainable(m: dict, slo) -> bool:
     return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
 
 
+def missed(m: dict, slo) -> str:
+    """What a run that is not `sustainable` missed, in words."""
+    checks = (("TTFT P90", m["ttft"]["p90_ms"], slo.ttft_ms), ("TPOT P99", m["tpot"]["p99_ms"], slo.tpot_ms),
+              ("end-to-end P90", m["e2e"]["p90_ms"], slo.e2e_ms))
+    out = [f"{name} {'none' if v is None else f'{v:.4g} ms'} > {limit:g} ms" for name, v, limit in checks
+           if limit is not None and (v is None or v > limit)]
+    lost = m["timed_out"] + m["failed_oom"]
+    return ", ".join(out + [f"{lost} requests lost"] * bool(lost))
+
+
 def slo_line(slo) -> str:
     """The SLOs as capacity searches check them, in words."""
     parts = [f"TTFT P90 <= {slo.ttft_ms:g} ms" if slo.ttft_ms else "", f"TPOT P99 <= {slo.tpot_ms:g} ms"
