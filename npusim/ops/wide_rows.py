@@ -21,7 +21,7 @@ from attrs import frozen
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import GmTensor, Mem, VecOp
+from npusim.isa.program import GmTensor, Loop, Mem, VecOp
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.layout import gm_copy, split_runs
 from npusim.ops.vector import UB_BLOCK, cast, scalar_read, vop
@@ -104,7 +104,16 @@ def wide_row_kernel(op: str, hw: HwConfig, rows: int, cols: int, elem_bytes: int
             body += pipeline_epilogue() + ps.after(stats)
         return body
 
-    bodies = [compress([row(r) for r in range(lo, hi)], "i") for lo, hi in split_runs(rows, hw.aiv_count)]
+    def rows_of(lo: int, hi: int) -> list:
+        """Rows lo..hi-1 as one loop: every row has row lo's shape, its GM addresses r x
+        each operand's pitch further, so the first two rows give the loop (compress
+        of them all, without building them all)."""
+        if hi - lo < 2:
+            return compress([row(r) for r in range(lo, hi)], "i")
+        (loop,) = compress([row(lo), row(lo + 1)], "i")
+        return [Loop(loop.var, hi - lo, loop.body)]
+
+    bodies = [rows_of(lo, hi) for lo, hi in split_runs(rows, hw.aiv_count)]
     tensors = {o.tensor.name: o.tensor for ps in passes for o in (*ps.ins, *ps.outs)}
     return tile_kernel(op, op, buf.buffers, bodies, list(tensors.values()))
 
