@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from npusim.cli import main
+from npusim.errors import ConfigError
 from npusim.serving import StepCost, metrics, simulate, synthetic
 from npusim.serving.blocks import BlockManager
 from npusim.serving.service import HostConfig, SchedulerConfig, ServiceConfig, Slo, load_service
@@ -287,3 +288,13 @@ def test_worker_processes_price_the_same_model(monkeypatch, tmp_path):
     in_workers.clear()
     warm, run_warm = model(2)
     assert run_warm == run_two and warm.engine_runs == 0 and not in_workers
+
+
+def test_a_kv_block_larger_than_the_cache_is_refused():
+    """A block_tokens past the KV cache would fail every request as out of memory: one
+    line naming the key instead; past the longest request, refused with the config."""
+    sc = cost()
+    with pytest.raises(ConfigError, match=r"scheduler.block_tokens=8000: the KV cache holds \d+ tokens, not one block"):
+        simulate(load(20), service(block_tokens=8000, kv_memory_fraction=kv_fraction(sc, 6000)), sc)
+    with pytest.raises(ValueError, match="'block_tokens' must be from 1 to"):
+        SchedulerConfig("continuous", block_tokens=1 << 30)

@@ -105,7 +105,8 @@ class SchedulerConfig:
                              _nonneg)
     token_budget: int = _f("chunked: tokens per step (decodes count 1, the rest goes to prefill chunks)", 512,
                            _pos)
-    block_tokens: int = _f("continuous, chunked: tokens per KV block of the paged block manager", 16, _pos)
+    block_tokens: int = _f("continuous, chunked: tokens per KV block of the paged block manager", 16,
+                           _within(1, MAX_TOKENS, "tokens", "no request is longer"))
     kv_memory_fraction: float = _f("fraction of the device memory left after weights, activations and workspace "
                                    "that holds KV cache", 0.9, [_pos, validators.le(1)])
 

@@ -12,6 +12,7 @@ whose prompt and output could never fit in the whole cache fails at once.
 
 from __future__ import annotations
 
+from npusim.errors import ConfigError
 from npusim.serving.blocks import BlockManager
 from npusim.serving.schedulers import Scheduler
 from npusim.serving.state import Seq, Work
@@ -21,6 +22,9 @@ class IterationLevel(Scheduler):
     def __init__(self, cfg, kv_capacity_tokens: int):
         super().__init__(cfg, kv_capacity_tokens)
         self.blocks = BlockManager(kv_capacity_tokens, cfg.block_tokens)
+        if not self.blocks.total:  # every request would fail: a config slip, not a load
+            raise ConfigError(f"scheduler.block_tokens={cfg.block_tokens}: the KV cache holds {kv_capacity_tokens} "
+                              f"tokens, not one block of that many")
         self.running: list[Seq] = []  # admitted, in admission order
 
     def add(self, seq: Seq, now: float) -> None:
