@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import attrs
@@ -33,6 +32,9 @@ OPTIONAL_COLUMNS = ("Output Data Types", "Output Formats", "Method", "Note", "np
 # a header with neither of these is not an op_summary table at all (op_statistic, a trace...)
 IDENTIFYING_COLUMNS = ("OP Type", "Task Duration(us)")
 PROFILE_GLOB = "op_summary*.csv"
+# The longest task a profile row may time: an hour. A kernel or collective longer than
+# that is a unit slip or garbage, and would drag the fit to it (log-time residuals).
+MAX_DURATION_US = 3.6e9
 
 
 class ProfileError(NpusimError):
@@ -149,8 +151,9 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
         duration = float(text)
     except ValueError:
         raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a number, got '{text}'") from None
-    if not math.isfinite(duration) or duration <= 0:
-        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration > 0, got '{text}'")
+    if not 0 < duration <= MAX_DURATION_US:
+        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration > 0 and at most "
+                           f"{MAX_DURATION_US:g} us (an hour), got '{text}'")
     return ProfileRow(
         file=str(path), line=line, op_name=cell("Op Name"), op_type=cell("OP Type"), task_type=cell("Task Type"),
         duration_us=duration, block_dim=cell("Block Dim"),

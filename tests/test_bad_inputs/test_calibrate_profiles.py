@@ -17,7 +17,10 @@ GOOD = 'mm,MatMulV2,AI_CORE,12.5,24,"8,512;512,256",FLOAT16;FLOAT16,ND;ND,"8,256
     (HEADER.replace(",Input Shapes", "") + "\n", r"op\.csv: row 1: missing column 'Input Shapes'"),
     (HEADER + "\n" + GOOD.replace("12.5", "0"), r"op\.csv: row 2, column 'Task Duration\(us\)': expected a duration > 0"),
     (HEADER + "\n" + GOOD + "\n" + GOOD.replace("12.5", "-3"),
-     r"op\.csv: row 3, column 'Task Duration\(us\)': expected a duration > 0, got '-3'"),
+     r"op\.csv: row 3, column 'Task Duration\(us\)': expected a duration > 0 and at most .*, got '-3'"),
+    (HEADER + "\n" + GOOD.replace("12.5", "1e308"),
+     r"op\.csv: row 2, column 'Task Duration\(us\)': expected a duration > 0 and at most 3\.6e\+09 us \(an hour\), "
+     r"got '1e308'"),
     (HEADER + "\n" + GOOD.replace("12.5", "N/A"), r"op\.csv: row 2, column 'Task Duration\(us\)': expected a number"),
     (HEADER + "\n" + GOOD.replace('"8,512;', '"8,x512;'), r"op\.csv: row 2, column 'Input Shapes': expected shapes"),
     (HEADER + "\n" + GOOD.replace('"8,256"', '"8,-1"'), r"op\.csv: row 2, column 'Output Shapes': negative dimension"),
