@@ -32,7 +32,7 @@ from npusim.engine.cycles import whole_cycles
 from npusim.hw import HwConfig
 from npusim.isa.program import (
     Affine, CORE_PIPES, DTYPE_BYTES, Copy, CoreType, CrossSetFlag, CrossWaitFlag, Loop, Mem, Mmad, Pipe,
-    PipeBarrier, Program, Scalar, SetFlag, SyncAll, VecOp, WaitFlag,
+    PipeBarrier, Program, Scalar, SetFlag, SyncAll, VecOp, WaitFlag, off_line_share,
 )
 
 # Stream entries: slotted attrs records, read by attribute (as fast as a slot read,
@@ -172,6 +172,9 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
         per_segment = hw.dma.segment_cycles_of(core is CoreType.AIC)
         if per_segment > 0:
             cap = min(cap, -(-nbytes // hw.dma.burst_bytes) * hw.dma.burst_bytes / per_segment)
+        # segments starting off an L2 line cost the port more (Dma.off_line_scale)
+        cap *= hw.dma.off_line_scale(nbytes, off_line_share(c.dst_addr if write else c.src_addr, segments, stride,
+                                                            hw.l2.line_bytes))
         if pipe is Pipe.FIX:
             cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
             startup += hw.aic.fixpipe_startup_cycles

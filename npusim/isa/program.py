@@ -12,6 +12,8 @@ Pipes: MTE2 (GM -> L1/L0A/L0B/UB), MTE1 (L1 -> L0A/L0B/BT), M (cube), FIX
 
 from __future__ import annotations
 
+import math
+
 import enum
 import operator
 from typing import Union
@@ -142,6 +144,19 @@ def moving(a: Addr, var: str, step: int) -> Addr:
         return a
     base, terms = (a, ()) if a.__class__ is int else (a.base, a.terms)
     return Affine(base, terms + ((var, step),))
+
+
+def off_line_share(a: Addr, segments: int, stride: int, line: int) -> float:
+    """The share of a copy's segments whose GM start `a` is not on an L2 line, over every
+    value of the loop variables and block index it moves with: the starts are base +
+    multiples of d = gcd(line, each step, the segment stride), so none is on a line if
+    base is not a multiple of d, else one in line / d is.
+    # assumption: the loops run long enough for the starts to spread over those residues"""
+    base, steps = (a, ()) if a.__class__ is int else (a.base, [s for _, s in a.terms])
+    d = line
+    for s in (*steps, stride) if segments > 1 else steps:
+        d = math.gcd(d, s)
+    return 1.0 if base % d else 1.0 - d / line
 
 
 def offset(base: Addr, index: Addr, scale: int) -> Addr:

@@ -32,12 +32,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def gm_copy_cycles(hw: HwConfig, seg_bytes: float, segments: int, rate: float, cube: bool = False) -> float:
+def gm_copy_cycles(hw: HwConfig, seg_bytes: float, segments: int, rate: float, cube: bool = False,
+                   off_line: float = 0.0) -> float:
     """A tiling chooser's estimate of one GM copy as the engine times it: the DMA
     start-up, then the bytes at `rate` (bytes per cycle) or one segment per segment
     time of the core's DMA (a vector core's, or with `cube` a cube core's), whichever
-    is slower."""
-    return hw.dma.startup_cycles + max(segments * hw.dma.segment_cycles_of(cube), seg_bytes * segments / rate)
+    is slower, slowed as the engine slows a copy whose `off_line` share of segments
+    start off an L2 line (Dma.off_line_scale)."""
+    moving = max(segments * hw.dma.segment_cycles_of(cube), seg_bytes * segments / rate)
+    return hw.dma.startup_cycles + moving / hw.dma.off_line_scale(math.ceil(seg_bytes), off_line)
 
 
 def line_quantum(hw: HwConfig, *item_bytes: int) -> int:

@@ -43,7 +43,9 @@ from attrs import frozen, validators
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
-from npusim.isa.program import DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, SyncAll, VecOp
+from npusim.isa.program import (
+    DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, SyncAll, VecOp, addr, off_line_share,
+)
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_msd import lower_msd, msd_applies
 from npusim.ops.matmul_nd2nz import conversion_program, nd2nz_operands
@@ -145,7 +147,7 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
         if split_k > 1 and tiles >= cores:  # split K only when the tiles cannot fill the cores
             continue
         units = batch * m_tiles * cdiv(p.n, base_n) * split_k
-        unit = unit_cycles(hw, f, base_m, base_n, cdiv(p.k, split_k), base_k, e, eb)
+        unit = unit_cycles(hw, f, base_m, base_n, cdiv(p.k, split_k), base_k, e, eb, off_lines(p, hw, base_n))
         # a part boundary inside a tile costs that tile one more FixPipe write, which
         # holds L0C (single-buffered), so it adds to the unit (spread over the N tiles)
         extra = sum(1 for s, _ in parts[1:] if s % base_n)
@@ -177,18 +179,34 @@ def panel_fits(base_m: int, k: int, e: int, hw: HwConfig) -> bool:
     return base_m * k * e <= hw.aic.l1_bytes // 4
 
 
-def unit_cycles(hw: HwConfig, f, bm: int, bn: int, k_piece: int, base_k: int, e: int, eb: int) -> float:
+def unit_cycles(hw: HwConfig, f, bm: int, bn: int, k_piece: int, base_k: int, e: int, eb: int,
+                off: tuple[float, float] = (0.0, 0.0)) -> float:
     """The tiling choosers' estimate of one work unit (a bm x bn tile over k_piece of
     K, in L1 chunks of STEP_K base_k slices): max(cube cycles, load cycles at the
-    core's GM port), as double buffering overlaps the two."""
+    core's GM port), as double buffering overlaps the two. off: the shares of A's and
+    B's chunk rows that start off an L2 line (off_lines)."""
     kc = base_k * STEP_K
     chunks = cdiv(k_piece, kc)
     cube = (cdiv(bm, f.m0) * cdiv(bn, f.n0) * cdiv(k_piece, f.k0)
             + cdiv(k_piece, base_k) * hw.aic.mmad_startup_cycles)
     port = hw.aic.gm_read_bytes_per_cycle
-    load = chunks * (gm_copy_cycles(hw, kc * e, bm, port, cube=True)
-                     + gm_copy_cycles(hw, bn * eb, kc, port, cube=True))
+    load = chunks * (gm_copy_cycles(hw, kc * e, bm, port, cube=True, off_line=off[0])
+                     + gm_copy_cycles(hw, bn * eb, kc, port, cube=True, off_line=off[1]))
     return max(cube, load)
+
+
+def off_lines(p: MatmulParams, hw: HwConfig, base_n: int) -> tuple[float, float]:
+    """The shares of an ND A's and B's L1 chunk rows whose GM start is off an L2 line
+    with tiles base_n wide (as the engine finds them: off_line_share); NZ operands move
+    whole fractal columns and count as on a line. A row of A starts at a multiple of
+    its K chunk; one of B at a multiple of base_n columns (of the K chunk with trans_b)."""
+    line, kc = hw.l2.line_bytes, SLICE_FRACTALS * mmad_fractal(hw, p.dtype).k0 * STEP_K
+    e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
+    a = off_line_share(addr(0, k=kc * e), 2, p.k * e, line) if p.format_a == "ND" else 0.0
+    if p.format_b == "NZ":
+        return a, 0.0
+    step, stride = (kc * eb, p.k * eb) if p.trans_b else (base_n * eb, p.n * eb)
+    return a, off_line_share(addr(0, n=step), 2, stride, line)
 
 
 def reference_matmul(p: MatmulParams, x, specs, ctx) -> dict:
