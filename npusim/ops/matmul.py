@@ -146,8 +146,10 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
             continue
         if split_k > 1 and tiles >= cores:  # split K only when the tiles cannot fill the cores
             continue
-        units = batch * m_tiles * cdiv(p.n, base_n) * split_k
-        unit = unit_cycles(hw, f, base_m, base_n, cdiv(p.k, split_k), base_k, e, eb, off_lines(p, hw, base_n))
+        # the 128 x 256 basic block is costed with the rows CANN's load balancing gives it
+        bm = balanced_base_m(p, hw, base_m, base_n, split_k)
+        units = batch * cdiv(p.m, bm) * cdiv(p.n, base_n) * split_k
+        unit = unit_cycles(hw, f, bm, base_n, cdiv(p.k, split_k), base_k, e, eb, off_lines(p, hw, base_n))
         # a part boundary inside a tile costs that tile one more FixPipe write, which
         # holds L0C (single-buffered), so it adds to the unit (spread over the N tiles)
         extra = sum(1 for s, _ in parts[1:] if s % base_n)
@@ -157,13 +159,55 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
         # first tried); a K split adds the start of the kernel that zeroes C
         cost = max(cost, floor) + (split_k > 1) * hw.runtime.kernel_start_aiv_cycles
         if best is None or cost < best[0]:
-            best = (cost, base_n, split_k, units)
-    _, base_n, split_k, units = best
+            best = (cost, bm, base_n, split_k, units)
+    _, base_m, base_n, split_k, units = best
     return MatmulTiling(
         base_m=base_m, base_n=base_n, base_k=base_k, step_k=STEP_K, split_k=split_k,
-        a_resident=m_tiles * batch < units and panel_fits(base_m, p.k, e, hw),
+        a_resident=cdiv(p.m, base_m) * batch < units and panel_fits(base_m, p.k, e, hw),
         block_dim=min(cores, units),
     )
+
+
+# CANN MatMulV3's load balancing of its basic kernel (matmul/mat_mul_v3/op_host/op_tiling/
+# matmul_v3_base_tiling.cpp, OptimizeLoadBalanceBasicKernel): it applies on 24-core chips only
+# ("暂时适用于24核情况"), to the 128 x 256 block (baseM * baseN == 32768, baseK 128 bytes), and
+# adjusts baseM only (baseN is C's inner axis, kept for its 512 B rows).
+BALANCE_CORES, BALANCE_ROUNDS, BALANCE_M = 24, 4, (128, 672)
+
+
+def balanced_base_m(p: MatmulParams, hw: HwConfig, base_m: int, base_n: int, split_k: int) -> int:
+    """base_m as CANN MatMulV3's host tiling balances it (OptimizeLoadBalanceBasicKernel):
+    with the 128 x 256 block on a 24-core chip, if the m x n tiles make fewer than 4 rounds
+    of the cores, the tile count is rounded up to a multiple of the cores and base_m cut to
+    share m among that many rows of tiles: mCore = ceil_to(mCore * nCore, cores) // nCore,
+    base_m = align16(ceil(m / mCore)) (1024^3: 8 x 4 tiles of 128 -> 11 x 4 of 96, two
+    rounds of 96-row tiles instead of 128). Otherwise, with 128 < m <= 672, base_m shrinks
+    by 16 while the rows of tiles stay as many (less padding in the last row). The
+    kernel deals the tiles in rounds over the cores (mat_mul_base_block.h: round, preCoreNum);
+    it does not split tiles, so balancing is all in this choice of base_m."""
+    # Assumed to be MatMulV3 only: batch_matmul (BatchMatMulV3 tiles batches itself), W8A8 and
+    # W8A16 (QuantBatchMatmulV3 / WeightQuantBatchMatmulV2, their own basic tiling) keep base_m.
+    # CANN gates the rule on the base kernel (no full load, no split K: split_k 1 here) and on
+    # A not transposed (npusim's A never is); its 128-byte baseK is npusim's base_k for fp16,
+    # bf16 and fp32 (4 fractals of k0), so that check always holds here.
+    # Assumed: fewer than 24 tiles of 128 x 256, or m or n under 256, CANN first takes its
+    # small-shape path (FormulaicBaseBlockTiling: CalcBase over {128x256, 128x128, 64x512},
+    # baseM = align16(m // (cores // nCnt))); for the 256-wide block that is this same cut
+    # (512 x 1040 x 1024: 96 x 256 either way), so npusim uses this rule there too and
+    # leaves the other widths to its own cost model. Only base_m is touched: npusim's
+    # base_m starts at min(128, m) where CANN's starts at 128, so m < 128 is never cut.
+    if (getattr(p, "batch", 1) != 1 or p.dtype == "int8" or _b_dtype(p) == "int8" or split_k != 1
+            or hw.chip.aic_count != BALANCE_CORES or base_m * base_n != MAX_BASE_M * MAX_BASE_N):
+        return base_m
+    cores = hw.chip.aic_count
+    m_core, n_core = cdiv(p.m, base_m), cdiv(p.n, base_n)
+    if m_core * n_core < BALANCE_ROUNDS * cores:  # "4为经验值，轮次更多得情况下均衡收益变小"
+        m_core = align_up(m_core * n_core, cores) // n_core
+        return align_up(cdiv(p.m, m_core), 16)  # BASIC_BLOCK_SIZE_16, whatever the dtype's m0 (16 for all)
+    if BALANCE_M[0] < p.m <= BALANCE_M[1]:  # "经验值，m再大调整意义不大"
+        while base_m > 16 and cdiv(p.m, base_m - 16) == m_core:
+            base_m -= 16
+    return base_m
 
 
 def tile_widths(n: int, f) -> list[int]:
