@@ -30,7 +30,8 @@ author writes, and they are what the op costs:
 - rows are kept whole in UB (the hidden size of a norm, the width of a softmax)
   when one fits (double-buffered, else single-buffered). A row that does not fit
   even once is cut into column chunks: gated activations stream (row, chunk)
-  units (npusim.ops.column_tiles); norms and softmax make one pass over the
+  units (npusim.ops.column_tiles; SwiGLU instead tiles rows and columns as CANN's
+  SwiGlu host tiling does, npusim.ops.swiglu_tiles); norms and softmax make one pass over the
   chunks per statistic, then one applying it (npusim.ops.wide_rows). Rows whose
   bytes are not a multiple of 32 are padded to 32 bytes in UB (DataCopyPad: a
   tile then moves one DMA segment per row).
@@ -384,8 +385,24 @@ def gelu_ops(n: int, x, dst, t, dt: str) -> list:
 
 @register("swiglu", SwigluParams, reference=gated(silu), ins=("x",), outs=("y",))
 def lower_swiglu(p: SwigluParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
-    """SwiGLU: y = silu(gate) * up, gate and up the two halves of one [.., 2h] input."""
-    return lower_gated("swiglu", p, hw, gm, silu_ops, SILU_FLOPS)
+    """SwiGLU: y = silu(gate) * up, gate and up the two halves of one [.., 2h] input,
+    tiled as CANN's SwiGlu kernel tiles it (npusim.ops.swiglu_tiles); a shape its host
+    tiling finds no base tile for streams as lower_gated does."""
+    from npusim.ops.swiglu_tiles import swiglu_kernel, swiglu_tiling  # here: it imports this module's helpers
+
+    *lead, two_h = p.shape
+    if two_h % 2:
+        raise ProgramError(f"op swiglu: shape[-1]={two_h} must be even (gate and up halves)")
+    h, e = two_h // 2, DTYPE_BYTES[p.dtype]
+    rows = numel(lead) if lead else 1
+    t = swiglu_tiling(hw, rows, h, p.dtype)
+    if t is None:
+        return lower_gated("swiglu", p, hw, gm, silu_ops, SILU_FLOPS)
+    x = gm.tensor("x", rows * two_h * e)
+    y = gm.tensor("y", rows * h * e)
+    k = swiglu_kernel("swiglu", hw, t, rows, h, p.dtype, x, y)
+    return vector_lowered("swiglu", p, [k], (SILU_FLOPS + 1) * rows * h, [TensorInfo("x", p.shape, p.dtype)],
+                          [TensorInfo("y", (*lead, h), p.dtype)])
 
 
 def lower_gated(op: str, p: SwigluParams, hw: HwConfig, gm: GmArena, act_ops: Callable, act_flops: int) -> Lowered:
