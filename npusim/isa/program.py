@@ -13,6 +13,7 @@ Pipes: MTE2 (GM -> L1/L0A/L0B/UB), MTE1 (L1 -> L0A/L0B/BT), M (cube), FIX
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 from typing import Union
 
@@ -292,6 +293,13 @@ class WaitFlag:
     @property
     def pipe(self) -> Pipe:
         return self.dst
+
+
+# Flags are values: each (src, dst, id) is built once and shared by these constructors
+# (a K3 prefill's flash kernel issues some 300,000 of them: building each anew took a
+# fifth of its lowering).
+set_flag = functools.cache(SetFlag)
+wait_flag = functools.cache(WaitFlag)
 
 
 @record
