@@ -128,7 +128,7 @@ def check_step(workload, grid: Grid | Sequence[Grid], step: Mapping[str, Any]) -
     --context where the grid does not sweep them - checked against the workload before
     anything runs: a flag no point can take is one error, not a failed row per point.
     (What a point's hardware decides - memory, a plan's topology - stays that point's.)"""
-    from npusim.graph.build import _lengths, check_sp
+    from npusim.graph.build import check_sp, step_lengths
     from npusim.parallel.plan import Plan, check_plan_shape
 
     for key in ("pp", "microbatches"):
@@ -145,7 +145,7 @@ def check_step(workload, grid: Grid | Sequence[Grid], step: Mapping[str, Any]) -
     for knobs in shapes:
         s = dict(step) | dict(knobs)
         try:
-            check_sp(workload, s["phase"], _lengths(workload, s["phase"], s["batch"], s.get("context")), plan.sp)
+            check_sp(workload, s["phase"], step_lengths(workload, s["phase"], s["batch"], s.get("context")), plan.sp)
         except ConfigError as e:
             errors.append(e)
     if shapes and len(errors) == len(shapes):  # some shapes fit the workload: the others fail as their points

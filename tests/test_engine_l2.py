@@ -538,3 +538,33 @@ def test_lines_of_a_group_are_its_members_lines_shifted():
             assert shared == expect_shared == 0  # members whole lines apart share none
             assert lines.tolist() == expect_lines.tolist()
             assert member.tolist() == expect_member.tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_long_touch_walked_from_its_tail_leaves_the_l2_as_the_whole_walk(seed):
+    """MemorySystem.touch walks a range longer than touch_lines() from its last
+    touch_lines() lines: every set then holds the same lines in the same LRU order, with
+    the same dirty bits and none in flight, as walking all of it - from an L2 holding
+    dirty lines, lines in flight and lines of the range itself."""
+    from npusim.engine.fastforward import l2_image
+    from npusim.engine.l2cache import _ARRIVED
+
+    hw = hw_with(**{"l2.l2_bytes": 64 * 512, "l2.ways": 4})  # 16 sets of 4 ways
+    rng = np.random.default_rng(seed)
+    env = Environment()
+    cut, whole = MemorySystem(env, hw, record=False), MemorySystem(env, hw, record=False)
+    keep, line = cut.touch_lines(), hw.l2.line_bytes
+    for _ in range(40):  # the same history on both: reads (some filling, not arrived), writes
+        first, n = int(rng.integers(0, 400)), int(rng.integers(1, 24))
+        write, fill = bool(rng.integers(2)), env.event() if rng.integers(2) else None
+        for mem in (cut, whole):
+            mem.l2.access(np.arange(first, first + n, dtype=np.int64), write, None if fill is None else lambda: fill)
+    start = int(rng.integers(0, 200)) * line + int(rng.integers(0, line))
+    nbytes = int(rng.integers(keep + 1, 3 * keep)) * line + int(rng.integers(0, line))
+    write = bool(seed % 2)
+    cut.touch(start, nbytes, write)
+    whole.l2.access(_lines([start], nbytes, 1, 0, line)[0], write)
+    (lines_c, dirty_c), (lines_w, dirty_w) = l2_image(cut.l2), l2_image(whole.l2)
+    assert lines_c.tolist() == lines_w.tolist() and dirty_c.tolist() == dirty_w.tolist()
+    assert len(lines_c) == 64 and (cut.l2.fill == _ARRIVED).all() and (whole.l2.fill == _ARRIVED).all()
+    assert cut.l2.clock < whole.l2.clock  # it did walk fewer lines

@@ -287,6 +287,15 @@ def test_decode_blocks_share_one_program(layout):
     verify(layered, HW)
 
 
+def test_a_forced_decode_split_past_the_context_tiles_is_an_error_not_a_quiet_clamp():
+    """splits=1000 over context 1024 ran as the 8 splits of its 128-key tiles; the most it
+    can be runs as given."""
+    params = dict(batch=1, heads=8, kv_heads=8, head_dim=128, context=1024)
+    with pytest.raises(ProgramError, match=r"tiling splits=1000 exceeds the 8 kv_tile=128 tiles of context=1024"):
+        lower("decode_attention", params, HW, tiling=dict(kv_tile=128, splits=1000))
+    assert lower("decode_attention", params, HW, tiling=dict(kv_tile=128, splits=8)).tiling.splits == 8
+
+
 def test_grouped_decode_reads_each_kv_head_once_on_the_cube():
     """Under GQA, decode attention is FlashAttention's MIX kernel with a KV head's group of
     query heads as one Q tile: the cache is read once (HBM and GM alike), not once per

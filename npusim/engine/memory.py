@@ -128,9 +128,27 @@ class MemorySystem:
         """Put [start, start + nbytes) through the L2 as one access with no timing and no
         traffic: the cache state a replayed kernel (device.Reuse) leaves behind.
         # assumption: the lines it evicts would have been written back while the
-        # original ran; their bytes are already in the replayed kernel's counters."""
+        # original ran; their bytes are already in the replayed kernel's counters.
+        A range longer than touch_lines() is walked from its last touch_lines() lines:
+        the L2 ends the same (see there), and a replay of a kernel larger than the L2
+        walks a bounded number of lines (a K3 prefill's 1-2 GiB tensors: 6 s of 45)."""
         if nbytes > 0:
-            self.l2.access(_lines([start], nbytes, 1, 0, self.line)[0], write)
+            end = start + nbytes
+            keep = self.touch_lines()
+            if (end - 1) // self.line - start // self.line >= keep:
+                start = ((end - 1) // self.line - keep + 1) * self.line
+            self.l2.access(_lines([start], end - start, 1, 0, self.line)[0], write)
+
+    def touch_lines(self) -> int:
+        """The most lines of a contiguous range whose walk leaves the L2 as the whole range's
+        does: 2 (ways + 1) sets. Each aligned run of `sets` lines maps onto every set once
+        (L2Cache.set_of), so the first (ways + 1) sets of them evict every line a set held
+        before (a line of the rest among them: it comes back fresh, as in the whole walk,
+        where the earlier lines evicted it), and the last (ways + 1) sets then fill every
+        set with its last `ways` lines of the range, in order, fresh (dirty if a write,
+        arrived) - what the whole walk leaves. Only the clock differs (fewer lines used),
+        and last uses are compared within a set only, all of them set by these lines."""
+        return 2 * (self.l2.ways + 1) * self.l2.sets
 
     def _write_back(self, st: TransferStats, wb: np.ndarray, member: np.ndarray, w: int) -> None:
         """Dirty lines evicted by a transfer (mask `wb` over its lines) go to HBM: one

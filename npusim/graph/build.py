@@ -160,7 +160,7 @@ def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 
     w = workload if isinstance(workload, Workload) else load_workload(workload)
     check_tp(w, tp)
     check_ep(w, ep)
-    lengths = _lengths(w, phase, batch, lengths)
+    lengths = step_lengths(w, phase, batch, lengths)
     chunks = _new_tokens(w, phase, batch, lengths, new_tokens)
     decode = phase == "decode"
     ctx = max(lengths)
@@ -273,7 +273,9 @@ def _attention(b: GraphBuilder, P: str, i: int, q_rot: str, k_rot: str, val: str
 MAX_BATCH = 1 << 16
 
 
-def _lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
+def step_lengths(w: Workload, phase: str, batch: int, lengths) -> tuple[int, ...]:
+    """The checked length of each of a step's `batch` sequences (`lengths`: one for all,
+    one each, or None for the phase's default)."""
     where = f"build_decoder({w.name}, {phase})"
     if phase not in ("decode", "prefill", "mixed"):
         raise ConfigError(f"{where}: phase must be decode or prefill (or mixed, with new_tokens), got {reprlib.repr(phase)}")
@@ -384,4 +386,4 @@ def node_params(node: Node):
 
 
 __all__ = ["MASK_VALUE", "TP_SPLIT_DIMS", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
-           "host_inputs", "node_params", "positions", "rope_tables", "shard_weight_shapes"]
+           "host_inputs", "node_params", "positions", "rope_tables", "shard_weight_shapes", "step_lengths"]

@@ -15,6 +15,8 @@ their tiles instead: `tile_pipeline` runs them with the same double buffering an
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Sequence
 
 from attrs import frozen
@@ -23,7 +25,7 @@ from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
     DTYPE_BYTES, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
-    addr, moving, shift,
+    addr, moving, set_flag, shift, wait_flag,
 )
 from npusim.ops.build import Buffers, align_up, cdiv, pingpong
 
@@ -209,23 +211,20 @@ TILES_MAX = 1 << 19
 TileFn = Callable[[int], tuple[list, list, list]]
 
 
+@functools.cache
 def _stages(direct: bool, k: int) -> tuple[tuple, tuple, tuple, tuple]:
     """The flags of a tile on buffer set k: (before its loads, after its loads, before
     its stores, after its stores); its vector work, if any, runs between the second and
-    the third. Built once (_STAGES): every tile of every pipeline shares these records."""
+    the third. Built once: every tile of every pipeline shares these records."""
     if direct:
-        return ((WaitFlag(Pipe.MTE3, Pipe.MTE2, k),),
-                (SetFlag(Pipe.MTE2, Pipe.MTE3, k), WaitFlag(Pipe.MTE2, Pipe.MTE3, k)),
+        return ((wait_flag(Pipe.MTE3, Pipe.MTE2, k),),
+                (set_flag(Pipe.MTE2, Pipe.MTE3, k), wait_flag(Pipe.MTE2, Pipe.MTE3, k)),
                 (),
-                (SetFlag(Pipe.MTE3, Pipe.MTE2, k),))
-    return ((WaitFlag(Pipe.V, Pipe.MTE2, k),),
-            (SetFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE2, Pipe.V, k), WaitFlag(Pipe.MTE3, Pipe.V, k)),
-            (SetFlag(Pipe.V, Pipe.MTE2, k), SetFlag(Pipe.V, Pipe.MTE3, k), WaitFlag(Pipe.V, Pipe.MTE3, k)),
-            (SetFlag(Pipe.MTE3, Pipe.V, k),))
-
-
-# (direct, buffer set) -> the flags of _stages
-_STAGES = {(direct, k): _stages(direct, k) for direct in (False, True) for k in (0, 1)}
+                (set_flag(Pipe.MTE3, Pipe.MTE2, k),))
+    return ((wait_flag(Pipe.V, Pipe.MTE2, k),),
+            (set_flag(Pipe.MTE2, Pipe.V, k), wait_flag(Pipe.MTE2, Pipe.V, k), wait_flag(Pipe.MTE3, Pipe.V, k)),
+            (set_flag(Pipe.V, Pipe.MTE2, k), set_flag(Pipe.V, Pipe.MTE3, k), wait_flag(Pipe.V, Pipe.MTE3, k)),
+            (set_flag(Pipe.MTE3, Pipe.V, k),))
 
 
 def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
@@ -237,7 +236,7 @@ def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
         body: list = []
         for k, make in enumerate(tiles[i:i + 2]):
             loads, work, stores = make(k)
-            before_loads, after_loads, before_stores, after_stores = _STAGES[bool(direct), k]
+            before_loads, after_loads, before_stores, after_stores = _stages(bool(direct), k)
             body += [*before_loads, *loads, *after_loads, *(() if direct else work), *before_stores, *stores,
                      *after_stores]
         bodies.append(body)

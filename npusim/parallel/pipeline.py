@@ -23,7 +23,7 @@ from npusim.engine.host import Synchronize
 from npusim.engine.links import LinkTransfer
 from npusim.engine.run import RunResult, run
 from npusim.errors import ConfigError
-from npusim.graph.build import _lengths
+from npusim.graph.build import step_lengths
 from npusim.hw import HwConfig, load_hw
 from npusim.runtime.decoder import run_decoder, step
 from npusim.runtime.memory import OutOfMemoryError, place
@@ -113,7 +113,7 @@ def run_pipeline(workload: Workload | str, hw: HwConfig | str = "ascend910b2", p
         raise OutOfMemoryError(f"{w.name} {phase} batch {batch}, one of {pp} stages (tp {tp}) does not fit in "
                                f"{hw.name}'s memory: {breakdown.line()}", breakdown)
     mb = batch // microbatches
-    lengths = _lengths(w, phase, batch, context)[:mb]
+    lengths = step_lengths(w, phase, batch, context)[:mb]
     stage = run_decoder(stage_w, hw, phase, mb, lengths, passes, memo=memo, tp=tp, **options)
     g = stage.graph
     nbytes = g.batch * (1 if phase == "decode" else g.context) * w.hidden_size * w.dtype_bytes

@@ -19,7 +19,7 @@ from npusim.diskcache import DiskCache
 from npusim.diskcache.compute import cached
 from npusim.diskcache.keys import options_key
 from npusim.errors import ConfigError
-from npusim.graph.build import _lengths, build_decoder
+from npusim.graph.build import build_decoder, step_lengths
 from npusim.graph.ir import Graph
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.parse import short
@@ -122,7 +122,7 @@ def _run_step(s: Step, hw: HwConfig, memo: bool, trace: str, cache: LoweringCach
     """run_decoder once its arguments are checked and loaded."""
     # Weights and KV cache are a lower bound of what the graph needs: a step they
     # alone do not fit is refused before its graph is built (which may be large).
-    ctx = max(_lengths(s.workload, s.phase, s.batch, s.lengths))
+    ctx = max(step_lengths(s.workload, s.phase, s.batch, s.lengths))
     least = MemoryBreakdown(_least_weight_bytes(s), device_kv_bytes(s.workload, s.batch, ctx, s.tp), 0, 0,
                             hw.hbm.hbm_bytes)
     if not least.fits:

@@ -193,13 +193,22 @@ def test_serve_closed_stdout_still_writes_the_files(tmp_path):
 
 def test_serve_max_rate_writes_its_json(capsys, tmp_path):
     out = tmp_path / "m.json"
-    assert main([*SERVE, "--max-rate", "--rate", "50", "--slo", "ttft_ms=30", "--json", str(out)]) == 0
+    assert main([*SERVE, "--requests", "40", "--max-rate", "--rate", "50", "--slo", "ttft_ms=1000", "--json",
+                 str(out)]) == 0
     m = json.loads(out.read_text())
-    assert m["service"] == "seed-optimized" and m["requests_per_probe"] == 5
+    assert m["service"] == "seed-optimized" and m["requests_per_probe"] == 40
     assert m["probes"] and all(set(p) == {"rate_requests_per_s", "sustained"} for p in m["probes"])
     printed = capsys.readouterr().out
     assert f"highest sustainable rate {m['max_rate_requests_per_s']:.3g} req/s" in printed
     assert printed.splitlines()[-1] == f"wrote {out}"
+    assert m["max_rate_requests_per_s"] > 0 and any(not p["sustained"] for p in m["probes"])  # bracketed
+
+
+def test_serve_max_rate_an_slo_no_load_meets_writes_nothing(capsys, tmp_path):
+    """Unloaded, seed-optimized's TTFT is hundreds of ms: an SLO of 30 ms is one line, and no JSON."""
+    out = tmp_path / "m.json"
+    assert main([*SERVE, "--max-rate", "--rate", "50", "--slo", "ttft_ms=30", "--json", str(out)]) == 2
+    assert "no rate meets these SLOs" in capsys.readouterr().err and not out.exists()
 
 
 def test_serve_interrupted_between_outputs_leaves_none(capsys, tmp_path, monkeypatch):

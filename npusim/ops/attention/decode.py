@@ -191,6 +191,9 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     buf, ub = _decode_buffers(p, kc, hw)
     e, d, grp = DTYPE_BYTES[p.dtype], p.head_dim, p.group
     units = p.batch * p.kv_heads
+    if t.splits > cdiv(p.context, kc):  # a split is at least one tile: more would run fewer, as printed
+        raise ProgramError(f"op decode_attention: tiling splits={t.splits} exceeds the {cdiv(p.context, kc)} "
+                           f"kv_tile={kc} tiles of context={p.context}")
     chunk = align_up(cdiv(p.context, t.splits or auto.splits), kc)
     splits = cdiv(p.context, chunk)
     Q = gm.tensor("q", p.batch * p.heads * d * e)

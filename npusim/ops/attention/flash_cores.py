@@ -3,13 +3,12 @@ instruction, and how a block reads K and V from the cache."""
 
 from __future__ import annotations
 
-import functools
 
 from attrs import frozen
 
 from npusim.isa.instructions import l0b_block_bytes
 from npusim.isa.program import (
-    Copy, CrossSetFlag, CrossWaitFlag, Mmad, SetFlag, VecOp, WaitFlag, moving, offset, shift,
+    Copy, CrossSetFlag, CrossWaitFlag, Mmad, VecOp, moving, offset, set_flag, shift, wait_flag,
 )
 from npusim.ops.build import align_up, cdiv
 from npusim.ops.kv_cache import KvCache
@@ -18,12 +17,6 @@ from npusim.ops.attention.flash_tiling import (
     _FaGeometry, _K, _O_READY, _P, _P_READY, _Q, _S_FREE, _S_READY, _Step, _Tile, _V,
 )
 from npusim.ops.attention.online_softmax import Rows, online_softmax, per_row
-
-# Flags are values: each (src, dst, id) is built once and shared (a K3 prefill's flash
-# kernel issues some 300,000 of them: building each anew took a fifth of its lowering).
-_set_flag = functools.cache(SetFlag)
-_wait_flag = functools.cache(WaitFlag)
-
 
 @frozen
 class _KvRead:
@@ -93,12 +86,12 @@ class _Cube:
         # blocks (a head_dim that is not whole blocks: the last one padded, _fa_geometry)
         src, rows = offset(self.q, tile.q0, d * e), tile.rows
         load = Copy(GM, L1, src, g.l1["q"][i], d * e, rows, d * e, align_up(d * e, 32), f"nd2nz_b{8 * e}")
-        self.out += [_wait_flag(MTE1, MTE2, _Q + i), load, _set_flag(MTE2, MTE1, _Q + i)]
+        self.out += [wait_flag(MTE1, MTE2, _Q + i), load, set_flag(MTE2, MTE1, _Q + i)]
 
     def load_kv(self, st: _Step, which: str) -> None:
         i, fid = st.sp, _K if which == "k" else _V
-        self.out += [_wait_flag(MTE1, MTE2, fid + i), *self.kv.load(which, st.k0, st.kt, self.g.l1[which][i]),
-                     _set_flag(MTE2, MTE1, fid + i)]
+        self.out += [wait_flag(MTE1, MTE2, fid + i), *self.kv.load(which, st.k0, st.kt, self.g.l1[which][i]),
+                     set_flag(MTE2, MTE1, fid + i)]
 
     def qk(self, st: _Step, reuse: bool) -> None:
         """S = Q K^T, one L0C tile and FixPipe per sub-tile of keys, summed there over the
@@ -114,28 +107,28 @@ class _Cube:
             for j, (c0, cols) in enumerate(chunks):
                 x = self.mm % 2
                 self.mm += 1
-                out.append(_wait_flag(M, MTE1, x))
+                out.append(wait_flag(M, MTE1, x))
                 if u == 0 and j == 0:
-                    out.append(_wait_flag(MTE2, MTE1, _K + sp))
+                    out.append(wait_flag(MTE2, MTE1, _K + sp))
                     if st.first:
-                        out.append(_wait_flag(MTE2, MTE1, _Q + tp))
+                        out.append(wait_flag(MTE2, MTE1, _Q + tp))
                 # the chunk's 16-column blocks of Q (whole fractal blocks), back to back in L1
                 out += [Copy(L1, L0A, g.l1["q"][tp] + rows * c0 * e, g.l0["a"][x], rows * align_up(cols, 16) * e),
-                        self._k_slice(st, u, c0, cols, g.l0["b"][x]), _set_flag(MTE1, M, x)]
+                        self._k_slice(st, u, c0, cols, g.l0["b"][x]), set_flag(MTE1, M, x)]
                 if u == st.nsub - 1 and j == len(chunks) - 1:
-                    out.append(_set_flag(MTE1, MTE2, _K + sp))
+                    out.append(set_flag(MTE1, MTE2, _K + sp))
                     if st.last:
-                        out.append(_set_flag(MTE1, MTE2, _Q + tp))
-                out.append(_wait_flag(MTE1, M, x))
+                        out.append(set_flag(MTE1, MTE2, _Q + tp))
+                out.append(wait_flag(MTE1, M, x))
                 if j == 0:
-                    out.append(_wait_flag(FIX, M, c))
+                    out.append(wait_flag(FIX, M, c))
                 out += [Mmad(rows, nb, cols, g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c], accumulate=j > 0),
-                        _set_flag(M, MTE1, x)]
+                        set_flag(M, MTE1, x)]
             s_at = shift(self.w, g.ws["s"][sp] + u * rows * nb * 4)
-            out += [_set_flag(M, FIX, c), _wait_flag(M, FIX, c)]
+            out += [set_flag(M, FIX, c), wait_flag(M, FIX, c)]
             if u == 0 and reuse:
                 out.append(CrossWaitFlag(FIX, _S_FREE))
-            out += [Copy(L0C, GM, g.l0["c"][c], s_at, rows * nb * 4, convert="fix_fp32"), _set_flag(FIX, M, c)]
+            out += [Copy(L0C, GM, g.l0["c"][c], s_at, rows * nb * 4, convert="fix_fp32"), set_flag(FIX, M, c)]
         out.append(CrossSetFlag(FIX, _S_READY))
 
     def load_p(self, st: _Step) -> None:
@@ -144,10 +137,10 @@ class _Cube:
         p_at = shift(self.w, g.ws["p"][i])
         # P [sub-tiles][rows][keys], one row a segment, back to back; each sub-tile lands as
         # its own fractal blocks (the rows of a group: `:rows`)
-        self.out += [CrossWaitFlag(MTE2, _P_READY), _wait_flag(MTE1, MTE2, _P + i),
+        self.out += [CrossWaitFlag(MTE2, _P_READY), wait_flag(MTE1, MTE2, _P + i),
                      Copy(GM, L1, p_at, g.l1["p"][i], st.nb * g.e, rows * st.nsub, st.nb * g.e, st.nb * g.e,
                           f"nd2nz_b{8 * g.e}:{rows}"),
-                     _set_flag(MTE2, MTE1, _P + i)]
+                     set_flag(MTE2, MTE1, _P + i)]
 
     def pv(self, st: _Step) -> None:
         """O_part = P V, a head_dim column chunk at a time: each chunk accumulated over the
@@ -163,25 +156,25 @@ class _Cube:
             for u in range(st.nsub):
                 x = self.mm % 2
                 self.mm += 1
-                out.append(_wait_flag(M, MTE1, x))
+                out.append(wait_flag(M, MTE1, x))
                 if u == 0 and j == 0:
-                    out += [_wait_flag(MTE2, MTE1, _P + sp), _wait_flag(MTE2, MTE1, _V + sp)]
+                    out += [wait_flag(MTE2, MTE1, _P + sp), wait_flag(MTE2, MTE1, _V + sp)]
                 out += [Copy(L1, L0A, g.l1["p"][sp] + u * rows * nb * e, g.l0["a"][x], rows * nb * e),
-                        self._v_slice(st, u, c0, cols, g.l0["b"][x]), _set_flag(MTE1, M, x)]
+                        self._v_slice(st, u, c0, cols, g.l0["b"][x]), set_flag(MTE1, M, x)]
                 if u == st.nsub - 1 and j == len(chunks) - 1:
-                    out += [_set_flag(MTE1, MTE2, _P + sp), _set_flag(MTE1, MTE2, _V + sp)]
-                out += [_wait_flag(MTE1, M, x)]
+                    out += [set_flag(MTE1, MTE2, _P + sp), set_flag(MTE1, MTE2, _V + sp)]
+                out += [wait_flag(MTE1, M, x)]
                 if u == 0:
-                    out.append(_wait_flag(FIX, M, c))
+                    out.append(wait_flag(FIX, M, c))
                 out += [Mmad(rows, cols, self.sub_keys(st, u), g.p.dtype, g.l0["a"][x], g.l0["b"][x], g.l0["c"][c],
                              accumulate=u > 0),
-                        _set_flag(M, MTE1, x)]
+                        set_flag(M, MTE1, x)]
             # L0C rows are whole 16-column fractals: a chunk that is not (or one of several:
             # O's rows are head_dim wide), one row a segment
             o = (Copy(L0C, GM, g.l0["c"][c], o_at, rows * d * 4, convert="fix_fp32") if cols == d and d % 16 == 0
                  else Copy(L0C, GM, g.l0["c"][c], shift(o_at, c0 * 4), cols * 4, rows, align_up(cols, 16) * 4, d * 4,
                            "fix_fp32"))
-            out += [_set_flag(M, FIX, c), _wait_flag(M, FIX, c), o, _set_flag(FIX, M, c)]
+            out += [set_flag(M, FIX, c), wait_flag(M, FIX, c), o, set_flag(FIX, M, c)]
         out.append(CrossSetFlag(FIX, _O_READY))
 
     def _k_slice(self, st: _Step, u: int, c0: int, cols: int, dst: int) -> Copy:
@@ -215,12 +208,12 @@ class _Cube:
         return min(st.nb, st.kt - u * st.nb)
 
     def prologue(self) -> list:
-        return ([_set_flag(MTE1, MTE2, i) for i in range(8)] + [_set_flag(M, MTE1, i) for i in (0, 1)]
-                + [_set_flag(FIX, M, i) for i in (0, 1)])
+        return ([set_flag(MTE1, MTE2, i) for i in range(8)] + [set_flag(M, MTE1, i) for i in (0, 1)]
+                + [set_flag(FIX, M, i) for i in (0, 1)])
 
     def epilogue(self) -> list:
-        return ([_wait_flag(MTE1, MTE2, i) for i in range(8)] + [_wait_flag(M, MTE1, i) for i in (0, 1)]
-                + [_wait_flag(FIX, M, i) for i in (0, 1)])
+        return ([wait_flag(MTE1, MTE2, i) for i in range(8)] + [wait_flag(M, MTE1, i) for i in (0, 1)]
+                + [wait_flag(FIX, M, i) for i in (0, 1)])
 
 
 class _Vec:
@@ -254,11 +247,11 @@ class _Vec:
             p_at = moving(shift(self.w, g.ws["p"][sp] + row0 * nb * e), "sub", sub1 * nb * e)
             if c == 0:
                 out.append(CrossWaitFlag(MTE2, _S_READY))
-            out += [_wait_flag(V, MTE2, x),
+            out += [wait_flag(V, MTE2, x),
                     Copy(GM, UB, s_at, g.ub["s"][x], rcc * nb * 4, nsub, rows * nb * 4, rcc * nb * 4)]
             if c == cdiv(r, g.rc) - 1:  # the cube may overwrite this S slot
                 out.append(CrossSetFlag(MTE2, _S_FREE))
-            out += [_set_flag(MTE2, V, x), _wait_flag(MTE2, V, x), _wait_flag(MTE3, V, x)]
+            out += [set_flag(MTE2, V, x), wait_flag(MTE2, V, x), wait_flag(MTE3, V, x)]
             n, so = rcc * kp, row0 * STAT
             s, m, l_, a, red = g.ub["s"][x], g.ub["m"][tp] + so, g.ub["l"][tp] + so, g.ub["alpha"][sp] + so, g.ub["red"]
             ns = rcc * STAT // 4
@@ -266,9 +259,9 @@ class _Vec:
                 out += self.mask(st, row0, rcc, sub1, s)
             out += online_softmax(n, ns, s, m, l_, a, red, g.ub["p"][x], dt,
                                   Rows(rcc, nsub, nb, g.p.head_dim ** -0.5))
-            out += [_set_flag(V, MTE2, x), _set_flag(V, MTE3, x), _wait_flag(V, MTE3, x),
+            out += [set_flag(V, MTE2, x), set_flag(V, MTE3, x), wait_flag(V, MTE3, x),
                     Copy(UB, GM, g.ub["p"][x], p_at, rcc * nb * e, nsub, rcc * nb * e, rows * nb * e),
-                    _set_flag(MTE3, V, x)]
+                    set_flag(MTE3, V, x)]
         out.append(CrossSetFlag(MTE3, _P_READY))
 
     def mask(self, st: _Step, row0: int, rcc: int, sub1: int, s) -> list:
@@ -329,11 +322,11 @@ class _Vec:
         n = r * d
         o_at = moving(shift(self.w, g.ws["o"][st.sp]), "sub", sub1 * d * 4)
         acc, part = g.ub["oacc"], g.ub["opart"]
-        self.out += [CrossWaitFlag(MTE2, _O_READY), _wait_flag(V, MTE2, 2),
-                     Copy(GM, UB, o_at, part, n * 4), _set_flag(MTE2, V, 2), _wait_flag(MTE2, V, 2)]
+        self.out += [CrossWaitFlag(MTE2, _O_READY), wait_flag(V, MTE2, 2),
+                     Copy(GM, UB, o_at, part, n * 4), set_flag(MTE2, V, 2), wait_flag(MTE2, V, 2)]
         alpha = g.ub["alpha"][st.sp]
         self.out += [VecOp("mul", n, "fp32", acc, (acc, alpha), pitches=per_row(r, d)),
-                     VecOp("add", n, "fp32", acc, (acc, part)), _set_flag(V, MTE2, 2)]
+                     VecOp("add", n, "fp32", acc, (acc, part)), set_flag(V, MTE2, 2)]
 
     def reset(self, tp: int, n: int) -> list:
         """Statistics set tp back to max -inf, sum 0 (the next tile but one uses it)."""
@@ -349,18 +342,18 @@ class _Vec:
         n = r * d
         o_at = moving(offset(self.o, tile.q0, d * e), "sub", sub1 * d * e)
         self.out += [VecOp("div", n, "fp32", g.ub["oacc"], (g.ub["oacc"], g.ub["l"][tile.tp]), pitches=per_row(r, d)),
-                     _wait_flag(MTE3, V, 2),
+                     wait_flag(MTE3, V, 2),
                      VecOp("cast", n, "fp32", g.ub["oout"], (g.ub["oacc"],), g.p.dtype, flops_per_elem=0),
-                     _set_flag(V, MTE3, 2), *self.reset(tile.tp, r),
+                     set_flag(V, MTE3, 2), *self.reset(tile.tp, r),
                      VecOp("dup", cdiv(g.qt, 2) * d, "fp32", g.ub["oacc"], flops_per_elem=0, scalar=0.0),
-                     _wait_flag(V, MTE3, 2), Copy(UB, GM, g.ub["oout"], o_at, n * e), _set_flag(MTE3, V, 2)]
+                     wait_flag(V, MTE3, 2), Copy(UB, GM, g.ub["oout"], o_at, n * e), set_flag(MTE3, V, 2)]
 
     def prologue(self, masked: bool = False) -> list:
         """Flags, statistics, O = 0; and the index ramp if some step is masked."""
         r = cdiv(self.g.qt, 2)
-        return ([_set_flag(V, MTE2, i) for i in range(3)] + [_set_flag(MTE3, V, i) for i in range(3)]
+        return ([set_flag(V, MTE2, i) for i in range(3)] + [set_flag(MTE3, V, i) for i in range(3)]
                 + (self.ramp() if masked else []) + self.reset(0, r) + self.reset(1, r)
                 + [VecOp("dup", r * self.g.p.head_dim, "fp32", self.g.ub["oacc"], flops_per_elem=0, scalar=0.0)])
 
     def epilogue(self) -> list:
-        return [_wait_flag(V, MTE2, i) for i in range(3)] + [_wait_flag(MTE3, V, i) for i in range(3)]
+        return [wait_flag(V, MTE2, i) for i in range(3)] + [wait_flag(MTE3, V, i) for i in range(3)]
