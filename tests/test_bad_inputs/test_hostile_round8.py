@@ -45,3 +45,13 @@ def test_a_profile_row_shorter_than_a_nanosecond(duration, capsys, tmp_path):
     fails_cleanly(["calibrate", "--profile", d, "--out", out], capsys,
                   rf"op_summary\.csv: row 2, column 'Task Duration\(us\)': expected a duration of at least 0\.001 us "
                   rf"\(1 ns, msprof's resolution\), got '{duration}'$", outputs=[out])
+
+
+def test_a_negative_zero_in_a_config_reads_as_zero():
+    """--set runtime.kernel_compile_us=-0.0 printed 'compiles 16 kernels: -0 ms'."""
+    import math
+
+    from npusim.hw import load_hw
+
+    hw = load_hw("ascend910b2", {"runtime.kernel_compile_us": -0.0})
+    assert hw.runtime.kernel_compile_us == 0.0 and math.copysign(1.0, hw.runtime.kernel_compile_us) == 1.0
