@@ -3,12 +3,19 @@
 squares on log error, with a held-out error from k-fold cross-validation -> a config
 with `base:` (npusim calibrate).
 
-    profile.py  read op_summary CSVs          opmap.py   CANN op types -> npusim ops
-    hccl.py     read hccl_test output -> npusim collectives
-    fields.py   which fields may be fitted    model.py   simulated op times per trial config
-    fit.py      selection, solver, k-fold     session.py one calibration, end to end
-    report.py   text, JSON, plot              write.py   the calibrated config
-    synth.py    synthetic profiles (ground truth for tests and benchmarks)
+    profile.py     read op_summary CSVs
+    opmap.py       CANN op types -> npusim ops: the table (OPMAP) and map_row
+    row_fields.py  a row's dtypes, formats and shapes as the readers need them; Unmappable
+    cube_rows.py   OPMAP's readers of matmul, attention, quantised and grouped matmul rows
+    vector_rows.py OPMAP's readers of vector and row-wise ops, copies, gathers, top-k
+    hccl.py        read hccl_test output -> npusim collectives
+    fields.py      which fields may be fitted
+    model.py       simulated op times per trial config
+    fit.py         selection, solver, k-fold
+    session.py     one calibration, end to end
+    report.py      text, JSON, plot
+    write.py       the calibrated config
+    synth.py       synthetic profiles (ground truth for tests and benchmarks)
 """
 
 __all__ = ["Calibration", "calibrate"]

@@ -35,6 +35,9 @@ PROFILE_GLOB = "op_summary*.csv"
 # The longest task a profile row may time: an hour. A kernel or collective longer than
 # that is a unit slip or garbage, and would drag the fit to it (log-time residuals).
 MAX_DURATION_US = 3.6e9
+# The shortest: 1 ns, the resolution msprof writes durations in (us to 3 decimals). A row
+# shorter is garbage too: 1e-300 us made every fitted error a 300-digit percentage.
+MIN_DURATION_US = 1e-3
 
 
 class ProfileError(NpusimError):
@@ -154,6 +157,9 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
     if not 0 < duration <= MAX_DURATION_US:
         raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration > 0 and at most "
                            f"{MAX_DURATION_US:g} us (an hour), got '{text}'")
+    if duration < MIN_DURATION_US:
+        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration of at least "
+                           f"{MIN_DURATION_US:g} us (1 ns, msprof's resolution), got '{text}'")
     return ProfileRow(
         file=str(path), line=line, op_name=cell("Op Name"), op_type=cell("OP Type"), task_type=cell("Task Type"),
         duration_us=duration, block_dim=cell("Block Dim"),

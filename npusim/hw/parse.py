@@ -279,7 +279,7 @@ def strict_converter() -> cattrs.Converter:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"expected a number, got {short(v)}")
         try:
-            return float(v)
+            return float(v) + 0.0  # -0.0 is 0.0 (else printed as '-0 ms')
         except OverflowError:  # an integer too large for a float: the range checks word it
             return math.inf
 

@@ -20,7 +20,7 @@ AIC to two AIVs, and never widens the weight:
 # fp16 on the way to int8 (the vector unit's cast path), which can leave a residual a
 # little over 0.5 and 2c would then overflow int8, so the residual is scaled by c.
 # assumption: an antiquant offset (rowsum(x) * offset in the combine) is not modelled:
-# the op has no offset operand (calibrate.opmap says so for measured rows).
+# the op has no offset operand (calibrate.cube_rows says so for measured rows).
 """
 
 from __future__ import annotations

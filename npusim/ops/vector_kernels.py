@@ -16,7 +16,6 @@ their tiles instead: `tile_pipeline` runs them with the same double buffering an
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Sequence
 
 from attrs import frozen

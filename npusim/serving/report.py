@@ -204,29 +204,39 @@ def replica_lines(m: dict) -> list[str]:
     return lines
 
 
+# The SLOs as capacity searches check them (Vidur's): (words, metric, percentile, Slo field)
+_SLO_CHECKS = (("TTFT P90", "ttft", "p90_ms", "ttft_ms"), ("TPOT P99", "tpot", "p99_ms", "tpot_ms"),
+               ("end-to-end P90", "e2e", "p90_ms", "e2e_ms"))
+
+
+def _checks(m: dict, slo) -> list[tuple[str, float | None, float]]:
+    """(words, the run's value, the limit) of each SLO the service sets."""
+    return [(name, m[metric][pct], getattr(slo, field)) for name, metric, pct, field in _SLO_CHECKS
+            if getattr(slo, field) is not None]
+
+
+def _lost(m: dict) -> int:
+    return m["timed_out"] + m["failed_oom"]
+
+
 def sustainable(m: dict, slo) -> bool:
-    """The run meets the SLOs as capacity searches use them (Vidur's): TTFT P90,
-    TPOT P99 and end-to-end P90 within their limits, and no request lost."""
-    checks = ((m["ttft"]["p90_ms"], slo.ttft_ms), (m["tpot"]["p99_ms"], slo.tpot_ms), (m["e2e"]["p90_ms"], slo.e2e_ms))
-    lost = m["timed_out"] + m["failed_oom"]
-    return not lost and all(limit is None or (v is not None and v <= limit) for v, limit in checks)
+    """The run meets the SLOs as capacity searches use them (_SLO_CHECKS) within their
+    limits, and no request lost."""
+    return not _lost(m) and all(v is not None and v <= limit for _, v, limit in _checks(m, slo))
 
 
 def missed(m: dict, slo) -> str:
     """What a run that is not `sustainable` missed, in words."""
-    checks = (("TTFT P90", m["ttft"]["p90_ms"], slo.ttft_ms), ("TPOT P99", m["tpot"]["p99_ms"], slo.tpot_ms),
-              ("end-to-end P90", m["e2e"]["p90_ms"], slo.e2e_ms))
-    out = [f"{name} {'none' if v is None else f'{v:.4g} ms'} > {limit:g} ms" for name, v, limit in checks
-           if limit is not None and (v is None or v > limit)]
-    lost = m["timed_out"] + m["failed_oom"]
+    out = [f"{name} {'none' if v is None else f'{v:.4g} ms'} > {limit:g} ms" for name, v, limit in _checks(m, slo)
+           if v is None or v > limit]
+    lost = _lost(m)
     return ", ".join(out + [f"{lost} requests lost"] * bool(lost))
 
 
 def slo_line(slo) -> str:
     """The SLOs as capacity searches check them, in words."""
-    parts = [f"TTFT P90 <= {slo.ttft_ms:g} ms" if slo.ttft_ms else "", f"TPOT P99 <= {slo.tpot_ms:g} ms"
-             if slo.tpot_ms else "", f"end-to-end P90 <= {slo.e2e_ms:g} ms" if slo.e2e_ms else ""]
-    return ", ".join(p for p in parts if p)
+    return ", ".join(f"{name} <= {getattr(slo, field):g} ms" for name, _, _, field in _SLO_CHECKS
+                     if getattr(slo, field) is not None)
 
 
 CSV_COLUMNS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "status", "generated", "preemptions",
@@ -255,5 +265,5 @@ def requests_csv(run: ServingRun) -> str:
     return buf.getvalue()
 
 
-__all__ = ["CSV_COLUMNS", "metrics", "replica_lines", "requests_csv", "slo_line", "summary", "sustainable",
+__all__ = ["CSV_COLUMNS", "metrics", "missed", "replica_lines", "requests_csv", "slo_line", "summary", "sustainable",
            "timeline"]

@@ -52,6 +52,14 @@ def _within(lo: float, hi: float, unit: str, why: str):
     return check
 
 
+def _length_ratio(inst, attr, value):
+    """0 (no grouping) or a longest / shortest ratio, at least 1: below 1 not even two
+    prompts of one length group together, and every batch was a single request."""
+    if not (value == 0 or value >= 1):
+        raise ValueError(f"'{attr.name}' must be 0 (no grouping) or at least 1 (longest / shortest prompt of a "
+                         f"batch): {value!r}")
+
+
 def _lengths(inst, attr, value):
     if value is not None and (not value or any(not 1 <= b <= MAX_BUCKET_TOKENS for b in value)):
         raise ValueError(f"'{attr.name}' must be a non-empty list of lengths from 1 to {MAX_BUCKET_TOKENS} tokens: "
@@ -101,8 +109,8 @@ class SchedulerConfig:
     scan_period_ms: float = _f("dynamic: how often the queue is scanned (0.1 ms to an hour)", 5.0,
                                _within(*SCAN_PERIOD_MS, "ms", "0.1 ms to an hour"))
     timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long", 10.0, _nonneg)
-    length_ratio: float = _f("dynamic: longest / shortest prompt allowed in one batch (0: no grouping)", 2.0,
-                             _nonneg)
+    length_ratio: float = _f("dynamic: longest / shortest prompt allowed in one batch, at least 1 (0: no "
+                             "grouping)", 2.0, _length_ratio)
     token_budget: int = _f("chunked: tokens per step (decodes count 1, the rest goes to prefill chunks)", 512,
                            _pos)
     block_tokens: int = _f("continuous, chunked: tokens per KV block of the paged block manager", 16,
