@@ -1,7 +1,7 @@
 """Which hardware config fields calibration may fit: those whose source comment in the
 YAML (in the file of the `base:` chain that gives the value) says "assumed", and whose
 unit makes them a cost or a rate (cycles, microseconds, bytes per cycle or second, an
-efficiency) - never a size, a count or a structural choice (L2 ways, flag ids), which
+efficiency, a cost counted in bytes of transfer: `_cost_bytes`) - never a size, a count or a structural choice (L2 ways, flag ids), which
 a profile cannot measure and a fit must not invent, and never a host-side cost (the
 runtime's microsecond fields, PCIe), which neither a kernel's Task Duration nor
 hccl_test's device-timed collective contains. The topology's microsecond fields (link
@@ -19,7 +19,7 @@ from npusim.diskcache.reads import value_at
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import raw_config, find_file
 
-COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s", "_us", "_per_repeat")
+COST_SUFFIXES = ("_cycles", "_efficiency", "_bytes_per_cycle", "_bytes_per_s", "_us", "_per_repeat", "_cost_bytes")
 # host-side costs (the runtime's microsecond fields, host <-> device copies) are not part
 # of a kernel's Task Duration nor of a collective's device time, so no profile fits them
 HOST_SIDE_SECTION = "runtime."

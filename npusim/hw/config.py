@@ -225,18 +225,18 @@ class Dma:
     outstanding: int = field(validator=[_positive, _at_most(DMA_QUEUE_MAX)], metadata={"help": (
         "GM copies a pipe's DMA engine holds at once: a copy issued right behind another is requested while "
         "that one's data moves, so its start-up overlaps it (1: every copy pays its start-up after the one before)")})
-    off_line_bytes: float = field(default=0.0, validator=_non_negative, metadata={"help": (
+    off_line_cost_bytes: float = field(default=0.0, validator=_non_negative, metadata={"help": (
         "bytes more a segment costs at the core's port when its GM start is not on an L2 line (one more line "
         "request; 0: alignment beyond the burst costs nothing)")})
 
     def off_line_scale(self, seg_bytes: int, share: float) -> float:
         """The factor a copy's flow is slowed by when `share` of its segments (of
         seg_bytes, moved in whole bursts) start off an L2 line: each such one costs the
-        port off_line_bytes more."""
-        if not share or not self.off_line_bytes:
+        port off_line_cost_bytes more."""
+        if not share or not self.off_line_cost_bytes:
             return 1.0
         rounded = -(-seg_bytes // self.burst_bytes) * self.burst_bytes
-        return rounded / (rounded + share * self.off_line_bytes)
+        return rounded / (rounded + share * self.off_line_cost_bytes)
 
     def segment_cycles_of(self, cube: bool) -> float:
         """The DMA time per segment of a cube core's (`cube`) or a vector core's transfer."""
