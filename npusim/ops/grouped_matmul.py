@@ -40,8 +40,8 @@ from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, Kernel, Program
 from npusim.ops.build import align_up, boxes, cdiv
 from npusim.ops.matmul import (
-    MAX_BASE_M, SLICE_FRACTALS, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, tile_widths,
-    unit_cycles,
+    MAX_BASE_M, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, slice_depth,
+    tile_widths, unit_cycles,
 )
 from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _Plan, _prologue
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -120,7 +120,7 @@ def choose_grouped_tiling(p: GroupedMatmulParams, hw: HwConfig) -> MatmulTiling:
     cores = hw.chip.aic_count
     f = mmad_fractal(hw, p.dtype)
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.weight_dtype or p.dtype]
-    base_k = SLICE_FRACTALS * f.k0
+    base_k = slice_depth(hw, p.dtype)
     base_m = _group_base_m(max(p.group_sizes), MAX_BASE_M, f.m0)
     groups = [(rows, _group_base_m(rows, base_m, f.m0)) for rows in p.group_sizes if rows]
     best = None

@@ -23,7 +23,7 @@ int32, FixPipe applies the weight's per-channel scales and writes fp32 (the
 per-token scales of A are applied after, by token_dequant). dtype=fp32: A and B
 fp32 (4-byte elements in GM, L1, L0A and L0B) at the cube's fp32 fractal
 (aic.mmad_fractals.fp32: 16 x 16 x 8, half the fp16 MACs per cycle); base_k is
-4 fractals deep for every dtype, so an fp32 slice holds the bytes an fp16 one does.
+128 bytes deep for every dtype (slice_depth), so an fp32 or int8 slice holds the bytes an fp16 one does.
 
 n_parts splits C by columns into separate GM tensors c0, c1, ... (a fused QKV
 projection writes q, k and v without a split kernel): a tile's FixPipe write goes
@@ -60,10 +60,12 @@ _FORMATS = ("ND", "NZ")
 # The input dtypes the cube multiplies (each needs its aic.mmad_fractals entry); int8 is W8A8.
 CUBE_DTYPES = ("fp16", "bf16", "fp32", "int8")
 # The largest tile the tiling choosers pick: its fp32 accumulator fills L0C (128 x 256 x 4
-# = 128 KiB) and two of its fp16 or fp32 base_k slices of B (128 bytes of K each) fill L0B.
+# = 128 KiB) and two of its base_k slices of B (128 bytes of K each, any dtype) fill L0B.
 MAX_BASE_M, MAX_BASE_N = 128, 256
-# The choosers' K blocking: a base_k slice is this many fractals deep, an L1 chunk this many slices.
-SLICE_FRACTALS, STEP_K = 4, 4
+# The choosers' K blocking: a base_k slice is this many bytes of A deep (CANN's basic block:
+# baseK = 128 bytes whatever the dtype, MatMulV3's and QuantBatchMatmulV3's basic tilings,
+# BASIC_BLOCK_K_128_BYTE), an L1 chunk this many slices.
+SLICE_BYTES, STEP_K = 128, 4
 _pos = validators.gt(0)
 # The most work units (tiles x L1 chunks of K) one matmul may have: the engine takes 10 to
 # 20 us each (K3's gate_up at 24 prompts of 4096 tokens, 811,008 units, 14 s on 2 cores),
@@ -133,7 +135,7 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     batch = getattr(p, "batch", 1)
     f = mmad_fractal(hw, p.dtype)
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
-    base_k = SLICE_FRACTALS * f.k0
+    base_k = slice_depth(hw, p.dtype)
     base_m = min(MAX_BASE_M, align_up(p.m, f.m0))
     m_tiles = cdiv(p.m, base_m)
     best = None
@@ -210,6 +212,17 @@ def balanced_base_m(p: MatmulParams, hw: HwConfig, base_m: int, base_n: int, spl
     return base_m
 
 
+def slice_depth(hw: HwConfig, dtype: str) -> int:
+    """The choosers' base_k: SLICE_BYTES of A's dtype, on the dtype's fractal k0 (fp16 and
+    bf16: 64, fp32: 32, int8: 128). CANN's basic tilings take baseK as 128 bytes for every
+    dtype (quant_batch_matmul_v3_basic_tiling.cpp: baseK = GetShapeWithDataType(
+    BASIC_BLOCK_K_128_BYTE, aDtype), 128 for int8; its GetBaseK picks the deepest K that half
+    of L0A and L0B hold, 128 too for the 128 x 256 int8 block): an int8 slice holds as many
+    bytes as an fp16 one, so it is twice as many elements deep and a tile over K pays half
+    as many Mmad start-ups."""
+    return align_up(SLICE_BYTES // DTYPE_BYTES[dtype], mmad_fractal(hw, dtype).k0)
+
+
 def tile_widths(n: int, f) -> list[int]:
     """The base_n the tiling choosers try, widest first: multiples of the fractal's n0
     from MAX_BASE_N down, none wider than n needs (MAX_BASE_N itself cut to n)."""
@@ -244,7 +257,7 @@ def off_lines(p: MatmulParams, hw: HwConfig, base_n: int) -> tuple[float, float]
     with tiles base_n wide (as the engine finds them: off_line_share); NZ operands move
     whole fractal columns and count as on a line. A row of A starts at a multiple of
     its K chunk; one of B at a multiple of base_n columns (of the K chunk with trans_b)."""
-    line, kc = hw.l2.line_bytes, SLICE_FRACTALS * mmad_fractal(hw, p.dtype).k0 * STEP_K
+    line, kc = hw.l2.line_bytes, slice_depth(hw, p.dtype) * STEP_K
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
     a = off_line_share(addr(0, k=kc * e), 2, p.k * e, line) if p.format_a == "ND" else 0.0
     if p.format_b == "NZ":
