@@ -341,3 +341,29 @@ def test_fp32_nz_a_needs_16_wide_k_slices():
     with pytest.raises(ProgramError, match=r"base_k=8 is not a multiple of 16, the column blocks of an NZ A"):
         lower("matmul", dict(m=64, n=64, k=64, dtype="fp32", format_a="NZ"), HW, tiling=dict(base_k=8))
     lower("matmul", dict(m=64, n=64, k=64, dtype="fp32"), HW, tiling=dict(base_k=8))  # ND: any fractal multiple
+
+
+@pytest.mark.parametrize("m,n,k,out_dtype,tile", [
+    (1024, 4096, 4096, "fp16", (128, 256, 128)),  # FixPipe dequant: the first tile, 6 rounds
+    (1024, 4096, 4096, "bf16", (256, 128, 128)),  # MIX: as many rounds, less A and B in L2 in the first
+    (1024, 11008, 4096, "bf16", (128, 256, 128)),  # MIX, but CheckL2Load keeps 128 x 256 here
+    (2048, 1024, 1024, "fp16", (128, 256, 128)),
+])
+def test_w8a8_takes_quant_batch_matmul_v3s_basic_tile(m, n, k, out_dtype, tile):
+    """Large W8A8 matmuls take the tile QuantBatchMatmulV3's basic tiling picks
+    (npusim.ops.matmul_qbmm), base_k included, and never split K."""
+    from npusim.ops.matmul import MatmulParams, choose_tiling
+    from npusim.ops.matmul_qbmm import qbmm_basic_applies
+    p = MatmulParams(m=m, n=n, k=k, dtype="int8", out_dtype=out_dtype)
+    assert qbmm_basic_applies(p, HW)
+    t = choose_tiling(p, HW)
+    assert (t.base_m, t.base_n, t.base_k, t.split_k) == (*tile, 1)
+
+
+def test_small_w8a8_keeps_npusims_chooser():
+    """Small M (a decode) or a small matrix is not the basic kernel's: npusim's cost model picks."""
+    from npusim.ops.matmul import MatmulParams
+    from npusim.ops.matmul_qbmm import qbmm_basic_applies
+    assert not qbmm_basic_applies(MatmulParams(m=128, n=4096, k=2048, dtype="int8"), HW)
+    assert not qbmm_basic_applies(MatmulParams(m=512, n=1024, k=1024, dtype="int8"), HW)
+    assert not qbmm_basic_applies(MatmulParams(m=256, n=4096, k=4096, dtype="int8", out_dtype="bf16"), HW)

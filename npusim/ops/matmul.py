@@ -49,6 +49,7 @@ from npusim.isa.program import (
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_msd import lower_msd, msd_applies
 from npusim.ops.matmul_nd2nz import conversion_program, nd2nz_operands
+from npusim.ops.matmul_qbmm import qbmm_basic_applies, qbmm_basic_base
 from npusim.ops.matmul_program import (
     _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes,
 )
@@ -136,6 +137,12 @@ def choose_tiling(p: MatmulParams, hw: HwConfig) -> MatmulTiling:
     f = mmad_fractal(hw, p.dtype)
     e, eb = DTYPE_BYTES[p.dtype], DTYPE_BYTES[_b_dtype(p)]
     base_k = slice_depth(hw, p.dtype)
+    if qbmm_basic_applies(p, hw):  # W8A8 as QuantBatchMatmulV3's basic kernel: its tile rules, K never split
+        bm, bn, bk = qbmm_basic_base(p, hw)  # assumption: npusim's L1 chunks (STEP_K slices), not CANN's stepKa/Kb
+        units = cdiv(p.m, bm) * cdiv(p.n, bn)
+        return MatmulTiling(base_m=bm, base_n=bn, base_k=bk, step_k=STEP_K, split_k=1,
+                            a_resident=cdiv(p.m, bm) < units and panel_fits(bm, p.k, e, hw),
+                            block_dim=min(cores, units))
     base_m = min(MAX_BASE_M, align_up(p.m, f.m0))
     m_tiles = cdiv(p.m, base_m)
     best = None
