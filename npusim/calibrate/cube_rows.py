@@ -100,11 +100,12 @@ def read_incre_flash_attention(row: ProfileRow) -> dict:
 
 def read_quant_matmul(row: ProfileRow) -> Parts:
     """QuantBatchMatmulV3: int8 x1 [.., m, k] @ int8 x2 [.., k, n] -> fp16/bf16, dequantised
-    by per-channel scales (a batch of them with a leading dim). # assumption: a per-token
-    scale (input 4) and an int32 bias are applied in the kernel's epilogue at no cost
-    the cube's does not already pay."""
+    by per-channel scales (a batch of them with a leading dim); a per-token scale (input 4)
+    is token_scale, which moves CANN's tile (npusim.ops.matmul_qbmm). # assumption: the
+    per-token scale and an int32 bias are applied in the kernel's epilogue at no cost the
+    cube's does not already pay."""
     a, b = shape_of(row, 0, 2), shape_of(row, 1, 2)
-    params = _gemm(row, a, b, bias=False)
+    params = _gemm(row, a, b, bias=False) | (dict(token_scale=True) if present(row, 4) else {})
     if len(a) > 2:
         return [("batch_matmul", params | dict(batch=math.prod(a[:-2])))]
     return [("matmul", params)]

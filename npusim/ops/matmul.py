@@ -101,11 +101,17 @@ class MatmulParams:
     n_parts: tuple[int, ...] = param((), "column widths of C's parts, written as GM tensors c0, c1, ... "
                                      "(e.g. q,k,v of a fused QKV); empty = one tensor c",
                                      converter=tuple, validator=_n_parts_validator)
+    token_scale: bool = param(False, "W8A8 only: A's per-token scales come with the call (CANN's "
+                              "QuantBatchMatmulV3 pertoken_scale), so CANN dequantises C on the vector cores "
+                              "and picks its tile for that (npusim.ops.matmul_qbmm); # assumption: that "
+                              "epilogue hides behind the cube and is not lowered")
 
     def __attrs_post_init__(self):
         if self.dtype == "int8" and (self.weight_dtype not in ("", "int8") or self.bias):
             raise ValueError("dtype=int8 (W8A8) takes an int8 weight (weight_dtype empty or int8) and no bias "
                              "(token_dequant adds it after the per-token scales)")
+        if self.token_scale and self.dtype != "int8":
+            raise ValueError("token_scale is W8A8's (dtype=int8): per-token scales of an int8 A")
         if self.dtype == "fp32" and self.weight_dtype:
             raise ValueError("dtype=fp32 takes an fp32 weight (weight_dtype empty): the cube multiplies fp32 "
                              "by fp32 only")

@@ -53,7 +53,7 @@ _ROW, _COL = 1, 2  # ROW_FIRST, COL_FIRST: the order the cores take tiles in
 def vector_dequant(p) -> bool:
     """Whether CANN dequantises this W8A8 matmul's C on the vector cores (isUbQuant_: a
     bf16 C or per-token scales) rather than in FixPipe."""
-    return p.out_dtype == "bf16" or getattr(p, "token_scale", False)
+    return p.out_dtype == "bf16" or p.token_scale
 
 
 def qbmm_basic_applies(p, hw: HwConfig) -> bool:
