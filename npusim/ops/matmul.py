@@ -47,12 +47,13 @@ from npusim.isa.program import (
     DTYPE_BYTES, CoreType, GmTensor, Kernel, Mem, Program, SyncAll, VecOp, addr, off_line_share,
 )
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
+from npusim.ops.matmul_antiquant import antiquant_applies, lower_antiquant
 from npusim.ops.matmul_msd import lower_msd, msd_applies
 from npusim.ops.matmul_nd2nz import conversion_program, nd2nz_operands
-from npusim.ops.matmul_qbmm import qbmm_basic_applies, qbmm_basic_base
 from npusim.ops.matmul_program import (
     _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes,
 )
+from npusim.ops.matmul_qbmm import qbmm_basic_applies, qbmm_basic_base
 from npusim.ops.reference import batches_to, bsnd_to_batches
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, fill_kernel, streaming_kernel
@@ -331,6 +332,8 @@ def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: 
 def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, op: str) -> Lowered:
     if msd_applies(p):  # W8A16 at decode sizes: the 910B's multi-scale kernel
         return lower_msd(p, hw, gm, t)
+    if antiquant_applies(p):  # other W8A16 with an ND [k, n] weight: the AIVs antiquantise it first
+        return lower_antiquant(p, hw, gm, t)
     t = t or choose_tiling(p, hw)
     batch = getattr(p, "batch", 1)
     cores = check_tiling(t, p.dtype, hw, op)
