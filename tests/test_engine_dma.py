@@ -31,8 +31,10 @@ from npusim.engine import simulate
 from npusim.hw import load_hw
 from npusim.isa import Copy, Mem, Scalar, SetFlag, WaitFlag, addr
 
-# Round, distinguishable start-ups; HBM at its peak so hbm_bytes_per_cycle is the peak.
-BASE = {"dma.startup_cycles": 100, "dma.vector_segment_cycles": 10, "hbm.bw_efficiency": 1.0}
+# Round, distinguishable start-ups; HBM at its peak so hbm_bytes_per_cycle is the peak;
+# starts off an L2 line free (the burst rule alone; test_a_start_off_a_line_costs_the_port_more).
+BASE = {"dma.startup_cycles": 100, "dma.vector_segment_cycles": 10, "hbm.bw_efficiency": 1.0,
+        "dma.off_line_cost_bytes": 0}
 
 
 def hw_with(**over):
@@ -91,6 +93,38 @@ def test_single_read_takes_startup_plus_bytes_over_slowest_link(limit, over):
     s = r.kernels[0].stats
     assert s.hbm_read_bytes == s.l2_miss_bytes == s.gm_read_bytes == nbytes
     assert s.l2_hit_bytes == 0 and s.dma_segments == 1
+
+
+@pytest.mark.parametrize("cost", [0, 512, 2048])
+@pytest.mark.parametrize("offset", [0, 64, 256])
+def test_a_start_off_a_line_costs_the_port_more(cost, offset):
+    """A segment whose GM start is off an L2 line (burst-aligned or not) costs the port
+    dma.off_line_cost_bytes more: its bytes flow at port x rounded / (rounded + cost)."""
+    hw = hw_with(**{"dma.off_line_cost_bytes": cost})
+    nbytes = 65536
+    r = simulate(read_kernel(hw, GM_A + offset, nbytes), hw)
+    _, _, _, start, end, _ = the_interval(r)
+    assert GM_A % hw.l2.line_bytes == 0
+    port = hw.aiv.gm_read_bytes_per_cycle
+    moved = rounded(GM_A + offset, nbytes, hw.dma.burst_bytes)
+    scale = moved / (moved + cost) if offset % hw.l2.line_bytes else 1.0
+    assert port * scale < min(hw.hbm_bytes_per_cycle, hw.l2_bytes_per_cycle)  # the port binds
+    assert end - start == pytest.approx(hw.dma.startup_cycles + moved / (port * scale), abs=1)
+
+
+@pytest.mark.parametrize("base, steps, stride, share", [
+    (0, (), 0, 0.0),  # one start, on a line
+    (64, (), 0, 1.0),  # one start, off
+    (0, (("k", 128),), 0, 0.75),  # starts 128 B apart: one in 4 on a line
+    (0, (("k", 1024),), 2048, 0.0),  # every start on a line
+    (32, (("k", 1024),), 2048, 1.0),  # every start off
+    (0, (("k", 1024),), 2050, 255 / 256),  # segments 2050 B apart: starts on every even byte, 1 in 256 on a line
+])
+def test_the_share_of_starts_off_a_line(base, steps, stride, share):
+    from npusim.isa.program import Affine, off_line_share
+
+    a = Affine(base, steps) if steps else base
+    assert off_line_share(a, 2 if stride else 1, stride, 512) == pytest.approx(share)
 
 
 def test_single_write_goes_at_write_port_and_stays_in_l2():

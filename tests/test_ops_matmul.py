@@ -367,3 +367,34 @@ def test_small_w8a8_keeps_npusims_chooser():
     assert not qbmm_basic_applies(MatmulParams(m=128, n=4096, k=2048, dtype="int8"), HW)
     assert not qbmm_basic_applies(MatmulParams(m=512, n=1024, k=1024, dtype="int8"), HW)
     assert not qbmm_basic_applies(MatmulParams(m=256, n=4096, k=4096, dtype="int8", out_dtype="bf16"), HW)
+
+
+# ---- CANN MatMulV3's load balance (matmul.balanced_base_m)
+
+
+@pytest.mark.parametrize("m, n", [(1024, 1024), (512, 1024), (1000, 3000), (2048, 2048), (700, 5000), (3000, 256)])
+def test_the_last_round_of_128x256_tiles_is_filled_by_cutting_base_m(m, n):
+    """Under 4 rounds of 128 x 256 tiles on the 24 cores, MatMulV3 rounds the tile count up
+    to whole rounds and cuts base_m to share m among those rows of tiles (16-aligned);
+    the tiles never outnumber those whole rounds, and W8A8 (its own tiling) is not cut."""
+    from npusim.ops.matmul import MatmulParams, balanced_base_m
+
+    cores = HW.chip.aic_count
+    p = MatmulParams(m=m, n=n, k=1024)
+    n_tiles, m_tiles = cdiv(n, 256), cdiv(m, 128)
+    bm = balanced_base_m(p, HW, 128, 256, 1)
+    assert bm % 16 == 0 and bm <= 128
+    if m_tiles * n_tiles < 4 * cores:
+        rounds = cdiv(m_tiles * n_tiles, cores) * cores
+        assert bm == -(-cdiv(m, rounds // n_tiles) // 16) * 16
+        assert cdiv(m, bm) * n_tiles <= rounds
+    assert balanced_base_m(MatmulParams(m=m, n=n, k=1024, dtype="int8"), HW, 128, 256, 1) == 128
+
+
+def test_1024_cubed_takes_matmulv3s_96x256_tiles():
+    """CANN's 1024^3 fp16: 44 tiles of 96 x 256 in two rounds (8 x 4 of 128 x 256 would
+    leave 16 cores idle in the second)."""
+    from npusim.ops.matmul import MatmulParams, choose_tiling
+
+    t = choose_tiling(MatmulParams(m=1024, n=1024, k=1024), HW)
+    assert (t.base_m, t.base_n) == (96, 256)

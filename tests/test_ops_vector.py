@@ -380,3 +380,18 @@ def test_a_tile_body_shape_tells_apart_every_field_of_its_instructions():
                 continue
             changed = attrs.evolve(base, **{f.name: other[f.name]})
             assert _shape([changed])[0] != _shape([base])[0], f"{base.__class__.__name__}.{f.name}"
+
+
+@pytest.mark.parametrize("rows, cols, dtype, shape, tiles", [
+    (1024, 1024, "fp16", (19, 512), 108),  # x [1024, 2048]: colLen cut into whole 512-byte runs
+    (273, 509, "fp32", (18, 384), 32),  # x [273, 1018]: 32 tiles on 32 cores (rows alone: 7 on 40)
+    (1375, 50, "fp32", (125, 50), 11),  # rows of 50: whole rows, 125 to a tile
+])
+def test_swiglu_tiles_as_canns_host_tiling(rows, cols, dtype, shape, tiles):
+    """npusim.ops.swiglu_tiles ports CANN's SwiGlu host tiling (swi_glu_tiling.cpp) over
+    rowLen x colLen (half of x's last dim): base tiles sized from UB, columns cut into whole
+    512-byte runs when that gives fewer tiles (worked by hand from its source)."""
+    from npusim.ops.swiglu_tiles import swiglu_tiling
+
+    t = swiglu_tiling(HW, rows, cols, dtype)
+    assert (t.base_rows, t.base_cols, t.tiles) == (*shape, tiles)

@@ -13,7 +13,7 @@ from npusim.isa.interpret import Gm, run_kernel
 from npusim.isa.program import Copy, CoreType, GmTensor, Kernel, Mem, Pipe, Program, Scalar, SetFlag, VecOp, \
     WaitFlag, shift
 from npusim.isa.values import decode, encode
-from npusim.ops import matmul_program, rowwise, vector
+from npusim.ops import matmul_program, rowwise, swiglu_tiles
 from npusim.ops.attention import flash_cores
 from npusim.passes.validate_kernels import check_op, check_step
 
@@ -235,9 +235,12 @@ def test_a_dropped_cross_core_flag_deadlocks_and_fails_named(monkeypatch):
 
 
 def test_a_planted_bug_fails_the_step_and_the_command(monkeypatch, capsys):
-    plus = vector.one_plus_exp_neg
-    monkeypatch.setattr(vector, "one_plus_exp_neg",
-                        lambda n, x, t, dt: [i for i in plus(n, x, t, dt) if i.op != "exp"])
+    plain = swiglu_tiles.vop
+
+    def without_exp(op, *args, **kw):  # SwiGlu's exp(x) becomes x + 0
+        return plain("adds", *args, **{**kw, "scalar": 0.0}) if op == "exp" else plain(op, *args, **kw)
+
+    monkeypatch.setattr(swiglu_tiles, "vop", without_exp)
     assert main(["validate", "--kernels", "--workload", "k3-tiny", "--phase", "decode"]) == 1
     out = capsys.readouterr().out
     assert "swiglu" in next(line for line in out.splitlines() if "FAIL" in line)
