@@ -10,6 +10,8 @@ is a one-line error naming the buffer.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from npusim.errors import ConfigError, ProgramError
@@ -146,13 +148,27 @@ def test_gqa_reads_less_kv():
     assert d_gqa.stats.hbm_read_bytes < 0.3 * d_mha.stats.hbm_read_bytes
 
 
-def test_decode_runs_near_hbm_bandwidth():
-    """Decode attention's roofline is HBM's (its arithmetic is far below its bytes) and it
-    runs within 1.5x of it. Its busiest unit is the vector one: on silicon the decode
-    FusedInferAttentionScore rows stream their KV at 0.5-1.0 TB/s, below the sustained
-    rate, and the calibrated vector costs reproduce them (docs/fidelity.md)."""
-    lowered, r = run("decode_attention", batch=4, heads=32, kv_heads=32, head_dim=128, context=1024)
-    assert r.seconds < 1.5 * r.roofline.time_s
+def test_decode_streams_its_kv_as_silicon_does():
+    """Decode attention's roofline is HBM's (its arithmetic is far below its bytes), but its
+    busiest unit is the vector one: on silicon the decode FusedInferAttentionScore rows of
+    32 heads of 128 stream their KV cache below the sustained rate (0.5-1.0 TB/s, the
+    measured rows below), and npusim's, with the calibrated vector costs, streams it within
+    that range."""
+    from pathlib import Path
+
+    from npusim.calibrate.profile import read_csv
+
+    data = Path(__file__).parents[1] / "npusim" / "data" / "measured" / "attention.csv"
+    rates = []
+    for row in read_csv(data):
+        q, kv = row.input_shapes[:2]
+        if row.op_type == "FusedInferAttentionScore" and q[1] == 1 and q[2:] == kv[2:] == (32, 128):
+            rates.append(2 * math.prod(kv) * 2 / (row.duration_us * 1e-6))  # K and V, fp16 or bf16
+    assert len(rates) >= 3
+    batch, context = 4, 1024
+    lowered, r = run("decode_attention", batch=batch, heads=32, kv_heads=32, head_dim=128, context=context)
+    rate = 2 * batch * context * 32 * 128 * 2 / r.seconds
+    assert min(rates) <= rate <= max(rates), (rate, rates)
     assert r.roofline.hbm_s > r.roofline.compute_s
 
 
