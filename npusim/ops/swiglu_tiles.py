@@ -41,6 +41,8 @@ output): GeGLU keeps npusim.ops.vector.lower_gated.
 
 from __future__ import annotations
 
+import math
+
 from attrs import frozen
 
 from npusim.hw import HwConfig
@@ -177,4 +179,6 @@ def swiglu_kernel(op: str, hw: HwConfig, t: SwigluTiling, rows: int, h: int, dty
     def head(core: int) -> list:  # SwigluVector::InitUbBuffer: Duplicate(ones, 1.0, tileLength)
         return [] if wide else [vop("dup", tile_len, dtype, tmp[0], flops=0, scalar=1.0)]
 
-    return pipeline_kernel(op, op, buf, per_core, [x, y], head=head)
+    # a core's tiles i and i + lcm(cores, col_tiles) are at the same column, a fixed number
+    # of rows apart: its runs of that many / cores tiles loop
+    return pipeline_kernel(op, op, buf, per_core, [x, y], head=head, period=math.lcm(t.cores, col_tiles) // t.cores)

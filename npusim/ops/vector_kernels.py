@@ -16,6 +16,7 @@ their tiles instead: `tile_pipeline` runs them with the same double buffering an
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 from attrs import frozen
@@ -226,10 +227,13 @@ def _stages(direct: bool, k: int) -> tuple[tuple, tuple, tuple, tuple]:
             (set_flag(Pipe.MTE3, Pipe.V, k),))
 
 
-def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
+def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False, period: int = 1) -> list:
     """The instructions of `tiles` run double-buffered: MTE2 loads tile i+1 while V
     works on tile i and MTE3 stores tile i-1. direct=True (no tile has vector work):
-    MTE3 stores straight from the load buffer, MTE2 -> MTE3 flags, no V stage."""
+    MTE3 stores straight from the load buffer, MTE2 -> MTE3 flags, no V stage.
+    period: the tiles move by constant steps from one run of `period` tiles to the next
+    (tiles dealt round robin over a grid they do not divide), not from tile to tile;
+    the runs loop, in the same order."""
     bodies = []
     for i in range(0, len(tiles), 2):
         body: list = []
@@ -239,7 +243,8 @@ def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False) -> list:
             body += [*before_loads, *loads, *after_loads, *(() if direct else work), *before_stores, *stores,
                      *after_stores]
         bodies.append(body)
-    return compress(bodies, "j")
+    pairs = math.lcm(period, 2) // 2  # ping and pong bodies a run spans
+    return compress([sum(bodies[i:i + pairs], []) for i in range(0, len(bodies), pairs)], "j")
 
 
 def pipeline_prologue(direct: bool = False) -> list:
