@@ -1,8 +1,9 @@
 """Which hardware config fields calibration may fit: those whose source comment in the
 YAML (in the file of the `base:` chain that gives the value) says "assumed", and whose
 unit makes them a cost or a rate (cycles, microseconds, bytes per cycle or second, an
-efficiency, a cost counted in bytes of transfer: `_cost_bytes`) - never a size, a count or a structural choice (L2 ways, flag ids), which
-a profile cannot measure and a fit must not invent, and never a host-side cost (the
+efficiency, a cost counted in bytes of transfer: `_cost_bytes`) - never a size, a
+count or a structural choice (L2 ways, flag ids), which a profile cannot measure and
+a fit must not invent, and never a host-side cost (the
 runtime's microsecond fields, PCIe), which neither a kernel's Task Duration nor
 hccl_test's device-timed collective contains. The topology's microsecond fields (link
 and NIC start-ups) are device-side: each transfer step of a collective pays them.

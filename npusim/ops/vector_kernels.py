@@ -234,17 +234,18 @@ def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False, period: int = 1
     period: the tiles move by constant steps from one run of `period` tiles to the next
     (tiles dealt round robin over a grid they do not divide), not from tile to tile;
     the runs loop, in the same order."""
+    run = math.lcm(period, 2)  # the tiles a loop body holds: whole runs, a ping and a pong each
     bodies = []
-    for i in range(0, len(tiles), 2):
+    for i in range(0, len(tiles), run):
         body: list = []
-        for k, make in enumerate(tiles[i:i + 2]):
+        for j, make in enumerate(tiles[i:i + run]):
+            k = j % 2
             loads, work, stores = make(k)
             before_loads, after_loads, before_stores, after_stores = _stages(bool(direct), k)
             body += [*before_loads, *loads, *after_loads, *(() if direct else work), *before_stores, *stores,
                      *after_stores]
         bodies.append(body)
-    pairs = math.lcm(period, 2) // 2  # ping and pong bodies a run spans
-    return compress([sum(bodies[i:i + pairs], []) for i in range(0, len(bodies), pairs)], "j")
+    return compress(bodies, "j")
 
 
 def pipeline_prologue(direct: bool = False) -> list:
