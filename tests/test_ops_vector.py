@@ -395,3 +395,32 @@ def test_swiglu_tiles_as_canns_host_tiling(rows, cols, dtype, shape, tiles):
 
     t = swiglu_tiling(HW, rows, cols, dtype)
     assert (t.base_rows, t.base_cols, t.tiles) == (*shape, tiles)
+
+
+@pytest.mark.parametrize("shape, dtype", [((65536, 8448), "fp16"), ((4099, 4224), "fp32"), ((511, 8192), "bf16"),
+                                          ((2048, 14336), "fp16")])
+def test_swiglu_lowers_alike_tiles_to_the_program_every_tile_built_gives(shape, dtype, monkeypatch):
+    """swiglu_tiles vouches for its whole-row tiles (tile_pipeline's `alike`), so only a
+    few of them are built: the programs must equal those of every tile built and folded."""
+    from npusim.ops import layout
+
+    quick = lower("swiglu", {"shape": shape, "dtype": dtype}, HW).kernels[0]
+    every = layout.tile_pipeline
+    monkeypatch.setattr(layout, "tile_pipeline", lambda tiles, direct, period, alike: every(tiles, direct, period))
+    full = lower("swiglu", {"shape": shape, "dtype": dtype}, HW).kernels[0]
+    assert quick.block_dim == full.block_dim and quick.aiv == full.aiv
+
+
+def test_tile_pipeline_refuses_tiles_wrongly_vouched_alike():
+    """A caller's `alike` that the runs it builds contradict (here the last vouched run
+    points elsewhere) is an error, not a program that runs other tiles than those asked for."""
+    from npusim.isa.program import Copy, Mem
+    from npusim.ops.vector_kernels import tile_pipeline
+
+    def tile(addr):
+        return lambda p: ([Copy(Mem.GM, Mem.UB, addr, p * 4096, 64)], [], [Copy(Mem.UB, Mem.GM, p * 4096, addr, 64)])
+
+    steady = [tile(64 * i) for i in range(8)]
+    assert tile_pipeline(steady, alike=8) == tile_pipeline(steady)
+    with pytest.raises(ValueError, match="not runs"):
+        tile_pipeline(steady[:6] + [tile(1 << 20)] + steady[7:], alike=8)

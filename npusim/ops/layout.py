@@ -55,14 +55,15 @@ def split_runs(units: int, cores: int) -> list[tuple[int, int]]:
 
 
 def pipeline_kernel(name: str, op: str, buf: Buffers, per_core: list[list], gm: list[GmTensor],
-                     direct: bool = False, head=lambda core: [], period: int = 1) -> object:
+                     direct: bool = False, head=lambda core: [], period: int = 1, alike=lambda core: 0) -> object:
     """Kernel from per-core lists of tile groups (each group a list of tile fns whose
     tiles move by constant steps, or runs of `period` tiles do: tile_pipeline);
-    head(core) -> instructions before the pipeline."""
+    head(core) -> instructions before the pipeline; alike(core): tile_pipeline's
+    `alike` for each of the core's groups."""
     bodies = []
     for core, groups in enumerate(per_core):
         body = head(core) + pipeline_prologue(direct)
-        body += compress([tile_pipeline(g, direct, period) for g in groups], "i")
+        body += compress([tile_pipeline(g, direct, period, alike(core)) for g in groups], "i")
         bodies.append(body + pipeline_epilogue(direct))
     return tile_kernel(name, op, buf.buffers, bodies, gm)
 

@@ -180,5 +180,12 @@ def swiglu_kernel(op: str, hw: HwConfig, t: SwigluTiling, rows: int, h: int, dty
         return [] if wide else [vop("dup", tile_len, dtype, tmp[0], flops=0, scalar=1.0)]
 
     # a core's tiles i and i + lcm(cores, col_tiles) are at the same column, a fixed number
-    # of rows apart: its runs of that many / cores tiles loop
-    return pipeline_kernel(op, op, buf, per_core, [x, y], head=head, period=math.lcm(t.cores, col_tiles) // t.cores)
+    # of rows apart: its runs of that many / cores tiles loop, alike while their rows are
+    # whole (every row tile but a short last one)
+    whole_rows = rows // t.base_rows * col_tiles  # the tiles before a short last row tile
+
+    def alike(core: int) -> int:
+        return max(0, cdiv(whole_rows - core, t.cores))
+
+    return pipeline_kernel(op, op, buf, per_core, [x, y], head=head, period=math.lcm(t.cores, col_tiles) // t.cores,
+                           alike=alike)

@@ -227,16 +227,20 @@ def _stages(direct: bool, k: int) -> tuple[tuple, tuple, tuple, tuple]:
             (set_flag(Pipe.MTE3, Pipe.V, k),))
 
 
-def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False, period: int = 1) -> list:
+def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False, period: int = 1, alike: int = 0) -> list:
     """The instructions of `tiles` run double-buffered: MTE2 loads tile i+1 while V
     works on tile i and MTE3 stores tile i-1. direct=True (no tile has vector work):
     MTE3 stores straight from the load buffer, MTE2 -> MTE3 flags, no V stage.
     period: the tiles move by constant steps from one run of `period` tiles to the next
     (tiles dealt round robin over a grid they do not divide), not from tile to tile;
-    the runs loop, in the same order."""
+    the runs loop, in the same order.
+    alike: the caller's word that the first `alike` tiles are such runs, each the one
+    before moved by the same steps: only the first two of them and the last are built
+    (and checked against that word), so a long pipeline lowers in the time of a few
+    runs. The result is the one every tile built would give."""
     run = math.lcm(period, 2)  # the tiles a loop body holds: whole runs, a ping and a pong each
-    bodies = []
-    for i in range(0, len(tiles), run):
+
+    def body_of(i: int) -> list:
         body: list = []
         for j, make in enumerate(tiles[i:i + run]):
             k = j % 2
@@ -244,8 +248,25 @@ def tile_pipeline(tiles: Sequence[TileFn], direct: bool = False, period: int = 1
             before_loads, after_loads, before_stores, after_stores = _stages(bool(direct), k)
             body += [*before_loads, *loads, *after_loads, *(() if direct else work), *before_stores, *stores,
                      *after_stores]
-        bodies.append(body)
-    return compress(bodies, "j")
+        return body
+
+    whole = min(alike, len(tiles)) // run  # bodies vouched for
+    if whole < 3:
+        return compress([body_of(i) for i in range(0, len(tiles), run)], "j")
+    first = body_of(0)
+    (shape, bases), (second, then) = _shape(first), _shape(body_of(run))
+    final, last = _shape(body_of((whole - 1) * run))
+    steps = _steps(bases, then)
+    if not shape == second == final or _steps(bases, last) != [(whole - 1) * s for s in steps]:
+        raise ValueError(f"tile_pipeline: the first {alike} tiles are not runs of {period} moving by constant steps")
+    rest = [body_of(i) for i in range(whole * run, len(tiles), run)]
+    more = 0  # bodies after those vouched for that go on alike (compress would loop them too)
+    for body in rest:
+        s, b = _shape(body)
+        if s != shape or _steps(last, b) != steps:
+            break
+        more, last = more + 1, b
+    return [Loop("j", whole + more, _shift(first, steps, "j"))] + compress(rest[more:], "j")
 
 
 def pipeline_prologue(direct: bool = False) -> list:
