@@ -17,13 +17,14 @@ from npusim.engine.compile import (
     FlagSet,
     FlagWait,
     GmCopy,
+    MEMS,
     LoopEntry,
     SyncAllEntry,
 )
 from npusim.engine.cycles import whole_cycles
 from npusim.engine.events import Signal, after, at_delay
 from npusim.engine.grouping import Diverged
-from npusim.engine.pipe import barrier, sync_all
+from npusim.engine.pipe import MARKED_GM, barrier, marks_of, sync_all
 from npusim.isa.program import CoreType, at
 
 
@@ -77,6 +78,9 @@ def run_pipe(dev, kr, cr, pipe, code):
     starts: list = []
     first = req = end = gate = None
     local_bytes = acc.local_bytes
+    # fast-forward's marks (pipe.mark): the bytes this pipe wrote into each buffer, unweighted
+    marks = marks_of(dev, cr, pipe_name) if dev.mark_var is not None else None
+    mine = dict.fromkeys(MEMS, 0)
     flags, waiters = _flags_of(dev, cr)
 
     # The stream in execution order, loops walked in place (a stack of open loops:
@@ -97,6 +101,7 @@ def run_pipe(dev, kr, cr, pipe, code):
                 flops += entry.flops
                 if entry.mem is not None:
                     local_bytes[entry.mem] += entry.nbytes * w
+                    mine[entry.mem] += entry.nbytes
             elif kind is FixedRun:  # as its Fixed entries one after the other (exact: whole numbers)
                 cost = entry.cost
                 if intervals is not None:
@@ -110,6 +115,7 @@ def run_pipe(dev, kr, cr, pipe, code):
                 flops += entry.flops
                 for mem_name, nbytes in entry.local:
                     local_bytes[mem_name] += nbytes * w
+                    mine[mem_name] += nbytes
             elif kind is GmCopy:
                 startup, cap, write = entry.startup, entry.cap, entry.write
                 nbytes, segments, step = entry.nbytes, entry.segments, entry.step
@@ -161,6 +167,7 @@ def run_pipe(dev, kr, cr, pipe, code):
                 else:
                     acc.gm_read_bytes += st.moved
                     local_bytes[entry.local] += nbytes * segments * w
+                    mine[entry.local] += nbytes * segments
                 acc.hbm_read_bytes += st.hbm_read
                 acc.hbm_write_bytes += st.hbm_write
                 acc.l2_hit_bytes += st.hit_bytes
@@ -227,6 +234,9 @@ def run_pipe(dev, kr, cr, pipe, code):
             if not stack:
                 break
             parent, loop, i = stack.pop()
+            if marks is not None and loop.var == dev.mark_var:
+                marks.append((t, busy, waited, data_wait, flops, tuple(mine.values()),
+                              tuple([getattr(acc, name) for name in MARKED_GM])))
             if i + 1 < loop.count:
                 vars[loop.var] = i + 1
                 stack.append((parent, loop, i + 1))

@@ -98,3 +98,31 @@ def test_a_kernel_on_a_bare_device_keeps_whole_cycles_as_ints(monkeypatch):
     end = 54 + HW.dma.startup_cycles + math.ceil(4096 / HW.aiv.gm_read_bytes_per_cycle)
     assert f"'GM->UB', 54, {end}," in walked
     assert walked == reference
+
+
+@pytest.mark.parametrize("op_type, params", [("matmul", {"m": "8192", "n": "768", "k": "256"}),
+                                             ("add", {"shape": "16384,1024"}),
+                                             ("rms_norm", {"shape": "4096,4096"})])
+def test_marks_are_taken_as_in_python(monkeypatch, op_type, params):
+    """Fast-forward's marks (pipe.mark; engine.fastforward): every pipe's clock and counters as
+    each iteration of the repeat loop ends, value and type, as the Python takes them; and a
+    marked run is the run unmarked."""
+    from npusim.engine import Launch, Synchronize, fastforward, run
+    from npusim.ops import lower
+
+    kernel = lower(op_type, params, HW).kernels[0]
+    var = fastforward._repeat_path(kernel.program(kernel.core_type, 0).body)[1].var  # (of any count)
+
+    def marked(var):
+        devices = []
+
+        def setup(d):
+            d.mark_var = var
+            devices.append(d)
+        r = run([Launch(kernel, 0), Synchronize()], HW, "kernel", on_device=setup)
+        return r.kernels[0].stats, [(cr.name, cr.kind.value, pipe, marks) for cr, pipe, marks in devices[-1].marks]
+
+    walked, reference = _walked_and_reference(monkeypatch, lambda: marked(var), repr)
+    plain, none = marked(None)
+    assert walked == reference and "[(" in walked and not none
+    assert walked.startswith(f"({plain!r}, ")  # the stats: as unmarked

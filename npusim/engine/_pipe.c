@@ -565,6 +565,9 @@ typedef struct {
        meet(walk, entry) and the generator it returned while one is running, end(walk),
        and the Signal that fires with the clock when the pipe ends */
     PyObject *resume_cb, *meet, *gen, *end, *done;
+    /* marks (engine.fastforward): at the end of every iteration of a loop whose variable
+       is mark_var, on_mark(walk) is called (both NULL: no marks) */
+    PyObject *mark_var, *on_mark;
     /* cross-core flags (CrossSetFlag/CrossWaitFlag between a block's AIC and AIVs): this
        core's (flag id * per + source), the cores a set goes to and the source it sets
        as, how many sources a wait waits for (the AIC: every AIV; an AIV: the AIC), the
@@ -601,6 +604,7 @@ static int walker_traverse(Walker *w, visitproc visit, void *arg) {
     Py_VISIT(w->pending); Py_VISIT(w->addrs); Py_VISIT(w->st);
     Py_VISIT(w->resume_cb); Py_VISIT(w->meet); Py_VISIT(w->gen); Py_VISIT(w->end); Py_VISIT(w->done);
     Py_VISIT(w->cross); Py_VISIT(w->cross_targets);
+    Py_VISIT(w->mark_var); Py_VISIT(w->on_mark);
     return 0;
 }
 
@@ -614,6 +618,7 @@ static int walker_clear(Walker *w) {
     Py_CLEAR(w->pending); Py_CLEAR(w->addrs); Py_CLEAR(w->st);
     Py_CLEAR(w->resume_cb); Py_CLEAR(w->meet); Py_CLEAR(w->gen); Py_CLEAR(w->end); Py_CLEAR(w->done);
     Py_CLEAR(w->cross); Py_CLEAR(w->cross_targets);
+    Py_CLEAR(w->mark_var); Py_CLEAR(w->on_mark);
     return 0;
 }
 
@@ -1117,6 +1122,18 @@ static int end_cross_wait(Walker *w) {
 
 /* Walk on until the pipe must wait (returns the event), meets an entry pipe.py does
    (returns it) or ends (None). */
+/* an iteration of a loop over `var` has ended: on_mark(walk) if var is mark_var; -1 on error */
+static int mark_here(Walker *w, PyObject *var) {
+    int same = var == w->mark_var ? 1 : PyObject_RichCompareBool(var, w->mark_var, Py_EQ);
+    if (same <= 0) return same;
+    PyObject *call = Py_NewRef(w->on_mark);  /* held: the call may set on_mark anew */
+    PyObject *r = PyObject_CallOneArg(call, (PyObject *)w);
+    Py_DECREF(call);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *walk_on(Walker *w) {
     if (w->pending) {  /* the event the pipe waited for has come */
         Op *op = w->pending_op;
@@ -1138,6 +1155,7 @@ static PyObject *walk_on(Walker *w) {
     while (w->depth) {
         Frame *f = &w->stack[w->depth - 1];
         if (f->pos == f->code->n) {
+            if (f->loop && w->on_mark && w->mark_var && mark_here(w, f->loop->var) < 0) return NULL;
             if (f->loop && f->iter + 1 < f->loop->count) {
                 f->iter++;
                 f->pos = 0;
@@ -1332,6 +1350,17 @@ static PyObject *walker_flush(Walker *w, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *walker_get_t(Walker *w, void *closure) { return num_to(w->t); }
 
+static PyObject *walker_get_local(Walker *w, void *closure) {
+    if (not_initialised(w)) return NULL;
+    PyObject *out = PyTuple_New(w->root->n_mems);
+    for (Py_ssize_t k = 0; out && k < w->root->n_mems; k++) {
+        PyObject *n = PyLong_FromLongLong(w->local[k]);
+        if (!n) { Py_CLEAR(out); break; }
+        PyTuple_SET_ITEM(out, k, n);
+    }
+    return out;
+}
+
 static int walker_set_t(Walker *w, PyObject *v, void *closure) {
     if (!v) { PyErr_SetString(PyExc_TypeError, "t cannot be deleted"); return -1; }
     return num_from(v, &w->t);
@@ -1349,6 +1378,20 @@ static int walker_set_t(Walker *w, PyObject *v, void *closure) {
         w->field = PyFloat_AS_DOUBLE(v);                                                 \
         return 0;                                                                        \
     }
+
+/* mark_var and on_mark: None or an object (see the struct); set both or neither */
+#define OBJECT_FIELD(field)                                                              \
+    static PyObject *walker_get_##field(Walker *w, void *closure) {                     \
+        return Py_NewRef(w->field ? w->field : Py_None);                                 \
+    }                                                                                    \
+    static int walker_set_##field(Walker *w, PyObject *v, void *closure) {               \
+        if (!v) { PyErr_SetString(PyExc_TypeError, #field " cannot be deleted"); return -1; } \
+        Py_XSETREF(w->field, v == Py_None ? NULL : Py_NewRef(v));                         \
+        return 0;                                                                        \
+    }
+
+OBJECT_FIELD(mark_var)
+OBJECT_FIELD(on_mark)
 
 DOUBLE_FIELD(busy)
 DOUBLE_FIELD(waited)
@@ -1370,6 +1413,11 @@ static PyGetSetDef walker_getset[] = {
     {"flops", (getter)walker_get_flops, (setter)walker_set_flops, "flops so far", NULL},
     {"data_wait", (getter)walker_get_data_wait, (setter)walker_set_data_wait,
      "cycles its copies waited for shared bandwidth or HBM so far", NULL},
+    {"mark_var", (getter)walker_get_mark_var, (setter)walker_set_mark_var,
+     "the loop variable whose iterations are marked (None: none)", NULL},
+    {"on_mark", (getter)walker_get_on_mark, (setter)walker_set_on_mark,
+     "on_mark(walk), called as each iteration of a loop over mark_var ends (None: never)", NULL},
+    {"local", (getter)walker_get_local, NULL, "bytes written into each local buffer since the last flush", NULL},
     {NULL},
 };
 

@@ -68,6 +68,7 @@ from attrs import frozen
 from npusim.engine._pipe import Flags
 from npusim.engine.compile import compile_program, count_instructions
 from npusim.engine.events import after
+from npusim.engine.fastforward import warm
 from npusim.engine.grouping import Grouping, gm_accesses, groupable
 from npusim.engine.memory import MemorySystem
 from npusim.engine.pipe import start_pipe
@@ -194,6 +195,10 @@ class Device:
         # alone from a few of its waves (engine.fastforward); None: every kernel is simulated in full
         self.fast_forward = fast_forward
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
+        # engine.fastforward's marks: every pipe marks where it stands as each iteration of a loop
+        # over mark_var ends (pipe.mark), into dev.marks as (core run, pipe, its marks); None: no marks
+        self.mark_var: str | None = None
+        self.marks: list = []
 
     # ---------------------------------------------------------------- kernels
 
@@ -215,24 +220,27 @@ class Device:
         if self.fast_forward is not None and kr.alone and self._fills_cores(kernel):
             priced = self.fast_forward(kernel, self)
             if priced is not None:
-                stats, kr.skipped = priced
-                self.env.process(self._replay(kr, stats.cycles, stats, kr.skipped))
+                stats, kr.skipped, left = priced
+                self.env.process(self._replay(kr, stats.cycles, stats, kr.skipped, left))
                 return kr.done
         kr.sync_parties = sum(self._parties(kernel, b) for b in range(kernel.block_dim))
         self.pending.append(kr)
         self._dispatch()
         return kr.done
 
-    def _replay(self, kr: _KernelRun, cycles: float, stats: KernelStats, skipped: int = 0):
+    def _replay(self, kr: _KernelRun, cycles: float, stats: KernelStats, skipped: int = 0, left=None):
         """Run a kernel as its lone twin ran (see the module doc), or as engine.fastforward
-        priced it (`skipped`: the waves it did not simulate)."""
+        priced it (`skipped`: the waves it did not simulate; `left`: the L2 it leaves, an
+        fastforward.l2_image, put over the device's L2 in place of its footprint)."""
         held = {kind: self.free[kind] for kind in self._kinds(kr.kernel)}
         for kind in held:
             self.free[kind] = []
         yield self.env.timeout(cycles)
         for kind, cores in held.items():
             self.free[kind] = sorted(self.free[kind] + cores)
-        if kr.reuse is not None:
+        if left is not None:
+            warm(self.memory.l2, left)
+        elif kr.reuse is not None:
             for start, nbytes in kr.reuse.reads:
                 self.memory.touch(start, nbytes, False)
             for start, nbytes in kr.reuse.writes:

@@ -16,23 +16,30 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   kernel's AIC and AIV programs of a block must have the same (variable, count)
   (their cross-core flags pair up per iteration). c = the smallest count over the
   blocks.
-- The kernel is simulated several times, each on its own device, with every block's
-  repeat loop cut by the same number of iterations (a *truncated run*: it has the
-  whole head and tail of the kernel: the nests before and after the loop, the uneven
-  last wave, the drain). The difference between two runs is what the waves between
-  them add: cycles and every counter (bytes, HBM and L2 traffic, instructions, pipe
-  busy and wait time, flops).
+- Only a kernel whose blocks all run at once (block_dim no more than the cores of its
+  type) is priced so: its waves are then simultaneous.
+- The kernel is simulated two or three times, each time on its own device, with every block's repeat
+  loop cut by the same number of iterations (a *truncated run*: it has the whole head
+  and tail of the kernel: the nests before and after the loop, the uneven last wave,
+  the drain), its pipes *marking* where they stand as each iteration of the loop ends
+  (pipe.mark: the pipe's clock and own counters, the kernel's GM counters then). Wave i
+  ends when the last pipe ends its iteration i; the kernel at that point (_snapshots)
+  is that clock, the GM counters then, and every pipe's own counters at its own end of
+  iteration i (busy, wait, data-wait cycles, flops, local bytes); instructions are
+  counted exactly from the programs.
 - Where to measure: a steady state can only hold once the kernel's own lines fill the
-  L2 and evict each other. Two probe runs keeping FF_KEEP and FF_KEEP + 1 waves give
-  the new lines a wave brings in (missed reads and writes); the increments are
-  measured from the wave f by which an L2's worth has come in: runs keeping f, f + s,
-  ..., f + FF_INCREMENTS * s waves (the stride s: FF_STRIDE_DIVISOR).
+  L2 and evict each other. A probe run keeping FF_KEEP + 1 + FF_PAST waves gives the new
+  lines a wave brings in (missed reads and writes, wave FF_KEEP + 1); the increments are
+  measured from the end of wave f by which an L2's worth has come in (or, when that
+  gives no steady state, two L2s' worth: FF_FILLS), at the ends of waves f, f + s, ...,
+  f + FF_INCREMENTS * s (the stride s: FF_STRIDE_DIVISOR), by one run keeping FF_PAST
+  waves more than the last of them.
 - Steady state: the FF_INCREMENTS increments of cycles agree within FF_TOLERANCE
   (relative to their mean), those of HBM read bytes and L2 hit bytes within
-  FF_TRAFFIC_TOLERANCE (see there why looser). Then the kernel is the longest
-  truncated run plus the last increment per wave times the waves left out (c - f -
-  FF_INCREMENTS * s); else (no steady state) it is simulated in full.
-- Not worth it: fewer than FF_MIN_SKIP waves to skip, or truncated runs costing more
+  FF_TRAFFIC_TOLERANCE (see there why looser). Then the kernel is that run plus the
+  last increment per wave times the waves it left out; else (no steady state) it is
+  simulated in full.
+- Not worth it: fewer than FF_MIN_SKIP waves to skip, or the runs costing more
   than 1 / FF_MIN_GAIN of the kernel (plan()): simulated in full. A bound from the GM
   bytes a wave moves (wave_gm_bytes) rules most such kernels out before any run. Every
   small kernel (the tests' tiny decoders, the regression corpus) is simulated in full.
@@ -45,8 +52,8 @@ Assumptions (stated again in docs/benchmarks.md):
 #   taken as arrived (the kernel starts on an idle device) and background write-backs
 #   then still draining ignored;
 # assumption: as for a replayed kernel (device.py), the fast-forwarded kernel makes no
-#   link traffic on the device's links while it holds its cores, and its L2 footprint
-#   (its Reuse reads and writes, else every GM tensor it names as read) lands at its end.
+#   link traffic on the device's links while it holds its cores; at its end the L2 is
+#   put as its measuring run left it (see price).
 A fast-forwarded kernel's record says how many waves were not simulated
 (KernelRecord.skipped); it has no instruction or block spans in a trace.
 """
@@ -59,14 +66,17 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from npusim.engine.compile import count_instructions
+from npusim.engine.compile import MEMS, count_instructions
+from npusim.engine.pipe import MARKED_GM
 from npusim.engine.stats import KernelStats
 from npusim.isa.program import CoreType, Copy, Kernel, Loop, Mem
 
-# Iterations of the repeat loop the shortest truncated run keeps (in its smallest block):
-# the first wave pays the pipeline fill (first loads with nothing to overlap), so the
-# increments are measured from the second on (or later: see price).
-FF_KEEP = 1
+# The earliest wave whose end a marked run measures from: the first wave pays the pipeline
+# fill (first loads with nothing to overlap), and the second ends early or late of the
+# steady period by what the fill shifted (an add over 131,072 rows: its second wave takes
+# 84% of the period, the third on agree to 0.2%); so the increments are measured from the
+# end of the second wave on (or later: see price).
+FF_KEEP = 2
 # Consecutive increments that must agree before the rest is extrapolated (the issue's
 # "3 consecutive waves with the same duration, bytes and L2 behaviour").
 FF_INCREMENTS = 3
@@ -81,6 +91,24 @@ FF_STRIDE_DIVISOR = 32
 # this spread, and the error of the whole kernel that times the fraction of it left out
 # (the benchmark's targets: 0.2% median, 1% max). A GEMM's waves agree to 0.1%.
 FF_TOLERANCE = 0.005
+# A kernel's waves jitter (an add_rms_norm's over 65,536 rows by about 1.2% each, as DMA
+# start-ups land on other cycles), so an increment of s waves spreads by about that over
+# sqrt(s) even in a steady state: the increments of cycles may also spread by this many
+# times that (_jitter), on top of FF_TOLERANCE. A trend (write-backs setting in: +10% from
+# one increment to the next) is far outside it. The extrapolation's error from it is about
+# the jitter of one increment times the share of the kernel left out.
+FF_NOISE_SIGMAS = 3
+# Waves a marked run keeps past the last one it measures: a wave's end is where its last
+# pipe ends the wave, when the pipes that run ahead (MTE2 loading the next wave's tiles)
+# are already into the next, except at the run's last wave, where they have none.
+FF_PAST = 1
+# Where the increments are measured from: the wave by which the kernel has brought this
+# many L2s' worth of new lines in, the first that gives a steady state. Once the L2 is
+# full a kernel's writes evict its own earlier lines, but the dirty ones among them reach
+# the LRU end only about an L2's worth later, and their write-backs then take HBM time
+# from the reads: an add_rms_norm over 65,536 rows of 4096 (a new line per 0.42% of the L2
+# a wave) fills the L2 at wave 43, writes back from wave 58 and is steady from about 80.
+FF_FILLS = (1, 2)
 # Fewer waves to skip than this: simulate the kernel in full (measured: at 12 skipped
 # waves a GEMM priced 2.5x slower than simulated). It also keeps every small test case
 # (the regression corpus, the tiny decoders) bit-identical to the exact engine.
@@ -91,7 +119,8 @@ FF_MIN_SKIP = 16
 FF_HEAD_TAIL_WAVES = 2
 # The truncated runs must cost at most 1 / FF_MIN_GAIN of the full simulation (in waves,
 # as plan() counts them), or the kernel is simulated in full: a GEMM of ~21 waves of rows
-# (16 x 4096 tokens) priced from 4 truncated runs took longer than simulating it.
+# (16 x 4096 tokens) priced from truncated runs of about 2/3 of its waves took longer than
+# simulating it.
 FF_MIN_GAIN = 1.5
 
 # How far the increments of HBM read bytes and L2 hit bytes may spread: a wave's share of
@@ -104,7 +133,7 @@ FF_MIN_GAIN = 1.5
 FF_TRAFFIC_TOLERANCE = 0.5
 # Every parameter above: what a fast-forwarded result depends on besides its inputs (the
 # disk cache keys such results on them: npusim.step_flags.fast_forward_key)
-PARAMETERS = (FF_KEEP, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE, FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP,
+PARAMETERS = (FF_KEEP, FF_PAST, FF_FILLS, FF_NOISE_SIGMAS, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE, FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP,
               FF_HEAD_TAIL_WAVES, FF_MIN_GAIN)
 _MEASURED = (("cycles", FF_TOLERANCE), ("hbm_read_bytes", FF_TRAFFIC_TOLERANCE),
              ("l2_hit_bytes", FF_TRAFFIC_TOLERANCE))  # what must be steady (see the module doc)
@@ -220,13 +249,14 @@ def wave_gm_bytes(kernel: Kernel) -> int:
 
 def plan(c: int, first: int = FF_KEEP, spent: int = 0) -> tuple[list[int], int, int]:
     """For a kernel of c waves whose increments are measured from wave `first` on: the
-    waves each truncated run keeps, the stride between them and the waves left out (0:
-    not fast-forwarded: fewer than FF_MIN_SKIP, or the truncated runs, with `spent` waves
-    already simulated, would cost more than c / FF_MIN_GAIN waves)."""
+    waves at whose ends the increments are measured (the marked run keeps FF_PAST more
+    than the last of them), the stride between them and the waves left out (0: not fast-forwarded: fewer
+    than FF_MIN_SKIP, or the marked run, with `spent` waves already simulated, would
+    cost more than c / FF_MIN_GAIN waves)."""
     stride = max(1, c // FF_STRIDE_DIVISOR)
     kept = [first + j * stride for j in range(FF_INCREMENTS + 1)]
-    skip = c - kept[-1]
-    cost = spent + sum(k + FF_HEAD_TAIL_WAVES for k in kept)
+    skip = c - kept[-1] - FF_PAST
+    cost = spent + kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
     return kept, stride, skip if skip >= FF_MIN_SKIP and cost * FF_MIN_GAIN <= c else 0
 
 
@@ -258,8 +288,10 @@ def l2_image(l2) -> tuple[np.ndarray, np.ndarray]:
 
 
 def warm(l2, image: tuple[np.ndarray, np.ndarray]) -> None:
-    """Put an l2_image into an empty L2Cache of the same geometry: each line accessed once,
-    in the image's order (so each set's LRU order is the image's), then its dirty bits."""
+    """Put an l2_image into an L2Cache of the same geometry: each line accessed once, in the
+    image's order (so each set's LRU order is the image's), then its dirty bits. An empty
+    L2 then holds the image; one that holds lines keeps those the image's evict nowhere
+    (sets it leaves partly free), a line both hold dirty in either."""
     lines, dirty = image
     if not len(lines):
         return
@@ -285,8 +317,12 @@ def _diff(a: KernelStats, b: KernelStats) -> KernelStats:
     return _add(a, b, -1.0)
 
 
-def _steady(increments: list[KernelStats]) -> bool:
+def _steady(increments: list[KernelStats], noise: float = 0.0) -> bool:
+    """Do the increments agree (see _MEASURED)? `noise`: the relative spread the waves'
+    own jitter gives an increment of cycles (see FF_NOISE_SIGMAS), on top of FF_TOLERANCE."""
     for name, tolerance in _MEASURED:
+        if name == "cycles":
+            tolerance += FF_NOISE_SIGMAS * noise
         values = [getattr(s, name) for s in increments]
         mean = sum(values) / len(values)
         if name == "cycles" and mean <= 0:
@@ -296,62 +332,128 @@ def _steady(increments: list[KernelStats]) -> bool:
     return True
 
 
-def price(kernel: Kernel, l2_bytes: int, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None,
-          simulate: Callable[[Kernel, Callable], KernelStats]) -> tuple[KernelStats, int] | None:
-    """(stats of the whole kernel, waves not simulated), or None when the kernel is to be
-    simulated in full (too few waves, no steady state, or a truncated run that fails).
-    `l2_bytes`: the L2's capacity; `image()`: the device's L2 (l2_image) each truncated run
-    starts from; `simulate(kernel, on_device)`: the stats of one kernel run alone
-    (on_device warms its L2)."""
+def _jitter(durations: list[float], stride: int) -> float:
+    """The relative standard deviation of a sum of `stride` waves, from the waves' own
+    durations taken as independent: their variance estimated from consecutive differences
+    (half their mean square), which a slow trend in the durations barely moves."""
+    if len(durations) < 2:
+        return 0.0
+    mean = sum(durations) / len(durations)
+    var = sum((b - a) ** 2 for a, b in zip(durations, durations[1:])) / (2 * (len(durations) - 1))
+    return math.sqrt(var / stride) / mean if mean > 0 else 0.0
+
+
+def _snapshots(marks: list, n: int) -> list[KernelStats]:
+    """The kernel as it stands at the end of each of its first n waves, from the marks of a
+    marked run (pipe.mark; dev.marks: (core run, pipe, its marks) per pipe that walks the
+    repeat loop): wave i ends when the last pipe ends its iteration i (cycles: that clock),
+    the GM counters as they stood then, each pipe's own counters as it ended iteration i
+    (times its run's weight), core cycles as every core run held its core throughout.
+    Instructions are left 0: price counts them exactly (static_instructions)."""
+    pipes = [(cr, pipe, m) for cr, pipe, m in marks if len(m) >= n]
+    runs = {id(cr): cr for cr, _, _ in pipes}
+    held: dict[str, float] = {}
+    for cr in runs.values():
+        held[cr.kind.value] = held.get(cr.kind.value, 0) + cr.weight
+    out = []
+    for i in range(n):
+        last = max(pipes, key=lambda p: p[2][i][0])[2][i]
+        kw = {"cycles": float(last[0]), **dict(zip(MARKED_GM, last[6]))}
+        kw["flops"] = sum(m[i][4] * cr.weight for cr, _, m in pipes)
+        for name, at in (("busy_cycles", 1), ("wait_cycles", 2), ("data_wait_cycles", 3)):
+            kw[name] = {f"{cr.kind.value}.{pipe}": m[i][at] * cr.weight for cr, pipe, m in pipes}
+        local: dict[str, float] = {}
+        for cr, _, m in pipes:
+            for mem, nbytes in zip(MEMS, m[i][5]):
+                if nbytes:
+                    local[mem] = local.get(mem, 0) + nbytes * cr.weight
+        kw["local_bytes"] = local
+        kw["core_cycles"] = {kind: float(last[0]) * w for kind, w in held.items()}
+        out.append(KernelStats(**kw))
+    return out
+
+
+def static_instructions(kernel: Kernel, aivs: int) -> int:
+    """The instructions a kernel executes, as the device counts them: each block's programs,
+    a MIX block's AIV program once per AIV (`aivs` of them)."""
+    n = 0
+    for kind in _kinds(kernel):
+        per = aivs if kind is CoreType.AIV and kernel.core_type is CoreType.MIX else 1
+        n += per * sum(count_instructions(kernel.program(kind, b).body) for b in range(kernel.block_dim))
+    return n
+
+
+def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None,
+          simulate: Callable[[Kernel, Callable, str], tuple[KernelStats, list, tuple]]
+          ) -> tuple[KernelStats, int, tuple] | None:
+    """(stats of the whole kernel, waves not simulated, the L2 it leaves: an l2_image), or
+    None when the kernel is to be simulated in full (too few waves, blocks in more than one
+    wave of cores, no steady state, or a truncated run that fails). `hw`: the device's
+    config; `image()`: the device's L2 (l2_image) each truncated run starts from;
+    `simulate(kernel, on_device, mark_var)`: (the stats, the marks: see _snapshots, the L2
+    at its end: an l2_image) of one kernel run alone, its pipes marking the iterations of
+    loops over mark_var (on_device warms its L2).
+    # assumption: the kernel leaves the L2 as its marked run does (the same head and tail,
+    #   its last waves at the addresses of earlier ones: what each wave re-reads, the
+    #   weights of a GEMM, is held alike, and what it streams is held in the same share)."""
     c = waves(kernel)
+    cores = hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
+    l2_bytes = hw.l2.l2_bytes
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
     # bytes it moves (see below); not worth it even then: no truncated run at all
     moved = wave_gm_bytes(kernel)
-    if not plan(c, max(FF_KEEP, math.ceil(l2_bytes / moved)) if moved else FF_KEEP)[2]:
+    if kernel.block_dim > cores or not plan(c, max(FF_KEEP, math.ceil(l2_bytes / moved)) if moved else FF_KEEP)[2]:
         return None
     held = image() if image is not None else None
+    var = repeat_loops(kernel)[_kinds(kernel)[0]][0][1].var
 
     def on_device(device) -> None:
         if held is not None:
             warm(device.memory.l2, held)
 
-    done: dict[int, KernelStats] = {}
-
-    def keeping(n: int) -> KernelStats:
-        if n not in done:
-            done[n] = simulate(truncated(kernel, c - n), on_device)
-        return done[n]
+    def keeping(n: int) -> tuple[KernelStats, list[KernelStats], tuple]:
+        """A run keeping n waves: its stats, the kernel at the end of each wave, the L2 it leaves."""
+        stats, marks, left = simulate(truncated(kernel, c - n), on_device, var)
+        return stats, _snapshots(marks, n), left
 
     try:
         # A steady state can only hold once the kernel's own lines fill the L2 and evict each
         # other (before that a wave's lines land in free or clean slots; after, a dirty line
         # it evicts is written back): the increments are measured from the wave at which the
-        # kernel has brought an L2's worth of new lines (missed reads and writes) in.
-        # assumption: a wave brings in what the second wave does (the first pays the warm-up).
-        probe = _diff(keeping(FF_KEEP + 1), keeping(FF_KEEP))
-        new_lines = probe.l2_miss_bytes + probe.gm_write_bytes
-        first = max(FF_KEEP, math.ceil(l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
-        kept, stride, skip = plan(c, first, sum(n + FF_HEAD_TAIL_WAVES for n in done if n < first))
-        if not skip:
-            return None
-        runs = []
-        for n in kept:
-            runs.append(keeping(n))
-            # two increments that already disagree: no steady state, spare the remaining runs
-            if len(runs) >= 3 and not _steady([_diff(b, a) for a, b in zip(runs, runs[1:])]):
+        # kernel has brought FF_FILLS[0] L2s' worth of new lines (missed reads and writes)
+        # in, else from FF_FILLS[1]'s.
+        # assumption: a wave brings in what the third wave does (the first pays the warm-up).
+        _, probe, _ = keeping(FF_KEEP + 1 + FF_PAST)
+        wave = _diff(probe[FF_KEEP], probe[FF_KEEP - 1])
+        new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
+        spent = FF_KEEP + 1 + FF_PAST + FF_HEAD_TAIL_WAVES
+        for fills in FF_FILLS:
+            first = max(FF_KEEP, math.ceil(fills * l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
+            kept, stride, skip = plan(c, first, spent)
+            if not skip:
                 return None
+            stats, at, left = keeping(kept[-1] + FF_PAST)
+            # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
+            increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
+            if _steady(increments, _jitter([at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])],
+                                           stride)):
+                break
+            spent += kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
+        else:
+            return None
     except Exception:  # noqa: BLE001 - a truncation the engine refuses: price the kernel in full
-        return None
-    increments = [_diff(b, a) for a, b in zip(runs, runs[1:])]
-    if not _steady(increments):
         return None
     # the last increment is the one furthest into the kernel: a one-off change the first
     # waves still show (a row two blocks share falling out of the L2 as the waves between
     # its two reads grow) is behind it
     per_wave = _add(KernelStats(), increments[-1], 1.0 / stride)
-    return _add(runs[-1], per_wave, float(skip)), skip
+    whole = _add(stats, per_wave, float(skip))
+    aivs = hw.chip.aiv_per_aic
+    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(
+        truncated(kernel, skip), aivs)
+    return attrs.evolve(whole, instructions=instructions), skip, left
 
 
-__all__ = ["FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_STRIDE_DIVISOR",
+__all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_PAST", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_NOISE_SIGMAS", "FF_STRIDE_DIVISOR",
            "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "plan", "l2_image", "price", "repeat_loops",
            "truncated", "warm", "waves"]

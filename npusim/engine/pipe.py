@@ -38,12 +38,36 @@ def start_pipe(dev, kr, cr, pipe, code) -> Signal:
              (() if blk.aic is None else (blk.aic.cross,)), 0 if aic else cr.vars["sub"],
              len(blk.aivs) if aic else 1, dev.aiv_per_aic, dev.cross_flag_cycles)
     # each pipe walks its own loops: its own copy of the block's variables
-    return Walker(code, dict(cr.vars), cr.flags, dev.flag_cycles, env.now,
+    walk = Walker(code, dict(cr.vars), cr.flags, dev.flag_cycles, env.now,
                   dev.tracer.intervals if dev.tracer.instr else None, tuple(cr.names), pipe_name, kr.id,
                   env, dev.memory.transfer, Signal, after, whole_cycles, dev.blocked, (cr.name, pipe_name),
                   cr.offsets, cr.weight, kr.acc, partial(Diverged, kr.id, cr.block.index),
                   partial(meet, dev, kr, cr, pipe_name), partial(end, kr, cr, pipe_name), cross,
-                  dev.hw.dma.outstanding).start()
+                  dev.hw.dma.outstanding)
+    if dev.mark_var is not None:
+        walk.mark_var, walk.on_mark = dev.mark_var, partial(mark, kr, marks_of(dev, cr, pipe_name))
+    return walk.start()
+
+
+# A mark (engine.fastforward): where a pipe stands as an iteration of the marked loop ends -
+# its clock, its own counters so far (busy, waited, data-wait cycles, flops, bytes written
+# into each local buffer, in compile.MEMS order) and its kernel's GM counters then
+MARKED_GM = ("gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_bytes",
+             "l2_miss_bytes", "wasted_burst_bytes", "misaligned_segments", "dma_segments")
+
+
+def marks_of(dev, cr, pipe_name: str) -> list:
+    """A new list for one pipe's marks, kept in dev.marks with its core run and pipe."""
+    marks: list = []
+    dev.marks.append((cr, pipe_name, marks))
+    return marks
+
+
+def mark(kr, marks: list, walk) -> None:
+    """The walk's on_mark: a mark of where it stands (see MARKED_GM) into `marks`."""
+    acc = kr.acc
+    marks.append((walk.t, walk.busy, walk.waited, walk.data_wait, walk.flops, walk.local,
+                  tuple([getattr(acc, name) for name in MARKED_GM])))
 
 
 def meet(dev, kr, cr, pipe_name: str, walk, entry):

@@ -162,16 +162,21 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
 
     lowered: dict = {}  # the truncated runs' devices share their instruction lowerings (compile.compile_program)
 
-    def simulate(kernel: Kernel, on_device: Callable[[Device], None]) -> KernelStats:
+    def simulate(kernel: Kernel, on_device: Callable[[Device], None], mark_var: str) -> tuple[KernelStats, list, tuple]:
+        devices = []
+
         def setup(device: Device) -> None:
             device._lowered = lowered.setdefault("by kind", device._lowered)
+            device.mark_var = mark_var
+            devices.append(device)  # (until_even may start the run again: the last device's marks)
             on_device(device)
 
         # checked: the kernel passed verify() before its loop was cut short, which changes no
         # tile, address or flag of it (a flag a cut loop would leave unbalanced would deadlock
         # the truncated run: an error, and the kernel is simulated in full)
-        return run([Launch(kernel, 0), Synchronize()], hw, "kernel", dedup, on_device=setup, counters=False,
-                   exact=True, checked=True).kernels[0].stats
+        stats = run([Launch(kernel, 0), Synchronize()], hw, "kernel", dedup, on_device=setup, counters=False,
+                    exact=True, checked=True).kernels[0].stats
+        return stats, devices[-1].marks, fastforward.l2_image(devices[-1].memory.l2)
 
     # Prices made in this run, by kernel (identity), launch time and L2 clock: until_even runs
     # the program again from the start when a group diverges, and up to that group the rerun
@@ -184,7 +189,7 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
             if not fastforward.plan(fastforward.waves(kernel))[2]:
                 return None
             priced[key] = (kernel, fastforward.price(
-                kernel, hw.l2.l2_bytes, lambda: fastforward.l2_image(device.memory.l2), simulate))
+                kernel, hw, lambda: fastforward.l2_image(device.memory.l2), simulate))
         return priced[key][1]
 
     return price
