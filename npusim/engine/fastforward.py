@@ -36,17 +36,18 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   waves more than the last of them.
 - Steady state: the FF_INCREMENTS increments of cycles agree within FF_TOLERANCE
   (relative to their mean), those of HBM read bytes and L2 hit bytes within
-  FF_TRAFFIC_TOLERANCE (see there why looser). Then the kernel is that run plus the
-  last increment per wave times the waves it left out; else (no steady state) it is
-  simulated in full.
+  FF_TRAFFIC_TOLERANCE (see there why looser), beyond what the waves' own jitter
+  explains (FF_NOISE_SIGMAS). Then the kernel is that run plus the mean wave measured
+  times the waves it left out, if the jitter left in that mean is small enough (else,
+  as without a steady state, it is simulated in full).
 - Not worth it: fewer than FF_MIN_SKIP waves to skip, or the runs costing more
   than 1 / FF_MIN_GAIN of the kernel (plan()): simulated in full. A bound from the GM
   bytes a wave moves (wave_gm_bytes) rules most such kernels out before any run. Every
   small kernel (the tests' tiny decoders, the regression corpus) is simulated in full.
 
 Assumptions (stated again in docs/benchmarks.md):
-# assumption: the waves a truncated run leaves out each add the last measured
-#   increment (the steady state seen over FF_INCREMENTS increments holds to the end);
+# assumption: the waves a truncated run leaves out each add the mean wave measured (the
+#   steady state seen over FF_INCREMENTS increments holds to the end);
 # assumption: the L2 at the kernel's start is the device's (every cached line, each
 #   set's LRU order, dirty bits: copied into each truncated run's L2), fills in flight
 #   taken as arrived (the kernel starts on an idle device) and background write-backs
@@ -91,12 +92,14 @@ FF_STRIDE_DIVISOR = 32
 # this spread, and the error of the whole kernel that times the fraction of it left out
 # (the benchmark's targets: 0.2% median, 1% max). A GEMM's waves agree to 0.1%.
 FF_TOLERANCE = 0.005
-# A kernel's waves jitter (an add_rms_norm's over 65,536 rows by about 1.2% each, as DMA
-# start-ups land on other cycles), so an increment of s waves spreads by about that over
-# sqrt(s) even in a steady state: the increments of cycles may also spread by this many
-# times that (_jitter), on top of FF_TOLERANCE. A trend (write-backs setting in: +10% from
-# one increment to the next) is far outside it. The extrapolation's error from it is about
-# the jitter of one increment times the share of the kernel left out.
+# A kernel's waves jitter (an add_rms_norm's over 65,536 rows by about 1.2% each, an add's
+# by 3.5%, as DMA start-ups and write-backs land on other cycles), so an increment of s
+# waves spreads by about that over sqrt(s) even in a steady state: the increments of
+# cycles may also spread by this many times that (_jitter), on top of FF_TOLERANCE. A
+# trend (write-backs setting in: +10% from one increment to the next) is far outside it.
+# The waves left out are priced at the mean of those measured; this many times the
+# jitter left in that mean, over the waves left out, must be within FF_TOLERANCE of the
+# kernel, or it is simulated in full (the add: 0.65% of the kernel at one sigma).
 FF_NOISE_SIGMAS = 3
 # Waves a marked run keeps past the last one it measures: a wave's end is where its last
 # pipe ends the wave, when the pipes that run ahead (MTE2 loading the next wave's tiles)
@@ -435,19 +438,20 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
             stats, at, left = keeping(kept[-1] + FF_PAST)
             # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
             increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
-            if _steady(increments, _jitter([at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])],
-                                           stride)):
+            durations = [at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])]
+            if _steady(increments, _jitter(durations, stride)):
                 break
             spent += kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
         else:
             return None
     except Exception:  # noqa: BLE001 - a truncation the engine refuses: price the kernel in full
         return None
-    # the last increment is the one furthest into the kernel: a one-off change the first
-    # waves still show (a row two blocks share falling out of the L2 as the waves between
-    # its two reads grow) is behind it
-    per_wave = _add(KernelStats(), increments[-1], 1.0 / stride)
+    # a wave: the mean of the waves measured (steady: no trend beyond FF_TOLERANCE); the
+    # jitter left in that mean, times the waves left out, must be small beside the kernel
+    per_wave = _add(KernelStats(), _diff(at[kept[-1] - 1], at[kept[0] - 1]), 1.0 / (kept[-1] - kept[0]))
     whole = _add(stats, per_wave, float(skip))
+    if FF_NOISE_SIGMAS * _jitter(durations, len(durations)) * skip * per_wave.cycles > FF_TOLERANCE * whole.cycles:
+        return None
     aivs = hw.chip.aiv_per_aic
     instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(
         truncated(kernel, skip), aivs)
