@@ -190,6 +190,7 @@ BEFORE_INIT = {  # made by __new__ alone (a type's __init__ never ran)
     "Mover.transfer": "new(_l2.Mover).transfer([0], 64, 1, 64, False, 1.0, print)",
     "Walker.flush": "new(_pipe.Walker).flush({}, (), 1)",  # read its Code's buffers through NULL
     "Walker.start": "new(_pipe.Walker).start()",
+    "Walker.local": "new(_pipe.Walker).local",  # (fast-forward's marks) read the buffers through NULL
     "Walker.resume": "new(_pipe.Walker).resume(None)",
     "Walker()": "new(_pipe.Walker)()",
     "Flows.start": "new(_flows.Flows).start(64, 1.0, print)",
@@ -283,3 +284,22 @@ def test_the_attempts_a_divergence_abandons_are_freed():
     run(calls, hw, "kernel", on_device=lambda device: envs.append(weakref.ref(device.env)))
     gc.collect()
     assert len(envs) > 1 and all(env() is None for env in envs)
+
+
+def test_a_mark_that_fails_ends_the_run_with_its_error(monkeypatch):
+    """A pipe's on_mark (fast-forward's marks, pipe.mark) that raises ends the run with that
+    error, not a crash; with no mark_var the engine never calls it."""
+    from npusim.engine import Launch, Synchronize, fastforward, run
+    from npusim.ops import lower
+
+    kernel = lower("add", {"shape": "16384,1024"}, HW).kernels[0]
+    var = fastforward._repeat_path(kernel.program(kernel.core_type, 0).body)[1].var
+
+    def refuse(*args):
+        raise RuntimeError("mark refused")
+
+    monkeypatch.setattr(pipe, "mark", refuse)
+    calls = [Launch(kernel, 0), Synchronize()]
+    with pytest.raises(RuntimeError, match="^mark refused$"):
+        run(calls, HW, "kernel", on_device=lambda d: setattr(d, "mark_var", var))
+    assert run(calls, HW, "kernel").cycles > 0
