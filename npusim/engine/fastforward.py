@@ -18,10 +18,10 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   blocks.
 - Only a kernel whose blocks all run at once (block_dim no more than the cores of its
   type) is priced so: its waves are then simultaneous.
-- The kernel is simulated two or three times, each time on its own device, with every block's repeat
-  loop cut by the same number of iterations (a *truncated run*: it has the whole head
-  and tail of the kernel: the nests before and after the loop, the uneven last wave,
-  the drain), its pipes *marking* where they stand as each iteration of the loop ends
+- The kernel is simulated two or three times, each time on its own device, with every
+  block's repeat loop cut by the same number of iterations (a *truncated run*: it has
+  the whole head and tail of the kernel: the nests before and after the loop, the
+  uneven last wave, the drain), its pipes *marking* where they stand as each iteration of the loop ends
   (pipe.mark: the pipe's clock and own counters, the kernel's GM counters then). Wave i
   ends when the last pipe ends its iteration i; the kernel at that point (_snapshots)
   is that clock, the GM counters then, and every pipe's own counters at its own end of
@@ -70,7 +70,7 @@ import numpy as np
 from npusim.engine.compile import MEMS, count_instructions
 from npusim.engine.pipe import MARKED_GM
 from npusim.engine.stats import KernelStats
-from npusim.isa.program import CoreType, Copy, Kernel, Loop, Mem
+from npusim.isa.program import Affine, CoreType, Copy, Kernel, Loop, Mem
 
 # The earliest wave whose end a marked run measures from: the first wave pays the pipeline
 # fill (first loads with nothing to overlap), and the second ends early or late of the
@@ -88,9 +88,9 @@ FF_INCREMENTS = 3
 # about 6/32 of its waves; a GEMM's ~40 waves of rows are measured one by one.
 FF_STRIDE_DIVISOR = 32
 # How far (relative to their mean) the increments of cycles may spread and still count
-# as one steady state. The last increment is what is extrapolated; its error is about
-# this spread, and the error of the whole kernel that times the fraction of it left out
-# (the benchmark's targets: 0.2% median, 1% max). A GEMM's waves agree to 0.1%.
+# as one steady state (a trend within it goes into the mean wave extrapolated: the error
+# of the whole kernel is at most about this spread times the fraction of it left out;
+# the benchmark's targets: 0.2% median, 1% max). A GEMM's waves agree to 0.1%.
 FF_TOLERANCE = 0.005
 # A kernel's waves jitter (an add_rms_norm's over 65,536 rows by about 1.2% each, an add's
 # by 3.5%, as DMA start-ups and write-backs land on other cycles), so an increment of s
@@ -112,6 +112,9 @@ FF_PAST = 1
 # from the reads: an add_rms_norm over 65,536 rows of 4096 (a new line per 0.42% of the L2
 # a wave) fills the L2 at wave 43, writes back from wave 58 and is steady from about 80.
 FF_FILLS = (1, 2)
+# What a marked run calls its repeat loop's variable (truncated renames it: no other loop
+# of a program may mark its ends as waves' ends); no lowering names a loop so.
+FF_MARKED = "fast-forward wave"
 # Fewer waves to skip than this: simulate the kernel in full (measured: at 12 skipped
 # waves a GEMM priced 2.5x slower than simulated). It also keeps every small test case
 # (the regression corpus, the tiny decoders) bit-identical to the exact engine.
@@ -136,8 +139,8 @@ FF_MIN_GAIN = 1.5
 FF_TRAFFIC_TOLERANCE = 0.5
 # Every parameter above: what a fast-forwarded result depends on besides its inputs (the
 # disk cache keys such results on them: npusim.step_flags.fast_forward_key)
-PARAMETERS = (FF_KEEP, FF_PAST, FF_FILLS, FF_NOISE_SIGMAS, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE, FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP,
-              FF_HEAD_TAIL_WAVES, FF_MIN_GAIN)
+PARAMETERS = (FF_KEEP, FF_PAST, FF_FILLS, FF_NOISE_SIGMAS, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE,
+              FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP, FF_HEAD_TAIL_WAVES, FF_MIN_GAIN)
 _MEASURED = (("cycles", FF_TOLERANCE), ("hbm_read_bytes", FF_TRAFFIC_TOLERANCE),
              ("l2_hit_bytes", FF_TRAFFIC_TOLERANCE))  # what must be steady (see the module doc)
 _NUMBERS = ("instructions", "flops", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_bytes",
@@ -161,12 +164,44 @@ def _repeat_path(body: tuple) -> tuple[tuple[int, ...], Loop] | None:
     return best
 
 
-def _with_count(body: tuple, path: tuple[int, ...], count: int) -> tuple:
-    """`body` with the loop at `path` running `count` times."""
+def _with_count(body: tuple, path: tuple[int, ...], count: int, var: str | None = None) -> tuple:
+    """`body` with the loop at `path` running `count` times (and over `var`, if given: its
+    variable renamed, in its body's addresses too)."""
     i, rest = path[0], path[1:]
     loop = body[i]
-    new = attrs.evolve(loop, count=count) if not rest else attrs.evolve(loop, body=_with_count(loop.body, rest, count))
+    if rest:
+        new = attrs.evolve(loop, body=_with_count(loop.body, rest, count, var))
+    elif var is None:
+        new = attrs.evolve(loop, count=count)
+    else:
+        new = Loop(var, count, _renamed(loop.body, loop.var, var))
     return body[:i] + (new,) + body[i + 1:]
+
+
+def _renamed(items: tuple, old: str, new: str) -> tuple:
+    """`items` with loop variable `old` called `new` in every address (an Affine field, or
+    one in a tuple field, of any instruction), down to a loop of their own over `old`."""
+    def value(v):
+        if v.__class__ is Affine:
+            return Affine(v.base, tuple((new if x == old else x, s) for x, s in v.terms)) \
+                if any(x == old for x, _ in v.terms) else v
+        if v.__class__ is tuple and any(x.__class__ is Affine for x in v):
+            return tuple(value(x) for x in v)
+        return v
+
+    out = []
+    for it in items:
+        if it.__class__ is Loop:
+            out.append(it if it.var == old else attrs.evolve(it, body=_renamed(it.body, old, new)))
+            continue
+        changed = {}
+        for f in attrs.fields(it.__class__):
+            v = getattr(it, f.name)
+            w = value(v)
+            if w is not v:
+                changed[f.name] = w
+        out.append(attrs.evolve(it, **changed) if changed else it)
+    return tuple(out)
 
 
 def _kinds(kernel: Kernel) -> list[CoreType]:
@@ -253,9 +288,9 @@ def wave_gm_bytes(kernel: Kernel) -> int:
 def plan(c: int, first: int = FF_KEEP, spent: int = 0) -> tuple[list[int], int, int]:
     """For a kernel of c waves whose increments are measured from wave `first` on: the
     waves at whose ends the increments are measured (the marked run keeps FF_PAST more
-    than the last of them), the stride between them and the waves left out (0: not fast-forwarded: fewer
-    than FF_MIN_SKIP, or the marked run, with `spent` waves already simulated, would
-    cost more than c / FF_MIN_GAIN waves)."""
+    than the last of them), the stride between them and the waves left out (0: not
+    fast-forwarded: fewer than FF_MIN_SKIP, or the marked run, with `spent` waves
+    already simulated, would cost more than c / FF_MIN_GAIN waves)."""
     stride = max(1, c // FF_STRIDE_DIVISOR)
     kept = [first + j * stride for j in range(FF_INCREMENTS + 1)]
     skip = c - kept[-1] - FF_PAST
@@ -263,15 +298,18 @@ def plan(c: int, first: int = FF_KEEP, spent: int = 0) -> tuple[list[int], int, 
     return kept, stride, skip if skip >= FF_MIN_SKIP and cost * FF_MIN_GAIN <= c else 0
 
 
-def truncated(kernel: Kernel, drop: int) -> Kernel:
-    """The kernel with every block's repeat loop `drop` iterations shorter."""
+def truncated(kernel: Kernel, drop: int, var: str | None = None) -> Kernel:
+    """The kernel with every block's repeat loop `drop` iterations shorter (and over `var`,
+    if given: see _with_count). Blocks that shared a program share its truncation."""
     loops = repeat_loops(kernel)
     kw = {}
     for kind, found in loops.items():
         progs = kernel.aic if kind is CoreType.AIC else kernel.aiv
-        new = tuple(attrs.evolve(p, body=_with_count(p.body, path, loop.count - drop))
-                    for p, (path, loop) in zip(progs, found))
-        kw["aic" if kind is CoreType.AIC else "aiv"] = new
+        made: dict[int, object] = {}
+        for p, (path, loop) in zip(progs, found):
+            if id(p) not in made:
+                made[id(p)] = attrs.evolve(p, body=_with_count(p.body, path, loop.count - drop, var))
+        kw["aic" if kind is CoreType.AIC else "aiv"] = tuple(made[id(p)] for p in progs)
     return attrs.evolve(kernel, **kw)
 
 
@@ -376,6 +414,19 @@ def _snapshots(marks: list, n: int) -> list[KernelStats]:
     return out
 
 
+def _check_marks(kernel: Kernel, drop: int, marks: list) -> None:
+    """Every pipe of the kernel truncated by `drop` marked each iteration of its block's
+    repeat loop, or none (a pipe with nothing to do in it): a ValueError if one marked
+    another count."""
+    loops = repeat_loops(kernel)
+    for cr, pipe, m in marks:
+        found = loops[cr.kind]
+        count = found[0 if len(found) == 1 else cr.block.index][1].count - drop
+        if len(m) not in (0, count):
+            raise ValueError(f"fast-forward: {cr.kind.value}.{pipe} of block {cr.block.index} marked {len(m)} "
+                             f"iterations of its repeat loop, which runs {count}")
+
+
 def static_instructions(kernel: Kernel, aivs: int) -> int:
     """The instructions a kernel executes, as the device counts them: each block's programs,
     a MIX block's AIV program once per AIV (`aivs` of them)."""
@@ -408,7 +459,6 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     if kernel.block_dim > cores or not plan(c, max(FF_KEEP, math.ceil(l2_bytes / moved)) if moved else FF_KEEP)[2]:
         return None
     held = image() if image is not None else None
-    var = repeat_loops(kernel)[_kinds(kernel)[0]][0][1].var
 
     def on_device(device) -> None:
         if held is not None:
@@ -416,7 +466,8 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
 
     def keeping(n: int) -> tuple[KernelStats, list[KernelStats], tuple]:
         """A run keeping n waves: its stats, the kernel at the end of each wave, the L2 it leaves."""
-        stats, marks, left = simulate(truncated(kernel, c - n), on_device, var)
+        stats, marks, left = simulate(truncated(kernel, c - n, FF_MARKED), on_device, FF_MARKED)
+        _check_marks(kernel, c - n, marks)
         return stats, _snapshots(marks, n), left
 
     try:
@@ -458,6 +509,6 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     return attrs.evolve(whole, instructions=instructions), skip, left
 
 
-__all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_PAST", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_NOISE_SIGMAS", "FF_STRIDE_DIVISOR",
-           "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "plan", "l2_image", "price", "repeat_loops",
-           "truncated", "warm", "waves"]
+__all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP",
+           "FF_NOISE_SIGMAS", "FF_PAST", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
+           "plan", "l2_image", "price", "repeat_loops", "static_instructions", "truncated", "warm", "waves"]
