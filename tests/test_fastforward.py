@@ -155,3 +155,23 @@ def test_the_kernel_after_a_fast_forwarded_one_finds_the_l2_as_in_the_exact_run(
     assert fast[0].skipped and not exact[0].skipped
     assert abs(fast[1].stats.cycles / exact[1].stats.cycles - 1) < 0.005
     assert abs(fast[1].stats.hbm_write_bytes / exact[1].stats.hbm_write_bytes - 1) < 0.01
+
+
+def test_a_marked_truncation_renames_its_loop_and_keeps_programs_shared():
+    """truncated(..., var) calls the repeat loop and every address moving with it by the
+    marked name (no other loop's ends are then taken for waves'), and blocks that ran one
+    program still do (their truncated runs group them as the full kernel's did)."""
+    from npusim.isa.program import Affine
+
+    kernel = lower(*CASES[1], HW).kernels[0]
+    short = ff.truncated(kernel, 10, ff.FF_MARKED)
+    verify(short, HW)
+    assert len({id(p) for p in short.aiv}) == len({id(p) for p in kernel.aiv})
+    (path, loop), = {(p, lp.var) for p, lp in ff.repeat_loops(kernel)[kernel.core_type]}
+    body = short.aiv[0].body[path[0]]
+    for i in path[1:]:
+        body = body.body[i]
+    assert body.var == ff.FF_MARKED
+    terms = {v for it in body.body for f in attrs.fields(it.__class__) if isinstance(getattr(it, f.name), Affine)
+             for v, _ in getattr(it, f.name).terms}
+    assert ff.FF_MARKED in terms and loop not in terms
