@@ -247,17 +247,23 @@ def wave_gm_bytes(kernel: Kernel) -> int:
     return total
 
 
-def plan(c: int, first: int = FF_KEEP, spent: int = 0) -> tuple[list[int], int, int]:
+def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SKIP) -> tuple[list[int], int, int]:
     """For a kernel of c waves whose increments are measured from wave `first` on: the
     waves at whose ends the increments are measured (the marked run keeps FF_PAST more
     than the last of them), the stride between them and the waves left out (0: not fast-forwarded: fewer
-    than FF_MIN_SKIP, or the marked run, with `spent` waves already simulated, would
+    than `min_skip`, or the marked run, with `spent` waves already simulated, would
     cost more than c / FF_MIN_GAIN waves)."""
     stride = max(1, c // FF_STRIDE_DIVISOR)
     kept = [first + j * stride for j in range(FF_INCREMENTS + 1)]
     skip = c - kept[-1] - FF_PAST
     cost = spent + kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
-    return kept, stride, skip if skip >= FF_MIN_SKIP and cost * FF_MIN_GAIN <= c else 0
+    return kept, stride, skip if skip >= min_skip and cost * FF_MIN_GAIN <= c else 0
+
+
+def cores_of(kernel: Kernel, hw) -> int:
+    """The cores one wave of the kernel's blocks fills: AIV cores for an AIV kernel, else
+    AIC cores (a MIX block holds an AIC and its AIVs)."""
+    return hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
 
 
 def truncated(kernel: Kernel, drop: int) -> Kernel:
@@ -377,15 +383,24 @@ def static_instructions(kernel: Kernel, aivs: int) -> int:
     """The instructions a kernel executes, as the device counts them: each block's programs,
     a MIX block's AIV program once per AIV (`aivs` of them)."""
     n = 0
+    counted: dict[int, int] = {}  # id(program) -> its instructions (blocks share programs)
     for kind in _kinds(kernel):
         per = aivs if kind is CoreType.AIV and kernel.core_type is CoreType.MIX else 1
-        n += per * sum(count_instructions(kernel.program(kind, b).body) for b in range(kernel.block_dim))
+        for b in range(kernel.block_dim):
+            program = kernel.program(kind, b)
+            if id(program) not in counted:
+                counted[id(program)] = count_instructions(program.body)
+            n += per * counted[id(program)]
     return n
 
 
+# What a marked run gives: (its stats, its marks, the L2 it leaves: an l2_image) of a kernel run
+# alone with a mark asked for (see price's `simulate`), its L2 first warmed by on_device
+Simulate = Callable[[Kernel, Callable, str], tuple[KernelStats, list, tuple]]
+
+
 def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None,
-          simulate: Callable[[Kernel, Callable, str], tuple[KernelStats, list, tuple]]
-          ) -> tuple[KernelStats, int, tuple] | None:
+          simulate: Simulate) -> tuple[KernelStats, int, tuple] | None:
     """(stats of the whole kernel, waves not simulated, the L2 it leaves: an l2_image), or
     None when the kernel is to be simulated in full (too few waves, blocks in more than one
     wave of cores, no steady state, or a truncated run that fails). `hw`: the device's
@@ -397,24 +412,49 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     #   its last waves at the addresses of earlier ones: what each wave re-reads, the
     #   weights of a GEMM, is held alike, and what it streams is held in the same share)."""
     c = waves(kernel)
-    cores = hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
-    l2_bytes = hw.l2.l2_bytes
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
-    # bytes it moves (see below); not worth it even then: no truncated run at all
+    # bytes it moves (see measure); not worth it even then: no truncated run at all
     moved = wave_gm_bytes(kernel)
-    if kernel.block_dim > cores or not plan(c, max(FF_KEEP, math.ceil(l2_bytes / moved)) if moved else FF_KEEP)[2]:
+    if kernel.block_dim > cores_of(kernel, hw) or not plan(c, earliest(hw, moved))[2]:
         return None
-    held = image() if image is not None else None
     var = repeat_loops(kernel)[_kinds(kernel)[0]][0][1].var
+    return measure(kernel, hw, image, simulate, c, lambda n: truncated(kernel, c - n), var, _snapshots)
+
+
+def worth_trying(kernel: Kernel, hw) -> bool:
+    """A cheap first look (run's dispatch asks it of every kernel that starts alone): might
+    price() fast-forward this kernel (enough waves to skip, if it can be measured at once)?"""
+    return bool(plan(waves(kernel))[2])
+
+
+def earliest(hw, moved: int) -> int:
+    """The earliest wave increments can be measured from when a wave moves `moved` GM bytes
+    (at most the new lines it brings in): by then an L2's worth has come in (see measure)."""
+    return max(FF_KEEP, math.ceil(hw.l2.l2_bytes / moved)) if moved else FF_KEEP
+
+
+def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None, simulate: Simulate,
+            c: int, truncate: Callable[[int], Kernel], mark: str, snapshots: Callable[[list, int], list[KernelStats]],
+            probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP) -> tuple[KernelStats, int, tuple] | None:
+    """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
+    truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
+    kernel at the end of each of its first n waves from such a run's marks. `probe`: the
+    waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
+    later one is made once); `min_skip`: the fewest waves worth leaving out (plan)."""
+    held = image() if image is not None else None
 
     def on_device(device) -> None:
         if held is not None:
             warm(device.memory.l2, held)
 
+    runs: dict[int, tuple] = {}  # waves kept -> that run's (stats, snapshots, L2 left)
+
     def keeping(n: int) -> tuple[KernelStats, list[KernelStats], tuple]:
         """A run keeping n waves: its stats, the kernel at the end of each wave, the L2 it leaves."""
-        stats, marks, left = simulate(truncated(kernel, c - n), on_device, var)
-        return stats, _snapshots(marks, n), left
+        if n not in runs:
+            stats, marks, left = simulate(truncate(n), on_device, mark)
+            runs[n] = stats, snapshots(marks, n), left
+        return runs[n]
 
     try:
         # A steady state can only hold once the kernel's own lines fill the L2 and evict each
@@ -423,22 +463,24 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
         # kernel has brought FF_FILLS[0] L2s' worth of new lines (missed reads and writes)
         # in, else from FF_FILLS[1]'s.
         # assumption: a wave brings in what the third wave does (the first pays the warm-up).
-        _, probe, _ = keeping(FF_KEEP + 1 + FF_PAST)
-        wave = _diff(probe[FF_KEEP], probe[FF_KEEP - 1])
+        _, at, _ = keeping(probe)
+        wave = _diff(at[FF_KEEP], at[FF_KEEP - 1])
         new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
-        spent = FF_KEEP + 1 + FF_PAST + FF_HEAD_TAIL_WAVES
         for fills in FF_FILLS:
-            first = max(FF_KEEP, math.ceil(fills * l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
-            kept, stride, skip = plan(c, first, spent)
+            first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
+            kept, stride, _ = plan(c, first, 0, min_skip)
+            n = kept[-1] + FF_PAST
+            # what the runs made so far (but one keeping n waves, made already) cost
+            spent = sum(m + FF_HEAD_TAIL_WAVES for m in runs if m != n)
+            skip = plan(c, first, spent, min_skip)[2]
             if not skip:
                 return None
-            stats, at, left = keeping(kept[-1] + FF_PAST)
+            stats, at, left = keeping(n)
             # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
             increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
             if _steady(increments, _jitter([at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])],
                                            stride)):
                 break
-            spent += kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
         else:
             return None
     except Exception:  # noqa: BLE001 - a truncation the engine refuses: price the kernel in full
@@ -449,11 +491,10 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     per_wave = _add(KernelStats(), increments[-1], 1.0 / stride)
     whole = _add(stats, per_wave, float(skip))
     aivs = hw.chip.aiv_per_aic
-    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(
-        truncated(kernel, skip), aivs)
+    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(truncate(n), aivs)
     return attrs.evolve(whole, instructions=instructions), skip, left
 
 
 __all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_PAST", "FF_MIN_GAIN", "FF_MIN_SKIP", "FF_NOISE_SIGMAS", "FF_STRIDE_DIVISOR",
-           "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "plan", "l2_image", "price", "repeat_loops",
+           "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "cores_of", "earliest", "measure", "plan", "worth_trying", "l2_image", "price", "repeat_loops",
            "truncated", "warm", "waves"]
