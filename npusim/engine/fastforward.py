@@ -17,7 +17,9 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   (their cross-core flags pair up per iteration). c = the smallest count over the
   blocks.
 - Only a kernel whose blocks all run at once (block_dim no more than the cores of its
-  type) is priced so: its waves are then simultaneous.
+  type) is priced so: its waves are then simultaneous. A kernel whose blocks run in many
+  waves of cores is priced over those waves of blocks (fastforward_blocks), by the same
+  measurement (measure).
 - The kernel is simulated two or three times, each time on its own device, with every block's repeat
   loop cut by the same number of iterations (a *truncated run*: it has the whole head
   and tail of the kernel: the nests before and after the loop, the uneven last wave,
