@@ -68,7 +68,10 @@ def alike(a, b, address: bool = False) -> bool:
     else? Generic over every ISA class (attrs records, field by field); bools count as
     values (Mmad.accumulate). A pair of records that are equal outright is settled by
     their own ==, except Loop and Program, which hold bodies (walked item by item, the
-    items two programs share by identity at once)."""
+    items two programs share by identity at once).
+    # assumption: blocks whose programs are alike cost alike: where they point (GM rows of
+    #   other heads, other local buffer offsets) changes neither their time nor their traffic
+    #   beyond what the measured waves show (burst rounding and L2 sets alike)."""
     if a is b:
         return True
     cls = a.__class__
@@ -92,13 +95,14 @@ def _prefix(kernel: Kernel) -> int:
     every core type; each distinct Program is compared once."""
     kinds = ff._kinds(kernel)
     first = [kernel.program(kind, 0) for kind in kinds]
-    compared: dict[int, bool] = {}
+    compared: dict[tuple, bool] = {}  # (core type, id(program)) -> alike the first block's
     for b in range(1, kernel.block_dim):
         for kind, p0 in zip(kinds, first):
             p = kernel.program(kind, b)
-            if id(p) not in compared:
-                compared[id(p)] = alike(p0, p)
-            if not compared[id(p)]:
+            key = (kind, id(p))
+            if key not in compared:
+                compared[key] = alike(p0, p)
+            if not compared[key]:
                 return b
     return kernel.block_dim
 
