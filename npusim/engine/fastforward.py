@@ -325,12 +325,13 @@ def _diff(a: KernelStats, b: KernelStats) -> KernelStats:
     return _add(a, b, -1.0)
 
 
-def _steady(increments: list[KernelStats], noise: float = 0.0) -> bool:
+def _steady(increments: list[KernelStats], noise: float = 0.0, sigmas: float = FF_NOISE_SIGMAS) -> bool:
     """Do the increments agree (see _MEASURED)? `noise`: the relative spread the waves'
-    own jitter gives an increment of cycles (see FF_NOISE_SIGMAS), on top of FF_TOLERANCE."""
+    own jitter gives an increment of cycles, of which `sigmas` times (see FF_NOISE_SIGMAS)
+    are allowed on top of FF_TOLERANCE."""
     for name, tolerance in _MEASURED:
         if name == "cycles":
-            tolerance += FF_NOISE_SIGMAS * noise
+            tolerance += sigmas * noise
         values = [getattr(s, name) for s in increments]
         mean = sum(values) / len(values)
         if name == "cycles" and mean <= 0:
@@ -437,12 +438,14 @@ def earliest(hw, moved: int) -> int:
 
 def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None, simulate: Simulate,
             c: int, truncate: Callable[[int], Kernel], mark: str, snapshots: Callable[[list, int], list[KernelStats]],
-            probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP) -> tuple[KernelStats, int, tuple] | None:
+            probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP,
+            sigmas: float = FF_NOISE_SIGMAS) -> tuple[KernelStats, int, tuple] | None:
     """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
     truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
     kernel at the end of each of its first n waves from such a run's marks. `probe`: the
     waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
-    later one is made once); `min_skip`: the fewest waves worth leaving out (plan)."""
+    later one is made once); `min_skip`: the fewest waves worth leaving out (plan);
+    `sigmas`: the waves' jitter allowed in a steady state (_steady)."""
     held = image() if image is not None else None
 
     def on_device(device) -> None:
@@ -481,7 +484,7 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
             # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
             increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
             if _steady(increments, _jitter([at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])],
-                                           stride)):
+                                           stride), sigmas):
                 break
         else:
             return None

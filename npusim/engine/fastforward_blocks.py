@@ -49,7 +49,15 @@ BLOCK = "block"
 # fixed cost is small beside the waves they leave out, and FF_MIN_GAIN still bounds it.
 # The K3 prefill's FlashAttention (21 waves) leaves 15 out once its 6 are kept.
 FF_MIN_BLOCK_SKIP = 8
-PARAMETERS = (FF_MIN_BLOCK_SKIP,)  # besides fastforward.PARAMETERS, what a result depends on
+# The jitter of the waves (fastforward.FF_NOISE_SIGMAS) a steady state of block waves may
+# show: none. A kernel of a few tens of block waves is measured wave by wave (no stride
+# averages a wave's jitter out), and waves of blocks that jitter are blocks drifting apart
+# (a wave's K and V outgrowing the L2, blocks started in lock-step coming out of it), a
+# trend rather than noise: a causal FlashAttention of 25 x 16 heads of 512 to 1024 tokens
+# on an 8 or 16 MiB L2 (waves +-2 to 8% apart) came out 1.6 to 7% off with the loop path's
+# 3; its waves on a 32 MiB L2, and the K3 prefill's on 192 MiB, agree to 0.2%.
+FF_BLOCK_NOISE_SIGMAS = 0
+PARAMETERS = (FF_MIN_BLOCK_SKIP, FF_BLOCK_NOISE_SIGMAS)  # besides fastforward.PARAMETERS, what a result depends on
 
 
 # ---------------------------------------------------------------- shapes
@@ -229,8 +237,9 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
         return None
     probe = ff.plan(w, ff.FF_KEEP, 0, FF_MIN_BLOCK_SKIP)[0][-1] + ff.FF_PAST
     return ff.measure(kernel, hw, image, simulate, w, lambda n: truncated(kernel, cores, w, n), BLOCK,
-                      lambda marks, n: _snapshots(marks, n, cores), probe, FF_MIN_BLOCK_SKIP)
+                      lambda marks, n: _snapshots(marks, n, cores), probe, FF_MIN_BLOCK_SKIP,
+                      FF_BLOCK_NOISE_SIGMAS)
 
 
-__all__ = ["BLOCK", "FF_MIN_BLOCK_SKIP", "PARAMETERS", "block_waves", "price", "alike", "rebased", "truncated",
+__all__ = ["BLOCK", "FF_BLOCK_NOISE_SIGMAS", "FF_MIN_BLOCK_SKIP", "PARAMETERS", "block_waves", "price", "alike", "rebased", "truncated",
            "worth_trying"]
