@@ -246,9 +246,9 @@ def fast_forward_key(exact: bool) -> tuple:
     result was before fast-forward existed), the fast-forward's parameters otherwise."""
     if exact:
         return ()
-    from npusim.engine.fastforward import PARAMETERS
+    from npusim.engine import fastforward, fastforward_blocks
 
-    return (("fast-forward", *PARAMETERS),)
+    return (("fast-forward", *fastforward.PARAMETERS, *fastforward_blocks.PARAMETERS),)
 
 
 def step_args(args) -> dict:

@@ -199,6 +199,10 @@ class Device:
         # over mark_var ends (pipe.mark), into dev.marks as (core run, pipe, its marks); None: no marks
         self.mark_var: str | None = None
         self.marks: list = []
+        # engine.fastforward_blocks' marks: as each block (or group of blocks) ends, its block
+        # indices and its kernel's counters then (a KernelStats, cycles since the kernel's
+        # start) into dev.marks; False: none
+        self.mark_blocks = False
 
     # ---------------------------------------------------------------- kernels
 
@@ -459,6 +463,8 @@ class Device:
         for c in cores:
             self._free_cores(c)
         kr.blocks_done += len(blocks)
+        if self.mark_blocks:
+            self.marks.append((blocks, kr.acc.freeze(env.now - kr.start)))
         if kr.blocks_done == k.block_dim:
             self._finish(kr, kr.acc.freeze(env.now - kr.start))
         self._dispatch()

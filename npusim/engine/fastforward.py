@@ -17,7 +17,9 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   (their cross-core flags pair up per iteration). c = the smallest count over the
   blocks.
 - Only a kernel whose blocks all run at once (block_dim no more than the cores of its
-  type) is priced so: its waves are then simultaneous.
+  type) is priced so: its waves are then simultaneous. A kernel whose blocks run in many
+  waves of cores is priced over those waves of blocks (fastforward_blocks), by the same
+  measurement (measure).
 - The kernel is simulated two or three times, each time on its own device, with every
   block's repeat loop cut by the same number of iterations (a *truncated run*: it has
   the whole head and tail of the kernel: the nests before and after the loop, the
@@ -178,30 +180,46 @@ def _with_count(body: tuple, path: tuple[int, ...], count: int, var: str | None 
     return body[:i] + (new,) + body[i + 1:]
 
 
-def _renamed(items: tuple, old: str, new: str) -> tuple:
-    """`items` with loop variable `old` called `new` in every address (an Affine field, or
-    one in a tuple field, of any instruction), down to a loop of their own over `old`."""
-    def value(v):
-        if v.__class__ is Affine:
-            return Affine(v.base, tuple((new if x == old else x, s) for x, s in v.terms)) \
-                if any(x == old for x, _ in v.terms) else v
-        if v.__class__ is tuple and any(x.__class__ is Affine for x in v):
-            return tuple(value(x) for x in v)
-        return v
+def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = None):
+    """`value` (a Program, an instruction, a body, a field's value) with move(a) in place of
+    every Affine address a in it: generic over every attrs record's fields and tuples (Loop
+    bodies included). Unchanged parts are the same objects; `memo`: results by identity of
+    what was readdressed (programs that share parts share their results)."""
+    cls = value.__class__
+    if cls is Affine:
+        return move(value)
+    if cls is tuple:
+        new = tuple([readdressed(v, move, memo) for v in value])
+        return value if all(a is b for a, b in zip(new, value)) else new
+    if not attrs.has(cls):
+        return value
+    if memo is None:
+        memo = {}
+    hit = memo.get(id(value))
+    if hit is None or hit[0] is not value:
+        changes = {}
+        for f in attrs.fields(cls):
+            old = getattr(value, f.name)
+            new = readdressed(old, move, memo)
+            if new is not old:
+                changes[f.name] = new
+        hit = memo[id(value)] = (value, attrs.evolve(value, **changes) if changes else value)
+    return hit[1]
 
-    out = []
-    for it in items:
-        if it.__class__ is Loop:
-            out.append(it if it.var == old else attrs.evolve(it, body=_renamed(it.body, old, new)))
-            continue
-        changed = {}
-        for f in attrs.fields(it.__class__):
-            v = getattr(it, f.name)
-            w = value(v)
-            if w is not v:
-                changed[f.name] = w
-        out.append(attrs.evolve(it, **changed) if changed else it)
-    return tuple(out)
+
+def _renamed(items: tuple, old: str, new: str) -> tuple:
+    """`items` with loop variable `old` called `new` in every address (see readdressed); a
+    ValueError if a loop among them is over `old` too (its addresses would be renamed)."""
+    def over(body) -> bool:
+        return any(it.__class__ is Loop and (it.var == old or over(it.body)) for it in body)
+
+    if over(items):
+        raise ValueError(f"fast-forward: a loop inside the repeat loop over {old} is over {old} too")
+
+    def move(a: Affine) -> Affine:
+        return Affine(a.base, tuple((new if x == old else x, s) for x, s in a.terms)) \
+            if any(x == old for x, _ in a.terms) else a
+    return readdressed(tuple(items), move)
 
 
 def _kinds(kernel: Kernel) -> list[CoreType]:
@@ -285,17 +303,23 @@ def wave_gm_bytes(kernel: Kernel) -> int:
     return total
 
 
-def plan(c: int, first: int = FF_KEEP, spent: int = 0) -> tuple[list[int], int, int]:
+def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SKIP) -> tuple[list[int], int, int]:
     """For a kernel of c waves whose increments are measured from wave `first` on: the
     waves at whose ends the increments are measured (the marked run keeps FF_PAST more
     than the last of them), the stride between them and the waves left out (0: not
-    fast-forwarded: fewer than FF_MIN_SKIP, or the marked run, with `spent` waves
+    fast-forwarded: fewer than `min_skip`, or the marked run, with `spent` waves
     already simulated, would cost more than c / FF_MIN_GAIN waves)."""
     stride = max(1, c // FF_STRIDE_DIVISOR)
     kept = [first + j * stride for j in range(FF_INCREMENTS + 1)]
     skip = c - kept[-1] - FF_PAST
     cost = spent + kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
-    return kept, stride, skip if skip >= FF_MIN_SKIP and cost * FF_MIN_GAIN <= c else 0
+    return kept, stride, skip if skip >= min_skip and cost * FF_MIN_GAIN <= c else 0
+
+
+def cores_of(kernel: Kernel, hw) -> int:
+    """The cores one wave of the kernel's blocks fills: AIV cores for an AIV kernel, else
+    AIC cores (a MIX block holds an AIC and its AIVs)."""
+    return hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
 
 
 def truncated(kernel: Kernel, drop: int, var: str | None = None) -> Kernel:
@@ -358,12 +382,13 @@ def _diff(a: KernelStats, b: KernelStats) -> KernelStats:
     return _add(a, b, -1.0)
 
 
-def _steady(increments: list[KernelStats], noise: float = 0.0) -> bool:
+def _steady(increments: list[KernelStats], noise: float = 0.0, sigmas: float = FF_NOISE_SIGMAS) -> bool:
     """Do the increments agree (see _MEASURED)? `noise`: the relative spread the waves'
-    own jitter gives an increment of cycles (see FF_NOISE_SIGMAS), on top of FF_TOLERANCE."""
+    own jitter gives an increment of cycles, of which `sigmas` times (see FF_NOISE_SIGMAS)
+    are allowed on top of FF_TOLERANCE."""
     for name, tolerance in _MEASURED:
         if name == "cycles":
-            tolerance += FF_NOISE_SIGMAS * noise
+            tolerance += sigmas * noise
         values = [getattr(s, name) for s in increments]
         mean = sum(values) / len(values)
         if name == "cycles" and mean <= 0:
@@ -431,15 +456,24 @@ def static_instructions(kernel: Kernel, aivs: int) -> int:
     """The instructions a kernel executes, as the device counts them: each block's programs,
     a MIX block's AIV program once per AIV (`aivs` of them)."""
     n = 0
+    counted: dict[int, int] = {}  # id(program) -> its instructions (blocks share programs)
     for kind in _kinds(kernel):
         per = aivs if kind is CoreType.AIV and kernel.core_type is CoreType.MIX else 1
-        n += per * sum(count_instructions(kernel.program(kind, b).body) for b in range(kernel.block_dim))
+        for b in range(kernel.block_dim):
+            program = kernel.program(kind, b)
+            if id(program) not in counted:
+                counted[id(program)] = count_instructions(program.body)
+            n += per * counted[id(program)]
     return n
 
 
+# What a marked run gives: (its stats, its marks, the L2 it leaves: an l2_image) of a kernel run
+# alone with a mark asked for (see price's `simulate`), its L2 first warmed by on_device
+Simulate = Callable[[Kernel, Callable, str], tuple[KernelStats, list, tuple]]
+
+
 def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None,
-          simulate: Callable[[Kernel, Callable, str], tuple[KernelStats, list, tuple]]
-          ) -> tuple[KernelStats, int, tuple] | None:
+          simulate: Simulate) -> tuple[KernelStats, int, tuple] | None:
     """(stats of the whole kernel, waves not simulated, the L2 it leaves: an l2_image), or
     None when the kernel is to be simulated in full (too few waves, blocks in more than one
     wave of cores, no steady state, or a truncated run that fails). `hw`: the device's
@@ -451,24 +485,56 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     #   its last waves at the addresses of earlier ones: what each wave re-reads, the
     #   weights of a GEMM, is held alike, and what it streams is held in the same share)."""
     c = waves(kernel)
-    cores = hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
-    l2_bytes = hw.l2.l2_bytes
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
-    # bytes it moves (see below); not worth it even then: no truncated run at all
+    # bytes it moves (see measure); not worth it even then: no truncated run at all
     moved = wave_gm_bytes(kernel)
-    if kernel.block_dim > cores or not plan(c, max(FF_KEEP, math.ceil(l2_bytes / moved)) if moved else FF_KEEP)[2]:
+    if kernel.block_dim > cores_of(kernel, hw) or not plan(c, earliest(hw, moved))[2]:
         return None
+
+    def snapshots(marks: list, n: int) -> list[KernelStats]:
+        _check_marks(kernel, c - n, marks)
+        return _snapshots(marks, n)
+
+    return measure(kernel, hw, image, simulate, c, lambda n: truncated(kernel, c - n, FF_MARKED), FF_MARKED,
+                   snapshots)
+
+
+def worth_trying(kernel: Kernel, hw) -> bool:
+    """A cheap first look (run's dispatch asks it of every kernel that starts alone): might
+    price() fast-forward this kernel (enough waves to skip, if it can be measured at once)?"""
+    return bool(plan(waves(kernel))[2])
+
+
+def earliest(hw, moved: int) -> int:
+    """The earliest wave increments can be measured from when a wave moves `moved` GM bytes
+    (at most the new lines it brings in): by then an L2's worth has come in (see measure)."""
+    return max(FF_KEEP, math.ceil(hw.l2.l2_bytes / moved)) if moved else FF_KEEP
+
+
+def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None, simulate: Simulate,
+            c: int, truncate: Callable[[int], Kernel], mark: str, snapshots: Callable[[list, int], list[KernelStats]],
+            probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP,
+            sigmas: float = FF_NOISE_SIGMAS) -> tuple[KernelStats, int, tuple] | None:
+    """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
+    truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
+    kernel at the end of each of its first n waves from such a run's marks. `probe`: the
+    waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
+    later one is made once); `min_skip`: the fewest waves worth leaving out (plan);
+    `sigmas`: the waves' jitter allowed in a steady state (_steady)."""
     held = image() if image is not None else None
 
     def on_device(device) -> None:
         if held is not None:
             warm(device.memory.l2, held)
 
+    runs: dict[int, tuple] = {}  # waves kept -> that run's (stats, snapshots, L2 left)
+
     def keeping(n: int) -> tuple[KernelStats, list[KernelStats], tuple]:
         """A run keeping n waves: its stats, the kernel at the end of each wave, the L2 it leaves."""
-        stats, marks, left = simulate(truncated(kernel, c - n, FF_MARKED), on_device, FF_MARKED)
-        _check_marks(kernel, c - n, marks)
-        return stats, _snapshots(marks, n), left
+        if n not in runs:
+            stats, marks, left = simulate(truncate(n), on_device, mark)
+            runs[n] = stats, snapshots(marks, n), left
+        return runs[n]
 
     try:
         # A steady state can only hold once the kernel's own lines fill the L2 and evict each
@@ -477,22 +543,24 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
         # kernel has brought FF_FILLS[0] L2s' worth of new lines (missed reads and writes)
         # in, else from FF_FILLS[1]'s.
         # assumption: a wave brings in what the third wave does (the first pays the warm-up).
-        _, probe, _ = keeping(FF_KEEP + 1 + FF_PAST)
-        wave = _diff(probe[FF_KEEP], probe[FF_KEEP - 1])
+        _, at, _ = keeping(probe)
+        wave = _diff(at[FF_KEEP], at[FF_KEEP - 1])
         new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
-        spent = FF_KEEP + 1 + FF_PAST + FF_HEAD_TAIL_WAVES
         for fills in FF_FILLS:
-            first = max(FF_KEEP, math.ceil(fills * l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
-            kept, stride, skip = plan(c, first, spent)
+            first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
+            kept, stride, _ = plan(c, first, 0, min_skip)
+            n = kept[-1] + FF_PAST
+            # what the runs made so far (but one keeping n waves, made already) cost
+            spent = sum(m + FF_HEAD_TAIL_WAVES for m in runs if m != n)
+            skip = plan(c, first, spent, min_skip)[2]
             if not skip:
                 return None
-            stats, at, left = keeping(kept[-1] + FF_PAST)
+            stats, at, left = keeping(n)
             # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
             increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
             durations = [at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])]
-            if _steady(increments, _jitter(durations, stride)):
+            if _steady(increments, _jitter(durations, stride), sigmas):
                 break
-            spent += kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
         else:
             return None
     except Exception:  # noqa: BLE001 - a truncation the engine refuses: price the kernel in full
@@ -504,11 +572,11 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     if FF_NOISE_SIGMAS * _jitter(durations, len(durations)) * skip * per_wave.cycles > FF_TOLERANCE * whole.cycles:
         return None
     aivs = hw.chip.aiv_per_aic
-    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(
-        truncated(kernel, skip), aivs)
+    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(truncate(n), aivs)
     return attrs.evolve(whole, instructions=instructions), skip, left
 
 
-__all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MIN_GAIN", "FF_MIN_SKIP",
+__all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MARKED", "FF_MIN_GAIN", "FF_MIN_SKIP",
            "FF_NOISE_SIGMAS", "FF_PAST", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
-           "plan", "l2_image", "price", "repeat_loops", "static_instructions", "truncated", "warm", "waves"]
+           "Simulate", "cores_of", "earliest", "l2_image", "measure", "plan", "price", "readdressed", "repeat_loops",
+           "static_instructions", "truncated", "warm", "waves", "worth_trying"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from attrs import field, frozen
 
 from npusim.diskcache.reads import note, recording
-from npusim.engine import fastforward
+from npusim.engine import fastforward, fastforward_blocks
 from npusim.engine.device import Device, KernelRecord
 from npusim.engine.events import Environment
 from npusim.engine.grouping import Diverged
@@ -162,12 +162,18 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
 
     lowered: dict = {}  # the truncated runs' devices share their instruction lowerings (compile.compile_program)
 
-    def simulate(kernel: Kernel, on_device: Callable[[Device], None], mark_var: str) -> tuple[KernelStats, list, tuple]:
+    def simulate(kernel: Kernel, on_device: Callable[[Device], None], mark: str) -> tuple[KernelStats, list, tuple]:
+        """One truncated run (see fastforward.price), its pipes marking the iterations of loops over
+        `mark`, or, when `mark` is the reserved variable "block" (fastforward_blocks.BLOCK), the
+        device marking each block's end (Device.mark_blocks)."""
         devices = []
 
         def setup(device: Device) -> None:
             device._lowered = lowered.setdefault("by kind", device._lowered)
-            device.mark_var = mark_var
+            if mark == fastforward_blocks.BLOCK:
+                device.mark_blocks = True
+            else:
+                device.mark_var = mark
             devices.append(device)  # (until_even may start the run again: the last device's marks)
             on_device(device)
 
@@ -186,10 +192,11 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
     def price(kernel: Kernel, device: Device):
         key = (id(kernel), device.env.now, device.memory.l2.clock)
         if key not in priced:
-            if not fastforward.plan(fastforward.waves(kernel))[2]:
+            # blocks in one wave of cores: their repeat loop's iterations are the waves; in many: the waves of blocks
+            way = fastforward if kernel.block_dim <= fastforward.cores_of(kernel, hw) else fastforward_blocks
+            if not way.worth_trying(kernel, hw):
                 return None
-            priced[key] = (kernel, fastforward.price(
-                kernel, hw, lambda: fastforward.l2_image(device.memory.l2), simulate))
+            priced[key] = (kernel, way.price(kernel, hw, lambda: fastforward.l2_image(device.memory.l2), simulate))
         return priced[key][1]
 
     return price
