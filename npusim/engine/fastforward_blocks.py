@@ -21,9 +21,9 @@ place of loop iterations):
   then is the counters at that mark (_snapshots): every counter, a pipe's own ones
   counted as its block ends.
 - Then fastforward.measure: the probe, the fill point, FF_INCREMENTS increments, the
-  jitter-aware steady test, the last increment extrapolated over the waves left out, the
+  jitter-aware steady test, the mean wave extrapolated over the waves left out, the
   instructions counted from the programs, the L2 left as the measuring run left it.
-# assumption: the waves left out cost what the last measured one did (their blocks do the
+# assumption: the waves left out cost what the mean measured one did (their blocks do the
 #   same work at other addresses, and the L2 holds as much of what they read);
 # assumption: the tail, run after fewer waves, costs what it does after all of them.
 """
