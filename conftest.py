@@ -11,9 +11,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # tests/'s helpers (kernels.py: kernels by hand, the deadline guard) for tests in its subfolders too
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
+
+# Property tests (hypothesis) check results, not speed: no per-example deadline and no
+# "input generation is slow" health check, both timed on the wall clock (a busy CI
+# machine, or the sanitizer's build of the engine, .ci/sanitize, tripped the latter on
+# tests/test_engine_queue.py with a correct queue). Speed is for benchmarks/.
+settings.register_profile("npusim", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("npusim")
 
 _CACHE = tempfile.mkdtemp(prefix="npusim-test-cache-")
 os.environ["NPUSIM_CACHE_DIR"] = _CACHE
