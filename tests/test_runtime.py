@@ -14,7 +14,7 @@ from npusim.hw import load_hw
 from npusim.passes import apply
 from npusim.report.step import floor_of, floor_weight_bytes, step_json
 from npusim.runtime import LoweringCache, OutOfMemoryError, place, run_graph
-from npusim.runtime.compile import kernel_name, tilings_of, tilings_pinned
+from npusim.runtime.compile import kernel_name, lower_node, tilings_of, tilings_pinned
 from npusim.runtime.decoder import run_decoder
 from npusim.workload import load_workload
 
@@ -114,6 +114,19 @@ def test_lowering_cache_is_keyed_by_config_value_and_bounded():
     assert len(small) == 3 and c.result.cycles == a.result.cycles
     with pytest.raises(ValueError):
         LoweringCache(max_entries=0)
+
+
+def test_a_run_without_a_cache_lowers_alike_nodes_once_with_the_same_result(monkeypatch):
+    """run_graph with no cache keeps one of its own: nodes with equal parameters at equal
+    addresses share a lowering, and the step is the one lowering every node afresh gives."""
+    g = apply(build_decoder(FOUR_LAYERS, "prefill", 2, 64), "optimized")
+    shared = run_graph(g, HW)
+    assert len({id(c.lowered) for c in shared.compiled}) < len(shared.compiled)
+    monkeypatch.setattr(LoweringCache, "lower", lambda self, *a: lower_node(*a))  # every node afresh
+    afresh = run_graph(g, HW)
+    assert len({id(c.lowered) for c in afresh.compiled}) == len(afresh.compiled)
+    assert [(r.name, r.start, r.end, r.stats) for r in shared.result.kernels] == \
+        [(r.name, r.start, r.end, r.stats) for r in afresh.result.kernels]
 
 
 def test_pinned_tilings_lower_the_kernels_that_ran_on_another_config():

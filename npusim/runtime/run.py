@@ -138,7 +138,9 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
               cache: LoweringCache | None = None, progress: Callable[[int, int], None] | None = None,
               counters: bool = True, exact: bool = True) -> GraphRun:
     """Simulate one step of `graph` on `hw` (see the module doc for `memo`). `cache`:
-    lowerings to reuse and fill (runs of one graph share a cache); None lowers afresh.
+    lowerings to reuse and fill (runs of one graph share a cache); None: a cache of this
+    run's own, so nodes that lower alike (the kept layers' SwiGlu, norms, adds: same
+    parameters, same bound addresses) are lowered and verified once.
     `progress(kernels simulated, kernels to simulate)` as the engine goes. counters=False:
     no bandwidth samples in the trace (engine.run; only a Chrome trace shows them).
     exact=True: no kernel fast-forwarded (engine.run, engine.fastforward)."""
@@ -148,7 +150,7 @@ def run_graph(graph: Graph, hw: HwConfig, memo: bool = True, trace: str = "kerne
     memoised = memo and len(layers) >= MEMO_MIN_LAYERS and _alike(graph, layers[1:-1])
     keep = {layers[0], layers[1], layers[-1]} if memoised else set(layers)
     compiled = compile_nodes(graph, [n for n in graph.nodes if n.layer is None or n.layer in keep], hw, placement,
-                             cache)
+                             LoweringCache() if cache is None else cache)
     breakdown = attrs.evolve(placement.breakdown, workspace_bytes=_workspace(compiled))
     check_memory(graph, hw, breakdown)  # before simulating: the workspace is known once lowered
     program = host_program(graph, compiled, placement.addresses, replay=memo)
