@@ -170,6 +170,23 @@ def offset(base: Addr, index: Addr, scale: int) -> Addr:
     return addr(b + c * scale, **terms)
 
 
+def bound(a: Addr, values: dict[str, int]) -> Addr:
+    """`a` with the vars in `values` replaced by their values (the others left to move):
+    a plain int when no var is left, as addr() gives it; `a` itself when it reads none."""
+    if a.__class__ is int:
+        return a
+    base, terms = a.base, []
+    for var, step in a.terms:
+        value = values.get(var)
+        if value is None:
+            terms.append((var, step))
+        else:
+            base += step * value
+    if len(terms) == len(a.terms):
+        return a
+    return Affine(base, tuple(terms)) if terms else base
+
+
 def at(a: Addr, vars: dict[str, int]) -> int:
     return a if a.__class__ is int else a.at(vars)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 import numpy as np
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import Affine, CoreType, CrossWaitFlag, Kernel, Loop, Program, moving
+from npusim.isa.program import Affine, Copy, CoreType, CrossWaitFlag, Kernel, Loop, Program, bound, moving
 from npusim.ops.build import cdiv
 from npusim.ops.reference import attention, batches_to, bsnd_to_batches, group_heads
 from npusim.ops.registry import GmArena, Lowered, register
@@ -126,6 +128,94 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, 
     return (Program(cube.out + cube.epilogue(), g.aic), Program(vec.out + vec.epilogue(), g.aiv))
 
 
+# Build each distinct structure of a kernel's run programs once (_RunPrograms); False builds
+# every run's anew, as the tests compare.
+_SHARE_BUILDS = True
+# The variable standing for each GM input's base address in a template (_RunPrograms).
+_BASES = {"q": "@q", "k": "@k", "v": "@v", "o": "@o"}
+_BASE_VARS = frozenset(_BASES.values())
+
+
+class _RunPrograms:
+    """_fa_programs for the runs of blocks of one kernel (g, specs, the workspace w, loops
+    and the KV cache are the kernel's), each distinct structure built once.
+
+    Runs differ mostly in the base addresses of their GM inputs (Q, O, the K and V heads):
+    a template is built with each base a variable of its own (_BASES: base 0, step 1) and
+    a run's programs bind them to its bases (isa.program.bound). Exact: the emitters
+    derive addresses from an input only by shift, moving and offset, each linear in its
+    base, and offset's addr() drops only terms of step 0, never the base variable; so a
+    template's address is the run's with the variable in place of the base, but where
+    every other term dropped: a plain int from the run's inputs, which bound gives too.
+    shift and moving drop no term, so an address has one left as long as its input has:
+    an input without terms is not made a variable (a plain int from it could not be told
+    from an Affine without terms) but part of the structure. The structure, the key of a
+    template (_structure): the tiles, each input's terms (or the input itself, if it is
+    not a variable) and a paged block's sequence and head (its loads follow the table).
+    A structure only one run has is built as it is (a paged kernel's, mostly)."""
+
+    def __init__(self, g: _FaGeometry, specs: list, w, loops: bool, runs: list[tuple]):
+        """runs: the (tiles, q, kv, o) of each run the kernel will ask for."""
+        self.g, self.specs, self.w, self.loops = g, specs, w, loops
+        self.runs = Counter(_structure(*run)[0] for run in runs)  # runs of each structure
+        # structure -> per side (its template, where in its body the base variables are: _holes)
+        self.templates: dict[tuple, tuple[tuple[Program, list], ...]] = {}
+
+    def __call__(self, tiles: list[int], q, kv: _KvRead, o) -> tuple[Program, Program]:
+        """The AIC and AIV programs of a run working through `tiles` (see _fa_programs)."""
+        key, inputs = _structure(tiles, q, kv, o)
+        if not _SHARE_BUILDS or self.runs[key] < 2:
+            return _fa_programs(self.g, tiles, self.specs, q, kv, o, self.w, self.loops)
+        variable = {name: a for name, a in inputs.items() if _variable(a)}
+        template = self.templates.get(key)
+        if template is None:
+            free = {**inputs, **{n: Affine(0, a.terms + ((_BASES[n], 1),)) for n, a in variable.items()}}
+            progs = _fa_programs(self.g, tiles, self.specs, free["q"], attrs.evolve(kv, k=free["k"], v=free["v"]),
+                                 free["o"], self.w, self.loops)
+            template = self.templates[key] = tuple((p, _holes(p.body)) for p in progs)
+        values = {_BASES[name]: a.base for name, a in variable.items()}
+        return tuple(Program(_bound_body(p.body, holes, values), p.buffers) for p, holes in template)
+
+
+def _structure(tiles: list[int], q, kv: _KvRead, o) -> tuple[tuple, dict]:
+    """A run's structure (its template's key: see _RunPrograms) and its inputs by name."""
+    inputs = {"q": q, "k": kv.k, "v": kv.v, "o": o}
+    return (tuple(tiles), kv.seq, kv.head, *(a.terms if _variable(a) else a for a in inputs.values())), inputs
+
+
+def _variable(a) -> bool:
+    """Whether a template makes the input's base a variable: an Affine with terms (see _RunPrograms)."""
+    return a.__class__ is Affine and bool(a.terms)
+
+
+def _holes(body: tuple) -> list[tuple[int, list | None]]:
+    """Where a template's body reads a base variable: (index, None) for such a Copy,
+    (index, the holes of its body) for a Loop holding some.
+    # assumption: the inputs reach Copy addresses only (load_q, _KvRead.load, finish); a
+    # variable left anywhere else would fail verify (a var not in scope)"""
+    out = []
+    for i, x in enumerate(body):
+        if x.__class__ is Copy and any(a.__class__ is Affine and any(v in _BASE_VARS for v, _ in a.terms)
+                                       for a in (x.src_addr, x.dst_addr)):
+            out.append((i, None))
+        elif x.__class__ is Loop:
+            inner = _holes(x.body)
+            if inner:
+                out.append((i, inner))
+    return out
+
+
+def _bound_body(body: tuple, holes: list, values: dict[str, int]) -> tuple:
+    """A template's body with its base variables bound at its holes (isa.program.bound);
+    the rest are the template's instructions (records: shared, as the flags are)."""
+    out = list(body)
+    for i, inner in holes:
+        x = body[i]
+        out[i] = (x.moved(bound(x.src_addr, values), bound(x.dst_addr, values)) if inner is None
+                  else Loop(x.var, x.count, _bound_body(x.body, inner, values)))
+    return tuple(out)
+
+
 def reference_flash_attention(p: FlashAttentionParams, x, specs, ctx) -> dict:
     """q (BSND or [b*h, s, d]) over the layer's cache (kv_layout); causal aligned to the
     end of the keys, and in decode each sequence's padding keys hidden. Scores and
@@ -238,7 +328,7 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
         """KV heads bk .. bk+n equally spaced (a run of blocks can share a program)."""
         return all(kv_head(w, bk + n) - kv_head(w, bk) == n * (kv_head(w, bk + 1) - kv_head(w, bk)) for w in "kv")
 
-    aic, aiv = [], []
+    runs = []  # (blocks, tiles, q, kv, o) of each run
     b = 0
     while b < len(blocks):  # runs of blocks: same kind, same gi, consecutive and equally spaced bk
         kind, u = blocks[b]
@@ -259,11 +349,15 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
         else:  # the run's KV heads, one step apart per block
             steps = [kv_head(w, bk + 1) - kv_head(w, bk) if end - b > 1 else 0 for w in "kv"]
             kv = _KvRead(cache, *(Affine(kv_head(w, bk) - b * s, (("block", s),)) for w, s in zip("kv", steps)))
-        progs = _fa_programs(g, list(range(n_tiles)) if kind < 0 else parts[kind], specs,
-                             at(Q, hs, qh, grp), kv, at(O, hs, qh, grp), wb, loops=not paged)
-        aic += [progs[0]] * (end - b)
-        aiv += [progs[1]] * (end - b)
+        runs.append((end - b, list(range(n_tiles)) if kind < 0 else parts[kind], at(Q, hs, qh, grp), kv,
+                     at(O, hs, qh, grp)))
         b = end
+    programs = _RunPrograms(g, specs, wb, not paged, [run[1:] for run in runs])
+    aic, aiv = [], []
+    for n, *run in runs:
+        progs = programs(*run)
+        aic += [progs[0]] * n
+        aiv += [progs[1]] * n
     if all(x is aic[0] for x in aic):  # every block runs one program: verify checks it once
         aic, aiv = aic[:1], aiv[:1]
     kernel = Kernel("flash_attention", CoreType.MIX, len(blocks), aic=aic, aiv=aiv, gm=[Q, *cache.tensors, O, W],
