@@ -34,13 +34,24 @@ addresses move with them, listed by its first walk in walk order - are run with
 the new site's ranges, and its flag counts are the first walk's. Every other check
 reads neither, so it passes again; the first of the listed ones to fail is the
 first the walk would have failed at.
+
+And a program like the last one walked on its core - the same buffers object, the
+same loops (var and count), every other instruction the same object but some Copy,
+Mmad or VecOp (the runs of a FlashAttention kernel: one template, their GM addresses
+bound apart) - is checked as that one's walk again: its listed checks with the new
+site's ranges, and the differing instructions in full, merged in walk order (so the
+first to fail is again the first the walk would have failed at); its flag counts are
+that walk's (its flags are the same objects at the same places, in the same loops).
+Anything else that differs, or an instruction merely equal, is walked in full.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable
+from operator import itemgetter
 
 import attrs
 
@@ -73,8 +84,9 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
     for key, n in Counter((site.core, id(_program(kernel, site))) for site, _ in sites).items():
         if n > 1:
             first[key] = None
+    last: dict[CoreType, _Walk] = {}  # per core, the last program walked (in full or like another)
     for site, indices in sites:
-        walk = _check_program(kernel, hw, capacity, site, passed, first)
+        walk = _check_program(kernel, hw, capacity, site, passed, first, last)
         for index in indices:  # blocks sharing one Program object are checked once
             walks[(site.core, index, site.sub)] = walk
     if kernel.core_type is CoreType.MIX:
@@ -177,8 +189,9 @@ class _Walk:
     # records each read with a Python call)
     flag_ids: int | None = None
     # the accesses whose addresses read `block` or `sub`, in walk order: check_access's
-    # arguments but `w`; None: not listed (a program met on one site only; see the module doc)
+    # arguments but `w`; None: not listed (a walk repeated on another site: _check_again)
     site_checks: list | None = None
+    program: Program | None = None  # the program walked (None: a walk repeated on another site)
 
     def fail(self, msg: str, path: Path | None = None, instr=None):
         """Raise the one-line error: kernel, block, core, instruction, what was expected."""
@@ -199,22 +212,24 @@ def _program(kernel: Kernel, site: _Site) -> Program:
 
 
 def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site: _Site,
-                   passed: dict[tuple, set], first: dict[tuple, _Walk | None]) -> _Walk:
+                   passed: dict[tuple, set], first: dict[tuple, _Walk | None], last: dict[CoreType, _Walk]) -> _Walk:
     """Check one program as it runs on `site`; return the walk with its flag counts.
     `passed`: the var-free instructions already checked, by core and buffers; `first`:
     the first walk of each program object met on several sites of a core, None until
-    walked (see the module doc)."""
+    walked; `last`: the last program walked on each core (see the module doc)."""
     program = _program(kernel, site)
     key = (site.core, id(program))
     seen = first.get(key)
     if seen is not None:
         return _check_again(seen, site)
-    w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()))
-    if key in first:
-        w.site_checks = []
-    w.buffers = _check_buffers(w, program.buffers, capacity)
-    _walk(w, program.body, (), site.scope, 1)
-    _check_flag_balance(w)
+    w = _check_like(last[site.core], program, site) if site.core in last else None
+    if w is None:
+        w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()), site_checks=[],
+                  program=program)
+        w.buffers = _check_buffers(w, program.buffers, capacity)
+        _walk(w, program.body, (), site.scope, 1)
+        _check_flag_balance(w)
+    last[site.core] = w
     if key in first:
         first[key] = w
     return w
@@ -225,9 +240,76 @@ def _check_again(seen: _Walk, site: _Site) -> _Walk:
     `block` or `sub` run again with this site's ranges, the rest is `seen`'s."""
     w = _Walk(seen.kernel, seen.hw, site, seen.buffers, seen.passed, seen.sets, seen.waits, seen.first_flag,
               seen.cross_sets, seen.cross_waits, seen.first_cross, seen.flag_ids)
-    for instr, path, scope, *access in seen.site_checks:
-        check_access(w, instr, path, {**scope, **site.scope}, *access)
+    done: set = set()
+    for entry in seen.site_checks:
+        _check_listed(w, entry, done)
     return w
+
+
+def _check_listed(w: _Walk, entry: tuple, done: set) -> None:
+    """A listed access (check_access's arguments but `w`) again, with w's site's ranges;
+    listed for w in turn if w lists. An access equal to one that passed on this site with
+    the same ranges of its vars passes alike (the check reads nothing else): `done` holds
+    those that passed."""
+    instr, path, scope, role, mem, a, nbytes, segments, stride = entry
+    scope = {**scope, **w.site.scope}
+    key = (mem, a, nbytes, segments, stride, *[scope[var] for var, _ in a.terms])
+    if key not in done:
+        check_access(w, instr, path, scope, role, mem, a, nbytes, segments, stride)
+        done.add(key)
+    elif w.site_checks is not None:
+        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
+
+
+def _check_like(ref: _Walk, program: Program, site: _Site) -> _Walk | None:
+    """The walk of `program` on `site` as `ref`'s again, if the program is like ref's (see
+    the module doc): ref's checks that read `block` or `sub` with this site's ranges, but
+    those of the instructions that differ, which are checked in full; None if not alike."""
+    differ: list = []
+    if program.buffers is not ref.program.buffers or not _alike(ref.program.body, program.body, (), site.scope, 1,
+                                                                differ):
+        return None
+    w = _Walk(ref.kernel, ref.hw, site, ref.buffers, ref.passed, ref.sets, ref.waits, ref.first_flag, ref.cross_sets,
+              ref.cross_waits, ref.first_cross, ref.flag_ids, site_checks=[], program=program)
+    redone = {path for _, path, _, _ in differ}
+    again = ((c[1], True, c) for c in ref.site_checks if c[1] not in redone)
+    done: set = set()
+    for _, listed, entry in heapq.merge(again, ((d[1], False, d) for d in differ), key=itemgetter(0)):
+        if listed:
+            _check_listed(w, entry, done)
+        else:
+            _check_instr(w, *entry)
+    return w
+
+
+def _alike(ref: tuple, body: tuple, prefix: Path, scope: Scope, mult: int, differ: list) -> bool:
+    """Whether `body` is `ref` but for some Copy, Mmad or VecOp: the same length, loops of
+    the same var and count, the same objects elsewhere. Appends each differing instruction
+    to `differ` as _check_instr takes it (path, scope and runs as the walk has them)."""
+    if len(ref) != len(body):
+        return False
+    for i, (a, b) in enumerate(zip(ref, body)):
+        if a is b:
+            continue
+        cls = b.__class__
+        if a.__class__ is not cls:
+            return False
+        if cls is Loop:
+            if not (_same(a.var, b.var) and _same(a.count, b.count)):
+                return False
+            inner = {**scope, b.var: (0, b.count - 1)}
+            if not _alike(a.body, b.body, prefix + (i,), inner, mult * b.count, differ):
+                return False
+        elif cls in _ADDRESSES:
+            differ.append((b, prefix + (i,), scope, mult))
+        else:
+            return False
+    return True
+
+
+def _same(x, y) -> bool:
+    """Equal and of one type (a loop's count 2 and 2.0 check differently)."""
+    return x.__class__ is y.__class__ and x == y
 
 
 def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, int]) -> dict[Mem, tuple[Buffer, ...]]:
@@ -270,18 +352,24 @@ def _walk(w: _Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
             if key in first_flag:
                 (w.sets if cls is SetFlag else w.waits)[key] += mult
                 continue
-        addresses = _ADDRESSES.get(cls)
-        free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
-        if free and instr in w.passed:
-            continue
-        path = prefix + (i,)
-        check = _CHECKS.get(cls)
-        if check is None:
-            kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
-            w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
-        check(w, instr, path, scope, mult)
-        if free:
-            w.passed.add(instr)
+        _check_instr(w, instr, prefix + (i,), scope, mult)
+
+
+def _check_instr(w: _Walk, instr, path: Path, scope: Scope, mult: int) -> None:
+    """Check one instruction (a loop with its body) of a body that runs `mult` times, unless
+    it reads no var and passed before (see the module doc)."""
+    cls = instr.__class__
+    addresses = _ADDRESSES.get(cls)
+    free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
+    if free and instr in w.passed:
+        return
+    check = _CHECKS.get(cls)
+    if check is None:
+        kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
+        w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
+    check(w, instr, path, scope, mult)
+    if free:
+        w.passed.add(instr)
 
 
 def _check_loop(w: _Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> None:
