@@ -120,7 +120,7 @@ def test_marks_are_taken_as_in_python(monkeypatch, op_type, params):
             d.mark_var = var
             devices.append(d)
         r = run([Launch(kernel, 0), Synchronize()], HW, "kernel", on_device=setup)
-        return r.kernels[0].stats, [(cr.name, cr.kind.value, pipe, marks) for cr, pipe, marks in devices[-1].marks]
+        return r.kernels[0].stats, [(cr.name, cr.kind.value, pipe, marks) for cr, pipe, marks in devices[-1].pipe_marks]
 
     walked, reference = _walked_and_reference(monkeypatch, lambda: marked(var), repr)
     plain, none = marked(None)

@@ -196,13 +196,17 @@ class Device:
         self.fast_forward = fast_forward
         self.on_finish: Callable[[int], None] | None = None  # called with the kernels finished so far
         # engine.fastforward's marks: every pipe marks where it stands as each iteration of a loop
-        # over mark_var ends (pipe.mark), into dev.marks as (core run, pipe, its marks); None: no marks
+        # over mark_var ends (pipe.mark), into pipe_marks; None: no marks
         self.mark_var: str | None = None
-        self.marks: list = []
-        # engine.fastforward_blocks' marks: as each block (or group of blocks) ends, its block
-        # indices and its kernel's counters then (a KernelStats, cycles since the kernel's
-        # start) into dev.marks; False: none
+        # (core run, pipe name, that pipe's marks: a list of pipe.mark's tuples), one per pipe started
+        # while mark_var is set (pipe.marks_of)
+        self.pipe_marks: list[tuple[_CoreRun, str, list]] = []
+        # engine.fastforward_blocks' marks: as each block (or group of blocks) ends, a mark into
+        # block_marks; False: none
         self.mark_blocks = False
+        # (its block indices, its kernel's counters then: a KernelStats, cycles since the kernel's
+        # start), a block's (or group's) as it ends, in the order they end
+        self.block_marks: list[tuple[list[int], KernelStats]] = []
 
     # ---------------------------------------------------------------- kernels
 
@@ -464,7 +468,7 @@ class Device:
             self._free_cores(c)
         kr.blocks_done += len(blocks)
         if self.mark_blocks:
-            self.marks.append((blocks, kr.acc.freeze(env.now - kr.start)))
+            self.block_marks.append((blocks, kr.acc.freeze(env.now - kr.start)))
         if kr.blocks_done == k.block_dim:
             self._finish(kr, kr.acc.freeze(env.now - kr.start))
         self._dispatch()

@@ -411,8 +411,8 @@ def _jitter(durations: list[float], stride: int) -> float:
 
 def _snapshots(marks: list, n: int) -> list[KernelStats]:
     """The kernel as it stands at the end of each of its first n waves, from the marks of a
-    marked run (pipe.mark; dev.marks: (core run, pipe, its marks) per pipe that walks the
-    repeat loop): wave i ends when the last pipe ends its iteration i (cycles: that clock),
+    marked run (pipe.mark; Device.pipe_marks: (core run, pipe, its marks) per pipe that walks
+    the repeat loop): wave i ends when the last pipe ends its iteration i (cycles: that clock),
     the GM counters as they stood then, each pipe's own counters as it ended iteration i
     (times its run's weight), core cycles as every core run held its core throughout.
     Instructions are left 0: price counts them exactly (static_instructions)."""

@@ -17,9 +17,9 @@ place of loop iterations):
   renumbered after them; a renumbered block's addresses that move with `block` are
   rebased (rebased) so that it reads and writes where it did.
 - Its marked runs: the device marks each block's (or group's) end with its kernel's
-  counters then (Device.mark_blocks); wave j ends when its last block ends, and the kernel
-  then is the counters at that mark (_snapshots): every counter, a pipe's own ones
-  counted as its block ends.
+  counters then (Device.mark_blocks, into Device.block_marks); wave j ends when its last
+  block ends, and the kernel then is the counters at that mark (_snapshots): every
+  counter, a pipe's own ones counted as its block ends.
 - Then fastforward.measure: the probe, the fill point, FF_INCREMENTS increments, the
   jitter-aware steady test, the mean wave extrapolated over the waves left out, the
   instructions counted from the programs, the L2 left as the measuring run left it.
@@ -171,7 +171,7 @@ def truncated(kernel: Kernel, cores: int, waves: int, keep: int) -> Kernel:
 
 def _snapshots(marks: list, n: int, cores: int) -> list[KernelStats]:
     """The kernel at the end of each of its first n block waves, from a marked run's block
-    marks (Device.mark_blocks: (block indices, the kernel's counters then), in the order the
+    marks (Device.block_marks: (block indices, the kernel's counters then), in the order the
     blocks ended): wave j's is the mark at which the last of its blocks ended. Counters a
     pipe keeps (busy, wait, flops, local bytes) count at its block's end, GM ones as they
     go; instructions are left as counted (measure counts them from the programs)."""

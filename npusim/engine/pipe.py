@@ -57,9 +57,9 @@ MARKED_GM = ("gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_byt
 
 
 def marks_of(dev, cr, pipe_name: str) -> list:
-    """A new list for one pipe's marks, kept in dev.marks with its core run and pipe."""
+    """A new list for one pipe's marks, kept in dev.pipe_marks with its core run and pipe."""
     marks: list = []
-    dev.marks.append((cr, pipe_name, marks))
+    dev.pipe_marks.append((cr, pipe_name, marks))
     return marks
 
 

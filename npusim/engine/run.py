@@ -164,13 +164,14 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
 
     def simulate(kernel: Kernel, on_device: Callable[[Device], None], mark: str) -> tuple[KernelStats, list, tuple]:
         """One truncated run (see fastforward.price), its pipes marking the iterations of loops over
-        `mark`, or, when `mark` is the reserved variable "block" (fastforward_blocks.BLOCK), the
-        device marking each block's end (Device.mark_blocks)."""
+        `mark` (its marks: Device.pipe_marks), or, when `mark` is the reserved variable "block"
+        (fastforward_blocks.BLOCK), the device marking each block's end (Device.block_marks)."""
         devices = []
+        by_block = mark == fastforward_blocks.BLOCK
 
         def setup(device: Device) -> None:
             device._lowered = lowered.setdefault("by kind", device._lowered)
-            if mark == fastforward_blocks.BLOCK:
+            if by_block:
                 device.mark_blocks = True
             else:
                 device.mark_var = mark
@@ -182,7 +183,8 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
         # the truncated run: an error, and the kernel is simulated in full)
         stats = run([Launch(kernel, 0), Synchronize()], hw, "kernel", dedup, on_device=setup, counters=False,
                     exact=True, checked=True).kernels[0].stats
-        return stats, devices[-1].marks, fastforward.l2_image(devices[-1].memory.l2)
+        last = devices[-1]
+        return stats, last.block_marks if by_block else last.pipe_marks, fastforward.l2_image(last.memory.l2)
 
     # Prices made in this run, by kernel (identity), launch time and L2 clock: until_even runs
     # the program again from the start when a group diverges, and up to that group the rerun
