@@ -289,11 +289,12 @@ def test_the_attempts_a_divergence_abandons_are_freed():
 def test_a_mark_that_fails_ends_the_run_with_its_error(monkeypatch):
     """A pipe's on_mark (fast-forward's marks, pipe.mark) that raises ends the run with that
     error, not a crash; with no mark_var the engine never calls it."""
-    from npusim.engine import Launch, Synchronize, fastforward, run
+    from npusim.engine import Launch, Synchronize, run
+    from npusim.engine.fastforward_rewrite import repeat_path
     from npusim.ops import lower
 
     kernel = lower("add", {"shape": "16384,1024"}, HW).kernels[0]
-    var = fastforward._repeat_path(kernel.program(kernel.core_type, 0).body)[1].var
+    var = repeat_path(kernel.program(kernel.core_type, 0).body)[1].var
 
     def refuse(*args):
         raise RuntimeError("mark refused")

@@ -546,7 +546,7 @@ def test_a_long_touch_walked_from_its_tail_leaves_the_l2_as_the_whole_walk(seed)
     touch_lines() lines: every set then holds the same lines in the same LRU order, with
     the same dirty bits and none in flight, as walking all of it - from an L2 holding
     dirty lines, lines in flight and lines of the range itself."""
-    from npusim.engine.fastforward import l2_image
+    from npusim.engine.l2_image import l2_image
     from npusim.engine.l2cache import _ARRIVED
 
     hw = hw_with(**{"l2.l2_bytes": 64 * 512, "l2.ways": 4})  # 16 sets of 4 ways

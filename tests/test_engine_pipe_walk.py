@@ -107,11 +107,12 @@ def test_marks_are_taken_as_in_python(monkeypatch, op_type, params):
     """Fast-forward's marks (pipe.mark; engine.fastforward): every pipe's clock and counters as
     each iteration of the repeat loop ends, value and type, as the Python takes them; and a
     marked run is the run unmarked."""
-    from npusim.engine import Launch, Synchronize, fastforward, run
+    from npusim.engine import Launch, Synchronize, run
+    from npusim.engine.fastforward_rewrite import repeat_path
     from npusim.ops import lower
 
     kernel = lower(op_type, params, HW).kernels[0]
-    var = fastforward._repeat_path(kernel.program(kernel.core_type, 0).body)[1].var  # (of any count)
+    var = repeat_path(kernel.program(kernel.core_type, 0).body)[1].var  # (of any count)
 
     def marked(var):
         devices = []

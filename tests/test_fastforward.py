@@ -14,6 +14,7 @@ import pytest
 from npusim.cli import main
 from npusim.engine import fastforward as ff
 from npusim.engine import fastforward_blocks as ffb
+from npusim.engine import fastforward_rewrite as rewrite
 from npusim.engine import run
 from npusim.engine.host import Launch, Synchronize
 from npusim.hw import load_hw
@@ -84,8 +85,8 @@ def test_small_kernels_are_never_fast_forwarded():
 
 def test_truncated_kernels_verify_and_keep_their_head_and_tail():
     kernel = lower(*CASES[0], HW).kernels[0]
-    loops = ff.repeat_loops(kernel)
-    short = ff.truncated(kernel, 10)
+    loops = rewrite.repeat_loops(kernel)
+    short = rewrite.truncated(kernel, 10)
     verify(short, HW)
     progs, before = short.aiv, kernel.aiv  # an AIV kernel
     assert progs and len(progs) == len(before)
@@ -107,13 +108,14 @@ def test_no_steady_state_means_the_full_simulation(monkeypatch):
 
 def test_l2_image_round_trips():
     """warm(l2_image(l2)) holds the same lines, dirty alike."""
+    from npusim.engine.l2_image import l2_image, warm
     from npusim.engine.l2cache import L2Cache
     import numpy as np
 
     a, b = L2Cache(4096, 16), L2Cache(4096, 16)
     a.access(np.arange(1000, 3000, dtype=np.int64), False)
     a.access(np.arange(5000, 5600, dtype=np.int64), True)
-    ff.warm(b, ff.l2_image(a))
+    warm(b, l2_image(a))
     lines = np.arange(0, 8000, dtype=np.int64)
     held_a, held_b = a.find(lines) >= 0, b.find(lines) >= 0
     assert (held_a == held_b).all()
@@ -165,10 +167,10 @@ def test_a_marked_truncation_renames_its_loop_and_keeps_programs_shared():
     from npusim.isa.program import Affine
 
     kernel = lower(*CASES[1], HW).kernels[0]
-    short = ff.truncated(kernel, 10, ff.FF_MARKED)
+    short = rewrite.truncated(kernel, 10, ff.FF_MARKED)
     verify(short, HW)
     assert len({id(p) for p in short.aiv}) == len({id(p) for p in kernel.aiv})
-    (path, loop), = {(p, lp.var) for p, lp in ff.repeat_loops(kernel)[kernel.core_type]}
+    (path, loop), = {(p, lp.var) for p, lp in rewrite.repeat_loops(kernel)[kernel.core_type]}
     body = short.aiv[0].body[path[0]]
     for i in path[1:]:
         body = body.body[i]

@@ -68,8 +68,8 @@ from attrs import frozen
 from npusim.engine._pipe import Flags
 from npusim.engine.compile import compile_program, count_instructions
 from npusim.engine.events import after
-from npusim.engine.fastforward import warm
 from npusim.engine.grouping import Grouping, gm_accesses, groupable
+from npusim.engine.l2_image import warm
 from npusim.engine.memory import MemorySystem
 from npusim.engine.pipe import start_pipe
 from npusim.engine.stats import KernelStats, StatsAccumulator, Tracer
@@ -239,7 +239,7 @@ class Device:
     def _replay(self, kr: _KernelRun, cycles: float, stats: KernelStats, skipped: int = 0, left=None):
         """Run a kernel as its lone twin ran (see the module doc), or as engine.fastforward
         priced it (`skipped`: the waves it did not simulate; `left`: the L2 it leaves, an
-        fastforward.l2_image, put over the device's L2 in place of its footprint)."""
+        l2_image, put over the device's L2 in place of its footprint)."""
         held = {kind: self.free[kind] for kind in self._kinds(kr.kernel)}
         for kind in held:
             self.free[kind] = []

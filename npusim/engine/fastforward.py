@@ -1,6 +1,14 @@
 """Fast-forward: price a kernel whose blocks repeat one loop many times from a few of
 its iterations, measured on the engine (issue 37, "price big steps fast, exactly enough").
 
+This module holds the measurement: its parameters (FF_*), which runs to make (plan), the
+kernel at each wave's end from a marked run's marks (_snapshots), the steady-state test
+and the extrapolation (measure, shared with engine.fastforward_blocks, the path for a
+kernel whose blocks run in many waves of cores), and the entry for a kernel whose blocks
+all run at once (worth_trying, price). What it reads from a kernel's programs and the
+kernels it cuts short are engine.fastforward_rewrite's; the L2 images it copies,
+engine.l2_image's.
+
 A GEMM of 131,072 rows is, on each of the 24 cube cores, ~42 iterations of one loop
 (a row of output tiles); a vector kernel over many rows is hundreds of iterations of
 one. Each iteration of every block together is a *wave*. Simulating them all costs
@@ -8,22 +16,17 @@ time proportional to the waves; after the first few they repeat.
 
 How a kernel is priced (a kernel-level fast-forward; the device calls price() for a
 kernel that starts alone on an idle device, as it replays one, see device.py):
-- Its *repeat loop*: in every block program, the loop that executes the most
-  instructions (count x its body's) among the top-level loops and the loops they wrap
-  alone (a Loop whose body is one Loop), the first on ties: a GEMM's loop over rows of
-  tiles, not a partial row's loop over tiles. Every program must have one, all with
-  the same loop variable (the same loop of the lowering in every block); a MIX
-  kernel's AIC and AIV programs of a block must have the same (variable, count)
-  (their cross-core flags pair up per iteration). c = the smallest count over the
-  blocks.
+- Its *repeat loop* (fastforward_rewrite.repeat_loops): in every block program the loop
+  that executes the most instructions, the same loop of the lowering in every block.
+  c = the smallest count over the blocks (waves).
 - Only a kernel whose blocks all run at once (block_dim no more than the cores of its
   type) is priced so: its waves are then simultaneous. A kernel whose blocks run in many
   waves of cores is priced over those waves of blocks (fastforward_blocks), by the same
   measurement (measure).
 - The kernel is simulated two or three times, each time on its own device, with every
-  block's repeat loop cut by the same number of iterations (a *truncated run*: it has
-  the whole head and tail of the kernel: the nests before and after the loop, the
-  uneven last wave, the drain), its pipes *marking* where they stand as each iteration of the loop ends
+  block's repeat loop cut by the same number of iterations (a *truncated run*, of
+  fastforward_rewrite.truncated's kernel: the whole head and tail kept), its pipes
+  *marking* where they stand as each iteration of the loop ends
   (pipe.mark: the pipe's clock and own counters, the kernel's GM counters then). Wave i
   ends when the last pipe ends its iteration i; the kernel at that point (_snapshots)
   is that clock, the GM counters then, and every pipe's own counters at its own end of
@@ -69,10 +72,13 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from npusim.engine.compile import MEMS, count_instructions
+from npusim.engine.compile import MEMS
+from npusim.engine.fastforward_rewrite import (ByKernel, cores_of, repeat_loops, static_instructions, truncated,
+                                               wave_gm_bytes)
+from npusim.engine.l2_image import warm
 from npusim.engine.pipe import MARKED_GM
 from npusim.engine.stats import KernelStats
-from npusim.isa.program import Affine, CoreType, Copy, Kernel, Loop, Mem
+from npusim.isa.program import Kernel
 
 # The earliest wave whose end a marked run measures from: the first wave pays the pipeline
 # fill (first loads with nothing to overlap), and the second ends early or late of the
@@ -151,156 +157,20 @@ _DICTS = ("busy_cycles", "wait_cycles", "data_wait_cycles", "core_cycles", "loca
 _INTEGERS = ("instructions", "misaligned_segments", "dma_segments")
 
 
-def _repeat_path(body: tuple) -> tuple[tuple[int, ...], Loop] | None:
-    """(index path, loop) of a program body's repeat loop (see the module doc), or None."""
-    best, most = None, 0
-    for i, entry in enumerate(body):
-        path, loop = (i,), entry
-        while loop.__class__ is Loop:
-            work = loop.count * count_instructions(loop.body)
-            if loop.count > 1 and work > most:  # (a loop of one iteration wraps what repeats)
-                best, most = (path, loop), work
-            if len(loop.body) != 1:
-                break
-            path, loop = path + (0,), loop.body[0]
-    return best
-
-
-def _with_count(body: tuple, path: tuple[int, ...], count: int, var: str | None = None) -> tuple:
-    """`body` with the loop at `path` running `count` times (and over `var`, if given: its
-    variable renamed, in its body's addresses too)."""
-    i, rest = path[0], path[1:]
-    loop = body[i]
-    if rest:
-        new = attrs.evolve(loop, body=_with_count(loop.body, rest, count, var))
-    elif var is None:
-        new = attrs.evolve(loop, count=count)
-    else:
-        new = Loop(var, count, _renamed(loop.body, loop.var, var))
-    return body[:i] + (new,) + body[i + 1:]
-
-
-def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = None):
-    """`value` (a Program, an instruction, a body, a field's value) with move(a) in place of
-    every Affine address a in it: generic over every attrs record's fields and tuples (Loop
-    bodies included). Unchanged parts are the same objects; `memo`: results by identity of
-    what was readdressed (programs that share parts share their results)."""
-    cls = value.__class__
-    if cls is Affine:
-        return move(value)
-    if cls is tuple:
-        new = tuple([readdressed(v, move, memo) for v in value])
-        return value if all(a is b for a, b in zip(new, value)) else new
-    if not attrs.has(cls):
-        return value
-    if memo is None:
-        memo = {}
-    hit = memo.get(id(value))
-    if hit is None or hit[0] is not value:
-        changes = {}
-        for f in attrs.fields(cls):
-            old = getattr(value, f.name)
-            new = readdressed(old, move, memo)
-            if new is not old:
-                changes[f.name] = new
-        hit = memo[id(value)] = (value, attrs.evolve(value, **changes) if changes else value)
-    return hit[1]
-
-
-def _renamed(items: tuple, old: str, new: str) -> tuple:
-    """`items` with loop variable `old` called `new` in every address (see readdressed); a
-    ValueError if a loop among them is over `old` too (its addresses would be renamed)."""
-    def over(body) -> bool:
-        return any(it.__class__ is Loop and (it.var == old or over(it.body)) for it in body)
-
-    if over(items):
-        raise ValueError(f"fast-forward: a loop inside the repeat loop over {old} is over {old} too")
-
-    def move(a: Affine) -> Affine:
-        return Affine(a.base, tuple((new if x == old else x, s) for x, s in a.terms)) \
-            if any(x == old for x, _ in a.terms) else a
-    return readdressed(tuple(items), move)
-
-
-def _kinds(kernel: Kernel) -> list[CoreType]:
-    return [CoreType.AIC, CoreType.AIV] if kernel.core_type is CoreType.MIX else [kernel.core_type]
-
-
-def repeat_loops(kernel: Kernel) -> dict | None:
-    """Per core type, per distinct program (by position in the kernel's tuple): (path,
-    loop) of its repeat loop; None if a program has none, they are not the same loop
-    variable, or a MIX block's two disagree."""
-    out = {}
-    for kind in _kinds(kernel):
-        progs = kernel.aic if kind is CoreType.AIC else kernel.aiv
-        found = []
-        for p in progs:
-            f = _repeat_path(p.body)
-            # too few iterations in one block, or another loop than the others': nothing to skip
-            if f is None or f[1].count < FF_MIN_SKIP or (found and f[1].var != found[0][1].var):
-                return None
-            found.append(f)
-        if not found:
-            return None
-        out[kind] = found
-    if kernel.core_type is CoreType.MIX:
-        for b in range(kernel.block_dim):
-            a = out[CoreType.AIC][0 if len(kernel.aic) == 1 else b][1]
-            v = out[CoreType.AIV][0 if len(kernel.aiv) == 1 else b][1]
-            if (a.var, a.count) != (v.var, v.count):
-                return None
-    return out
-
-
 def waves(kernel: Kernel) -> int:
-    """The waves of a kernel: its repeat loop's count in its shortest block (0: it has none)."""
-    hit = _WAVES.get(id(kernel))
-    if hit is not None and hit[0] is kernel:
-        return hit[1]
-    n = _waves(kernel)
-    _WAVES[id(kernel)] = (kernel, n)
-    if len(_WAVES) > _WAVES_MAX:
-        _WAVES.pop(next(iter(_WAVES)))
-    return n
+    """The waves of a kernel: its repeat loop's count in its shortest block (0: it has none,
+    or one of fewer iterations than FF_MIN_SKIP in some block: nothing to skip)."""
+    return _WAVES.get(kernel, _waves)
 
 
-# waves() of the kernels last asked about, by identity (a step asks once per launch, and
-# walking a FlashAttention kernel's 500 unrolled programs takes a fraction of a second);
-# entries hold their kernel, so an id stays its own
-_WAVES: dict[int, tuple[Kernel, int]] = {}
-_WAVES_MAX = 256
+_WAVES = ByKernel()  # waves() of the kernels last asked about
 
 
 def _waves(kernel: Kernel) -> int:
-    loops = repeat_loops(kernel)
+    loops = repeat_loops(kernel, FF_MIN_SKIP)
     if loops is None:
         return 0
     return min(loop.count for found in loops.values() for _, loop in found)
-
-
-def _gm_bytes(body: tuple) -> int:
-    """GM bytes the copies of a program body move, loops multiplied out."""
-    n = 0
-    for item in body:
-        if item.__class__ is Loop:
-            n += item.count * _gm_bytes(item.body)
-        elif item.__class__ is Copy and Mem.GM in (item.src, item.dst):
-            n += item.nbytes * item.segments
-    return n
-
-
-def wave_gm_bytes(kernel: Kernel) -> int:
-    """GM bytes one wave moves (one iteration of every block's repeat loop): an upper bound
-    of the new lines it brings into the L2. (A MIX block's AIV program is counted once,
-    not once per AIV: a smaller bound, so a MIX kernel may be simulated in full where
-    it need not be, never the other way.)"""
-    loops = repeat_loops(kernel)
-    total = 0
-    for kind, found in loops.items():
-        progs = kernel.aic if kind is CoreType.AIC else kernel.aiv
-        per = [_gm_bytes(loop.body) for _, loop in found]
-        total += sum(per[0 if len(progs) == 1 else b] for b in range(kernel.block_dim))
-    return total
 
 
 def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SKIP) -> tuple[list[int], int, int]:
@@ -314,56 +184,6 @@ def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SK
     skip = c - kept[-1] - FF_PAST
     cost = spent + kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
     return kept, stride, skip if skip >= min_skip and cost * FF_MIN_GAIN <= c else 0
-
-
-def cores_of(kernel: Kernel, hw) -> int:
-    """The cores one wave of the kernel's blocks fills: AIV cores for an AIV kernel, else
-    AIC cores (a MIX block holds an AIC and its AIVs)."""
-    return hw.aiv_count if kernel.core_type is CoreType.AIV else hw.chip.aic_count
-
-
-def truncated(kernel: Kernel, drop: int, var: str | None = None) -> Kernel:
-    """The kernel with every block's repeat loop `drop` iterations shorter (and over `var`,
-    if given: see _with_count). Blocks that shared a program share its truncation."""
-    loops = repeat_loops(kernel)
-    kw = {}
-    for kind, found in loops.items():
-        progs = kernel.aic if kind is CoreType.AIC else kernel.aiv
-        made: dict[int, object] = {}
-        for p, (path, loop) in zip(progs, found):
-            if id(p) not in made:
-                made[id(p)] = attrs.evolve(p, body=_with_count(p.body, path, loop.count - drop, var))
-        kw["aic" if kind is CoreType.AIC else "aiv"] = tuple(made[id(p)] for p in progs)
-    return attrs.evolve(kernel, **kw)
-
-
-def l2_image(l2) -> tuple[np.ndarray, np.ndarray]:
-    """The lines an L2Cache holds, oldest use first within each set (the order they are
-    put back in: see warm), and which of them are dirty."""
-    held = np.flatnonzero(l2.tags >= 0)
-    order = held[np.argsort(l2.last_use[held], kind="stable")]
-    sets = l2.sets
-    tag = l2.tags[order].astype(np.int64)
-    s = order // l2.ways
-    # set = (line + (line // sets * ROTATE) % sets) % sets, line = tag * sets + r: solve for r
-    from npusim.engine.l2cache import _ROTATE
-
-    r = (s - (tag * _ROTATE) % sets) % sets
-    return tag * sets + r, l2.dirty[order].copy()
-
-
-def warm(l2, image: tuple[np.ndarray, np.ndarray]) -> None:
-    """Put an l2_image into an L2Cache of the same geometry: each line accessed once, in the
-    image's order (so each set's LRU order is the image's), then its dirty bits. An empty
-    L2 then holds the image; one that holds lines keeps those the image's evict nowhere
-    (sets it leaves partly free), a line both hold dirty in either."""
-    lines, dirty = image
-    if not len(lines):
-        return
-    l2.access(np.ascontiguousarray(lines), False)
-    if dirty.any():
-        slots = l2.find(lines[dirty])
-        l2.dirty[slots[slots >= 0]] = True
 
 
 def _add(a: KernelStats, b: KernelStats, scale: float) -> KernelStats:
@@ -450,21 +270,6 @@ def _check_marks(kernel: Kernel, drop: int, marks: list) -> None:
         if len(m) not in (0, count):
             raise ValueError(f"fast-forward: {cr.kind.value}.{pipe} of block {cr.block.index} marked {len(m)} "
                              f"iterations of its repeat loop, which runs {count}")
-
-
-def static_instructions(kernel: Kernel, aivs: int) -> int:
-    """The instructions a kernel executes, as the device counts them: each block's programs,
-    a MIX block's AIV program once per AIV (`aivs` of them)."""
-    n = 0
-    counted: dict[int, int] = {}  # id(program) -> its instructions (blocks share programs)
-    for kind in _kinds(kernel):
-        per = aivs if kind is CoreType.AIV and kernel.core_type is CoreType.MIX else 1
-        for b in range(kernel.block_dim):
-            program = kernel.program(kind, b)
-            if id(program) not in counted:
-                counted[id(program)] = count_instructions(program.body)
-            n += per * counted[id(program)]
-    return n
 
 
 # What a marked run gives: (its stats, its marks, the L2 it leaves: an l2_image) of a kernel run
@@ -578,5 +383,4 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
 
 __all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MARKED", "FF_MIN_GAIN", "FF_MIN_SKIP",
            "FF_NOISE_SIGMAS", "FF_PAST", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
-           "Simulate", "cores_of", "earliest", "l2_image", "measure", "plan", "price", "readdressed", "repeat_loops",
-           "static_instructions", "truncated", "warm", "waves", "worth_trying"]
+           "Simulate", "earliest", "measure", "plan", "price", "waves", "worth_trying"]

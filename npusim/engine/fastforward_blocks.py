@@ -37,6 +37,7 @@ import attrs
 import numpy as np
 
 from npusim.engine import fastforward as ff
+from npusim.engine.fastforward_rewrite import ByKernel, cores_of, gm_bytes, kinds, programs, readdressed
 from npusim.engine.stats import KernelStats
 from npusim.isa.program import Affine, CoreType, Kernel, Loop, Program
 
@@ -101,11 +102,11 @@ def alike(a, b, address: bool = False) -> bool:
 def _prefix(kernel: Kernel) -> int:
     """The blocks from the first on whose programs are alike (see alike) to the first's, on
     every core type; each distinct Program is compared once."""
-    kinds = ff._kinds(kernel)
-    first = [kernel.program(kind, 0) for kind in kinds]
+    types = kinds(kernel)
+    first = [kernel.program(kind, 0) for kind in types]
     compared: dict[tuple, bool] = {}  # (core type, id(program)) -> alike the first block's
     for b in range(1, kernel.block_dim):
-        for kind, p0 in zip(kinds, first):
+        for kind, p0 in zip(types, first):
             p = kernel.program(kind, b)
             key = (kind, id(p))
             if key not in compared:
@@ -120,18 +121,11 @@ def block_waves(kernel: Kernel, cores: int) -> int:
     one shape; 0 unless the blocks fill every core in every wave, in more than one wave."""
     if kernel.block_dim <= cores or kernel.block_dim % cores:
         return 0
-    hit = _WAVES.get(id(kernel))
-    if hit is not None and hit[0] is kernel:
-        return hit[1]
-    prefix = _prefix(kernel)
-    _WAVES[id(kernel)] = (kernel, prefix // cores)
-    if len(_WAVES) > ff._WAVES_MAX:
-        _WAVES.pop(next(iter(_WAVES)))
-    return prefix // cores
+    # assumption: a kernel is asked about with one number of cores (the cache keeps W, not the prefix)
+    return _WAVES.get(kernel, lambda k: _prefix(k) // cores)
 
 
-# block_waves() of the kernels last asked about, by identity, holding their kernel (as fastforward._WAVES)
-_WAVES: dict[int, tuple[Kernel, int]] = {}
+_WAVES = ByKernel()  # block_waves() of the kernels last asked about
 
 
 # ---------------------------------------------------------------- truncation
@@ -140,11 +134,11 @@ _WAVES: dict[int, tuple[Kernel, int]] = {}
 def rebased(value, delta: int, memo: dict | None = None):
     """`value` (a Program, an instruction, a body, a field's value) for a block renumbered
     `delta` lower: every Affine with a `block` term of step s has its base moved by
-    delta * s, so that it points where it did (fastforward.readdressed; `memo` as there)."""
+    delta * s, so that it points where it did (fastforward_rewrite.readdressed; `memo` as there)."""
     def move(a: Affine) -> Affine:
         step = dict(a.terms).get(BLOCK, 0)
         return Affine(a.base + delta * step, a.terms) if step else a
-    return ff.readdressed(value, move, memo)
+    return readdressed(value, move, memo)
 
 
 def truncated(kernel: Kernel, cores: int, waves: int, keep: int) -> Kernel:
@@ -156,8 +150,8 @@ def truncated(kernel: Kernel, cores: int, waves: int, keep: int) -> Kernel:
         return kernel
     blocks = list(range(keep * cores)) + list(range(waves * cores, kernel.block_dim))
     kw = {}
-    for kind in ff._kinds(kernel):
-        progs = kernel.aic if kind is CoreType.AIC else kernel.aiv
+    for kind in kinds(kernel):
+        progs = programs(kernel, kind)
         if len(progs) == 1:  # one program for every block: the tail is blocks of the same shape
             continue
         memo: dict = {}
@@ -188,13 +182,13 @@ def _snapshots(marks: list, n: int, cores: int) -> list[KernelStats]:
 
 def _wave_gm_bytes(kernel: Kernel, cores: int) -> int:
     """GM bytes a wave moves (block 0's programs, cores times; a MIX AIV program once): an
-    upper bound of the new lines it brings into the L2 (see fastforward.wave_gm_bytes)."""
-    return cores * sum(ff._gm_bytes(kernel.program(kind, 0).body) for kind in ff._kinds(kernel))
+    upper bound of the new lines it brings into the L2 (see fastforward_rewrite.wave_gm_bytes)."""
+    return cores * sum(gm_bytes(kernel.program(kind, 0).body) for kind in kinds(kernel))
 
 
 def _first_plan(kernel: Kernel, hw) -> tuple[int, int, tuple[list[int], int, int]]:
     """(cores, W, plan from the earliest wave the L2 allows) of a kernel."""
-    cores = ff.cores_of(kernel, hw)
+    cores = cores_of(kernel, hw)
     w = block_waves(kernel, cores)
     if not w:
         return cores, 0, ([], 1, 0)

@@ -13,7 +13,9 @@ from npusim.diskcache.reads import note, recording
 from npusim.engine import fastforward, fastforward_blocks
 from npusim.engine.device import Device, KernelRecord
 from npusim.engine.events import Environment
+from npusim.engine.fastforward_rewrite import cores_of
 from npusim.engine.grouping import Diverged
+from npusim.engine.l2_image import l2_image
 from npusim.engine.links import LinkTransfer
 from npusim.engine.host import (
     LAUNCH_MODES, MEMCPY_DIRECTIONS, Host, HostCall, HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent,
@@ -184,7 +186,7 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
         stats = run([Launch(kernel, 0), Synchronize()], hw, "kernel", dedup, on_device=setup, counters=False,
                     exact=True, checked=True).kernels[0].stats
         last = devices[-1]
-        return stats, last.block_marks if by_block else last.pipe_marks, fastforward.l2_image(last.memory.l2)
+        return stats, last.block_marks if by_block else last.pipe_marks, l2_image(last.memory.l2)
 
     # Prices made in this run, by kernel (identity), launch time and L2 clock: until_even runs
     # the program again from the start when a group diverges, and up to that group the rerun
@@ -195,10 +197,10 @@ def _fast_forward(hw: HwConfig, dedup: bool) -> Callable:
         key = (id(kernel), device.env.now, device.memory.l2.clock)
         if key not in priced:
             # blocks in one wave of cores: their repeat loop's iterations are the waves; in many: the waves of blocks
-            way = fastforward if kernel.block_dim <= fastforward.cores_of(kernel, hw) else fastforward_blocks
+            way = fastforward if kernel.block_dim <= cores_of(kernel, hw) else fastforward_blocks
             if not way.worth_trying(kernel, hw):
                 return None
-            priced[key] = (kernel, way.price(kernel, hw, lambda: fastforward.l2_image(device.memory.l2), simulate))
+            priced[key] = (kernel, way.price(kernel, hw, lambda: l2_image(device.memory.l2), simulate))
         return priced[key][1]
 
     return price
