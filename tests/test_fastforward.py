@@ -122,6 +122,32 @@ def test_l2_image_round_trips():
     assert a.dirty_lines() == b.dirty_lines()
 
 
+def test_a_run_the_engine_refuses_means_the_full_simulation_and_a_snapshot_bug_shows():
+    """measure prices a kernel in full when a truncated run fails (the engine refuses it) or its
+    marks are not the waves' (a ValueError from snapshots); any other error is a bug and raised."""
+    from npusim.engine.stats import KernelStats
+
+    kernel = lower(*CASES[0], HW).kernels[0]
+
+    def refused(*args):
+        raise RuntimeError("deadlock")
+
+    def ran(*args):
+        return KernelStats(), [], None
+
+    def bug(marks, n):
+        raise KeyError("a snapshot bug")
+
+    def not_waves(marks, n):
+        raise ValueError("marked another count")
+
+    assert ff.price(kernel, HW, None, refused) is None
+    c = ff.waves(kernel)
+    assert ff.measure(kernel, HW, None, ran, c, lambda n: kernel, ff.FF_MARKED, not_waves) is None
+    with pytest.raises(KeyError, match="a snapshot bug"):
+        ff.measure(kernel, HW, None, ran, c, lambda n: kernel, ff.FF_MARKED, bug)
+
+
 def test_cli_fast_forwards_when_asked_and_says_so(tmp_path, capsys):
     args = ["op", "rms_norm", "shape=49152,4096", "--set", "l2.l2_bytes=8388608", "--no-cache"]
     j = tmp_path / "ff.json"

@@ -322,7 +322,8 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
             sigmas: float = FF_NOISE_SIGMAS) -> tuple[KernelStats, int, tuple] | None:
     """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
     truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
-    kernel at the end of each of its first n waves from such a run's marks. `probe`: the
+    kernel at the end of each of its first n waves from such a run's marks (a ValueError:
+    the marks are not the waves', and the kernel is simulated in full). `probe`: the
     waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
     later one is made once); `min_skip`: the fewest waves worth leaving out (plan);
     `sigmas`: the waves' jitter allowed in a steady state (_steady)."""
@@ -332,43 +333,58 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
         if held is not None:
             warm(device.memory.l2, held)
 
-    runs: dict[int, tuple] = {}  # waves kept -> that run's (stats, snapshots, L2 left)
+    runs: dict[int, tuple] = {}  # waves kept -> that run's (truncated kernel, stats, snapshots, L2 left)
 
-    def keeping(n: int) -> tuple[KernelStats, list[KernelStats], tuple]:
-        """A run keeping n waves: its stats, the kernel at the end of each wave, the L2 it leaves."""
+    def keeping(n: int) -> tuple[Kernel, KernelStats, list[KernelStats], tuple] | None:
+        """A run keeping n waves: the truncated kernel it ran, its stats, the kernel at the end of
+        each wave, the L2 it leaves; None: simulate the kernel in full (see the excepts)."""
         if n not in runs:
-            stats, marks, left = simulate(truncate(n), on_device, mark)
-            runs[n] = stats, snapshots(marks, n), left
+            # a truncation the engine refuses (a repeat loop holding a loop over its own variable:
+            # fastforward_rewrite.truncated; a flag a cut loop leaves unbalanced deadlocks the
+            # run): price the kernel in full
+            try:
+                short = truncate(n)
+                stats, marks, left = simulate(short, on_device, mark)
+            except Exception:  # noqa: BLE001 - (see above)
+                return None
+            try:
+                at = snapshots(marks, n)
+            except ValueError:  # marks that do not mark the waves (see price's snapshots): in full too
+                return None
+            runs[n] = short, stats, at, left
         return runs[n]
 
-    try:
-        # A steady state can only hold once the kernel's own lines fill the L2 and evict each
-        # other (before that a wave's lines land in free or clean slots; after, a dirty line
-        # it evicts is written back): the increments are measured from the wave at which the
-        # kernel has brought FF_FILLS[0] L2s' worth of new lines (missed reads and writes)
-        # in, else from FF_FILLS[1]'s.
-        # assumption: a wave brings in what the third wave does (the first pays the warm-up).
-        _, at, _ = keeping(probe)
-        wave = _diff(at[FF_KEEP], at[FF_KEEP - 1])
-        new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
-        for fills in FF_FILLS:
-            first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
-            kept, stride, _ = plan(c, first, 0, min_skip)
-            n = kept[-1] + FF_PAST
-            # what the runs made so far (but one keeping n waves, made already) cost
-            spent = sum(m + FF_HEAD_TAIL_WAVES for m in runs if m != n)
-            skip = plan(c, first, spent, min_skip)[2]
-            if not skip:
-                return None
-            stats, at, left = keeping(n)
-            # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
-            increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
-            durations = [at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])]
-            if _steady(increments, _jitter(durations, stride), sigmas):
-                break
-        else:
+    # A steady state can only hold once the kernel's own lines fill the L2 and evict each
+    # other (before that a wave's lines land in free or clean slots; after, a dirty line
+    # it evicts is written back): the increments are measured from the wave at which the
+    # kernel has brought FF_FILLS[0] L2s' worth of new lines (missed reads and writes)
+    # in, else from FF_FILLS[1]'s.
+    # assumption: a wave brings in what the third wave does (the first pays the warm-up).
+    probed = keeping(probe)
+    if probed is None:
+        return None
+    _, _, at, _ = probed
+    wave = _diff(at[FF_KEEP], at[FF_KEEP - 1])
+    new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
+    for fills in FF_FILLS:
+        first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
+        kept, stride, _ = plan(c, first, 0, min_skip)
+        n = kept[-1] + FF_PAST
+        # what the runs made so far (but one keeping n waves, made already) cost
+        spent = sum(m + FF_HEAD_TAIL_WAVES for m in runs if m != n)
+        skip = plan(c, first, spent, min_skip)[2]
+        if not skip:
             return None
-    except Exception:  # noqa: BLE001 - a truncation the engine refuses: price the kernel in full
+        made = keeping(n)
+        if made is None:
+            return None
+        short, stats, at, left = made
+        # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
+        increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
+        durations = [at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])]
+        if _steady(increments, _jitter(durations, stride), sigmas):
+            break
+    else:
         return None
     # a wave: the mean of the waves measured (steady: no trend beyond FF_TOLERANCE); the
     # jitter left in that mean, times the waves left out, must be small beside the kernel
@@ -377,7 +393,7 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
     if FF_NOISE_SIGMAS * _jitter(durations, len(durations)) * skip * per_wave.cycles > FF_TOLERANCE * whole.cycles:
         return None
     aivs = hw.chip.aiv_per_aic
-    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(truncate(n), aivs)
+    instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(short, aivs)
     return attrs.evolve(whole, instructions=instructions), skip, left
 
 
