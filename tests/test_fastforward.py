@@ -296,3 +296,17 @@ def test_block_waves_that_drift_apart_are_simulated_in_full():
     assert ffb.worth_trying(low.kernels[0], hw)
     r = simulate_op(low, hw, trace="kernel", counters=False, exact=False)
     assert all(k.skipped == 0 for k in r.run.kernels)
+
+
+def test_readdressing_walks_every_field_that_can_hold_an_affine():
+    """readdressed skips only fields of plain types: every field of an ISA record typed with
+    an address, an Affine, a body or programs is walked (a new such field is too)."""
+    from npusim.isa import program
+
+    records = [c for c in vars(program).values() if isinstance(c, type) and attrs.has(c) and c is not program.Affine]
+    for cls in records:
+        for f in attrs.fields(cls):
+            may_hold = any(w in str(f.type) for w in ("Addr", "Affine", "Program")) or str(f.type) == "tuple"
+            assert (f.name in rewrite._affine_fields(cls)) == may_hold, (cls.__name__, f.name, f.type)
+    assert rewrite._affine_fields(program.Copy) == ("src_addr", "dst_addr")
+    assert rewrite._affine_fields(program.SetFlag) == ()

@@ -26,6 +26,7 @@ short.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -165,9 +166,10 @@ def static_instructions(kernel: Kernel, aivs: int) -> int:
 
 def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = None):
     """`value` (a Program, an instruction, a body, a field's value) with move(a) in place of
-    every Affine address a in it: generic over every attrs record's fields and tuples (Loop
-    bodies included). Unchanged parts are the same objects; `memo`: results by identity of
-    what was readdressed (programs that share parts share their results)."""
+    every Affine address a in it: generic over every attrs record's fields that may hold one
+    (_affine_fields) and tuples (Loop bodies included). Unchanged parts are the same objects;
+    `memo`: results by identity of what was readdressed (programs that share parts share
+    their results)."""
     cls = value.__class__
     if cls is Affine:
         return move(value)
@@ -176,18 +178,33 @@ def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = Non
         return value if all(a is b for a, b in zip(new, value)) else new
     if not attrs.has(cls):
         return value
+    fields = _affine_fields(cls)
+    if not fields:  # a flag, a barrier: nothing to move
+        return value
     if memo is None:
         memo = {}
     hit = memo.get(id(value))
     if hit is None or hit[0] is not value:
         changes = {}
-        for f in attrs.fields(cls):
-            old = getattr(value, f.name)
+        for name in fields:
+            old = getattr(value, name)
             new = readdressed(old, move, memo)
             if new is not old:
-                changes[f.name] = new
+                changes[name] = new
         hit = memo[id(value)] = (value, attrs.evolve(value, **changes) if changes else value)
     return hit[1]
+
+
+# Field types that never hold an Affine (plain values, buffers, tensors, a VecOp's pitches):
+# readdressed skips such fields; a field of any other type is walked.
+_PLAIN_TYPES = frozenset({"int", "str", "bool", "float", "Mem", "Pipe", "CoreType", "int | None", "str | None",
+                          "Pipe | None", "tuple[Buffer, ...]", "tuple[GmTensor, ...]", "tuple[tuple[int, ...], ...]"})
+
+
+@functools.cache
+def _affine_fields(cls: type) -> tuple[str, ...]:
+    """The fields of an attrs class that may hold an Affine (not of a _PLAIN_TYPES type)."""
+    return tuple(f.name for f in attrs.fields(cls) if str(f.type) not in _PLAIN_TYPES)
 
 
 def _renamed(items: tuple, old: str, new: str) -> tuple:
