@@ -310,3 +310,51 @@ def test_readdressing_walks_every_field_that_can_hold_an_affine():
             assert (f.name in rewrite._affine_fields(cls)) == may_hold, (cls.__name__, f.name, f.type)
     assert rewrite._affine_fields(program.Copy) == ("src_addr", "dst_addr")
     assert rewrite._affine_fields(program.SetFlag) == ()
+
+
+def test_a_probe_is_not_made_when_the_longest_block_leaves_nothing_to_gain():
+    """An embedding of 131,072 tokens: 47 blocks iterate 124 times, the last 70; the waves
+    are the shortest block's, and a run keeping n of them keeps n + 54 in the others, so
+    no run can cost little enough: priced in full without a single run."""
+    from npusim.engine.fastforward_rewrite import repeat_loops
+
+    kernel = lower("embedding", {"tokens": 131072, "vocab": 64000, "hidden": 4096, "dtype": "fp16"}, HW).kernels[0]
+    counts = {loop.count for found in repeat_loops(kernel).values() for _, loop in found}
+    assert ff.waves(kernel) == min(counts) and max(counts) - min(counts) > ff.waves(kernel) / 2
+    assert ff.worth_trying(kernel, HW)  # the first look sees only the shortest block
+    runs = []
+    assert ff.price(kernel, HW, None, lambda *a: runs.append(a)) is None and runs == []
+    # the same kernel's waves, were every block as short: worth a probe (plan counts the extra)
+    assert ff.plan(70, 13)[2] and not ff.plan(70, 13, ff.run_cost(4, 54), extra=54)[2]
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.1])
+def test_no_second_measuring_run_when_the_first_ones_waves_jitter_too_much(jitter):
+    """No steady state after the first L2 fill: the next measuring run is made only if its
+    mean wave, jittering as the first run's waves did, could price the waves it leaves out
+    within FF_TOLERANCE; waves 10% apart cannot (a trend alone leaves the run to be made)."""
+    from npusim.engine.stats import KernelStats
+
+    c, first = 400, 20
+    wave_lines = HW.l2.l2_bytes / first  # new lines a wave brings: the first fill at wave 20
+
+    def duration(i: int) -> float:  # a trend (not steady) and, if asked, every other wave 10% longer
+        return (1000.0 + 10.0 * i) * (1 + jitter * (i % 2))
+
+    def snapshots(n: int, _marks, kept: int) -> list[KernelStats]:
+        at, t = [], 0.0
+        for i in range(kept):
+            t += duration(i)
+            at.append(KernelStats(cycles=t, l2_miss_bytes=wave_lines * (i + 1), hbm_read_bytes=1.0 + i,
+                                  l2_hit_bytes=1.0 + i))
+        return at
+
+    runs = []
+
+    def simulate(kept, on_device, mark):
+        runs.append(kept)
+        return KernelStats(cycles=1.0), kept, None
+
+    out = ff.measure(None, HW, None, simulate, c, lambda n: n, "m", lambda marks, n: snapshots(n, marks, n))
+    assert out is None  # never steady: a trend
+    assert len(runs) == (2 if jitter else 3), runs

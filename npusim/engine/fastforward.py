@@ -134,8 +134,15 @@ FF_HEAD_TAIL_WAVES = 2
 # The truncated runs must cost at most 1 / FF_MIN_GAIN of the full simulation (in waves,
 # as plan() counts them), or the kernel is simulated in full: a GEMM of ~21 waves of rows
 # (16 x 4096 tokens) priced from truncated runs of about 2/3 of its waves took longer than
-# simulating it.
+# simulating it. The probe run counts too, and is not made when even the earliest
+# measuring run would cost too much with it. The waves are counted in the longest block:
+# a run keeping n waves of the shortest keeps as many more in a longer one (an embedding
+# of 131,072 tokens: 124 iterations in 47 blocks, 70 in the last; its probe of "4 waves"
+# simulated 58 iterations of 124, half the kernel, for nothing).
 FF_MIN_GAIN = 1.5
+# The version of the rules above (how the waves are counted, what a run costs): bumped when
+# they change which kernels are fast-forwarded, or how, for the same parameters.
+FF_RULES = 2
 
 # How far the increments of HBM read bytes and L2 hit bytes may spread: a wave's share of
 # HBM moves from wave to wave with which lines the L2 already holds (a row of A that
@@ -148,7 +155,7 @@ FF_TRAFFIC_TOLERANCE = 0.5
 # Every parameter above: what a fast-forwarded result depends on besides its inputs (the
 # disk cache keys such results on them: npusim.step_flags.fast_forward_key)
 PARAMETERS = (FF_KEEP, FF_PAST, FF_FILLS, FF_NOISE_SIGMAS, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE,
-              FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP, FF_HEAD_TAIL_WAVES, FF_MIN_GAIN)
+              FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP, FF_HEAD_TAIL_WAVES, FF_MIN_GAIN, FF_RULES)
 _MEASURED = (("cycles", FF_TOLERANCE), ("hbm_read_bytes", FF_TRAFFIC_TOLERANCE),
              ("l2_hit_bytes", FF_TRAFFIC_TOLERANCE))  # what must be steady (see the module doc)
 _NUMBERS = ("instructions", "flops", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_bytes",
@@ -173,17 +180,25 @@ def _waves(kernel: Kernel) -> int:
     return min(loop.count for found in loops.values() for _, loop in found)
 
 
-def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SKIP) -> tuple[list[int], int, int]:
+def plan(c: int, first: int = FF_KEEP, spent: int = 0, min_skip: int = FF_MIN_SKIP,
+         extra: int = 0) -> tuple[list[int], int, int]:
     """For a kernel of c waves whose increments are measured from wave `first` on: the
     waves at whose ends the increments are measured (the marked run keeps FF_PAST more
     than the last of them), the stride between them and the waves left out (0: not
     fast-forwarded: fewer than `min_skip`, or the marked run, with `spent` waves
-    already simulated, would cost more than c / FF_MIN_GAIN waves)."""
+    already simulated, would cost more than the kernel / FF_MIN_GAIN). `extra`: the
+    waves its longest block runs beyond c (every run keeps them too: see run_cost)."""
     stride = max(1, c // FF_STRIDE_DIVISOR)
     kept = [first + j * stride for j in range(FF_INCREMENTS + 1)]
     skip = c - kept[-1] - FF_PAST
-    cost = spent + kept[-1] + FF_PAST + FF_HEAD_TAIL_WAVES
-    return kept, stride, skip if skip >= min_skip and cost * FF_MIN_GAIN <= c else 0
+    cost = spent + run_cost(kept[-1] + FF_PAST, extra)
+    return kept, stride, skip if skip >= min_skip and cost * FF_MIN_GAIN <= c + extra else 0
+
+
+def run_cost(n: int, extra: int = 0) -> int:
+    """What a run keeping n waves costs, in waves of the longest block (`extra` waves longer
+    than the shortest, whose count n is): its head and tail too (FF_HEAD_TAIL_WAVES)."""
+    return n + extra + FF_HEAD_TAIL_WAVES
 
 
 def _add(a: KernelStats, b: KernelStats, scale: float) -> KernelStats:
@@ -227,6 +242,13 @@ def _jitter(durations: list[float], stride: int) -> float:
     mean = sum(durations) / len(durations)
     var = sum((b - a) ** 2 for a, b in zip(durations, durations[1:])) / (2 * (len(durations) - 1))
     return math.sqrt(var / stride) / mean if mean > 0 else 0.0
+
+
+def _too_jittery(durations: list[float], measured: int, skip: int, wave: float, whole: float) -> bool:
+    """Would the mean of `measured` waves jittering as `durations` do, standing for `skip`
+    waves of `wave` cycles, leave more than FF_TOLERANCE of a kernel of `whole` cycles in
+    doubt (FF_NOISE_SIGMAS of that mean's jitter)?"""
+    return FF_NOISE_SIGMAS * _jitter(durations, measured) * skip * wave > FF_TOLERANCE * whole
 
 
 def _snapshots(marks: list, n: int) -> list[KernelStats]:
@@ -292,16 +314,17 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     c = waves(kernel)
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
     # bytes it moves (see measure); not worth it even then: no truncated run at all
-    moved = wave_gm_bytes(kernel)
-    if kernel.block_dim > cores_of(kernel, hw) or not plan(c, earliest(hw, moved))[2]:
+    first = earliest(hw, wave_gm_bytes(kernel))
+    if kernel.block_dim > cores_of(kernel, hw) or not plan(c, first)[2]:
         return None
+    extra = max(loop.count for found in repeat_loops(kernel).values() for _, loop in found) - c
 
     def snapshots(marks: list, n: int) -> list[KernelStats]:
         _check_marks(kernel, c - n, marks)
         return _snapshots(marks, n)
 
     return measure(kernel, hw, image, simulate, c, lambda n: truncated(kernel, c - n, FF_MARKED), FF_MARKED,
-                   snapshots)
+                   snapshots, earliest_wave=first, extra=extra)
 
 
 def worth_trying(kernel: Kernel, hw) -> bool:
@@ -319,14 +342,20 @@ def earliest(hw, moved: int) -> int:
 def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None, simulate: Simulate,
             c: int, truncate: Callable[[int], Kernel], mark: str, snapshots: Callable[[list, int], list[KernelStats]],
             probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP,
-            sigmas: float = FF_NOISE_SIGMAS) -> tuple[KernelStats, int, tuple] | None:
+            sigmas: float = FF_NOISE_SIGMAS, earliest_wave: int = FF_KEEP,
+            extra: int = 0) -> tuple[KernelStats, int, tuple] | None:
     """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
     truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
     kernel at the end of each of its first n waves from such a run's marks (a ValueError:
     the marks are not the waves', and the kernel is simulated in full). `probe`: the
     waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
     later one is made once); `min_skip`: the fewest waves worth leaving out (plan);
-    `sigmas`: the waves' jitter allowed in a steady state (_steady)."""
+    `sigmas`: the waves' jitter allowed in a steady state (_steady); `earliest_wave`: the earliest
+    wave the increments can be measured from (earliest): no probe is made when a measuring
+    run from there would cost too much with it; `extra`: see plan."""
+    soonest = plan(c, earliest_wave, 0, min_skip, extra)[0][-1] + FF_PAST  # the measuring run at the soonest
+    if not plan(c, earliest_wave, 0 if soonest == probe else run_cost(probe, extra), min_skip, extra)[2]:
+        return None
     held = image() if image is not None else None
 
     def on_device(device) -> None:
@@ -366,15 +395,23 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
     _, _, at, _ = probed
     wave = _diff(at[FF_KEEP], at[FF_KEEP - 1])
     new_lines = wave.l2_miss_bytes + wave.gm_write_bytes
+    durations: list[float] = []  # the waves the last measuring run measured
     for fills in FF_FILLS:
         first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
         kept, stride, _ = plan(c, first, 0, min_skip)
         n = kept[-1] + FF_PAST
         # what the runs made so far (but one keeping n waves, made already) cost
-        spent = sum(m + FF_HEAD_TAIL_WAVES for m in runs if m != n)
-        skip = plan(c, first, spent, min_skip)[2]
+        spent = sum(run_cost(m, extra) for m in runs if m != n)
+        skip = plan(c, first, spent, min_skip, extra)[2]
         if not skip:
             return None
+        # no steady state yet: another run only if, jittering as the last one's waves did, its
+        # mean wave could price the waves it leaves out closely enough (see below)
+        # assumption: the waves after the later fill jitter as those after the earlier did
+        if durations:
+            mean = sum(durations) / len(durations)
+            if _too_jittery(durations, kept[-1] - kept[0], skip, mean, (c + extra) * mean):
+                return None
         made = keeping(n)
         if made is None:
             return None
@@ -390,7 +427,7 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
     # jitter left in that mean, times the waves left out, must be small beside the kernel
     per_wave = _add(KernelStats(), _diff(at[kept[-1] - 1], at[kept[0] - 1]), 1.0 / (kept[-1] - kept[0]))
     whole = _add(stats, per_wave, float(skip))
-    if FF_NOISE_SIGMAS * _jitter(durations, len(durations)) * skip * per_wave.cycles > FF_TOLERANCE * whole.cycles:
+    if _too_jittery(durations, len(durations), skip, per_wave.cycles, whole.cycles):
         return None
     aivs = hw.chip.aiv_per_aic
     instructions = stats.instructions + static_instructions(kernel, aivs) - static_instructions(short, aivs)
@@ -398,5 +435,5 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
 
 
 __all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MARKED", "FF_MIN_GAIN", "FF_MIN_SKIP",
-           "FF_NOISE_SIGMAS", "FF_PAST", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE", "PARAMETERS",
-           "Simulate", "earliest", "measure", "plan", "price", "waves", "worth_trying"]
+           "FF_NOISE_SIGMAS", "FF_PAST", "FF_RULES", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE",
+           "PARAMETERS", "Simulate", "earliest", "measure", "plan", "price", "run_cost", "waves", "worth_trying"]
