@@ -23,7 +23,7 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   type) is priced so: its waves are then simultaneous. A kernel whose blocks run in many
   waves of cores is priced over those waves of blocks (fastforward_blocks), by the same
   measurement (measure).
-- The kernel is simulated two or three times, each time on its own device, with every
+- The kernel is simulated once or twice, each time on its own device, with every
   block's repeat loop cut by the same number of iterations (a *truncated run*, of
   fastforward_rewrite.truncated's kernel: the whole head and tail kept), its pipes
   *marking* where they stand as each iteration of the loop ends
@@ -33,12 +33,15 @@ kernel that starts alone on an idle device, as it replays one, see device.py):
   iteration i (busy, wait, data-wait cycles, flops, local bytes); instructions are
   counted exactly from the programs.
 - Where to measure: a steady state can only hold once the kernel's own lines fill the
-  L2 and evict each other. A probe run keeping FF_KEEP + 1 + FF_PAST waves gives the new
-  lines a wave brings in (missed reads and writes, wave FF_KEEP + 1); the increments are
-  measured from the end of wave f by which an L2's worth has come in (or, when that
-  gives no steady state, two L2s' worth: FF_FILLS), at the ends of waves f, f + s, ...,
-  f + FF_INCREMENTS * s (the stride s: FF_STRIDE_DIVISOR), by one run keeping FF_PAST
-  waves more than the last of them.
+  L2 and evict each other. The increments are measured from the end of wave f by which
+  an L2's worth of new lines has come in (or, when that gives no steady state, two L2s'
+  worth: FF_FILLS), at the ends of waves f, f + s, ..., f + FF_INCREMENTS * s (the
+  stride s: FF_STRIDE_DIVISOR), by a run keeping FF_PAST waves more than the last of
+  them (or more). The first run (the probe) gives the new lines a wave brings in (missed
+  reads and writes, wave FF_KEEP + 1); it keeps what the run from the soonest f the GM
+  bytes of a wave allow (earliest) needs, when that costs little (FF_PROBE_SHARE): a
+  kernel whose every byte is new (a vector kernel streaming rows, a GEMM of many rows)
+  is measured from the probe alone.
 - Steady state: the FF_INCREMENTS increments of cycles agree within FF_TOLERANCE
   (relative to their mean), those of HBM read bytes and L2 hit bytes within
   FF_TRAFFIC_TOLERANCE (see there why looser), beyond what the waves' own jitter
@@ -134,12 +137,17 @@ FF_HEAD_TAIL_WAVES = 2
 # The truncated runs must cost at most 1 / FF_MIN_GAIN of the full simulation (in waves,
 # as plan() counts them), or the kernel is simulated in full: a GEMM of ~21 waves of rows
 # (16 x 4096 tokens) priced from truncated runs of about 2/3 of its waves took longer than
-# simulating it. The probe run counts too, and is not made when even the earliest
-# measuring run would cost too much with it. The waves are counted in the longest block:
+# simulating it. The waves are counted in the longest block:
 # a run keeping n waves of the shortest keeps as many more in a longer one (an embedding
 # of 131,072 tokens: 124 iterations in 47 blocks, 70 in the last; its probe of "4 waves"
 # simulated 58 iterations of 124, half the kernel, for nothing).
 FF_MIN_GAIN = 1.5
+# The probe is the measuring run from the soonest wave the GM bytes of a wave allow when
+# that run costs at most this share of the kernel (a GEMM of 131,072 rows: 8 waves of 42,
+# measured from it alone); else it keeps FF_KEEP + 1 + FF_PAST waves, its cost counted
+# with the measuring run's (an embedding whose tokens hit in the L2: the soonest run would
+# keep 61% of it, and its lines fill the L2 only after all its waves).
+FF_PROBE_SHARE = 1 / 3
 # The version of the rules above (how the waves are counted, what a run costs): bumped when
 # they change which kernels are fast-forwarded, or how, for the same parameters.
 FF_RULES = 2
@@ -155,7 +163,7 @@ FF_TRAFFIC_TOLERANCE = 0.5
 # Every parameter above: what a fast-forwarded result depends on besides its inputs (the
 # disk cache keys such results on them: npusim.step_flags.fast_forward_key)
 PARAMETERS = (FF_KEEP, FF_PAST, FF_FILLS, FF_NOISE_SIGMAS, FF_INCREMENTS, FF_STRIDE_DIVISOR, FF_TOLERANCE,
-              FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP, FF_HEAD_TAIL_WAVES, FF_MIN_GAIN, FF_RULES)
+              FF_TRAFFIC_TOLERANCE, FF_MIN_SKIP, FF_HEAD_TAIL_WAVES, FF_MIN_GAIN, FF_PROBE_SHARE, FF_RULES)
 _MEASURED = (("cycles", FF_TOLERANCE), ("hbm_read_bytes", FF_TRAFFIC_TOLERANCE),
              ("l2_hit_bytes", FF_TRAFFIC_TOLERANCE))  # what must be steady (see the module doc)
 _NUMBERS = ("instructions", "flops", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes", "hbm_write_bytes",
@@ -341,20 +349,23 @@ def earliest(hw, moved: int) -> int:
 
 def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]] | None, simulate: Simulate,
             c: int, truncate: Callable[[int], Kernel], mark: str, snapshots: Callable[[list, int], list[KernelStats]],
-            probe: int = FF_KEEP + 1 + FF_PAST, min_skip: int = FF_MIN_SKIP,
+            min_skip: int = FF_MIN_SKIP,
             sigmas: float = FF_NOISE_SIGMAS, earliest_wave: int = FF_KEEP,
-            extra: int = 0) -> tuple[KernelStats, int, tuple] | None:
+            extra: int = 0, probe_share: float = FF_PROBE_SHARE) -> tuple[KernelStats, int, tuple] | None:
     """price's result for a kernel of c waves (None: simulate it in full), from marked runs of
     truncate(n), the kernel keeping n of its waves, marking `mark`; snapshots(marks, n): the
     kernel at the end of each of its first n waves from such a run's marks (a ValueError:
-    the marks are not the waves', and the kernel is simulated in full). `probe`: the
-    waves the probe run keeps (at least FF_KEEP + 1 + FF_PAST; a run keeping as many as a
-    later one is made once); `min_skip`: the fewest waves worth leaving out (plan);
-    `sigmas`: the waves' jitter allowed in a steady state (_steady); `earliest_wave`: the earliest
-    wave the increments can be measured from (earliest): no probe is made when a measuring
-    run from there would cost too much with it; `extra`: see plan."""
-    soonest = plan(c, earliest_wave, 0, min_skip, extra)[0][-1] + FF_PAST  # the measuring run at the soonest
-    if not plan(c, earliest_wave, 0 if soonest == probe else run_cost(probe, extra), min_skip, extra)[2]:
+    the marks are not the waves', and the kernel is simulated in full). `min_skip`: the
+    fewest waves worth leaving out (plan); `sigmas`: the waves' jitter allowed in a steady
+    state (_steady); `earliest_wave`: the soonest wave the increments can be measured from
+    (earliest), which the probe run keeps enough waves for if that costs at most
+    `probe_share` of the kernel (FF_PROBE_SHARE); `extra`: see plan."""
+    probe = plan(c, earliest_wave, 0, min_skip, extra)[0][-1] + FF_PAST  # the soonest measuring run
+    if run_cost(probe, extra) > probe_share * (c + extra):
+        probe = FF_KEEP + 1 + FF_PAST
+        if not plan(c, earliest_wave, run_cost(probe, extra), min_skip, extra)[2]:
+            return None
+    elif not plan(c, earliest_wave, 0, min_skip, extra)[2]:
         return None
     held = image() if image is not None else None
 
@@ -399,23 +410,29 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
     for fills in FF_FILLS:
         first = max(FF_KEEP, math.ceil(fills * hw.l2.l2_bytes / new_lines)) if new_lines > 0 else FF_KEEP
         kept, stride, _ = plan(c, first, 0, min_skip)
-        n = kept[-1] + FF_PAST
-        # what the runs made so far (but one keeping n waves, made already) cost
-        spent = sum(run_cost(m, extra) for m in runs if m != n)
-        skip = plan(c, first, spent, min_skip, extra)[2]
-        if not skip:
-            return None
-        # no steady state yet: another run only if, jittering as the last one's waves did, its
-        # mean wave could price the waves it leaves out closely enough (see below)
-        # assumption: the waves after the later fill jitter as those after the earlier did
-        if durations:
-            mean = sum(durations) / len(durations)
-            if _too_jittery(durations, kept[-1] - kept[0], skip, mean, (c + extra) * mean):
+        # a run made already that keeps enough waves measures them (the waves it leaves out
+        # are priced alike); else one keeping just enough, if worth it with those made
+        longer = [m for m in runs if m >= kept[-1] + FF_PAST]
+        if longer:
+            n = min(longer)
+            if c - n < min_skip:
                 return None
+        else:
+            n = kept[-1] + FF_PAST
+            if not plan(c, first, sum(run_cost(m, extra) for m in runs), min_skip, extra)[2]:
+                return None
+            # no steady state yet: another run only if, jittering as the last one's waves did,
+            # its mean wave could price the waves it leaves out closely enough (see below)
+            # assumption: the waves after the later fill jitter as those after the earlier did
+            if durations:
+                mean = sum(durations) / len(durations)
+                if _too_jittery(durations, kept[-1] - kept[0], c - n, mean, (c + extra) * mean):
+                    return None
         made = keeping(n)
         if made is None:
             return None
         short, stats, at, left = made
+        skip = c - n
         # the increments between the waves kept: the kernel at the end of wave n is at[n - 1]
         increments = [_diff(at[b - 1], at[a - 1]) for a, b in zip(kept, kept[1:])]
         durations = [at[i].cycles - at[i - 1].cycles for i in range(kept[0], kept[-1])]
@@ -435,5 +452,6 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
 
 
 __all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MARKED", "FF_MIN_GAIN", "FF_MIN_SKIP",
-           "FF_NOISE_SIGMAS", "FF_PAST", "FF_RULES", "FF_STRIDE_DIVISOR", "FF_TOLERANCE", "FF_TRAFFIC_TOLERANCE",
-           "PARAMETERS", "Simulate", "earliest", "measure", "plan", "price", "run_cost", "waves", "worth_trying"]
+           "FF_NOISE_SIGMAS", "FF_PAST", "FF_PROBE_SHARE", "FF_RULES", "FF_STRIDE_DIVISOR", "FF_TOLERANCE",
+           "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "Simulate", "earliest", "measure", "plan", "price", "run_cost", "waves",
+           "worth_trying"]

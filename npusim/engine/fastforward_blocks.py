@@ -210,10 +210,9 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     cores, w, (kept, _, skip) = _first_plan(kernel, hw)
     if not skip:
         return None
-    probe = ff.plan(w, ff.FF_KEEP, 0, FF_MIN_BLOCK_SKIP)[0][-1] + ff.FF_PAST
     return ff.measure(kernel, hw, image, simulate, w, lambda n: truncated(kernel, cores, w, n), BLOCK,
-                      lambda marks, n: _snapshots(marks, n, cores), probe, FF_MIN_BLOCK_SKIP,
-                      FF_BLOCK_NOISE_SIGMAS)
+                      lambda marks, n: _snapshots(marks, n, cores), FF_MIN_BLOCK_SKIP, FF_BLOCK_NOISE_SIGMAS,
+                      probe_share=1.0)  # the probe is always the measuring run from FF_KEEP
 
 
 __all__ = ["BLOCK", "FF_BLOCK_NOISE_SIGMAS", "FF_MIN_BLOCK_SKIP", "PARAMETERS", "alike", "block_waves", "price",
