@@ -41,7 +41,7 @@ from npusim.diskcache import open_store
 from npusim.graph.build import build_decoder
 from npusim.passes import apply
 from npusim.runtime.run import run_graph
-from npusim.serving.stepcost import StepCost
+from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 
 KINDS = ("decode", "prefill", "mixed")
 WAYS = ("as served", "frozen")  # how a test step is priced (module doc)
@@ -85,10 +85,10 @@ def direct(sc: StepCost, step: dict) -> float:
 
 
 def bench(workload: str, passes: str, max_batch: int, train: int, test: int, seed: int, max_len: int | None,
-          budget: int | None, verbose: bool = False, cache: str | None = None) -> list[float]:
+          budget: int | None, verbose: bool = False, cache: str | None = None, tol: float = DEFAULT_TOL) -> list[float]:
     rng = np.random.default_rng(seed)
     store = open_store(cache) if cache else None
-    sc = StepCost(workload, "ascend910b2", passes, max_batch=max_batch, store=store)
+    sc = StepCost(workload, "ascend910b2", passes, max_batch=max_batch, store=store, tol=tol)
     top = min(max_len or sc.workload.max_context_tokens, sc.workload.max_context_tokens)
     budget = budget or min(512, top)
     t0 = time.monotonic()
@@ -167,11 +167,12 @@ def main() -> None:
     p.add_argument("--budget", type=int, help="token budget of a mixed step (default min(512, max len))")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--verbose", action="store_true", help="print the model's growth while it is built")
+    p.add_argument("--tol", type=float, default=DEFAULT_TOL, help="the model's tolerance (npusim serve --tol)")
     p.add_argument("--cache-dir", dest="cache", help="npusim's cache folder: the model's points persist between runs")
     a = p.parse_args()
     for w in a.workload or ["k3-tiny"]:
         for passes in a.passes or ["baseline", "optimized,buckets"]:
-            bench(w, passes, a.max_batch, a.train, a.test, a.seed, a.max_len, a.budget, a.verbose, a.cache)
+            bench(w, passes, a.max_batch, a.train, a.test, a.seed, a.max_len, a.budget, a.verbose, a.cache, a.tol)
 
 
 if __name__ == "__main__":
