@@ -4,7 +4,6 @@ the L2 and round to bursts alike."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -112,28 +111,78 @@ def _rounds_alike(access: tuple, burst: int) -> bool:
 def _apart(group: list[tuple], step: int, members: int, line: int) -> bool:
     """Do `members` consecutive blocks, `step` bytes apart, touch disjoint L2 lines in
     these accesses? Counted line by line over every loop iteration (False when that
-    is more than _DISJOINT_LINES lines a block)."""
-    lines: set = set()
+    is more than _DISJOINT_LINES lines a block, or pieces of one access)."""
+    lines = np.empty(0, np.int64)
     for *_, e, counts in group:
-        a = e.gm_addr
-        terms = [(var, s) for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"]
-        ranges = [range(counts.get(var, 1)) for var, _ in terms]
-        if math.prod(len(r) for r in ranges) * e.segments > _DISJOINT_LINES:
+        firsts = _piece_starts(e, counts)
+        touched = None if firsts is None else _lines_of(firsts, e.nbytes, line)
+        if touched is None:
             return False
-        base = a.base if isinstance(a, Affine) else a
-        for values in itertools.product(*ranges):
-            start = base + sum(s * v for (_, s), v in zip(terms, values))
-            for i in range(e.segments):
-                first = start + i * e.stride
-                lines.update(range(first // line, -(-(first + e.nbytes) // line)))
+        lines = _union(lines, touched)
         if len(lines) > _DISJOINT_LINES:
             return False
     if step % line:  # blocks a fraction of a line apart share lines at their edges
         return False
-    touched: set = set()
-    for m in range(members):
-        shifted = {x + m * (step // line) for x in lines}
-        if touched & shifted:
-            return False
-        touched |= shifted
-    return True
+    return not _copies_meet(lines, step // line, members)
+
+
+def _piece_starts(e: GmCopy, counts: dict[str, int]) -> np.ndarray | None:
+    """First byte of every piece a transfer moves at block 0 (each segment of each
+    iteration of the loops in `counts`, in no order); None when that is more than
+    _DISJOINT_LINES pieces."""
+    a = e.gm_addr
+    terms = [(var, s) for var, s in (a.terms if isinstance(a, Affine) else ()) if var != "block"]
+    iterations = [max(counts.get(var, 1), 0) for var, _ in terms]  # as len(range(count))
+    if math.prod(iterations) * e.segments > _DISJOINT_LINES:
+        return None
+    starts = np.array([a.base if isinstance(a, Affine) else a], np.int64)
+    for (_, s), n in zip(terms, iterations):
+        starts = np.add.outer(starts, s * np.arange(n, dtype=np.int64)).ravel()
+    return np.add.outer(starts, e.stride * np.arange(e.segments, dtype=np.int64)).ravel()
+
+
+def _lines_of(firsts: np.ndarray, nbytes: int, line: int) -> np.ndarray | None:
+    """The distinct lines, sorted, that pieces [first, first + nbytes) touch; None when
+    that is more than _DISJOINT_LINES lines. A piece of no bytes touches the line its
+    first byte lies in unless that starts a line (as range(first // line, ...) does)."""
+    firsts = np.sort(firsts)
+    lo, hi = firsts // line, -(-(firsts + nbytes) // line)
+    # every piece has nbytes, so the ends come in the order of the starts: start each
+    # piece no earlier than the one before ends, and the pieces left are disjoint, in order
+    lo[1:] = np.maximum(lo[1:], hi[:-1])
+    sizes = np.maximum(hi - lo, 0)
+    total = int(sizes.sum())
+    if total > _DISJOINT_LINES:
+        return None
+    return np.repeat(lo - (np.cumsum(sizes) - sizes), sizes) + np.arange(total, dtype=np.int64)
+
+
+def _copies_meet(lines: np.ndarray, shift: int, members: int) -> bool:
+    """Do copies of these lines (distinct, sorted), moved by 0, shift, ...,
+    (members - 1) * shift, share a line? They do iff two of the lines (one line, when
+    shift is 0) lie k * |shift| apart for some 0 < k < members."""
+    if not len(lines) or members < 2:
+        return False
+    if shift == 0:
+        return True
+    apart = abs(shift)
+    last = min(members - 1, (lines[-1] - lines[0]) // apart)
+    return any(_found(lines, lines + k * apart).any() for k in range(1, last + 1))
+
+
+def _union(lines: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """Two sets of lines (each distinct, sorted) as one, sorted: only the lines of
+    `more` missing from `lines` are inserted (cheaper than a sort of both, as a
+    block's accesses mostly add few lines to many)."""
+    if not len(lines):
+        return more
+    at = np.searchsorted(lines, more)
+    new = ~_found(lines, more, at)
+    return np.insert(lines, at[new], more[new])
+
+
+def _found(lines: np.ndarray, values: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+    """Which values (each) are among these lines (distinct, sorted, at least one);
+    `at`: where np.searchsorted puts the values, if known."""
+    at = np.searchsorted(lines, values) if at is None else at
+    return lines[np.minimum(at, len(lines) - 1)] == values
