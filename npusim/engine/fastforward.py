@@ -321,9 +321,9 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     #   weights of a GEMM, is held alike, and what it streams is held in the same share)."""
     c = waves(kernel)
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
-    # bytes it moves (see measure); not worth it even then: no truncated run at all
+    # bytes it moves (see measure, which makes no run at all when not worth it even then)
     first = earliest(hw, wave_gm_bytes(kernel))
-    if kernel.block_dim > cores_of(kernel, hw) or not plan(c, first)[2]:
+    if kernel.block_dim > cores_of(kernel, hw):
         return None
     extra = max(loop.count for found in repeat_loops(kernel).values() for _, loop in found) - c
 
@@ -360,12 +360,13 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
     state (_steady); `earliest_wave`: the soonest wave the increments can be measured from
     (earliest), which the probe run keeps enough waves for if that costs at most
     `probe_share` of the kernel (FF_PROBE_SHARE); `extra`: see plan."""
-    probe = plan(c, earliest_wave, 0, min_skip, extra)[0][-1] + FF_PAST  # the soonest measuring run
+    soonest, _, soonest_skip = plan(c, earliest_wave, 0, min_skip, extra)  # the soonest measuring run
+    probe = soonest[-1] + FF_PAST
     if run_cost(probe, extra) > probe_share * (c + extra):
         probe = FF_KEEP + 1 + FF_PAST
         if not plan(c, earliest_wave, run_cost(probe, extra), min_skip, extra)[2]:
             return None
-    elif not plan(c, earliest_wave, 0, min_skip, extra)[2]:
+    elif not soonest_skip:
         return None
     held = image() if image is not None else None
 
