@@ -300,16 +300,21 @@ def test_block_waves_that_drift_apart_are_simulated_in_full():
 
 def test_readdressing_walks_every_field_that_can_hold_an_affine():
     """readdressed skips only fields of plain types: every field of an ISA record typed with
-    an address, an Affine, a body or programs is walked (a new such field is too)."""
+    an address, an Affine, a body or programs is walked (a new such field is too), and so
+    every field alike lets differ as an address."""
     from npusim.isa import program
 
     records = [c for c in vars(program).values() if isinstance(c, type) and attrs.has(c) and c is not program.Affine]
     for cls in records:
+        table = rewrite.record_fields(cls)
+        assert [name for name, _ in table.every] == [f.name for f in attrs.fields(cls)]
         for f in attrs.fields(cls):
             may_hold = any(w in str(f.type) for w in ("Addr", "Affine", "Program")) or str(f.type) == "tuple"
-            assert (f.name in rewrite._affine_fields(cls)) == may_hold, (cls.__name__, f.name, f.type)
-    assert rewrite._affine_fields(program.Copy) == ("src_addr", "dst_addr")
-    assert rewrite._affine_fields(program.SetFlag) == ()
+            assert (f.name in table.walked) == may_hold, (cls.__name__, f.name, f.type)
+        assert {name for name, address in table.every if address} <= set(table.walked), cls.__name__
+    assert rewrite.record_fields(program.Copy).walked == ("src_addr", "dst_addr")
+    assert rewrite.record_fields(program.SetFlag).walked == ()
+    assert dict(rewrite.record_fields(program.VecOp).every)["scalar"] is False  # may hold an Affine, not an address
 
 
 def test_a_probe_is_not_made_when_the_longest_block_leaves_nothing_to_gain():

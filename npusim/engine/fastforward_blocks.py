@@ -30,14 +30,14 @@ place of loop iterations):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import attrs
 import numpy as np
 
 from npusim.engine import fastforward as ff
-from npusim.engine.fastforward_rewrite import ByKernel, cores_of, gm_bytes, kinds, programs, readdressed
+from npusim.engine.fastforward_rewrite import (ByKernel, cores_of, gm_bytes, kinds, programs, readdressed,
+                                               record_fields)
 from npusim.engine.stats import KernelStats
 from npusim.isa.program import Affine, CoreType, Kernel, Loop, Program
 
@@ -64,20 +64,13 @@ PARAMETERS = (FF_MIN_BLOCK_SKIP, FF_BLOCK_NOISE_SIGMAS)  # besides fastforward.P
 # ---------------------------------------------------------------- shapes
 
 
-@functools.cache
-def _address_fields(cls: type) -> tuple[tuple[str, bool], ...]:
-    """(name, holds addresses) of each field of an instruction class: a field typed with
-    Addr (program.Addr: an int or an Affine) holds addresses."""
-    return tuple((f.name, "Addr" in str(f.type)) for f in attrs.fields(cls))
-
-
 def alike(a, b, address: bool = False) -> bool:
     """Are `a` and `b` (programs, instructions, bodies, fields' values) the same up to
-    addresses: every Affine's base and every int in an address field may differ, nothing
-    else? Generic over every ISA class (attrs records, field by field); bools count as
-    values (Mmad.accumulate). A pair of records that are equal outright is settled by
-    their own ==, except Loop and Program, which hold bodies (walked item by item, the
-    items two programs share by identity at once).
+    addresses: every Affine's base and every int in an address field (record_fields) may
+    differ, nothing else? Generic over every ISA class (attrs records, field by field);
+    bools count as values (Mmad.accumulate). A pair of records that are equal outright is
+    settled by their own ==, except Loop and Program, which hold bodies (walked item by
+    item, the items two programs share by identity at once).
     # assumption: blocks whose programs are alike cost alike: where they point (GM rows of
     #   other heads, other local buffer offsets) changes neither their time nor their traffic
     #   beyond what the measured waves show (burst rounding and L2 sets alike)."""
@@ -96,7 +89,7 @@ def alike(a, b, address: bool = False) -> bool:
         return a == b
     if cls is not Loop and cls is not Program and a == b:
         return True
-    return all([alike(getattr(a, name), getattr(b, name), is_addr) for name, is_addr in _address_fields(cls)])
+    return all([alike(getattr(a, name), getattr(b, name), is_addr) for name, is_addr in record_fields(cls).every])
 
 
 def _prefix(kernel: Kernel) -> int:

@@ -16,7 +16,8 @@ short.
   variable (fastforward.FF_MARKED), in its body's addresses too, so that no other loop's
   ends are taken for the waves' ends; blocks that shared a program share its truncation.
 - readdressed: the one walker that rewrites every Affine address of a program (the renaming
-  above; fastforward_blocks' rebasing of renumbered blocks).
+  above; fastforward_blocks' rebasing of renumbered blocks), over the fields record_fields
+  says may hold one (the table fastforward_blocks.alike reads the address fields from too).
 - What the measurement reads from the programs: the GM bytes a wave moves (wave_gm_bytes, a
   bound on the new L2 lines it brings in), the instructions a kernel executes
   (static_instructions), the cores a wave of blocks fills (cores_of).
@@ -167,9 +168,9 @@ def static_instructions(kernel: Kernel, aivs: int) -> int:
 def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = None):
     """`value` (a Program, an instruction, a body, a field's value) with move(a) in place of
     every Affine address a in it: generic over every attrs record's fields that may hold one
-    (_affine_fields) and tuples (Loop bodies included). Unchanged parts are the same objects;
-    `memo`: results by identity of what was readdressed (programs that share parts share
-    their results)."""
+    (record_fields(cls).walked) and tuples (Loop bodies included). Unchanged parts are the
+    same objects; `memo`: results by identity of what was readdressed (programs that share
+    parts share their results)."""
     cls = value.__class__
     if cls is Affine:
         return move(value)
@@ -178,7 +179,7 @@ def readdressed(value, move: Callable[[Affine], Affine], memo: dict | None = Non
         return value if all(a is b for a, b in zip(new, value)) else new
     if not attrs.has(cls):
         return value
-    fields = _affine_fields(cls)
+    fields = record_fields(cls).walked
     if not fields:  # a flag, a barrier: nothing to move
         return value
     if memo is None:
@@ -201,10 +202,24 @@ _PLAIN_TYPES = frozenset({"int", "str", "bool", "float", "Mem", "Pipe", "CoreTyp
                           "Pipe | None", "tuple[Buffer, ...]", "tuple[GmTensor, ...]", "tuple[tuple[int, ...], ...]"})
 
 
+@attrs.frozen
+class RecordFields:
+    """The fields of an attrs class as the walkers over ISA records read them, from their types
+    (record_fields): readdressed walks those that may hold an Affine, fastforward_blocks.alike
+    compares every field and lets those that hold addresses differ. Every address field may
+    hold an Affine; so may fields that hold one inside something else (a Loop's or Program's
+    body, a Kernel's programs) and VecOp.scalar (an Affine scalar, not an address)."""
+
+    every: tuple[tuple[str, bool], ...]  # (name, holds addresses: typed with program.Addr) of each field, in order
+    walked: tuple[str, ...]  # the fields that may hold an Affine (not of a _PLAIN_TYPES type), in order
+
+
 @functools.cache
-def _affine_fields(cls: type) -> tuple[str, ...]:
-    """The fields of an attrs class that may hold an Affine (not of a _PLAIN_TYPES type)."""
-    return tuple(f.name for f in attrs.fields(cls) if str(f.type) not in _PLAIN_TYPES)
+def record_fields(cls: type) -> RecordFields:
+    """The fields of an attrs class, by what they may hold (see RecordFields)."""
+    fields = attrs.fields(cls)
+    return RecordFields(tuple((f.name, "Addr" in str(f.type)) for f in fields),
+                        tuple(f.name for f in fields if str(f.type) not in _PLAIN_TYPES))
 
 
 def _renamed(items: tuple, old: str, new: str) -> tuple:
@@ -250,5 +265,5 @@ def truncated(kernel: Kernel, drop: int, var: str | None = None) -> Kernel:
     return attrs.evolve(kernel, **kw)
 
 
-__all__ = ["ByKernel", "cores_of", "gm_bytes", "kinds", "programs", "readdressed", "repeat_loops", "repeat_path",
-           "static_instructions", "truncated", "wave_gm_bytes"]
+__all__ = ["ByKernel", "RecordFields", "cores_of", "gm_bytes", "kinds", "programs", "readdressed", "record_fields",
+           "repeat_loops", "repeat_path", "static_instructions", "truncated", "wave_gm_bytes"]
