@@ -36,7 +36,7 @@ def error(kernel: Kernel, monkeypatch, alike: bool) -> str:
     """verify's one line for a bad kernel; alike=False walks every program in full."""
     with monkeypatch.context() as m:
         if not alike:
-            m.setattr(verify_module, "_check_like", lambda *a: None)
+            m.setattr(verify_module, "check_like", lambda *a: None)
         with pytest.raises(ProgramError) as e:
             verify(kernel, HW)
     return str(e.value)
@@ -83,8 +83,8 @@ def test_alike_runs_are_checked_like_the_first(fa, monkeypatch):
     runs = [fa.aic[b] for b in (0, 6, 12, 18)]
     assert len({id(p) for p in runs}) == 4
     alike = []
-    real = verify_module._check_like
-    monkeypatch.setattr(verify_module, "_check_like", lambda *a: alike.append(real(*a)) or alike[-1])
+    real = verify_module.check_like
+    monkeypatch.setattr(verify_module, "check_like", lambda *a: alike.append(real(*a)) or alike[-1])
     verify(fa, HW)
     assert sum(w is not None for w in alike) >= 2 * 3  # runs 2..4 on the AIC and each AIV sub 0
 

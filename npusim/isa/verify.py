@@ -37,21 +37,15 @@ first the walk would have failed at.
 
 And a program like the last one walked on its core - the same buffers object, the
 same loops (var and count), every other instruction the same object but some Copy,
-Mmad or VecOp (the runs of a FlashAttention kernel: one template, their GM addresses
-bound apart) - is checked as that one's walk again: its listed checks with the new
-site's ranges, and the differing instructions in full, merged in walk order (so the
-first to fail is again the first the walk would have failed at); its flag counts are
-that walk's (its flags are the same objects at the same places, in the same loops).
-Anything else that differs, or an instruction merely equal, is walked in full.
+Mmad or VecOp - is checked as that one's walk again, the differing instructions in
+full (verify_alike.py: check_like, and check_listed, which runs a listed check again).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable
-from operator import itemgetter
 
 import attrs
 
@@ -63,7 +57,8 @@ from npusim.isa.program import (
     VecOp, WaitFlag,
 )
 from npusim.isa.instructions import vec_spans
-from npusim.isa.verify_addresses import check_access, hex_range, names
+from npusim.isa.verify_addresses import ADDRESSES, check_access, hex_range, names
+from npusim.isa.verify_alike import check_like, check_listed
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
 ACC_DTYPE = "fp32"
@@ -222,7 +217,7 @@ def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site:
     seen = first.get(key)
     if seen is not None:
         return _check_again(seen, site)
-    w = _check_like(last[site.core], program, site) if site.core in last else None
+    w = check_like(last[site.core], program, site, _check_instr) if site.core in last else None
     if w is None:
         w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()), site_checks=[],
                   program=program)
@@ -238,78 +233,11 @@ def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site:
 def _check_again(seen: _Walk, site: _Site) -> _Walk:
     """The walk of `seen`'s program on another site of its core: its checks that read
     `block` or `sub` run again with this site's ranges, the rest is `seen`'s."""
-    w = _Walk(seen.kernel, seen.hw, site, seen.buffers, seen.passed, seen.sets, seen.waits, seen.first_flag,
-              seen.cross_sets, seen.cross_waits, seen.first_cross, seen.flag_ids)
+    w = attrs.evolve(seen, site=site, site_checks=None, program=None)
     done: set = set()
     for entry in seen.site_checks:
-        _check_listed(w, entry, done)
+        check_listed(w, entry, done)
     return w
-
-
-def _check_listed(w: _Walk, entry: tuple, done: set) -> None:
-    """A listed access (check_access's arguments but `w`) again, with w's site's ranges;
-    listed for w in turn if w lists. An access equal to one that passed on this site with
-    the same ranges of its vars passes alike (the check reads nothing else): `done` holds
-    those that passed."""
-    instr, path, scope, role, mem, a, nbytes, segments, stride = entry
-    scope = {**scope, **w.site.scope}
-    key = (mem, a, nbytes, segments, stride, *[scope[var] for var, _ in a.terms])
-    if key not in done:
-        check_access(w, instr, path, scope, role, mem, a, nbytes, segments, stride)
-        done.add(key)
-    elif w.site_checks is not None:
-        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
-
-
-def _check_like(ref: _Walk, program: Program, site: _Site) -> _Walk | None:
-    """The walk of `program` on `site` as `ref`'s again, if the program is like ref's (see
-    the module doc): ref's checks that read `block` or `sub` with this site's ranges, but
-    those of the instructions that differ, which are checked in full; None if not alike."""
-    differ: list = []
-    if program.buffers is not ref.program.buffers or not _alike(ref.program.body, program.body, (), site.scope, 1,
-                                                                differ):
-        return None
-    w = _Walk(ref.kernel, ref.hw, site, ref.buffers, ref.passed, ref.sets, ref.waits, ref.first_flag, ref.cross_sets,
-              ref.cross_waits, ref.first_cross, ref.flag_ids, site_checks=[], program=program)
-    redone = {path for _, path, _, _ in differ}
-    again = ((c[1], True, c) for c in ref.site_checks if c[1] not in redone)
-    done: set = set()
-    for _, listed, entry in heapq.merge(again, ((d[1], False, d) for d in differ), key=itemgetter(0)):
-        if listed:
-            _check_listed(w, entry, done)
-        else:
-            _check_instr(w, *entry)
-    return w
-
-
-def _alike(ref: tuple, body: tuple, prefix: Path, scope: Scope, mult: int, differ: list) -> bool:
-    """Whether `body` is `ref` but for some Copy, Mmad or VecOp: the same length, loops of
-    the same var and count, the same objects elsewhere. Appends each differing instruction
-    to `differ` as _check_instr takes it (path, scope and runs as the walk has them)."""
-    if len(ref) != len(body):
-        return False
-    for i, (a, b) in enumerate(zip(ref, body)):
-        if a is b:
-            continue
-        cls = b.__class__
-        if a.__class__ is not cls:
-            return False
-        if cls is Loop:
-            if not (_same(a.var, b.var) and _same(a.count, b.count)):
-                return False
-            inner = {**scope, b.var: (0, b.count - 1)}
-            if not _alike(a.body, b.body, prefix + (i,), inner, mult * b.count, differ):
-                return False
-        elif cls in _ADDRESSES:
-            differ.append((b, prefix + (i,), scope, mult))
-        else:
-            return False
-    return True
-
-
-def _same(x, y) -> bool:
-    """Equal and of one type (a loop's count 2 and 2.0 check differently)."""
-    return x.__class__ is y.__class__ and x == y
 
 
 def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, int]) -> dict[Mem, tuple[Buffer, ...]]:
@@ -359,7 +287,7 @@ def _check_instr(w: _Walk, instr, path: Path, scope: Scope, mult: int) -> None:
     """Check one instruction (a loop with its body) of a body that runs `mult` times, unless
     it reads no var and passed before (see the module doc)."""
     cls = instr.__class__
-    addresses = _ADDRESSES.get(cls)
+    addresses = ADDRESSES.get(cls)
     free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
     if free and instr in w.passed:
         return
@@ -505,13 +433,9 @@ _CHECKS: dict[type, Callable] = {
 }
 
 
-# The addresses of the instructions whose check counts nothing (see the module doc).
-_ONLY_INTS = {int}.issuperset  # of the addresses' types: every one a plain int (no Affine, no bool)
-_ADDRESSES: dict[type, Callable] = {
-    Copy: lambda c: (c.src_addr, c.dst_addr),
-    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
-    VecOp: lambda v: (v.dst, *v.srcs),
-}
+# Of the types of an instruction's addresses (verify_addresses.ADDRESSES): every one a plain
+# int (no Affine, no bool), so it reads no var (see the module doc)
+_ONLY_INTS = {int}.issuperset
 
 
 # ------------------------------------------------------------------ flag balance

@@ -7,16 +7,18 @@ access lands inside one declared buffer of its memory, on a memory its core has,
 aligned - or, for GM, inside one of the kernel's GmTensors when it declares any.
 `w` is verify's walk of one program on one site: its fail(), site, buffers (per
 memory, sorted by address) and kernel. hex_range and names format both modules'
-messages.
+messages; ADDRESSES says which addresses each instruction with any has (verify and
+verify_alike read it).
 """
 
 from __future__ import annotations
 
 import bisect
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Mem
+from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Copy, Mem, Mmad, VecOp
 
 if TYPE_CHECKING:
     from npusim.isa.verify import Path, Scope, _Walk
@@ -109,6 +111,16 @@ def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> N
                f"GmTensor (have {have})", path, instr)
 
 
+# The addresses of the instructions whose check counts nothing (verify's module doc): one
+# whose addresses are all plain ints is checked once per core and buffers, and alike
+# programs (verify_alike) may differ in these instructions only
+ADDRESSES: dict[type, Callable] = {
+    Copy: lambda c: (c.src_addr, c.dst_addr),
+    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
+    VecOp: lambda v: (v.dst, *v.srcs),
+}
+
+
 # ------------------------------------------------------------------ formatting
 
 
@@ -122,4 +134,4 @@ def names(items) -> str:
     return ", ".join(repr(i) for i in items)
 
 
-__all__ = ["check_access", "hex_range", "names"]
+__all__ = ["ADDRESSES", "check_access", "hex_range", "names"]
