@@ -23,6 +23,7 @@ TEXT: the cases whose label contains TEXT.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -114,10 +115,15 @@ def _timed(f):
 
 
 def main(argv: list[str]) -> int:
-    quick = "--quick" in argv
-    only = argv[argv.index("--only") + 1] if "--only" in argv else ""  # cases whose label contains it
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a third of the corpus")
+    p.add_argument("--skip-big", action="store_true", help="leave out the K3 prefill of 32 x 4096 tokens")
+    p.add_argument("--big-exact", action="store_true", help="price that step exactly too (minutes)")
+    p.add_argument("--only", metavar="TEXT", default="", help="the cases whose label contains TEXT")
+    args = p.parse_args(argv)  # an unknown flag: one line and exit 2, not the whole benchmark run
+    quick, only = args.quick, args.only
     big = None
-    if "--skip-big" not in argv:  # first, in a process that has priced nothing yet (as a command would)
+    if not args.skip_big:  # first, in a process that has priced nothing yet (as a command would)
         (cf, _, nf, kept), tf = _timed(lambda: _price_step(BIG, False))
         big = cf, nf, kept, tf
     cases = [(label, lambda exact, o=op, p=params: _price_op(o, p, exact)) for label, op, params in _kernels(quick)]
@@ -153,7 +159,7 @@ def main(argv: list[str]) -> int:
         cf, nf, kept, tf = big
         print(f"\nK3 prefill 32 x 4096 (tp 2, one card's shard): {HW.us(cf):,.1f} us priced in {tf:.1f} s "
               f"({nf} kernels fast-forwarded, groups kept as one after {kept} transfers; target <= 10 s)")
-        if "--big-exact" in argv:
+        if args.big_exact:
             (ce, _, _, _), te = _timed(lambda: _price_step(BIG, True))
             print(f"  exact: {HW.us(ce):,.1f} us in {te:.1f} s; |ff/exact - 1| {100 * abs(cf / ce - 1):.3f}%, "
                   f"{te / tf:.1f}x")
