@@ -9,7 +9,7 @@ its shapes. Rows are deduplicated by (op, shape), so the cost is simulations of 
 distinct ops: printed with the wall and CPU time.
 """
 
-import sys
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +22,17 @@ from npusim.hw import load_hw
 HIDDEN = {"hbm.bw_efficiency": 0.55, "runtime.kernel_start_aiv_cycles": 11000, "dma.startup_cycles": 200}
 
 
+def _positive(text: str) -> int:
+    """ROWS: a whole number of rows, at least 1 (argparse reports anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows, at least 1, got {text!r}")
+    return int(text)
+
+
 def main():
-    n_rows = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("rows", nargs="?", type=_positive, default=2000, help="rows of the profile (default 2000)")
+    n_rows = p.parse_args().rows
     specs = decoder_mix(decode_batches=(1, 8), prompts=(128,))
     rows = synthetic_rows(specs, load_hw("ascend910b2", HIDDEN), repeats=-(-n_rows // len(specs)), seed=3)[:n_rows]
     with tempfile.TemporaryDirectory() as d:

@@ -8,11 +8,12 @@ ascend910b1 --fields ...`; it prints the fit and its held-out error (leave-one-G
 How close npusim is to silicon over every public measurement is benchmarks/fidelity.py.
 """
 
-import sys
+import argparse
 from pathlib import Path
 
 from npusim.calibrate import calibrate
 from npusim.calibrate.report import summary
+from npusim.errors import ConfigError
 
 # what the GEMMs identify, less HBM efficiency: four GEMMs are compute-bound
 FIELDS = "aic.mmad_startup_cycles,dma.startup_cycles,runtime.kernel_start_aic_cycles"  # as docs/calibrate.md
@@ -20,8 +21,13 @@ GEMM_CSV = Path(__file__).resolve().parents[1] / "npusim" / "data" / "calibratio
 
 
 def main():
-    fields = (sys.argv[sys.argv.index("--fields") + 1] if "--fields" in sys.argv else FIELDS).split(",")
-    print(summary(calibrate(GEMM_CSV, "ascend910b1", fields, folds=4)))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--fields", default=FIELDS, help=f"the fields to fit, comma-separated (default {FIELDS})")
+    fields = p.parse_args().fields.split(",")
+    try:
+        print(summary(calibrate(GEMM_CSV, "ascend910b1", fields, folds=4)))
+    except ConfigError as e:  # a field that is not fittable: its one line, not a traceback
+        p.exit(2, f"{p.prog}: {e}\n")
 
 
 if __name__ == "__main__":

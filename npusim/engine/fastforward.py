@@ -319,12 +319,12 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     # assumption: the kernel leaves the L2 as its marked run does (the same head and tail,
     #   its last waves at the addresses of earlier ones: what each wave re-reads, the
     #   weights of a GEMM, is held alike, and what it streams is held in the same share)."""
+    if kernel.block_dim > cores_of(kernel, hw):
+        return None
     c = waves(kernel)
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
     # bytes it moves (see measure, which makes no run at all when not worth it even then)
     first = earliest(hw, wave_gm_bytes(kernel))
-    if kernel.block_dim > cores_of(kernel, hw):
-        return None
     extra = max(loop.count for found in repeat_loops(kernel).values() for _, loop in found) - c
 
     def snapshots(marks: list, n: int) -> list[KernelStats]:

@@ -200,7 +200,7 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     waves as the measuring run from FF_KEEP on would, so that when the L2 allows measuring
     from there (the common case: a wave of blocks brings in a large share of an L2) the probe
     is that run (a run of the K3 prefill's FlashAttention costs a share of its full one)."""
-    cores, w, (kept, _, skip) = _first_plan(kernel, hw)
+    cores, w, (_, _, skip) = _first_plan(kernel, hw)
     if not skip:
         return None
     return ff.measure(kernel, hw, image, simulate, w, lambda n: truncated(kernel, cores, w, n), BLOCK,
