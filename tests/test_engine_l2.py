@@ -568,3 +568,24 @@ def test_a_long_touch_walked_from_its_tail_leaves_the_l2_as_the_whole_walk(seed)
     assert lines_c.tolist() == lines_w.tolist() and dirty_c.tolist() == dirty_w.tolist()
     assert len(lines_c) == 64 and (cut.l2.fill == _ARRIVED).all() and (whole.l2.fill == _ARRIVED).all()
     assert cut.l2.clock < whole.l2.clock  # it did walk fewer lines
+
+
+@pytest.mark.parametrize("ways", [8, 6])
+def test_l2cache_misses_of_a_set_take_its_ways_least_recent_first_up_to_the_largest_last_use(ways):
+    """Several misses in one set of a piece take its least recently used ways in order,
+    the lowest way first among equals, also among ways last used at 2^31 - 1 (the largest
+    last use, which the C walk's selection of ways (ways a multiple of 8) has to tell from
+    a way it already took): as the plain rules do."""
+    c = L2Cache(8 * ways, ways)  # 8 sets: the four misses below are one piece
+    plain = PlainL2(c)
+    top = np.iinfo(np.int32).max
+    c.last_use[:ways] = top
+    c.last_use[3] = 5
+    plain.use[0] = c.last_use[:ways].tolist()
+    lines = np.arange(256, dtype=np.int64)
+    lines = lines[c.set_of(lines) == 0][:4]
+    hits, _, _, _, _ = c.access(lines, False)
+    plain_hits, _ = plain.access(lines.tolist(), False)
+    assert hits == plain_hits == 0
+    assert c.tags.tolist() == [t // c.sets if t >= 0 else -1 for row in plain.tag for t in row]
+    assert [c.tags[w] for w in (3, 0, 1, 2)] == (lines // c.sets).tolist()

@@ -51,6 +51,7 @@ typedef struct {
     int64_t in_flight;
     /* scratch, `sets` entries each (a piece is at most `sets` lines) */
     int64_t *miss_set, *miss_at, *pend, *start, *order, *sorted;
+    int32_t *miss_tag;          /* a missed line's tag, found by set_in_run (no division to place it) */
     int64_t *count, *stamp, stamp_now;
     int64_t *lru;               /* `ways` entries */
     int64_t *hint;              /* per set: the way of its line last hit or placed */
@@ -67,6 +68,7 @@ static void core_release(Core *c) {
     PyMem_Free(c->filled); c->filled = NULL;
     PyMem_Free(c->miss_set); c->miss_set = NULL;
     PyMem_Free(c->miss_at); c->miss_at = NULL;
+    PyMem_Free(c->miss_tag); c->miss_tag = NULL;
     PyMem_Free(c->pend); c->pend = NULL;
     PyMem_Free(c->start); c->start = NULL;
     PyMem_Free(c->order); c->order = NULL;
@@ -124,11 +126,12 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->filled = PyMem_Malloc(c->filled_cap);
     size_t s = (size_t)sets * sizeof(int64_t);
     c->miss_set = PyMem_Malloc(s); c->miss_at = PyMem_Malloc(s); c->pend = PyMem_Malloc(s);
+    c->miss_tag = PyMem_Malloc((size_t)sets * sizeof(int32_t));
     c->start = PyMem_Malloc(s); c->order = PyMem_Malloc(s); c->sorted = PyMem_Malloc(s);
     c->count = PyMem_Malloc(s); c->stamp = PyMem_Calloc((size_t)sets, sizeof(int64_t));
     c->lru = PyMem_Malloc((size_t)ways * sizeof(int64_t));
     c->hint = PyMem_Calloc((size_t)sets, sizeof(int64_t));
-    if (!c->filled || !c->miss_set || !c->miss_at || !c->pend || !c->start || !c->order || !c->sorted || !c->count ||
+    if (!c->filled || !c->miss_set || !c->miss_at || !c->miss_tag || !c->pend || !c->start || !c->order || !c->sorted || !c->count ||
         !c->stamp || !c->lru || !c->hint) {
         core_release(c);
         PyErr_NoMemory();
@@ -259,12 +262,12 @@ static int mark_back(uint8_t **wb, PyObject **wb_obj, Py_ssize_t total, Py_ssize
     return 0;
 }
 
-/* A missed line takes `slot`; the line it evicts is written back if dirty (an empty slot
-   never is): marked at position `pos` of the access. */
-static inline int place(Core *c, int64_t slot, int64_t line, int64_t use, int write, int64_t fill_id,
+/* A missed line (its tag) takes `slot`; the line it evicts is written back if dirty (an
+   empty slot never is): marked at position `pos` of the access. */
+static inline int place(Core *c, int64_t slot, int32_t tag, int64_t use, int write, int64_t fill_id,
                         Py_ssize_t pos, uint8_t **wb, PyObject **wb_obj, Py_ssize_t total) {
     uint8_t back = c->dirty[slot];
-    c->tags[slot] = (int32_t)(line / c->sets);
+    c->tags[slot] = tag;
     c->use[slot] = (int32_t)use;
     c->dirty[slot] = (uint8_t)write;
     c->fill[slot] = (int32_t)fill_id;
@@ -279,6 +282,48 @@ static void order_ways(Core *c, const int32_t *row_use) {
         while (j > 0 && row_use[c->lru[j - 1]] > row_use[w]) { c->lru[j] = c->lru[j - 1]; j--; }
         c->lru[j] = w;
     }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* lru_ways for ways a multiple of 8 up to 64: the least recently used way, `need` times,
+   each taken out of the running once chosen. A use u is compared as u ^ 2^31 unsigned
+   (the same order as signed); a way taken out holds 2^32 - 1, which only a use of 2^31 - 1
+   maps to as well: when the least value left is that one, the lowest way not yet taken
+   holds it (every way not taken holds it then). */
+__attribute__((target("avx2"))) static void lru_ways_avx2(const int32_t *row_use, int64_t ways, int64_t need,
+                                                          int64_t *out) {
+    uint32_t key[64];
+    uint64_t taken = 0;
+    const __m256i flip = _mm256_set1_epi32(INT32_MIN);
+    for (int64_t w = 0; w < ways; w += 8)
+        _mm256_storeu_si256((__m256i *)(key + w),
+                            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row_use + w)), flip));
+    for (int64_t k = 0; k < need; k++) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)key);
+        for (int64_t w = 8; w < ways; w += 8) m = _mm256_min_epu32(m, _mm256_loadu_si256((const __m256i *)(key + w)));
+        __m128i h = _mm_min_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        h = _mm_min_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+        h = _mm_min_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+        uint32_t least = (uint32_t)_mm_cvtsi128_si32(h);
+        int64_t w = least == UINT32_MAX ? __builtin_ctzll(~taken) : find_way_avx2((const int32_t *)key, ways,
+                                                                                   (int32_t)least);
+        out[k] = w;
+        key[w] = UINT32_MAX;
+        taken |= (uint64_t)1 << w;
+    }
+}
+#endif
+
+/* c->lru[0..need): the `need` least recently used ways of a set, least recent first, the
+   lowest way first among equals (order_ways' first `need`) */
+static void lru_ways(Core *c, const int32_t *row_use, int64_t need) {
+#ifdef HAVE_AVX2_PATH
+    if (avx2_row(c->ways)) {
+        lru_ways_avx2(row_use, c->ways, need, c->lru);
+        return;
+    }
+#endif
+    order_ways(c, row_use);
 }
 
 /* Every set's last uses replaced by their ranks within the set (equal values, equal
@@ -348,6 +393,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
             if (c->stamp[s] == stamp) distinct = 0;
             c->stamp[s] = stamp;
             c->miss_set[misses] = s;
+            c->miss_tag[misses] = tag;
             c->miss_at[misses++] = i;
         }
     }
@@ -373,7 +419,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         for (Py_ssize_t k = 0; k < misses; k++) {
             int64_t s = c->miss_set[k], i = c->miss_at[k];
             int64_t best = lru_way(c->use + s * ways, ways);
-            if (place(c, s * ways + best, lines[i] + shift_by, base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
+            if (place(c, s * ways + best, c->miss_tag[k], base + i, write, fill_id, at + i, wb, wb_obj, total) < 0)
                 return -1;
             c->hint[s] = best;
         }
@@ -400,7 +446,7 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         c->count[s] = g;  /* from here on: the set's group */
     }
     int64_t *sorted = c->sorted;
-    for (Py_ssize_t k = 0; k < misses; k++) sorted[c->pend[c->count[c->miss_set[k]]]++] = c->miss_at[k];
+    for (Py_ssize_t k = 0; k < misses; k++) sorted[c->pend[c->count[c->miss_set[k]]]++] = k;  /* the miss's index */
     for (Py_ssize_t g = 0; g < groups; g++) {
         int64_t s = c->order[g];
         int64_t lo = c->start[g], cnt = (g + 1 < groups ? c->start[g + 1] : misses) - lo;
@@ -411,14 +457,14 @@ static Py_ssize_t piece(Core *c, const int64_t *lines, int64_t shift_by, Py_ssiz
         if (need == 1) {
             c->lru[0] = lru_way(row_use, ways);
         } else {
-            order_ways(c, row_use);
+            lru_ways(c, row_use, need);
         }
         int64_t dropped = cnt > ways ? cnt - ways : 0;
         for (int64_t k = 0; k < cnt; k++) {
-            int64_t i = sorted[lo + k];
+            int64_t miss = sorted[lo + k], i = c->miss_at[miss];
             if (k < dropped) {  /* evicted by a later miss of this piece */
                 if (write && mark_back(wb, wb_obj, total, at + i) < 0) return -1;
-            } else if (place(c, s * ways + c->lru[k - dropped], lines[i] + shift_by, base + i, write, fill_id, at + i,
+            } else if (place(c, s * ways + c->lru[k - dropped], c->miss_tag[miss], base + i, write, fill_id, at + i,
                              wb, wb_obj, total) < 0) {
                 return -1;
             } else {
