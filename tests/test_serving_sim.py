@@ -261,19 +261,27 @@ def test_serve_progress_counts_the_engine_steps(capsys):
 
 def test_worker_processes_price_the_same_model(monkeypatch, tmp_path):
     """With jobs=2 the points the grid reads together (a cell's corners, a split edge's
-    halves) are priced in worker processes: the same points, grid and prices as one
-    process pricing them as it reads them, and the engine runs are counted. Points
-    already in the store are read from it, not handed to a worker."""
+    halves) are priced in worker processes, and an idle worker prices ahead a point a
+    read below them needs next: the same points, grid and prices as one process pricing
+    them as it reads them, and the engine runs are counted (a point priced ahead once
+    it is read). Points already in the store are read from it, not handed to a worker."""
     import npusim.serving.stepcost as stepcost
     from npusim.diskcache import open_store
 
     in_workers, original = [], stepcost.run_tasks
+    read_ahead, original_read = [], stepcost.StepCost._ahead_read
 
     def run_tasks(fn, tasks, *rest):
         in_workers.extend(tasks)
         original(fn, tasks, *rest)
 
+    def ahead_read(self, k):
+        pt = original_read(self, k)
+        read_ahead.extend([k] if pt is not None else [])
+        return pt
+
     monkeypatch.setattr(stepcost, "run_tasks", run_tasks)
+    monkeypatch.setattr(stepcost.StepCost, "_ahead_read", ahead_read)
     reqs = load(n=80, prompt="uniform:16,400", output="uniform:8,32")
 
     def model(jobs: int) -> tuple[StepCost, str]:
@@ -285,6 +293,8 @@ def test_worker_processes_price_the_same_model(monkeypatch, tmp_path):
     assert one.points == two.points and one.prefill.knots == two.prefill.knots
     assert one.engine_runs == two.engine_runs == len(one.points)
     assert len(in_workers) > len(one.points) / 2
+    assert read_ahead and set(read_ahead) <= set(two.points)  # priced ahead, then read
+    assert {k for (k,) in in_workers} <= set(two.points) | set(two.ahead)  # the rest priced ahead, never read
     in_workers.clear()
     warm, run_warm = model(2)
     assert run_warm == run_two and warm.engine_runs == 0 and not in_workers

@@ -40,7 +40,10 @@ options, shape, the hardware fields the point's run read, npusim's model version
 and POINT_SCHEME, so a change to what the engine or this model simulates, which
 bumps one of them, invalidates it). With jobs > 1 the points a check reads
 together (an edge's ends and midpoint, the two halves of a split edge, a cell's
-corners) are priced at once in worker processes; the grid is the same either way.
+corners) are priced at once in worker processes, and a worker they leave idle
+prices ahead a smaller point a read below them would need next (a knot of the batch
+axis read alone, as a step of the largest batch is, leaves one idle); the grid is
+the same either way.
 
 Modelling assumptions, here and not in the engine:
 - steps are priced on a copy of the hardware whose HBM capacity is unbounded:
@@ -96,6 +99,11 @@ DEFAULT_TOL = 0.02
 POINT_SCHEME = 3
 
 
+def _no_larger(k: tuple, than: tuple) -> bool:
+    """Point k is of the same phase as `than` and no larger in any axis."""
+    return k[0] == than[0] and all(a <= b for a, b in zip(k[1:], than[1:]))
+
+
 class _NotStored(Exception):
     """A point asked of the store only (StepCost._simulate(engine=False)) is not there."""
 
@@ -119,11 +127,13 @@ class Grid:
 
     def __init__(self, f: Callable[..., float], knots: Sequence[Sequence[int]], tol: float,
                  min_span: Sequence[int], fixed: Sequence[bool] | None = None,
-                 prefetch: Callable[[list[tuple[int, ...]]], None] | None = None):
+                 prefetch: Callable[[list[tuple[int, ...]], list[tuple[int, ...]]], None] | None = None):
         self.f, self.tol = f, tol
         # told the points about to be read together (a cell's corners, a split edge's two
-        # halves' midpoints), so that it may price them at once: StepCost.prefetch
-        self.prefetch = prefetch or (lambda xs: None)
+        # halves' midpoints), so that it may price them at once, and the points a read
+        # below them would need next (_below), which it may price ahead on a worker those
+        # leave idle: StepCost.prefetch
+        self._prefetch = prefetch or (lambda xs, below: None)
         self.start = [sorted(set(k)) for k in knots]
         self.min_span = tuple(min_span)
         self.fixed = tuple(fixed or [False] * len(self.start))
@@ -134,6 +144,26 @@ class Grid:
     def knots(self) -> list[list[int]]:
         """Every axis's knots, over all slices."""
         return [sorted(set(k).union(*(s[axis] for s in self.slices.values()))) for axis, k in enumerate(self.start)]
+
+    def prefetch(self, xs: list[tuple[int, ...]]) -> None:
+        """Tell the prefetch hook the points `xs` about to be read, and those below them."""
+        self._prefetch(xs, self._below(xs))
+
+    def _below(self, xs: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """For each point of `xs` and each axis that is not fixed, the midpoint between the
+        point and the knot below it there (when wider than the narrowest cell): the first
+        point a check of that edge reads that is not a knot, were a query to fall below the
+        point. No larger in any axis than the point, so no dearer to price (every axis -
+        batch, tokens, chunks, context - adds work)."""
+        out = []
+        for x in xs:
+            knots = self._slice(x)
+            for axis, v in enumerate(x):
+                i = bisect.bisect_left(knots[axis], v)
+                if self.fixed[axis] or i == 0 or v - knots[axis][i - 1] <= self.min_span[axis]:
+                    continue
+                out.append((*x[:axis], (knots[axis][i - 1] + v) // 2, *x[axis + 1:]))
+        return out
 
     def _slice(self, x: Sequence[int]) -> list[list[int]]:
         """The knots of the slice x lies in (its fixed axes' values)."""
@@ -245,6 +275,8 @@ class StepCost:
         self.tp = tp  # tensor-parallel degree: every point is one card's shard (graph.build_decoder(tp=))
         self.exact = exact  # True: no kernel of a point fast-forwarded (npusim.engine.fastforward; --exact)
         self.points: dict[tuple, Point] = {}  # (phase, its shape's numbers) -> the engine's run
+        # points priced ahead on idle workers, not read yet: key -> (point, engine ran, seconds)
+        self.ahead: dict[tuple, tuple[Point, bool, float]] = {}
         self.engine_runs = 0  # points simulated in this process (not from the disk cache)
         self.bucketed = "buckets" in self.passes
         self.buckets = tuple(self.options.get("buckets", DEFAULT_BUCKETS))
@@ -276,7 +308,7 @@ class StepCost:
     def _grid(self, key: Callable[..., tuple], knots, tol: float, min_span, fixed) -> Grid:
         """A grid over the points key(*x) = (phase, *shape)."""
         return Grid(lambda *x: self.point(*key(*x)).latency_us, knots, tol, min_span, fixed,
-                    prefetch=(lambda xs: self.prefetch([key(*x) for x in xs]))
+                    prefetch=(lambda xs, below: self.prefetch([key(*x) for x in xs], [key(*x) for x in below]))
                     if self.jobs > 1 or self.on_plan is not None else None)
 
     # ---- shapes
@@ -321,29 +353,53 @@ class StepCost:
     def point(self, phase: str, *shape: int) -> Point:
         k = (phase, *shape)
         if k not in self.points:
-            self.points[k] = self._simulate(k)
+            self.points[k] = self._ahead_read(k) or self._simulate(k)
         return self.points[k]
 
-    def prefetch(self, keys: Sequence[tuple]) -> None:
+    def _ahead_read(self, k: tuple) -> Point | None:
+        """A point priced ahead (prefetch), now read: known from here on, and told to the
+        display as priced, as it was when its worker ran it."""
+        if k not in self.ahead:
+            return None
+        pt, ran, seconds = self.ahead.pop(k)
+        self.engine_runs += ran
+        if ran and self.on_point is not None:
+            self.on_point(k)
+        if ran and self.on_priced is not None:
+            self.on_priced(k, seconds)
+        return pt
+
+    def prefetch(self, keys: Sequence[tuple], below: Sequence[tuple] = ()) -> None:
         """Price at once, in `jobs` worker processes, the points of `keys` neither known
         nor in the store, when that is two or more and jobs > 1; otherwise nothing (each
         is priced when first read). A point is the same either way: one engine run or
         its cached result, whichever process runs it (forked: a copy of this model). A
         point whose worker fails is left to be priced here when it is read. With on_plan,
-        the points left to price are told to it first (jobs 1 too)."""
+        the points left to price are told to it first (jobs 1 too).
+
+        Workers those points leave idle price points of `below` ahead (Grid._below: what
+        a read below them needs next), each no larger in any axis than one of them, so
+        no longer to price: kept aside and known only once the grid reads them. The
+        grid, its points and the engine runs counted are the same with any `jobs`; a
+        point priced ahead and never read is counted in `ahead` alone (and is in the store)."""
         if self.jobs < 2 and self.on_plan is None:
             return
         todo = []
         for k in dict.fromkeys(keys):
             if k not in self.points:
-                stored = self._simulate(k, engine=False)
-                if stored is None:
+                known = self._ahead_read(k) or self._simulate(k, engine=False)
+                if known is None:
                     todo.append(k)
                 else:
-                    self.points[k] = stored
+                    self.points[k] = known
         if todo and self.on_plan is not None:
             self.on_plan(todo)
-        if self.jobs < 2 or len(todo) < 2:
+        if self.jobs < 2:
+            return
+        spare = [k for k in dict.fromkeys(below) if k not in self.points and k not in self.ahead and k not in todo
+                 and any(_no_larger(k, t) for t in todo)][:max(0, self.jobs - len(todo))]
+        spare = [k for k in spare if self._simulate(k, engine=False) is None]
+        if len(todo) + len(spare) < 2:
             return
         for k in todo:
             if self.on_point is not None:
@@ -352,14 +408,17 @@ class StepCost:
 
         def done(i: int, result: tuple[Point, bool]) -> None:
             nonlocal last
-            self.points[todo[i]], ran = result
-            self.engine_runs += ran
-            if self.on_priced is not None:  # the batch's wall time, shared among its points as they finish
-                now = time.perf_counter()
-                self.on_priced(todo[i], now - last)
-                last = now
+            now = time.perf_counter()  # the batch's wall time, shared among its points as they finish
+            if i >= len(todo):
+                self.ahead[spare[i - len(todo)]] = (*result, now - last)
+            else:
+                self.points[todo[i]], ran = result
+                self.engine_runs += ran
+                if self.on_priced is not None:
+                    self.on_priced(todo[i], now - last)
+            last = now
 
-        run_tasks(self._price_in_worker, [(k,) for k in todo], self.jobs, done, lambda i, reason: None)
+        run_tasks(self._price_in_worker, [(k,) for k in todo + spare], self.jobs, done, lambda i, reason: None)
 
     def _price_in_worker(self, k: tuple) -> tuple[Point, bool]:
         """A worker's task: the point, and whether the engine ran for it (not the cache)."""
