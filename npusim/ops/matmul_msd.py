@@ -181,17 +181,23 @@ def _after(src: Pipe, dst: Pipe) -> list:
 
 def _quantise_row(p, A, parts, factors: int, at, chunk: int, ub: dict, st: int, fac: int) -> list:
     """One row of A (`at`: _row_at's, for this core's rows) into its two int8 parts and its
-    two factors: its largest magnitude over K in chunks, then each chunk scaled, rounded,
-    and its residual scaled and rounded."""
+    two factors (_quantise over the row's K)."""
     m, k, e = p.m, p.k, DTYPE_BYTES[p.dtype]
-    x_at = lambda j: at(A.addr + j * e, k * e)  # noqa: E731
-    part_at = lambda i, j: at(parts.addr + i * m * k + j, k)  # noqa: E731
-    fac_at = at(factors, _FACTORS)
+    return _quantise(p.dtype, k, chunk, ub, st, fac,
+                     lambda j, n: [Copy(Mem.GM, Mem.UB, at(A.addr + j * e, k * e), ub["x"], n * e)],
+                     lambda i, j: at(parts.addr + i * m * k + j, k), at(factors, _FACTORS))
+
+
+def _quantise(dtype: str, k: int, chunk: int, ub: dict, st: int, fac: int, load_x, part_at, fac_at) -> list:
+    """k elements of a row of A into its two int8 parts and its two factors: its largest
+    magnitude over them in chunks, then each chunk scaled, rounded, and its residual scaled
+    and rounded. load_x(j, n): the copies of elements j..j+n into ub["x"]; part_at(i, j):
+    where part i's element j goes in GM; fac_at: where the factors go."""
     spans = [(j, min(chunk, k - j)) for j in range(0, k, chunk)]
 
     def load(j: int, n: int) -> list:
-        return [*_after(Pipe.V, Pipe.MTE2), Copy(Mem.GM, Mem.UB, x_at(j), ub["x"], n * e), *_after(Pipe.MTE2, Pipe.V),
-                cast(n, p.dtype, "fp32", ub["w"], ub["x"])]
+        return [*_after(Pipe.V, Pipe.MTE2), *load_x(j, n), *_after(Pipe.MTE2, Pipe.V),
+                cast(n, dtype, "fp32", ub["w"], ub["x"])]
 
     out: list = []
     for i, (j, n) in enumerate(spans):  # pass 1: a = max |x| (+ MIN_AMAX, a guard on an all-zero row)
@@ -207,7 +213,7 @@ def _quantise_row(p, A, parts, factors: int, at, chunk: int, ub: dict, st: int, 
             vop("muls", 1, "fp32", fac + UB_BLOCK, st, scalar=1.0 / INT8_MAX ** 2),  # a / c^2
             *_after(Pipe.V, Pipe.MTE3), Copy(Mem.UB, Mem.GM, fac, fac_at, _FACTORS), *scalar_read()]
     for j, n in spans:  # pass 2: the parts (one chunk: the row pass 1 loaded, cast again as abs overwrote it)
-        out += (load(j, n) if len(spans) > 1 else [cast(n, p.dtype, "fp32", ub["w"], ub["x"])]) + [
+        out += (load(j, n) if len(spans) > 1 else [cast(n, dtype, "fp32", ub["w"], ub["x"])]) + [
             vop("muls", n, "fp32", ub["w"], ub["w"], scalar_src=st + UB_BLOCK),  # x c / a
             *_after(Pipe.MTE3, Pipe.V),
             cast(n, "fp32", "fp16", ub["h"], ub["w"]), cast(n, "fp16", "int8", ub["q1"], ub["h"]),
