@@ -18,6 +18,6 @@ and graph the step-cost model gives a grid point) is versioned by
 npusim.serving.stepcost.POINT_SCHEME as well.
 """
 
-MODEL_VERSION = 10
+MODEL_VERSION = 11
 
 __all__ = ["MODEL_VERSION"]

@@ -49,6 +49,7 @@ from npusim.isa.program import (
 from npusim.ops.build import Buffers, align_up, boxes, cdiv, gm_copy_cycles, line_quantum
 from npusim.ops.matmul_antiquant import antiquant_applies, lower_antiquant
 from npusim.ops.matmul_msd import lower_msd, msd_applies
+from npusim.ops.matmul_msd_splitk import lower_msd_splitk, msd_splitk_applies
 from npusim.ops.matmul_nd2nz import conversion_program, nd2nz_operands
 from npusim.ops.matmul_program import (
     _b_dtype, _box, _epilogue, _Layout, _part_starts, _Plan, _prologue, _stored_bytes,
@@ -330,6 +331,8 @@ def lower_batch_matmul(p: BatchMatmulParams, hw: HwConfig, gm: GmArena, tiling: 
 
 
 def _lower(p: MatmulParams, hw: HwConfig, gm: GmArena, t: MatmulTiling | None, op: str) -> Lowered:
+    if msd_splitk_applies(p):  # the same past K = 13696 or N = 32000: its split-K kernel
+        return lower_msd_splitk(p, hw, gm, t)
     if msd_applies(p):  # W8A16 at decode sizes: the 910B's multi-scale kernel
         return lower_msd(p, hw, gm, t)
     if antiquant_applies(p):  # other W8A16 with an ND [k, n] weight: the AIVs antiquantise it first
