@@ -25,6 +25,9 @@ BAD_OPS = [
      r"collective may have$"),
     (["reduce_scatter", "bytes=1KiB..64GiB", "dtype=fp32"],
      r"op reduce_scatter: bytes 68719476736 is more than the 17179869184 of 4294967296 fp32 elements"),
+    # devices=0 divided the buffer by zero before the op's parameter was checked (a ZeroDivisionError)
+    (["all_reduce", "devices=0"], r"op all_reduce: 'devices' must be > 1: 0$"),
+    (["send_recv", "devices=0", "bytes=1KiB"], r"op send_recv: 'devices' must be > 1: 0$"),
     (["all_reduce", "bytes=1KiB", "dtype=int4"], r"op all_reduce: 'dtype' must be in \('fp16', 'bf16', 'fp32'\) "
                                                  r"\(got 'int4'\)$"),
     (["matmul", "m=2200000", "n=4096", "k=4096"],

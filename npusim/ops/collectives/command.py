@@ -37,6 +37,8 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
         devices = int(params.get("devices", hw.topology.node_device_count))
     except ValueError:
         raise ConfigError(f"op {kind}: parameter 'devices' expects an integer, got {params['devices']!r}") from None
+    if devices < 2:  # before the buffer is split over them (the op's parameter says the same)
+        raise ConfigError(f"op {kind}: 'devices' must be > 1: {devices}")
     dtype = params.get("dtype", "fp16")
     if dtype not in DTYPES:  # before its size is needed (the op's parameter says the same)
         raise ConfigError(f"op {kind}: 'dtype' must be in {DTYPES!r} (got {dtype!r})")
