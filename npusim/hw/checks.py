@@ -123,6 +123,15 @@ def _step_too_long(hw: HwConfig) -> tuple[str, str] | None:
         if nbytes / rate > STEP_CYCLES_MAX:
             return key, (f"{short(rate)}: a copy of {buffer} {nbytes} takes {nbytes / rate:.3g} cycles, more than "
                          f"the {STEP_CYCLES_MAX} (2^40) one step may take")
+    # a GM copy whose segments (each at least one burst) all start off an L2 line is slowed
+    # by up to 1 + dma.off_line_cost_bytes / dma.burst_bytes (Dma.off_line_scale)
+    slowest = max((nbytes / rate, key, buffer, nbytes) for key, rate, buffer, nbytes in ports if "gm_" in key)
+    slowed = slowest[0] * (1 + hw.dma.off_line_cost_bytes / hw.dma.burst_bytes)
+    if slowed > STEP_CYCLES_MAX:
+        return "dma.off_line_cost_bytes", (
+            f"{short(hw.dma.off_line_cost_bytes)}: a copy of {slowest[2]} {slowest[3]} at {slowest[1]} whose "
+            f"bursts of dma.burst_bytes {hw.dma.burst_bytes} each start off an L2 line takes {slowed:.3g} cycles, "
+            f"more than the {STEP_CYCLES_MAX} (2^40) one step may take")
     repeats = -(-aiv.ub_bytes // aiv.vector_repeat_bytes)
     op, per = max(aiv.vector_cycles_per_repeat.items(), key=lambda kv: kv[1], default=("", 0))
     if aiv.vector_startup_cycles + repeats * per > STEP_CYCLES_MAX:

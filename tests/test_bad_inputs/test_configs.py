@@ -58,6 +58,12 @@ BAD_SETS = {
     "a copy at a slow port beyond 2^40": (["aic.gm_read_bytes_per_cycle=1e-9"],
                                           r"key 'aic.gm_read_bytes_per_cycle': 1e-09: a copy of aic.l1_bytes 524288 "
                                           r"takes 5.24e\+14 cycles, more than the 1099511627776 \(2\^40\)"),
+    # an OverflowError traceback from the engine's pipe walk ("a copy of 1.4e+16 cycles ... beyond 2^53")
+    "off-line bursts slowing a copy beyond 2^40": (["dma.off_line_cost_bytes=1e18"],
+                                                   SET + r"key 'dma.off_line_cost_bytes': 1e\+18: a copy of aic.l1_bytes "
+                                                   r"524288 at aic.gm_write_bytes_per_cycle whose bursts of "
+                                                   r"dma.burst_bytes 64 each start off an L2 line takes 9.53e\+19 "
+                                                   r"cycles, more than the 1099511627776 \(2\^40\)"),
     "a host cost beyond 2^40 cycles": (["runtime.graph_launch_us=1e18"],
                                        r"key 'runtime.graph_launch_us': 1e\+18 us is 1.8e\+21 cycles at chip.freq_hz "
                                        r"1.8e\+09, more than the 1099511627776 \(2\^40\) one step may take$"),
