@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from npusim.errors import NpusimError
-from npusim.hw.parse import input_file
+from npusim.hw.parse import input_file, short
 from npusim.report.tables import STEP_FILE
 
 REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
@@ -127,7 +127,7 @@ def read_csv(path: Path) -> list[ProfileRow]:
 
 def _check_header(path: Path, header: list[str]) -> None:
     if not any(c in header for c in IDENTIFYING_COLUMNS):
-        shown = ", ".join(repr(h) for h in header[:4]) or "nothing"
+        shown = ", ".join(short(h) for h in header[:4]) or "nothing"  # a cell may be a whole TSV header
         raise ProfileError(f"{path}: row 1: not an msprof op_summary CSV (its header starts with {shown}; "
                            f"expected columns {', '.join(REQUIRED_COLUMNS)})")
     missing = [c for c in REQUIRED_COLUMNS if c not in header]

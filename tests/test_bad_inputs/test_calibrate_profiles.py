@@ -35,6 +35,17 @@ def test_bad_profile(text, expect, tmp_path, capsys):
     fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys, expect, outputs=[out])
 
 
+def test_a_tab_separated_profile_is_named_in_one_short_line(tmp_path, capsys):
+    """Its whole header is one cell, and the error quoted all of it (thousands of characters)."""
+    header = "\t".join(HEADER.split(",") + [f"extra column {i}" for i in range(60)])
+    (tmp_path / "op.csv").write_text(header + "\n" + GOOD.replace(",", "\t") + "\n")
+    out = tmp_path / "my.yaml"
+    err = fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys,
+                        r"op\.csv: row 1: not an msprof op_summary CSV \(its header starts with 'Op Name\\tOP Type[^,]*'; "
+                        r"expected columns Op Name, OP Type", outputs=[out])
+    assert len(err) < 400, err
+
+
 def test_a_folder_without_op_summary_files(tmp_path, capsys):
     (tmp_path / "op_statistic_0.csv").write_text("OP Type,Count\n")
     fails_cleanly(["calibrate", "--profile", tmp_path, "--out", tmp_path / "my.yaml"], capsys,
