@@ -339,6 +339,9 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
+        if isinstance(getattr(namespace, "params", None), list):  # op: key=value words after an option
+            namespace.params += [e for e in extras if not e.startswith("-")]
+            extras = [e for e in extras if e.startswith("-")]
         empty = _empty_option(self, namespace)
         if empty:
             self.error(f"argument {empty}: expected a value, got an empty string")

@@ -43,6 +43,17 @@ def test_run_prints_summary_and_writes_json_and_trace(tmp_path, capsys):
     assert any(e["ph"] == "C" for e in events)  # the links' bandwidth, sampled only when a trace is asked for
 
 
+def test_parameters_after_an_option_are_the_op_s(tmp_path, capsys):
+    """`npusim op matmul --no-cache m=16` was "unrecognized arguments: m=16" (argparse
+    takes positionals only before the first option); now the words are the op's parameters."""
+    j = tmp_path / "op.json"
+    assert main(["op", "matmul", "m=16", "--no-cache", "n=32", "--json", str(j), "k=16"]) == 0
+    capsys.readouterr()
+    assert json.loads(j.read_text())["ops"][-1]["flops"] == 2 * 16 * 32 * 16
+    assert main(["op", "matmul", "--no-cache", "m"]) == 2
+    assert capsys.readouterr().err == "npusim: error: op matmul: expected key=value, got 'm'\n"
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["op", "nosuchop"], "unknown op type 'nosuchop'"),
     (["op", "matmul", "mm=3"], "unknown parameter 'mm'"),
