@@ -24,6 +24,7 @@ from npusim.calibrate.timing import KERNELS
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import find_file
+from npusim.hw.parse import did_you_mean
 
 DEFAULT_FOLDS = 5
 
@@ -141,8 +142,10 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
     fittable = fittable_fields(hw_path, host=True)
     for f in fields or ():
         if f not in fittable:
-            raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit "
-                              f"(fittable: {', '.join(fittable)})")
+            sections = ", ".join(sorted({x.split(".")[0] for x in fittable}))  # all 55 were a 2,800-character line
+            raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit"
+                              f"{did_you_mean(f, fittable)} ({len(fittable)} fittable, in {sections}: "
+                              f"{', '.join(list(fittable)[:3])}, ...)")
     mapping = Model(base, ())
     mapped, unmapped = map_rows(rows, mapping)
     # host-side costs are in a row's time only if it was timed around host calls
