@@ -324,7 +324,9 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
     if not (math.isfinite(w.capacity_factor) and w.capacity_factor >= 0):
         return "capacity_factor", f"expected a finite value >= 0 (0 = no cap), got {w.capacity_factor!r}"
     if not w.is_moe:
-        moe = [k for k in (*MOE_LIMITS, "capacity_factor") if getattr(w, k)]
+        # routing and its trace, too: routing=zipf on a dense FFN ran as if not given
+        moe = [k for k in (*MOE_LIMITS, "capacity_factor", "first_dense_layers", "routing_trace") if getattr(w, k)]
+        moe += ["routing"] if w.routing != "uniform" else []
         return (moe[0], f"set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
     for key in ("experts", "experts_per_token", "expert_ffn_size"):
         if getattr(w, key) < 1:

@@ -109,6 +109,16 @@ def test_bad_capacity_factor_is_one_line(tmp_path, value, expect):
         load_workload("k3-tiny", {"capacity_factor": 1})
 
 
+@pytest.mark.parametrize("sets", [{"routing": "zipf"}, {"routing": "trace", "routing_trace": "t.yaml"},
+                                  {"first_dense_layers": 1}])
+def test_routing_a_dense_ffn_is_one_line(sets):
+    """routing=zipf (or a trace, or first_dense_layers) on a dense FFN ran as if not given."""
+    key = "first_dense_layers" if "first_dense_layers" in sets else "routing_trace" if len(sets) > 1 else "routing"
+    with pytest.raises(ConfigError, match=rf"\(--workload-set\): key '{key}': set for a dense FFN \(mlp: swiglu\); "
+                                          r"experts need mlp: moe$"):
+        load_workload("k3-tiny", sets)
+
+
 def test_ep_with_sp_says_what_is_modelled():
     with pytest.raises(ConfigError, match=r"^--ep 2 with --sp 2: expert parallelism is modelled with data-parallel "
                                           r"attention .*not sequence parallel$"):
