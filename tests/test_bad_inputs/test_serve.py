@@ -55,6 +55,10 @@ def no_temporary_files(folder: Path) -> None:
     # a batch a step's graph may have, but minutes of pricing before the first request (was not done in 5 minutes)
     (["--rate", "5", "--service-set", "scheduler.max_batch=65536"],
      r"'max_batch' must be from 1 to 1024 sequences \(the most a service's steps are priced at\): 65536$"),
+    # it named only scheduler.block_tokens, which was not the value at fault
+    (["--rate", "5", "--service", "vllm-continuous", "--service-set", "scheduler.kv_memory_fraction=1e-300"],
+     r"scheduler\.block_tokens=16: the KV cache \(scheduler\.kv_memory_fraction 1e-300 of the memory left\) holds 0 "
+     r"tokens, not one block of that many$"),
     (["--rate", "5", "--service-set", "host.preprocess_on=thread_pool"],
      r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'thread_pool'$"),
     (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),

@@ -23,8 +23,9 @@ class IterationLevel(Scheduler):
         super().__init__(cfg, kv_capacity_tokens)
         self.blocks = BlockManager(kv_capacity_tokens, cfg.block_tokens)
         if not self.blocks.total:  # every request would fail: a config slip, not a load
-            raise ConfigError(f"scheduler.block_tokens={cfg.block_tokens}: the KV cache holds {kv_capacity_tokens} "
-                              f"tokens, not one block of that many")
+            raise ConfigError(f"scheduler.block_tokens={cfg.block_tokens}: the KV cache (scheduler.kv_memory_fraction "
+                              f"{cfg.kv_memory_fraction:g} of the memory left) holds {kv_capacity_tokens} tokens, not "
+                              "one block of that many")
         self.running: list[Seq] = []  # admitted, in admission order
 
     def add(self, seq: Seq, now: float) -> None:
