@@ -24,7 +24,7 @@ from pathlib import Path
 from attrs import frozen
 
 from npusim.calibrate.opmap import Mapped, Unmappable
-from npusim.calibrate.profile import ProfileError
+from npusim.calibrate.profile import MAX_DURATION_US, MIN_DURATION_US, ProfileError
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.hw.parse import input_file
@@ -218,6 +218,9 @@ def _row(path: Path, line: int, cells: list[str], columns: dict[str, int], names
                            f"bytes > 0, got '{cell('data_size')}'")
     nbytes = int(nbytes)
     us = number("time", "a time in us > 0")
+    if not MIN_DURATION_US <= us <= MAX_DURATION_US:  # as an op_summary row's: a unit slip or garbage
+        raise ProfileError(f"{path}: row {line}, column '{names[columns['time']]}': expected a time from "
+                           f"{MIN_DURATION_US:g} us (1 ns) to {MAX_DURATION_US:g} us (an hour), got '{cell('time')}'")
     if columns["bandwidth"] is not None:  # read to refuse a garbled row; the time is what is fitted
         number("bandwidth", "a bandwidth >= 0", positive=False)
     check = cell("check") if columns["check"] is not None and columns["check"] < len(cells) else ""

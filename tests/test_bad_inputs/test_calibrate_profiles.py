@@ -90,6 +90,12 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (COMMAND + TABLE + ROW + ROW.replace("9.94 ", "0.00 "), [],
      r"ar\.txt: row 4, column 'aveg_time\(us\)': expected a time in us > 0, got '0.00'"),
     (COMMAND + TABLE + ROW.replace("9.94 ", "-2.5 "), [], r"row 3, column 'aveg_time\(us\)'.*got '-2.5'"),
+    # fitted (the config written, every error 100%): op_summary's durations had these bounds, hccl_test's not
+    (COMMAND + TABLE + ROW.replace("9.94 ", "1e300 "), [],
+     r"ar\.txt: row 3, column 'aveg_time\(us\)': expected a time from 0\.001 us \(1 ns\) to 3\.6e\+09 us \(an hour\), "
+     r"got '1e300'$"),
+    (COMMAND + TABLE + ROW.replace("9.94 ", "1e-9 "), [], r"row 3, column 'aveg_time\(us\)': expected a time from .* "
+                                                         r"got '1e-9'$"),
     (COMMAND + TABLE + "8192 | 9.94\n", [], r"ar\.txt: row 3, column 'alg_bandwidth\(GB/s\)': missing"),
     (COMMAND + TABLE + ROW.replace("0.76724 ", "fast    "), [],
      r"row 3, column 'alg_bandwidth\(GB/s\)': expected a bandwidth >= 0, got 'fast'"),
