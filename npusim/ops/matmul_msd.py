@@ -99,15 +99,22 @@ def lower_msd(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
         cols = (b * per_core * t.base_n, min(n, (b + 1) * per_core * t.base_n))
         aiv.append(_vector_program(p, hw, A, factors, parts, acc, scale, bias, Y,
                                    (lo, min(m, lo + 2 * rows_per_aiv)), cols))
-    kernel = Kernel("matmul", CoreType.MIX, blocks, aic=aic, aiv=aiv, gm=[x for x in (A, B, Y, scale, bias, W) if x],
-                    workspace_bytes=W.nbytes, op_type="matmul")
+    return lowered_mix(p, t, aic, aiv, (A, B, Y, scale, bias, W))
+
+
+def lowered_mix(p, t, aic: list[Program], aiv: list[Program], gm: tuple) -> Lowered:
+    """A W8A16 multi-scale matmul as one MIX kernel of these blocks' programs; `gm`: its
+    tensors (a, b, c, scale, bias or None, workspace)."""
+    m, n, k, workspace = p.m, p.n, p.k, gm[-1]
+    kernel = Kernel("matmul", CoreType.MIX, len(aic), aic=aic, aiv=aiv, gm=[x for x in gm if x],
+                    workspace_bytes=workspace.nbytes, op_type="matmul")
     ins = [TensorInfo("a", (m, k), p.dtype),
            TensorInfo("b", (n, k) if p.trans_b else (k, n), "int8"), TensorInfo("scale", (n,), "fp32")]
     ins += [TensorInfo("bias", (n,), "fp32")] if p.bias else []
     outs = [TensorInfo("c", (m, n), p.out_dtype)]
     return Lowered(op_type="matmul", params=p, tiling=t, kernels=[kernel], flops=2.0 * m * n * k,
                    min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
-                   unit="cube", inputs=ins, outputs=outs, workspace_bytes=W.nbytes)
+                   unit="cube", inputs=ins, outputs=outs, workspace_bytes=workspace.nbytes)
 
 
 def _split(rows: tuple[int, int]) -> tuple[int, int, int]:

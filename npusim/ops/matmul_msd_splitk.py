@@ -78,13 +78,13 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    DTYPE_BYTES, Buffer, Copy, CoreType, Kernel, Loop, Mem, Pipe, PipeBarrier, Program, SetFlag, SyncAll, WaitFlag,
+    DTYPE_BYTES, Buffer, Copy, Loop, Mem, Pipe, PipeBarrier, Program, SetFlag, SyncAll, WaitFlag,
     addr, shift,
 )
 from npusim.ops.build import align_up, cdiv
-from npusim.ops.matmul_msd import _FACTORS, _PRE_BYTES, MSD_ALIGN, _after, _quantise, msd_applies
+from npusim.ops.matmul_msd import _FACTORS, _PRE_BYTES, MSD_ALIGN, _after, _quantise, lowered_mix, msd_applies
 from npusim.ops.matmul_program import _box, _epilogue, _Layout, _prologue
-from npusim.ops.registry import GmArena, Lowered, TensorInfo
+from npusim.ops.registry import GmArena, Lowered
 from npusim.ops.vector import UB_BLOCK, cast, scalar_read, vop
 
 # The host tiling's constants (weight_quant_batch_matmul_v2_tiling_msd.cpp); tests shrink
@@ -214,15 +214,7 @@ def lower_msd_splitk(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
                 body.append(SyncAll())
         aic.append(Program([*body, SyncAll(), *_epilogue(t)], buf.buffers))
         aiv.append(_vector_program(p, hw, st, A, Y, scale, bias, ws, b, loops))
-    kernel = Kernel("matmul", CoreType.MIX, blocks, aic=aic, aiv=aiv, gm=[x for x in (A, B, Y, scale, bias, W) if x],
-                    workspace_bytes=W.nbytes, op_type="matmul")
-    ins = [TensorInfo("a", (m, k), p.dtype),
-           TensorInfo("b", (n, k) if p.trans_b else (k, n), "int8"), TensorInfo("scale", (n,), "fp32")]
-    ins += [TensorInfo("bias", (n,), "fp32")] if p.bias else []
-    outs = [TensorInfo("c", (m, n), p.out_dtype)]
-    return Lowered(op_type="matmul", params=p, tiling=t, kernels=[kernel], flops=2.0 * m * n * k,
-                   min_gm_bytes=sum(x.nbytes for x in ins) + sum(x.nbytes for x in outs),
-                   unit="cube", inputs=ins, outputs=outs, workspace_bytes=W.nbytes)
+    return lowered_mix(p, t, aic, aiv, (A, B, Y, scale, bias, W))
 
 
 @frozen
