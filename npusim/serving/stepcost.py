@@ -397,8 +397,8 @@ class StepCost:
         if self.jobs < 2:
             return
         spare = [k for k in dict.fromkeys(below) if k not in self.points and k not in self.ahead and k not in todo
-                 and any(_no_larger(k, t) for t in todo)][:max(0, self.jobs - len(todo))]
-        spare = [k for k in spare if self._simulate(k, engine=False) is None]
+                 and any(_no_larger(k, t) for t in todo) and self._simulate(k, engine=False) is None]
+        spare = spare[:max(0, self.jobs - len(todo))]
         if len(todo) + len(spare) < 2:
             return
         for k in todo:
