@@ -304,7 +304,8 @@ def test_a_kv_block_larger_than_the_cache_is_refused():
     """A block_tokens past the KV cache would fail every request as out of memory: one
     line naming the key instead; past the longest request, refused with the config."""
     sc = cost()
-    with pytest.raises(ConfigError, match=r"scheduler.block_tokens=8000: the KV cache holds \d+ tokens, not one block"):
+    with pytest.raises(ConfigError, match=r"scheduler.block_tokens=8000: the KV cache \(scheduler.kv_memory_fraction "
+                                          r"[\d.e+-]+ of the memory left\) holds \d+ tokens, not one block"):
         simulate(load(20), service(block_tokens=8000, kv_memory_fraction=kv_fraction(sc, 6000)), sc)
     with pytest.raises(ValueError, match="'block_tokens' must be from 1 to"):
         SchedulerConfig("continuous", block_tokens=1 << 30)
