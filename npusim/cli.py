@@ -20,6 +20,12 @@ from npusim.step_flags import (PREFILL_BATCH, add_workload_set, check_outputs, c
                                overrides, pass_options, pipeline, step_args, workload_of, workload_sets)
 
 
+# the files --plot DIR holds (report.plots: each plot as NAME.png and NAME.svg)
+OP_PLOTS = ("roofline.png", "roofline.svg", "timeline.png", "timeline.svg")
+RUN_PLOTS = ("roofline.png", "roofline.svg", "hotspots.png", "hotspots.svg", "memory.png", "memory.svg",
+             "timeline.png", "timeline.svg")
+
+
 def _cmd_hw(args) -> int:
     from npusim.hw.show import show_hw
 
@@ -63,7 +69,7 @@ def _cmd_op(args) -> int:
         if name in given:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
         given[name] = value
-    check_outputs(args)
+    check_outputs(args, plots=OP_PLOTS)
     sets = overrides(args)
     hw = load_hw(args.hw, sets)
     spec(args.type)  # imports the op modules up to the one registering it: a collective's is the collectives package
@@ -137,7 +143,7 @@ def _cmd_run(args) -> int:
     from npusim.runtime.compile import tilings_of
     from npusim.runtime.decoder import run_decoder
 
-    check_outputs(args)
+    check_outputs(args, plots=RUN_PLOTS)
     if args.trace_level and not args.trace:
         raise ConfigError(f"--trace-level {args.trace_level}: the detail of --trace (give --trace PATH too)")
     step = step_args(args)

@@ -12,6 +12,9 @@ from npusim.parallel.flags import plan_args
 from npusim.step_flags import check_outputs, inputs, pipeline, step_args, workload_of
 
 COMPARED_PIPELINES = ("baseline", "optimized")  # what compare puts side by side unless told
+# the files --plot DIR holds (report.plots, parallel.plots: each plot as NAME.png and NAME.svg)
+PLOT_NAMES = ("before_after.png", "before_after.svg", "waterfall.png", "waterfall.svg")
+PLANS_PLOT_NAMES = ("plan_scaling.png", "plan_scaling.svg")
 
 
 def _trace_paths(path: str, names, ab: bool = False) -> dict[str, str]:
@@ -47,7 +50,7 @@ def cmd_compare(args) -> int:
     if twice:  # its runs are one column: the table would show one pipeline of the two asked for
         raise ConfigError(f"--passes {' '.join(args.passes)}: the pipeline {twice} is given twice")
     traces = _trace_paths(args.trace, list(sides) if sides else pipelines, sides is not None) if args.trace else {}
-    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()}, PLOT_NAMES)
     step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
         c = compare(workload_of(args), args.hw if isinstance(args.hw, str) else args.hw[0], pipelines=pipelines,
@@ -129,7 +132,7 @@ def _cmd_compare_plans(args) -> int:
                               f"drop --{flag}")
     names = list(parse_plans(args.plans))
     traces = _trace_paths(args.trace, names) if args.trace else {}
-    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()})
+    check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()}, PLANS_PLOT_NAMES)
     step = step_args(args)
     with progress_bar("compare", "runs", args.progress) as bar:
         c = compare_plans(workload_of(args), args.hw, passes=args.passes, plans=args.plans, memo=not args.no_memo,

@@ -155,12 +155,18 @@ COLLISIONS = [  # (argv with {hw} {workload} {rules} {d}, words of the message)
     (["run", "--json", "{d}/x.json", "--profile", "{d}/x.json"], ["--profile", "--json"]),
     (["run", "--json", "{d}/p/op_summary.csv", "--profile", "{d}/p"], ["op_summary.csv", "--json"]),
     (["run", "--trace", "{d}/p/op_statistic.csv", "--profile", "{d}/p"], ["op_statistic.csv", "--trace"]),
+    (["run", "--json", "{d}/p/roofline.png", "--plot", "{d}/p"], ["--plot (roofline.png)", "--json"]),
+    (["run", "--trace", "{d}/p/memory.svg", "--plot", "{d}/p"], ["--plot (memory.svg)", "--trace"]),
     (["op", "add", "shape=8,64", "--hw", "{hw}", "--json", "{hw}"], ["--json", "--hw"]),
     (["op", "add", "shape=8,64", "--json", "{d}/o.json", "--trace", "{d}/o.json"], ["--trace", "--json"]),
     (["op", "add", "shape=8,64", "--json", "{d}/o.json", "--plot", "{d}/o.json"], ["--plot"]),
+    (["op", "add", "shape=8,64", "--json", "{d}/p/timeline.svg", "--plot", "{d}/p"], ["--plot (timeline.svg)"]),
     (["compare", "--hw", "{hw}", "--json", "{hw}"], ["--json", "--hw"]),
     (["compare", "--trace", "{d}/t.json", "--json", "{d}/t.baseline.json"], ["--trace (baseline)"]),
     (["compare", "--trace", "{d}/t.json", "--json", "{d}/t.optimized.json"], ["--trace (optimized)"]),
+    (["compare", "--json", "{d}/p/before_after.png", "--plot", "{d}/p"], ["--plot (before_after.png)"]),
+    (["compare", "--plans", "tp1", "tp2", "--json", "{d}/p/plan_scaling.svg", "--plot", "{d}/p"],
+     ["--plot (plan_scaling.svg)"]),
     (["sweep", "--hw", "{hw}", "--set", "batch=1,2", "--out", "{hw}"], ["--out", "not a folder"]),
 ]
 
