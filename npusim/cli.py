@@ -69,12 +69,18 @@ def _cmd_op(args) -> int:
         if name in given:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
         given[name] = value
-    check_outputs(args, plots=OP_PLOTS)
-    sets = overrides(args)
-    hw = load_hw(args.hw, sets)
     spec(args.type)  # imports the op modules up to the one registering it: a collective's is the collectives package
     collectives = sys.modules.get("npusim.ops.collectives")
-    if collectives is not None and args.type in collectives.KINDS:  # printed as hccl_test prints it (--profile: writes)
+    collective = collectives is not None and args.type in collectives.KINDS
+    if collective and args.profile:  # hccl_test's output, not the tables
+        from npusim.ops.collectives.command import hccl_test_file
+
+        check_outputs(args, plots=OP_PLOTS, tables=(hccl_test_file(args.type),))
+    else:
+        check_outputs(args, plots=OP_PLOTS)
+    sets = overrides(args)
+    hw = load_hw(args.hw, sets)
+    if collective:  # printed as hccl_test prints it (--profile: writes)
         from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
 
         for flag, value in (("--trace", args.trace), ("--plot", args.plot)):

@@ -286,11 +286,13 @@ def inputs(args) -> dict:
     return found
 
 
-def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = ()) -> None:
+def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = (),
+                  tables: tuple[str, ...] | None = None) -> None:
     """Before running: no output on an input, no two outputs on one path, none that
     cannot be written (outputs.check_paths, check_writable). `extra`: the command's
     further files, by the flag that asks for them; `plots`: the files --plot DIR will
-    hold (no other output may be one of them: the plot would replace it)."""
+    hold (no other output may be one of them: the plot would replace it); `tables`: those
+    --profile DIR will hold (default report.tables.TABLE_FILES)."""
     from npusim.outputs import check_paths, check_writable
 
     files = {"--json": getattr(args, "json", None), "--trace": getattr(args, "trace", None)}
@@ -298,7 +300,8 @@ def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = ()) 
     if folders["--profile"]:
         from npusim.report.tables import TABLE_FILES
 
-        files |= {f"--profile ({name})": os.path.join(folders["--profile"], name) for name in TABLE_FILES}
+        files |= {f"--profile ({name})": os.path.join(folders["--profile"], name)
+                  for name in (TABLE_FILES if tables is None else tables)}
     files |= extra or {}
     plotted = {f"--plot ({name})": os.path.join(folders["--plot"], name) for name in plots} if folders["--plot"] else {}
     check_paths(files | plotted, inputs(args), folders)

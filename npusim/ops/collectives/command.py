@@ -63,15 +63,20 @@ def hccl_test_output(reports: list[CollectiveReport], hw: HwConfig) -> tuple[str
     """(file name, text) of the reports in hccl_test's layout, under the command line
     that would measure them; check_result NULL (the numerics are not checked here)."""
     r = reports[0]
-    if r.kind not in hccl_test.TESTS:
-        raise ConfigError(f"op {r.kind} --profile: hccl_test has no test for it (it has "
-                          f"{', '.join(hccl_test.TESTS.values())})")
     per_node = min(r.devices, hw.topology.node_device_count)
     lines = [f"# npusim op {r.kind} on {hw.name}: simulated (one rank, its peers symmetric, algorithm {r.algo}), "
              "in hccl_test's layout",
              "# " + hccl_test.command_line(r.kind, [x.nbytes for x in reports], r.devices, r.dtype, per_node),
              hccl_test.HEADER] + [hccl_test.row(x.nbytes, x.us) for x in reports]
-    return f"{hccl_test.TESTS[r.kind]}.txt", "\n".join(lines) + "\n"
+    return hccl_test_file(r.kind), "\n".join(lines) + "\n"
+
+
+def hccl_test_file(kind: str) -> str:
+    """The file `op KIND --profile DIR` writes in DIR: hccl_test's output's name."""
+    if kind not in hccl_test.TESTS:
+        raise ConfigError(f"op {kind} --profile: hccl_test has no test for it (it has "
+                          f"{', '.join(hccl_test.TESTS.values())})")
+    return f"{hccl_test.TESTS[kind]}.txt"
 
 
 def report_json(reports: list[CollectiveReport]) -> dict:
