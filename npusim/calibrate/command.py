@@ -48,7 +48,12 @@ def main(args) -> int:
         raise OutputError(f"--out {args.out}: is a directory (expected a file path)")
     hccl = [_hccl_input(words) for words in args.hccl or []]
     chain = _chain(args.hw)
-    inputs = {"--profile": args.profile if args.profile and Path(args.profile).is_file() else None}
+    inputs = {}
+    if args.profile:  # every file the fit reads: a folder's op_summary CSVs, and the step file beside each
+        from npusim.calibrate.profile import STEP_FILE, profile_files
+
+        for csv in profile_files(args.profile):
+            inputs |= {f"--profile {csv}": str(csv), f"--profile {csv.parent / STEP_FILE}": str(csv.parent / STEP_FILE)}
     inputs |= {"--hw" if i == 0 else f"--hw's base {path}": str(path) for i, (_, path) in enumerate(chain)}
     inputs |= {f"--hccl {path}": path for path, _ in hccl}
     files = {"--out": args.out, "--json": args.json}

@@ -214,6 +214,27 @@ def test_outputs_checked_before_the_fit(argv, expect, lab, tmp_path, capsys, mon
                   outputs=[tmp_path / "my.yaml", tmp_path / "p"])
 
 
+@pytest.mark.parametrize("argv, expect", [
+    (["--json", "prof/PROF_1/op_summary_1.csv"], r"--json prof/PROF_1/op_summary_1\.csv: the same file as the input of "
+                                                 r"--profile prof/PROF_1/op_summary_1\.csv"),
+    (["--json", "prof/npusim_step.json"],
+     r"--json prof/npusim_step\.json: the same file as the input of --profile prof/npusim_step\.json"),
+], ids=["a-csv-of-the-folder", "the-step-file-beside-one"])
+def test_an_output_onto_a_file_of_the_profile_folder(argv, expect, tmp_path, capsys, monkeypatch):
+    """--profile DIR reads every op_summary*.csv under DIR (and the step file beside each):
+    `--json DIR/.../op_summary_1.csv` replaced the user's measurements by the report."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prof" / "PROF_1").mkdir(parents=True)
+    (tmp_path / "prof" / "op_summary_0.csv").write_text(HEADER + "\n" + GOOD + "\n")
+    (tmp_path / "prof" / "npusim_step.json").write_text("{}")
+    (tmp_path / "prof" / "PROF_1" / "op_summary_1.csv").write_text(HEADER + "\n" + GOOD + "\n")
+    before = {p: p.read_bytes() for p in (tmp_path / "prof").rglob("*") if p.is_file()}
+    monkeypatch.setattr("npusim.calibrate.session.calibrate", lambda *a: pytest.fail("fitted before the check"))
+    fails_cleanly(["calibrate", "--profile", "prof", "--out", "my.yaml", *argv], capsys, expect,
+                  outputs=[tmp_path / "my.yaml"])
+    assert {p: p.read_bytes() for p in (tmp_path / "prof").rglob("*") if p.is_file()} == before
+
+
 def test_ctrl_c_between_two_outputs_leaves_none(lab, tmp_path, capsys, monkeypatch):
     """Ctrl-C after the config is written, before the JSON report: neither is left, and
     the message says so."""
