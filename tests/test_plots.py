@@ -77,6 +77,14 @@ def test_sweep_curves(tmp_path):
     assert_not_blank(plots.sweep_curves(rows, ["a", "b"], tmp_path, title="test"), "sweep")
 
 
+def test_the_same_plot_twice_is_the_same_bytes(optimized, tmp_path):
+    """Same input, same output: the SVG held the time it was written (dc:date) and ids
+    salted with a random uuid, so no two runs gave the same file."""
+    first, second = plots.hotspots(optimized, tmp_path / "a"), plots.hotspots(optimized, tmp_path / "b")
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+    assert "<dc:date>" not in first[1].read_text()
+
+
 def test_timeline_needs_an_instruction_trace(optimized, tmp_path):
     with pytest.raises(ValueError, match="needs a run traced at level 'instr', got 'kernel'"):
         plots.timeline(optimized.result, tmp_path)

@@ -34,6 +34,7 @@ from npusim.report.step import memory_in_use
 
 FORMATS = ("png", "svg")
 DPI = 120  # PNG resolution: sharp on a screen, small enough to commit next to a README
+SVG_SALT = "npusim"  # of the SVG's ids (matplotlib's default: a random one per file)
 COLOURMAP_SMALL, COLOURMAP_LARGE = "tab10", "tab20"  # qualitative colours for op types
 TERA = 1e12
 MIB = 1 << 20
@@ -50,13 +51,16 @@ WATERFALL_GAIN, WATERFALL_LOSS, WATERFALL_TOTAL = "tab:green", "tab:red", "tab:b
 
 def _save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write the figure as NAME.png and NAME.svg in out_dir (created if missing, by
-    atomic_write: an all_or_none block that fails removes it again)."""
+    atomic_write: an all_or_none block that fails removes it again). The same figure
+    gives the same bytes: the SVG has no date, and its ids are not salted at random."""
+    import matplotlib
+
     out = Path(out_dir)
     paths = []
     for fmt in FORMATS:
         path = out / f"{name}.{fmt}"
-        with atomic_write(path, "wb") as f:
-            fig.savefig(f, format=fmt, dpi=DPI, bbox_inches="tight")
+        with atomic_write(path, "wb") as f, matplotlib.rc_context({"svg.hashsalt": SVG_SALT}):
+            fig.savefig(f, format=fmt, dpi=DPI, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
         paths.append(path)
     return paths
 
