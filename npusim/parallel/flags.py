@@ -95,12 +95,11 @@ def run_pipelined(args, step: dict) -> int:
     run = run_pipeline(workload_of(args), args.hw, passes=args.passes, pp=pp, memo=not args.no_memo, **step)
     say(run.summary())
     if args.json:
-        import json
+        from npusim.outputs import write_json, wrote_line
 
-        from npusim.outputs import write_text
-
-        write_text(args.json, json.dumps({"latency_us": run.latency_us, "tokens_per_s": run.tokens_per_s,
-                                          "stage_us": run.stage_us, "handover_us": run.handover_us,
-                                          "bubble_fraction": run.bubble_fraction, "pp": pp, "tp": tp,
-                                          "microbatches": run.microbatches}, indent=1))
+        write_json(args.json, {"latency_us": run.latency_us, "tokens_per_s": run.tokens_per_s,
+                               "stage_us": run.stage_us, "handover_us": run.handover_us,
+                               "bubble_fraction": run.bubble_fraction, "pp": pp, "tp": tp,
+                               "microbatches": run.microbatches})
+        say(wrote_line([args.json]))
     return 0

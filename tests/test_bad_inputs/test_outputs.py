@@ -317,6 +317,19 @@ def test_an_unwritable_output_is_refused_before_anything_runs(argv, message, cac
     assert err.startswith(f"npusim: error: {message.format(d=tmp_path)}"), err
 
 
+@pytest.mark.parametrize("cache", ["--no-cache", "cache"])
+def test_a_pipelined_run_says_what_it_wrote(cache, tmp_path, capsys):
+    """`run --pp 2 --json PATH` wrote PATH without a word (every other command names its
+    outputs), and its JSON without the final newline the others have."""
+    argv = [*RUN, "--pp", "2", "--json", tmp_path / "r.json"]
+    argv += ["--no-cache"] if cache == "--no-cache" else ["--cache-dir", tmp_path / "cache"]
+    for _ in range(2):  # the second: served from the cache, if on
+        code, out, err = cli(argv, capsys)
+        assert code == 0 and out.splitlines()[-1] == f"wrote {tmp_path / 'r.json'}", out + err
+        text = (tmp_path / "r.json").read_text()
+        assert text.endswith("}\n") and json.loads(text)["pp"] == 2
+
+
 def test_a_cache_hit_checks_its_outputs_as_a_run_does(tmp_path, capsys):
     """A replayed run (served from the cache) refuses an output the run would refuse,
     before writing anything: the same one line."""
