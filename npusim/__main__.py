@@ -3,6 +3,7 @@ process for a run, then runs cli.main() on sys.argv."""
 
 import gc
 import os
+import signal
 import sys
 
 # OpenBLAS (numpy's BLAS) starts its worker threads when numpy loads, and each spins for
@@ -20,14 +21,18 @@ def program() -> int:
     simulators' caches, hundreds of thousands of objects - is moved out of the
     collector's sight (gc.freeze): the collection the interpreter runs at exit would
     traverse all of it for nothing. They are freed by reference counting as usual;
-    outputs are closed and renamed before main() returns. Not in main(), which the tests
-    and notebooks call in a process that goes on."""
+    outputs are closed and renamed before main() returns. Ctrl-C or SIGTERM from then on
+    has nothing left to stop and is ignored (it would print a traceback from the middle of
+    the interpreter's exit, or end the process with the signal, after the command's last
+    line). Not in main(), which the tests and notebooks call in a process that goes on."""
     os.environ.setdefault(*BLAS_IDLE_SPIN)
     from npusim.cli import main
     from npusim.collector import fewer_collections
 
     with fewer_collections():
         code = main()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
     gc.freeze()
     return code
 

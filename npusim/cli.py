@@ -484,21 +484,27 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(serve_options=argv[:1] == ["serve"]).parse_args(argv)
     args.argv = ["npusim", *argv]
-    with on_sigterm():
-        try:
-            return args.func(args)
-        except NpusimError as e:
-            err(f"npusim: error: {e}")
-            return 2
-        except KeyboardInterrupt as e:
-            err(f"npusim: interrupted ({interruption_note(e)})")
-            return 130
-        except Terminated as e:
-            err(f"npusim: terminated ({interruption_note(e)})")
-            return 143
-        except BrokenPipeError:  # the reader went away outside say() (a library printed)
-            drop_stdout()
-            return 0
-        except OSError as e:  # an output folder that cannot be made, ...
-            err(f"npusim: error: {e.filename or 'output'}: {e.strerror or e}")
-            return 2
+    status = None
+    try:
+        with on_sigterm():
+            try:
+                status = args.func(args)
+            except NpusimError as e:
+                err(f"npusim: error: {e}")
+                status = 2
+            except KeyboardInterrupt as e:
+                err(f"npusim: interrupted ({interruption_note(e)})")
+                status = 130
+            except Terminated as e:
+                err(f"npusim: terminated ({interruption_note(e)})")
+                status = 143
+            except BrokenPipeError:  # the reader went away outside say() (a library printed)
+                drop_stdout()
+                status = 0
+            except OSError as e:  # an output folder that cannot be made, ...
+                err(f"npusim: error: {e.filename or 'output'}: {e.strerror or e}")
+                status = 2
+    except (KeyboardInterrupt, Terminated) as e:  # as on_sigterm ended: the command had, and said what it wrote
+        if status is None:  # (it came while the line of an error or interruption above was printed)
+            status = 143 if isinstance(e, Terminated) else 130
+    return status

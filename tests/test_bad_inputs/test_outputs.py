@@ -94,6 +94,21 @@ if HOOK == "write":  # the signal lands when half of the first file is written
     npusim.outputs.atomic_write = halfway
 elif HOOK == "run":  # ... while the step is simulated
     npusim.runtime.decoder.run_decoder = lambda *a, **k: fire()
+elif HOOK == "ended":  # ... as the command has ended (its outputs written and named), before main() returns
+    real_on_sigterm = npusim.outputs.on_sigterm
+    @contextlib.contextmanager
+    def then_fire():
+        with real_on_sigterm():
+            yield
+            os.kill(os.getpid(), SIG); time.sleep(1)
+    npusim.outputs.on_sigterm = then_fire
+elif HOOK == "exiting":  # ... while the interpreter exits
+    import atexit
+    atexit.register(lambda: (os.kill(os.getpid(), SIG), time.sleep(1)))
+if HOOK in ("ended", "exiting"):  # the program, as `python -m npusim` runs it
+    from npusim.__main__ import program
+    sys.argv[1:] = sys.argv[3:]
+    sys.exit(program())
 elif HOOK.startswith("points"):  # a sweep of fake points: point N (0-based) fires, the others take 0.2 s
     fire_at = int(HOOK[len("points"):] or -1)
     def point(spec, params):
@@ -487,6 +502,18 @@ def test_a_signal_while_simulating_writes_nothing(sig, status, tmp_path):
     assert code == status
     clean_error(err)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("hook", ["ended", "exiting"])
+def test_a_signal_once_the_command_has_ended_changes_nothing(hook, sig, tmp_path):
+    """Ctrl-C or SIGTERM once the outputs are written and named, as main() returns or the
+    interpreter exits: was a traceback after "wrote ..." (exit status -2), "Exception
+    ignored ... KeyboardInterrupt", or the process killed by the signal."""
+    code, err, _ = driven(hook, sig, [*OP, "--no-cache", "--json", tmp_path / "o.json"], ROOT)
+    assert code == 0 and err == "", err
+    assert json.loads((tmp_path / "o.json").read_text())["op_type"] == "add"
+    no_partial(tmp_path)
 
 
 # ---- sweeps
