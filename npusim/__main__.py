@@ -28,9 +28,14 @@ def program() -> int:
     os.environ.setdefault(*BLAS_IDLE_SPIN)
     from npusim.cli import main
     from npusim.collector import fewer_collections
+    from npusim.outputs import Terminated
 
-    with fewer_collections():
-        code = main()
+    code = None
+    try:
+        with fewer_collections():
+            code = main()
+    except (KeyboardInterrupt, Terminated) as e:  # as main() returned and its objects were freed
+        code = code if code is not None else 143 if isinstance(e, Terminated) else 130
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     gc.freeze()

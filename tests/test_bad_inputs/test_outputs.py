@@ -102,10 +102,19 @@ elif HOOK == "ended":  # ... as the command has ended (its outputs written and n
             yield
             os.kill(os.getpid(), SIG); time.sleep(1)
     npusim.outputs.on_sigterm = then_fire
+elif HOOK == "returned":  # ... once main() has returned (its objects being freed)
+    import npusim.collector
+    real_fewer = npusim.collector.fewer_collections
+    @contextlib.contextmanager
+    def then_fire():
+        with real_fewer():
+            yield
+            os.kill(os.getpid(), SIG); time.sleep(1)
+    npusim.collector.fewer_collections = then_fire
 elif HOOK == "exiting":  # ... while the interpreter exits
     import atexit
     atexit.register(lambda: (os.kill(os.getpid(), SIG), time.sleep(1)))
-if HOOK in ("ended", "exiting"):  # the program, as `python -m npusim` runs it
+if HOOK in ("ended", "returned", "exiting"):  # the program, as `python -m npusim` runs it
     from npusim.__main__ import program
     sys.argv[1:] = sys.argv[3:]
     sys.exit(program())
@@ -504,12 +513,13 @@ def test_a_signal_while_simulating_writes_nothing(sig, status, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("hook", ["ended", "exiting"])
+@pytest.mark.parametrize(("hook", "sig"), [("ended", "SIGINT"), ("ended", "SIGTERM"), ("returned", "SIGINT"),
+                                           ("exiting", "SIGINT"), ("exiting", "SIGTERM")])
 def test_a_signal_once_the_command_has_ended_changes_nothing(hook, sig, tmp_path):
-    """Ctrl-C or SIGTERM once the outputs are written and named, as main() returns or the
-    interpreter exits: was a traceback after "wrote ..." (exit status -2), "Exception
-    ignored ... KeyboardInterrupt", or the process killed by the signal."""
+    """Ctrl-C or SIGTERM once the outputs are written and named, as main() ends or returns
+    or the interpreter exits: was a traceback after "wrote ..." (exit status -2), "Exception
+    ignored ... KeyboardInterrupt", or the process killed by the signal. (SIGTERM once main()
+    has returned still ends the process: main() has put its default action back.)"""
     code, err, _ = driven(hook, sig, [*OP, "--no-cache", "--json", tmp_path / "o.json"], ROOT)
     assert code == 0 and err == "", err
     assert json.loads((tmp_path / "o.json").read_text())["op_type"] == "add"
