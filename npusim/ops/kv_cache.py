@@ -191,9 +191,9 @@ def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tilin
             end = min(end, (start + t) // p.block_tokens * p.block_tokens + p.block_tokens - start)
         runs.append((t, end - t))
         t = end
-    groups = cdiv(nh, hg)
+    head_groups = cdiv(nh, hg)
     units = [(b, t0, tn, g * hg, min(hg, nh - g * hg)) for b in range(p.batch) for t0, tn in runs
-             for g in range(groups)]
+             for g in range(head_groups)]
 
     def form(tn: int, hn: int, k: int) -> tuple[list, list, list]:
         """(loads, work, stores) of a tile of tn tokens x hn heads on buffer set k, its GM
@@ -261,8 +261,12 @@ def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tilin
             # the scalar unit turns the entries into store addresses before MTE3 may write
             heads.append(reads + [SetFlag(Pipe.MTE2, Pipe.S, 0), WaitFlag(Pipe.MTE2, Pipe.S, 0),
                                   SetFlag(Pipe.S, Pipe.MTE3, 0), WaitFlag(Pipe.S, Pipe.MTE3, 0)])
+    # a group's tiles move by hg heads: whole runs of them are alike (tile_pipeline builds a few)
+    # when every head group is full (a short last one is a different tile)
+    alike = head_groups if nh % hg == 0 else 0
     kernel = pipeline_kernel("kv_cache_write", "kv_cache_write", buf, per_core, [k_new, v_new, *cache.tensors],
-                              direct, head=(lambda c: heads[c]) if paged else (lambda c: []))
+                              direct, head=(lambda c: heads[c]) if paged else (lambda c: []),
+                              alike=lambda c: alike)
     new = (p.batch, n, nh, d)
     slots = (p.batch, nh, n, d)
     ins = [TensorInfo("k", new, p.dtype), TensorInfo("v", new, p.dtype)]
