@@ -23,7 +23,7 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
+from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Loop, Mem, Pipe, SetFlag, VecOp, WaitFlag, moving
 from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
 from npusim.ops.reference import eltwise
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -242,23 +242,33 @@ def lower_embedding(p: EmbeddingParams, hw: HwConfig, gm: GmArena, tiling=None) 
     tile_rows = min(tile_rows, per_core_tokens)
     rows_ub = [buf.alloc(f"rows{i}", Mem.UB, tile_rows * pitch) for i in (0, 1)]
 
+    def wraps(t0: int, n: int) -> bool:  # do tokens t0 .. t0 + n - 1 wrap around the table's rows?
+        return (t0 * spread) // p.vocab != ((t0 + n - 1) * spread) // p.vocab
+
     def tile(t0: int, nr: int):
         def make(k: int):
-            gathers = compress([[Copy(Mem.GM, Mem.UB, table.addr + (t0 + i) * spread % p.vocab * row,
-                                      rows_ub[k] + i * pitch, row)] for i in range(nr)], "r")
+            if nr > 1 and not wraps(t0, nr):  # one run of rows: the loop compress would fold it into
+                first = Copy(Mem.GM, Mem.UB, table.addr + t0 * spread % p.vocab * row, rows_ub[k], row)
+                gathers = [Loop("r", nr, [first.moved(moving(first.src_addr, "r", spread * row),
+                                                      moving(first.dst_addr, "r", pitch))])]
+            else:
+                gathers = compress([[Copy(Mem.GM, Mem.UB, table.addr + (t0 + i) * spread % p.vocab * row,
+                                          rows_ub[k] + i * pitch, row)] for i in range(nr)], "r")
             store = gm_copy(Mem.UB, Mem.GM, rows_ub[k], y.addr + t0 * row, row, nr, pitch, row)
             return gathers, [], [store]
         return make
 
-    per_core, heads = [], []
+    per_core, heads, alike = [], [], []
     for lo, hi in runs:
         per_core.append([[tile(t, min(tile_rows, hi - t)) for t in range(lo, hi, tile_rows)]])
+        # a core's whole tiles move by tile_rows rows of the table and of y, unless its tokens wrap
+        alike.append(0 if wraps(lo, hi - lo) else (hi - lo) // tile_rows)
         # the core's ids, read by the scalar unit to address the gathers
         heads.append([Copy(Mem.GM, Mem.UB, ids.addr + lo * 4, ids_ub, (hi - lo) * 4),
                       SetFlag(Pipe.MTE2, Pipe.S, 0), WaitFlag(Pipe.MTE2, Pipe.S, 0),
                       SetFlag(Pipe.S, Pipe.MTE2, 0), WaitFlag(Pipe.S, Pipe.MTE2, 0)])
     kernel = pipeline_kernel("embedding", "embedding", buf, per_core, [ids, table, y], direct=True,
-                              head=lambda c: heads[c])
+                              head=lambda c: heads[c], alike=lambda c: alike[c])
     # Inputs list the rows gathered, not the whole table (the roofline counts every
     # listed byte as read).
     ins = [TensorInfo("ids", (p.tokens,), "int32"), TensorInfo("table_rows", (p.tokens, p.hidden), p.dtype)]
