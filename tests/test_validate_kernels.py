@@ -13,7 +13,7 @@ from npusim.isa.interpret import Gm, run_kernel
 from npusim.isa.program import Copy, CoreType, GmTensor, Kernel, Mem, Pipe, Program, Scalar, SetFlag, VecOp, \
     WaitFlag, shift
 from npusim.isa.values import decode, encode
-from npusim.ops import matmul_program, rowwise, swiglu_tiles
+from npusim.ops import layout, lower, matmul_program, rowwise, swiglu_tiles
 from npusim.ops.attention import flash_cores
 from npusim.passes.validate_kernels import check_op, check_step
 
@@ -50,7 +50,6 @@ def test_the_last_k_slice_moves_whole_fractal_blocks_to_l0a():
     moves 3 blocks of the tile's rows."""
     from npusim.isa.program import Mem
     from npusim.isa.walk import unroll
-    from npusim.ops import lower
 
     low = lower("matmul", dict(m=40, n=80, k=1000, trans_b=True), HW)
     body = low.kernels[-1].program(CoreType.AIC, 0).body
@@ -80,6 +79,37 @@ def test_kv_cache_write_puts_every_token_where_the_reference_does(layout, tokens
     c = check_op("kv_cache_write", dict(batch=2, kv_heads=2, head_dim=64, new_tokens=tokens, context=256,
                                         layers=2, layer=1, position=position, layout=layout), HW)
     assert c.status == "pass" and c.max_abs == 0, c.row()
+
+
+@pytest.mark.parametrize("vocab", [1000, 5000])
+def test_embedding_gathers_every_row_where_the_reference_does(vocab, monkeypatch):
+    """4,100 tokens on a 16 KiB UB: 85 tokens a core in tiles of 14 rows, which the lowering
+    vouches alike (built from three), and with 1,000 rows some cores' tokens wrap around
+    the table (those are built tile by tile)."""
+    vouched = []
+    real = layout.tile_pipeline
+
+    def counting(tiles, direct=False, period=1, alike=0):
+        vouched.append(min(alike, len(tiles)) // 2 >= 3)
+        return real(tiles, direct, period, alike)
+
+    monkeypatch.setattr(layout, "tile_pipeline", counting)
+    hw = load_hw("ascend910b2", {"aiv.ub_bytes": 16384})
+    c = check_op("embedding", dict(tokens=4100, vocab=vocab, hidden=256), hw)
+    assert c.status == "pass" and c.max_abs == 0, c.row()
+    assert any(vouched) and (vocab > 4100 or not all(vouched))
+
+
+def test_kv_cache_tiles_vouched_alike_lower_as_if_each_were_built(monkeypatch):
+    """K3's prefill of 32 x 4096 tokens writes tiles of 64 tokens of one head: a sequence's
+    token run is 16 such tiles, which the lowering builds three of."""
+    params = dict(batch=32, kv_heads=16, head_dim=128, new_tokens=4096, context=4096, layout="contiguous")
+    vouched = lower("kv_cache_write", params, HW).kernels[0]
+    real = layout.tile_pipeline
+    monkeypatch.setattr(layout, "tile_pipeline", lambda tiles, direct=False, period=1, alike=0:
+                        real(tiles, direct, period, 0))
+    built = lower("kv_cache_write", params, HW).kernels[0]
+    assert [p.body for p in vouched.aiv] == [p.body for p in built.aiv]
 
 
 FLASH = dict(batch=2, heads=4, kv_heads=2, head_dim=64, seq_q=64, seq_kv=64, kv_layout="contiguous", layers=2)
