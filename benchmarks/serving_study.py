@@ -61,10 +61,11 @@ def factors(base, opt) -> dict:
     }
 
 
-def run_service(svc, reqs, workload: str, hw: str, tol: float, cards: int, tp: int, router: str) -> dict:
+def run_service(svc, reqs, workload: str, hw: str, tol: float, cards: int, tp: int, router: str,
+                exact: bool = True) -> dict:
     """One service on the load, on `cards` cards of `tp`-card replicas: its metrics (a worker's task)."""
     cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch, tol=tol,
-                    store=open_store(), tp=tp)
+                    store=open_store(), tp=tp, exact=exact)
     m = metrics(serve(reqs, svc, cost, cards, router))
     m.pop("timeline")
     return m
@@ -108,6 +109,8 @@ def main() -> None:
     p.add_argument("--factors", metavar="NAMES", help="the ablation's factors to run, comma-separated (default: "
                    "all; on K3 each factor that changes the passes prices its own prefills, an hour or more); "
                    "the shares are then of the factors run")
+    p.add_argument("--fast-forward", action="store_true",
+                   help="price big steps from a few of their waves, as npusim serve --fast-forward does")
     p.add_argument("--json", metavar="PATH", help="write every service's metrics and the shares as JSON")
     a = p.parse_args()
     ramp = parse_ramp(a.ramp)
@@ -140,7 +143,8 @@ def main() -> None:
     def failed(i: int, why: str) -> None:
         raise SystemExit(f"{names[i]}: {why}")
 
-    run_tasks(run_service, [(runs[n], reqs, a.workload, a.hw, a.tol, a.cards, a.tp, a.router) for n in names],
+    run_tasks(run_service, [(runs[n], reqs, a.workload, a.hw, a.tol, a.cards, a.tp, a.router, not a.fast_forward)
+               for n in names],
               a.jobs, done, failed)
     rows = {n: rows[n] for n in names}
     o, b = rows["seed-optimized"], rows["seed-baseline"]
