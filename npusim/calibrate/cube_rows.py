@@ -127,6 +127,8 @@ def _group_sizes(row: ProfileRow, m: int, groups: int) -> tuple[int, ...]:
         return tuple(o[0] if o else 0 for o in outs)
     found = re.search(r"group_list[^\[]*\[([\d, ]+)\]", row.note)
     if found:
+        if not re.fullmatch(r" *\d+ *(, *\d+ *)*", found[1]):  # "[32,,64]", "[ ]": int('') failed
+            raise Unmappable(f"the note's group_list [{found[1]}]: expected cumulative row counts like [32, 64, 96]")
         ends = [int(v) for v in found[1].split(",")]
         if len(ends) == groups and ends[-1] == m:
             return tuple(e - s for s, e in zip([0, *ends[:-1]], ends))

@@ -27,7 +27,7 @@ from npusim.calibrate.opmap import Mapped, Unmappable
 from npusim.calibrate.profile import MAX_DURATION_US, MIN_DURATION_US, ProfileError
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
-from npusim.hw.parse import input_file
+from npusim.hw.parse import input_file, plain
 from npusim.ops.collectives.hccl_test import ALL_TESTS, DEFAULT_DTYPE, DTYPES, HEADER, TESTS
 
 OPTIONS = ("op", "devices", "dtype")
@@ -205,7 +205,7 @@ def _row(path: Path, line: int, cells: list[str], columns: dict[str, int], names
     def number(key: str, what: str, positive: bool = True) -> float:
         text = cell(key)
         try:
-            value = float(text)
+            value = plain(float, text)  # not '8_192', which float() reads
         except ValueError:
             value = float("nan")
         if not (value > 0 if positive else value >= 0) or value == float("inf"):

@@ -115,11 +115,25 @@ for _op, _read in reversed(list(OPMAP.values())):
     OPMAP[_op] = (_op, _read)
 
 
+# The most kernels one row may sum: each is simulated back to back on every trial config
+# (Mul×64 fits in 3 s; the public rows sum at most 4). "Mul×99999999999" in a note built
+# a list of 10^11 names, and Mul×2000 ran for minutes.
+MAX_ROW_KERNELS = 64
+
+
 def _kernel_list(row: ProfileRow, names: list[str]) -> list[str]:
     """The kernels a "+" row sums, in order: each name of its OP Type as many times as
     the note's kernel list counts it ("kernels: Mul×2 + Add×1 + Exp×1"), once without."""
     counts = dict(re.findall(r"(\w+)×(\d+)", row.note.split("kernels:")[-1])) if "kernels:" in row.note else {}
-    return [name for name in names for _ in range(int(counts.get(name, 1)))]
+    counts = {name: int(counts.get(name, 1)) for name in names}
+    zero = next((name for name, n in counts.items() if n < 1), None)
+    if zero:  # the OP Type names it, the note counts none of it: which is the row?
+        raise Unmappable(f"the note's kernel list counts {zero}×0, but OP Type {row.op_type} names it")
+    total = sum(counts[name] for name in names)
+    if total > MAX_ROW_KERNELS:
+        raise Unmappable(f"{total} kernels in one row (OP Type and the note's kernel list), more than the "
+                         f"{MAX_ROW_KERNELS} a row may sum")
+    return [name for name in names for _ in range(counts[name])]
 
 
 def _parts(row: ProfileRow) -> Parts:
@@ -144,7 +158,7 @@ def map_row(row: ProfileRow) -> Mapped:
     if row.method not in METHODS:
         raise Unmappable(f"timing method '{row.method}' (known: {', '.join(m for m in METHODS if m)})")
     if row.npusim_op:  # npusim's own profile: the op and parameters it names, this row's kernel of it
-        if not row.npusim_kernel.isdigit():
+        if not (row.npusim_kernel.isascii() and row.npusim_kernel.isdigit()):  # '²' is a digit int() refuses
             raise Unmappable(f"column 'npusim Kernel': expected the kernel's index (0, 1, ...), got "
                              f"'{row.npusim_kernel}'")
         if row.step:  # a decoder step's: that kernel as it ran in the step, with what ran beside it

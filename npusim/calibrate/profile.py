@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from npusim.errors import NpusimError
-from npusim.hw.parse import input_file, short
+from npusim.hw.parse import input_file, plain, short
 from npusim.report.tables import STEP_FILE
 
 REQUIRED_COLUMNS = ("Op Name", "OP Type", "Task Type", "Task Duration(us)", "Block Dim", "Input Shapes",
@@ -151,7 +151,7 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
 
     text = cell("Task Duration(us)")
     try:
-        duration = float(text)
+        duration = plain(float, text)  # not '1_2.5' or '１２.５', which float() reads
     except ValueError:
         raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a number, got '{text}'") from None
     if not 0 < duration <= MAX_DURATION_US:
@@ -197,7 +197,7 @@ def parse_shapes(text: str, where: str) -> tuple[tuple[int, ...], ...]:
     for part in text.split(";"):
         dims = [d.strip() for d in part.split(",") if d.strip()]
         try:
-            shape = tuple(int(d) for d in dims)
+            shape = tuple(plain(int, d) for d in dims)
         except ValueError:
             raise ProfileError(f"{where}: expected shapes like '8,4096;4096,4096', got '{text}'") from None
         if any(d < 0 for d in shape):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from npusim.calibrate.profile import ProfileRow
 from npusim.calibrate.row_fields import Parts, Reader, Unmappable, dtype_of, format_of, rows_cols, shape_of
+from npusim.hw.parse import plain
 
 
 def read_rowwise(row: ProfileRow) -> dict:
@@ -64,17 +65,40 @@ def read_maximum(row: ProfileRow) -> dict:
     return dict(shape=shape_of(row, 0), shape2=shape_of(row, 1), dtype=dtype_of(row.input_dtypes, 0, row))
 
 
-def _attrs(row: ProfileRow) -> dict[str, float]:
-    """The call's numeric attributes as the note lists them: "attrs {base: -1.0, scale: 2.0}"."""
+def _attrs(row: ProfileRow) -> dict[str, str]:
+    """The call's attributes as the note lists them: "attrs {base: -1.0, scale: 2.0}"
+    -> {"base": "-1.0", "scale": "2.0"} ("attrs {}": none)."""
     found = re.search(r"attrs \{([^}]*)\}", row.note)
     if not found:
         return {}
-    return {k.strip(): float(v) for k, v in (kv.split(":") for kv in found[1].split(","))}
+    out = {}
+    for item in (x for x in found[1].split(",") if x.strip()):
+        key, colon, value = item.partition(":")
+        if not colon:
+            raise Unmappable(f"the note's attrs {{{found[1]}}}: expected 'name: value' pairs, got '{item.strip()}'")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _number_attrs(row: ProfileRow, names: tuple[str, ...]) -> dict[str, float]:
+    """The note's attributes of `names` as finite numbers."""
+    out = {}
+    for key, text in _attrs(row).items():
+        if key not in names:
+            continue
+        try:
+            value = plain(float, text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise Unmappable(f"the note's attribute '{key}': expected a finite number, got '{text}'")
+        out[key] = value
+    return out
 
 
 def read_exp(row: ProfileRow) -> dict:
     """Exp: y = base^(scale * x + shift), CANN's attributes (e, 1, 0 unless the note gives them)."""
-    keep = {k: v for k, v in _attrs(row).items() if k in ("base", "scale", "shift")}
+    keep = _number_attrs(row, ("base", "scale", "shift"))
     return dict(shape=shape_of(row, 0), dtype=dtype_of(row.input_dtypes, 0, row)) | keep
 
 

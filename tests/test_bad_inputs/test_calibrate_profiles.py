@@ -25,6 +25,10 @@ GOOD = 'mm,MatMulV2,AI_CORE,12.5,24,"8,512;512,256",FLOAT16;FLOAT16,ND;ND,"8,256
     (HEADER + "\n" + GOOD.replace('"8,512;', '"8,x512;'), r"op\.csv: row 2, column 'Input Shapes': expected shapes"),
     (HEADER + "\n" + GOOD.replace('"8,256"', '"8,-1"'), r"op\.csv: row 2, column 'Output Shapes': negative dimension"),
     (HEADER + "\n", r"op\.csv: empty profile"),
+    # float() and int() read '1_2.5' as 12.5 and '5_12' as 512: fitted as if measured so
+    (HEADER + "\n" + GOOD.replace("12.5", "1_2.5"), r"op\.csv: row 2, column 'Task Duration\(us\)': expected a number, "
+                                                    r"got '1_2\.5'$"),
+    (HEADER + "\n" + GOOD.replace("8,512;512", "8,5_12;5_12"), r"op\.csv: row 2, column 'Input Shapes': expected shapes"),
     ("", r"op\.csv: row 1: not an msprof op_summary CSV"),
     (HEADER + "\n" + GOOD.replace("MatMulV2", "Conv2D") + "\n" + GOOD.replace("AI_CORE", "AI_CPU"),
      r"op\.csv: none of its 2 rows maps to an npusim op .*row 2, column 'OP Type'"),
@@ -33,6 +37,40 @@ def test_bad_profile(text, expect, tmp_path, capsys):
     (tmp_path / "op.csv").write_text(text)
     out = tmp_path / "my.yaml"
     fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys, expect, outputs=[out])
+
+
+NOTED = HEADER + ",Output Formats,Method,Note,npusim Op,npusim Params,npusim Kernel"
+
+
+def _noted(op_type: str, shapes: str, note: str, kernel: str = "", op: str = "", out: str = "1024,1024") -> str:
+    n = shapes.count(";") + 1
+    return (f'x,{op_type},AI_CORE,10.5,,"{shapes}",{";".join(["FLOAT16"] * n)},{";".join(["ND"] * n)},"{out}",'
+            f'FLOAT16,ND,,"{note}",{op},,{kernel}')
+
+
+@pytest.mark.parametrize("row, expect", [
+    # the note's attributes, group list and kernel counts: a ValueError's traceback
+    (_noted("Exp", "1024,1024", "attrs {base: abc}"), r"the note's attribute 'base': expected a finite number, got 'abc'"),
+    (_noted("Exp", "1024,1024", "attrs {base}"), r"the note's attrs \{base\}: expected 'name: value' pairs, got 'base'"),
+    (_noted("Exp", "1024,1024", "attrs {scale: inf}"), r"the note's attribute 'scale': expected a finite number"),
+    (_noted("GroupedMatmul", "128,256;4,256,512;4,512", "group_list (cumulative) [32,,96, 128]",
+            out="128,512"),
+     r"the note's group_list \[32,,96, 128\]: expected cumulative row counts"),
+    (_noted("Mul+Add", "1024,1024;1024,1024", "kernels: Mul×0 + Add×1"), r"the note's kernel list counts Mul×0"),
+    # a list of 10^11 names (memory, then forever); 2,000 kernels ran for minutes
+    (_noted("Mul+Add", "1024,1024;1024,1024", "kernels: Mul×99999999999 + Add×1"),
+     r"100000000000 kernels in one row .* more than the 64 a row may sum"),
+    # '²'.isdigit() is True, int('²') a ValueError
+    (_noted("MatMulV2", "8,512;512,256", "", kernel="²", op="matmul"),
+     r"column 'npusim Kernel': expected the kernel's index \(0, 1, \.\.\.\), got '²'"),
+])
+def test_a_bad_note_or_kernel_column(row, expect, tmp_path, capsys):
+    """A row's note (attributes, group list, kernel counts) and npusim Kernel column:
+    one line naming the row's problem, within seconds, nothing written."""
+    (tmp_path / "op.csv").write_text(NOTED + "\n" + row + "\n", encoding="utf-8")
+    out = tmp_path / "my.yaml"
+    fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys,
+                  r"op\.csv: none of its 1 rows maps to an npusim op \(.*" + expect, outputs=[out])
 
 
 def test_a_tab_separated_profile_is_named_in_one_short_line(tmp_path, capsys):
@@ -97,6 +135,7 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (COMMAND + TABLE + ROW.replace("9.94 ", "1e-9 "), [], r"row 3, column 'aveg_time\(us\)': expected a time from .* "
                                                          r"got '1e-9'$"),
     (COMMAND + TABLE + "8192 | 9.94\n", [], r"ar\.txt: row 3, column 'alg_bandwidth\(GB/s\)': missing"),
+    (COMMAND + TABLE + ROW.replace("9.94 ", "9_94 "), [], r"row 3, column 'aveg_time\(us\)'.*got '9_94'$"),
     (COMMAND + TABLE + ROW.replace("0.76724 ", "fast    "), [],
      r"row 3, column 'alg_bandwidth\(GB/s\)': expected a bandwidth >= 0, got 'fast'"),
     (TABLE + ROW, [], r"ar\.txt: row 1: no command line above the table .* give op= after the file"),
