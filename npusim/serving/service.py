@@ -144,9 +144,18 @@ class Slo:
                                   None, _opt(_slo_ms))
 
 
+def _plain_name(inst, attr, value):
+    """A name that can be part of a file name: --compare writes --csv r-NAME.csv and
+    --plot DIR/NAME/ ('a/b' was a traceback, '../x' a folder outside DIR)."""
+    if isinstance(value, str) and (value.strip() in ("", ".", "..") or any(c in value for c in "/\\")
+                                   or not value.isprintable()):
+        raise ValueError(f"'{attr.name}' must be a plain name, without '/', '\\' or control characters, and not "
+                         f"empty, '.' or '..' (--compare names its outputs after it): {value!r}")
+
+
 @frozen
 class ServiceConfig:
-    name: str = _f("service name (the file's stem when not given)")
+    name: str = _f("service name (the file's stem when not given)", validator=_plain_name)
     scheduler: SchedulerConfig = _f("batching policy and its knobs")
     passes: str = _f("passes of every step graph, as npusim run --passes (e.g. optimized,buckets)", "optimized")
     buckets: list[int] | None = _f("shape buckets when the buckets pass is on (default 512,1024,2048,4096)", None,

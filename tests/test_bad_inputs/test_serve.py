@@ -5,6 +5,7 @@ answers, hangs or tracebacks are refused at their bounds; outputs are checked
 before the run (not an input, not each other, writable) and written all or none."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,18 @@ def test_a_pass_option_without_its_pass(tmp_path):
                                           r"\(optimized\) does not include"):
         load_service(f)
     assert load_service(f, {"passes": "optimized,buckets"}).margin == 4
+
+
+@pytest.mark.parametrize("name", ["a/b", "../up", "", "..", "a\nb"])
+def test_a_service_name_that_cannot_name_a_file(name, capsys, tmp_path):
+    """--compare names its outputs after the services: a name 'a/b' was a traceback
+    (Path.with_name), '../up' put the --plot folder outside DIR."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(f"name: {json.dumps(name)}\nscheduler: {{kind: continuous}}\n")
+    outs = [tmp_path / "r.csv", tmp_path / "plots"]
+    fails_cleanly([*SERVE, "--rate", "5", "--compare", f, "vllm-continuous", "--csv", outs[0], "--plot", outs[1]],
+                  capsys, r"svc\.yaml: 'name' must be a plain name, without '/'.*: " + re.escape(repr(name)) + "$",
+                  outputs=outs)
 
 
 @pytest.mark.parametrize("rows, expect", [
