@@ -40,6 +40,11 @@ MAX_DURATION_US = 3.6e9
 MIN_DURATION_US = 1e-3
 
 
+# what every step file names (npusim run --profile): without one the step is run again
+# with run_decoder's default for it, not as it ran
+STEP_KEYS = ("workload", "phase", "batch", "context", "passes")
+
+
 class ProfileError(NpusimError):
     """A profile file is missing, not msprof's op_summary, or has a bad value."""
 
@@ -183,6 +188,10 @@ def _check_step(text: str, path: Path) -> None:
     tilings = step.get("tilings", {})
     if not isinstance(tilings, dict) or not all(isinstance(t, dict) for t in tilings.values()):
         raise ProfileError(f"{path}: key 'tilings': expected an object of node name -> tiling fields")
+    missing = [key for key in STEP_KEYS if key not in step]
+    if missing:  # the step would run again with run_decoder's default (batch 1): other kernels, other times
+        raise ProfileError(f"{path}: missing key '{missing[0]}' (npusim run --profile writes the step's "
+                           f"{', '.join(STEP_KEYS)})")
 
 
 def _list(text: str) -> tuple[str, ...]:

@@ -190,6 +190,25 @@ def test_a_broken_step_file(step, expect, tmp_path, capsys):
                   outputs=[tmp_path / "my.yaml"])
 
 
+@pytest.mark.parametrize("key", ["batch", "passes"])
+def test_a_step_file_without_a_key_of_the_step(key, tmp_path, capsys):
+    """Without 'batch' the step ran again at run_decoder's batch 1, without 'passes' on the
+    baseline passes: the fit went on against kernels that never ran (its errors 0.1-0.5%)."""
+    import json
+
+    from npusim.cli import main
+
+    d = tmp_path / "prof"
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--profile", str(d)]) == 0
+    step = json.loads((d / "npusim_step.json").read_text())
+    del step[key]
+    (d / "npusim_step.json").write_text(json.dumps(step))
+    capsys.readouterr()
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+                  rf"npusim_step\.json: missing key '{key}' \(npusim run --profile writes the step's workload, "
+                  r"phase, batch, context, passes\)$", outputs=[tmp_path / "my.yaml"])
+
+
 # ---- outputs (issue 35): never onto --hw's file or its base chain, checked before the fit, all or none
 
 HCCL = COMMAND + TABLE + ROW + ROW.replace("8192 ", "16384").replace("9.94 ", "10.94")
