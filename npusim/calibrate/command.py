@@ -141,5 +141,7 @@ def _hccl_input(words: list[str]) -> tuple[str, dict[str, str]]:
         if not eq or not key or not value:
             raise ConfigError(f"--hccl {path}: expected KEY=VALUE after the file (op=all_reduce devices=8), "
                               f"got '{word}'")
+        if key in options:  # devices=8 devices=4: the last was taken silently
+            raise ConfigError(f"--hccl {path}: {key}= given twice ({key}={options[key]}, {word})")
         options[key] = value
     return path, options

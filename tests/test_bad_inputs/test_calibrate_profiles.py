@@ -142,6 +142,7 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (TABLE + ROW, ["op=all_reduce"], r"ar\.txt: row 1: .* give devices= after the file"),
     (COMMAND + TABLE + ROW, ["devices=16"], r"ar\.txt: row 2: its command line says devices 8, --hccl devices= says 16"),
     (COMMAND + TABLE + ROW, ["ranks=8"], r"--hccl .*ar\.txt: unknown option 'ranks' \(expected op=, devices=, dtype=\)"),
+    (COMMAND + TABLE + ROW, ["devices=8", "devices=4"], r"--hccl .*ar\.txt: devices= given twice \(devices=8, devices=4\)$"),
     (COMMAND + TABLE + ROW, ["devices8"], r"--hccl .*ar\.txt: expected KEY=VALUE after the file .* got 'devices8'"),
     (TABLE + ROW, ["op=broadcast", "devices=8"], r"op=broadcast: expected one of all_reduce, "),
     (TABLE + ROW, ["op=all_reduce", "devices=1"], r"devices=1: expected an integer of 2 or more"),
