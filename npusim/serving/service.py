@@ -251,6 +251,10 @@ def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] |
     raw = read_yaml(path)
     raw.setdefault("name", path.stem)
     where = str(path)
+    for dotted in overrides or {}:  # scheduler.max_batch=4 then scheduler={kind: static}: the 4 was dropped silently
+        outer = next((o for o in overrides if dotted.startswith(o + ".")), None)
+        if outer is not None:  # as --set refuses it (hw.load.dotted_to_nested), in either order
+            raise ConfigError(f"--service-set {dotted}: '{outer}' is set twice (by --service-set {outer} too)")
     for dotted, value in (overrides or {}).items():
         if isinstance(value, str):
             value = parse_yaml(value, f"--service-set {dotted}")

@@ -53,6 +53,11 @@ def no_temporary_files(folder: Path) -> None:
     (["--rate", "5", "--service-set", "host.tokenize_us=.inf"],
      r"key 'host': 'tokenize_us' must be from 0 to 1e\+07 us"),
     (["--rate", "5", "--service-set", "host.pool_threads=100000000000"], r"'pool_threads' must be from 1 to 4096"),
+    # the section replaced whole: max_batch 4 dropped without a word (and kept the other way round)
+    *[(["--rate", "5", *sets], r"--service-set scheduler\.max_batch: 'scheduler' is set twice \(by --service-set "
+                               r"scheduler too\)$")
+      for sets in (["--service-set", "scheduler.max_batch=4", "--service-set", "scheduler={kind: static}"],
+                   ["--service-set", "scheduler={kind: static}", "--service-set", "scheduler.max_batch=4"])],
     # a batch a step's graph may have, but minutes of pricing before the first request (was not done in 5 minutes)
     (["--rate", "5", "--service-set", "scheduler.max_batch=65536"],
      r"'max_batch' must be from 1 to 1024 sequences \(the most a service's steps are priced at\): 65536$"),
