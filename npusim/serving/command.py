@@ -78,7 +78,8 @@ def load_service_args(name: str, args) -> ServiceConfig:
 
     svc = load_service(name, parse_set_args(args.service_set, "--service-set"))
     if args.slo:
-        svc = attrs.evolve(svc, slo=parse_slo(args.slo, svc.slo))
+        # each --slo's keys: the last --slo alone was kept, the SLOs of the others dropped silently
+        svc = attrs.evolve(svc, slo=parse_slo(",".join(args.slo), svc.slo))
     return svc
 
 
@@ -323,8 +324,8 @@ def add_arguments(p) -> None:
                    "rejected and counted)")
     p.add_argument("--output-lengths", default="fixed:64", metavar="SPEC", help="as --prompt-lengths")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic load (a whole number >= 0)")
-    p.add_argument("--slo", metavar="KEY=MS,...", help="SLOs (ttft_ms, tpot_ms, e2e_ms, timeout_ms) over the "
-                   "service's")
+    p.add_argument("--slo", metavar="KEY=MS,...", action="append", help="SLOs (ttft_ms, tpot_ms, e2e_ms, timeout_ms) "
+                   "over the service's (may be given more than once: --slo ttft_ms=50 --slo tpot_ms=10)")
     p.add_argument("--max-rate", action="store_true", help="find the highest Poisson rate meeting the SLOs by "
                    "bisection (starting from --rate)")
     p.add_argument("--pd", metavar="P:D", help="prefill/decode disaggregation: P cards of prefill instances and D of "

@@ -226,6 +226,17 @@ def test_serve_max_rate_writes_its_json(capsys, tmp_path):
     assert m["max_rate_requests_per_s"] > 0 and any(not p["sustained"] for p in m["probes"])  # bracketed
 
 
+def test_every_slo_flag_is_kept(capsys, tmp_path):
+    """--slo ttft_ms=1 --slo tpot_ms=5: argparse kept the last, and goodput was counted
+    against the service's TTFT limit (2 s), not the 1 ms given; a key in two is refused."""
+    out = tmp_path / "s.json"
+    assert main([*SERVE, "--rate", "5", "--slo", "ttft_ms=1", "--slo", "tpot_ms=5", "--json", str(out)]) == 0
+    slo = json.loads(out.read_text())["slo"]
+    assert (slo["ttft_ms"], slo["tpot_ms"]) == (1.0, 5.0)
+    fails_cleanly([*SERVE, "--rate", "5", "--slo", "ttft_ms=1", "--slo", "e2e_ms=9,ttft_ms=2"], capsys,
+                  r"--slo ttft_ms: given twice$")
+
+
 def test_serve_max_rate_an_slo_no_load_meets_writes_nothing(capsys, tmp_path):
     """Unloaded, seed-optimized's TTFT is hundreds of ms: an SLO of 30 ms is one line, and no JSON."""
     out = tmp_path / "m.json"
