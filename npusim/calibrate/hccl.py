@@ -106,7 +106,8 @@ def _command(line: str) -> _Setup | None:
 
 
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
+    # not '²': isdigit() says yes, int() raises (a traceback on `mpirun -n ²` or devices=²)
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
 def _options(path: Path, options: Mapping[str, str]) -> _Setup:

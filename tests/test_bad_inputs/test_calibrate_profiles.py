@@ -146,6 +146,10 @@ ROW = "8192              | 9.94           | 0.76724              | NULL\n"
     (COMMAND + TABLE + ROW, ["devices8"], r"--hccl .*ar\.txt: expected KEY=VALUE after the file .* got 'devices8'"),
     (TABLE + ROW, ["op=broadcast", "devices=8"], r"op=broadcast: expected one of all_reduce, "),
     (TABLE + ROW, ["op=all_reduce", "devices=1"], r"devices=1: expected an integer of 2 or more"),
+    # '²'.isdigit() is True, int('²') a ValueError: a traceback
+    (TABLE + ROW, ["op=all_reduce", "devices=²"], r"devices=²: expected an integer of 2 or more"),
+    (COMMAND.replace("-n 8", "-n ²") + TABLE + ROW, [], r"ar\.txt: row 2: no command line above the table says which "
+                                                        r"test ran on how many ranks .* give devices= after the file"),
     # a garbled size: the row was skipped as a note ("no rows under the hccl_test header"), or 81.5 read as 81
     *[(COMMAND + TABLE + ROW.replace("8192 ", size), [],
        rf"ar\.txt: row 3, column 'data_size\(Bytes\)': expected a whole number of bytes > 0, got '{size.strip()}'$")
