@@ -469,3 +469,15 @@ def test_a_cache_folder_others_can_write_is_refused(tmp_path, capsys, monkeypatc
     assert str(folder) in warning and "uncached" in warning
     assert ("not you" if how == "another owner" else "chmod go-w") in warning
     assert sorted(os.listdir(folder)) == ["d" * 64 + ".entry"]  # nothing written
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "lots", "1_000", "１０００"])
+def test_a_bad_cache_size_is_one_line(text, tmp_path, monkeypatch):
+    """NPUSIM_CACHE_MAX_BYTES=1_000 (or full-width digits) was read by int() as 1000: a
+    size spelt so is a slip, refused as a flag's number is."""
+    from npusim.outputs import OutputError
+
+    monkeypatch.setenv("NPUSIM_CACHE_MAX_BYTES", text)
+    with pytest.raises(OutputError, match=rf"^NPUSIM_CACHE_MAX_BYTES: expected a positive integer \(bytes\), "
+                                          rf"got '{text}'$"):
+        DiskCache(tmp_path / "c")

@@ -50,6 +50,7 @@ from typing import Any
 
 import attrs
 
+from npusim.hw.parse import plain
 from npusim.outputs import OutputError, atomic_write, err
 
 MAGIC = b"NPUSIM-CACHE"
@@ -63,7 +64,7 @@ _MAX_HEADER = 4096
 
 def _parse_size(text: str) -> int:
     try:
-        value = int(text)
+        value = plain(int, text.strip())  # not '1_000' or '１０００', which int() reads
     except ValueError:
         value = -1
     if value < 1:
