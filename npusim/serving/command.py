@@ -38,6 +38,7 @@ from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 
 # --cv not given: gamma gaps with cv 1 are exponential ones, a Poisson process's variability.
 DEFAULT_CV = 1.0
+DEFAULT_LENGTHS = {"--prompt-lengths": "mix", "--output-lengths": "fixed:64"}  # of a synthetic load
 PLOT_NAMES = ("latency_cdf.png", "latency_cdf.svg", "batch_kv.png", "batch_kv.svg")  # what --plot DIR holds
 
 
@@ -116,6 +117,11 @@ def compare_table(a: dict, b: dict, labels: tuple[str, str] | None = None) -> st
 
 def check_args(args) -> None:
     """The command line's numbers and combinations, before anything is loaded."""
+    for flag, default in DEFAULT_LENGTHS.items():
+        name = flag[2:].replace("-", "_")
+        if args.trace_file and getattr(args, name) is not None:  # the trace's lengths were served, these not
+            raise ConfigError(f"{flag}: not used by --trace-file, whose requests give their own lengths (leave it out)")
+        setattr(args, name, getattr(args, name) or default)
     if args.requests is not None:
         check_requests(args.requests)
     check_seed(args.seed)
@@ -318,11 +324,12 @@ def add_arguments(p) -> None:
                    "prompt_tokens, output_tokens")
     p.add_argument("--requests", type=int, help=f"requests to simulate, at most {MAX_REQUESTS} (default 1000; a "
                    "trace: its first N)")
-    p.add_argument("--prompt-lengths", default="mix", metavar="SPEC", help="fixed:N, uniform:A,B, "
+    p.add_argument("--prompt-lengths", metavar="SPEC", help="fixed:N, uniform:A,B, "
                    "lognormal:MEDIAN,SIGMA, mix (the seeds' 10%% < 128, 60%% 128-1024, 30%% > 1024) or file:PATH; "
                    f"whole token counts from 1 to {MAX_TOKENS} (a request longer than the workload's context is "
-                   "rejected and counted)")
-    p.add_argument("--output-lengths", default="fixed:64", metavar="SPEC", help="as --prompt-lengths")
+                   f"rejected and counted); default {DEFAULT_LENGTHS['--prompt-lengths']}")
+    p.add_argument("--output-lengths", metavar="SPEC", help="as --prompt-lengths; default "
+                   f"{DEFAULT_LENGTHS['--output-lengths']}")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic load (a whole number >= 0)")
     p.add_argument("--slo", metavar="KEY=MS,...", action="append", help="SLOs (ttft_ms, tpot_ms, e2e_ms, timeout_ms) "
                    "over the service's (may be given more than once: --slo ttft_ms=50 --slo tpot_ms=10)")

@@ -136,6 +136,18 @@ def test_serve_bad_trace_file(rows, expect, capsys, tmp_path):
     assert str(f) in err
 
 
+@pytest.mark.parametrize("flag", ["--prompt-lengths", "--output-lengths"])
+def test_lengths_beside_a_trace_file(flag, capsys, tmp_path):
+    """The trace's own lengths were served and --prompt-lengths fixed:300 ignored without
+    a word (as --rate beside a trace is refused)."""
+    f = tmp_path / "trace.csv"
+    f.write_text(HEADER + "0,10,4\n")
+    out = tmp_path / "o.json"
+    fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", f, flag, "fixed:300", "--json", out],
+                  capsys, rf"^npusim: error: {flag}: not used by --trace-file, whose requests give their own lengths",
+                  outputs=[out])
+
+
 def test_serve_too_long_request_is_rejected_and_counted(capsys, tmp_path):
     """k3-tiny's context is 512 tokens: a 600-token prompt is rejected, the run goes on."""
     f = tmp_path / "trace.csv"
