@@ -306,6 +306,7 @@ def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = (),
     plotted = {f"--plot ({name})": os.path.join(folders["--plot"], name) for name in plots} if folders["--plot"] else {}
     check_paths(files | plotted, inputs(args), folders)
     check_writable(files, folders)
+    check_writable(plotted)  # a folder in a plot's place: the run, then an error without the flag
 
 
 __all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs",

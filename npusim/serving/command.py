@@ -245,6 +245,7 @@ def main(args) -> int:
                           f"(give two different ones)")
     check_paths(files | plot_files(folders), inputs_of(args, names), folders)
     check_writable(files, folders)
+    check_writable(plot_files(folders))  # a folder in a plot's place failed after the run, without the flag
     from npusim.progress import pricing_progress
 
     with pricing_progress("serve", args.progress) as bar:

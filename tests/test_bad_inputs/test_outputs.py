@@ -313,6 +313,8 @@ BEFORE_RUNNING = [  # (argv, the message's start after "npusim: error: ")
     ([*RUN, "--trace", "{d}/a_file/t.json"], "--trace {d}/a_file/t.json: cannot be written: Not a directory"),
     ([*RUN, "--profile", "/proc/x/p"], f"--profile (op_summary.csv) /proc/x/p/op_summary.csv: {PROC}"),
     ([*RUN, "--plot", "/proc/x/p"], f"--plot /proc/x/p: {PROC}"),
+    # a folder in a plot's place: the run, then the error without the flag
+    ([*RUN, "--plot", "{d}/plots"], "--plot (timeline.svg) {d}/plots/timeline.svg: is a directory"),
     ([*RUN, "--pp", "2", "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
     ([*OP, "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
     ([*OP, "--plot", "{d}/a_file/p"], "--plot {d}/a_file/p: cannot be written: Not a directory"),
@@ -334,6 +336,7 @@ def test_an_unwritable_output_is_refused_before_anything_runs(argv, message, cac
     """`npusim run --json /proc/x/y.json` (and every other command's outputs): one line
     naming the flag, before anything is simulated, whether the cache is on or off."""
     (tmp_path / "a_file").write_text("x")
+    (tmp_path / "plots" / "timeline.svg").mkdir(parents=True)
     _no_simulation(monkeypatch)
     argv = [a.format(d=tmp_path) for a in argv]
     argv += ["--no-cache"] if cache == "--no-cache" else ["--cache-dir", tmp_path / "cache"]

@@ -203,6 +203,19 @@ def test_serve_outputs_checked_before_the_run(argv, expect, capsys, tmp_path, mo
     assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_folder_in_a_plots_place_is_refused_before_the_run(capsys, tmp_path, monkeypatch):
+    """--plot DIR with a folder DIR/latency_cdf.svg: the whole run, then "DIR/latency_cdf.svg:
+    is a directory" without the flag; now refused before any step is priced."""
+    (tmp_path / "p" / "latency_cdf.svg").mkdir(parents=True)
+    priced = []
+    monkeypatch.setattr("npusim.serving.command.serve", lambda *a: priced.append(a))
+    out = tmp_path / "o.json"
+    fails_cleanly([*SERVE, "--rate", "5", "--plot", tmp_path / "p", "--json", out], capsys,
+                  r"^npusim: error: --plot \(latency_cdf\.svg\) .*p/latency_cdf\.svg: is a directory \(expected a "
+                  r"file path\)$", outputs=[out])
+    assert not priced
+
+
 def test_serve_plot_names_are_the_files_checked(tmp_path):
     """The files checked before the run against the other outputs are those --plot writes."""
     from npusim.serving.command import PLOT_NAMES
