@@ -18,8 +18,9 @@ PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (re
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--profile", metavar="DIR_OR_CSV",
-                   help="msprof's op_summary CSV, or a folder searched for op_summary*.csv")
+    p.add_argument("--profile", metavar="DIR_OR_CSV", action="append",
+                   help="msprof's op_summary CSV, or a folder searched for op_summary*.csv (once: a folder "
+                        "holds several)")
     p.add_argument("--hccl", nargs="+", action="append", metavar=("FILE", "KEY=VALUE"),
                    help="hccl_test's output (all_reduce_test, all_gather_test, reduce_scatter_test, alltoall_test), "
                         "fitted with --profile's rows or alone; repeat for more files. The test and the ranks come "
@@ -39,6 +40,10 @@ def main(args) -> int:
     from npusim.calibrate.session import calibrate
     from npusim.calibrate.write import write_config
 
+    if args.profile and len(args.profile) > 1:  # argparse kept the last: the others' rows were left out silently
+        raise ConfigError(f"--profile given {len(args.profile)} times ({', '.join(args.profile)}): give it once, a "
+                          f"CSV or a folder holding every op_summary*.csv to fit")
+    args.profile = args.profile[0] if args.profile else None
     if args.folds < 2:
         raise ConfigError(f"--folds: expected 2 or more, got {args.folds}")
     fields = _fields(args.fields)

@@ -105,10 +105,13 @@ def test_a_binary_file(tmp_path, capsys):
                                   r"sync, topology: aic\.mmad_startup_cycles, [^)]*, \.\.\.\)$"),
     (["--folds", "1"], r"--folds: expected 2 or more"),
     (["--out", "my.json"], r"--out my\.json: expected a \.yaml path"),
+    # argparse kept the last --profile: op.csv's rows were left out of the fit without a word
+    (["--profile", "op2.csv"], r"--profile given 2 times \(op\.csv, op2\.csv\): give it once, a CSV or a folder"),
 ])
 def test_bad_arguments(argv, expect, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "op.csv").write_text(HEADER + "\n" + GOOD + "\n")
+    (tmp_path / "op2.csv").write_text(HEADER + "\n" + GOOD + "\n")
     args = ["calibrate", "--profile", "op.csv", "--out", "my.yaml", *argv]
     fails_cleanly(args, capsys, expect, outputs=[tmp_path / "my.yaml"])
 
