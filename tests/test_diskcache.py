@@ -481,3 +481,19 @@ def test_a_bad_cache_size_is_one_line(text, tmp_path, monkeypatch):
     with pytest.raises(OutputError, match=rf"^NPUSIM_CACHE_MAX_BYTES: expected a positive integer \(bytes\), "
                                           rf"got '{text}'$"):
         DiskCache(tmp_path / "c")
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("file", "a file, not a folder"),
+    ("file/sub", "{d}/file is a file, not a folder"),
+    ("dangling", "a link to {d}/nowhere/x, which does not exist"),
+])
+def test_a_cache_folder_that_is_no_folder_says_why(where, reason, tmp_path, capsys):
+    """A file or a link to nothing in the folder's place: the warning said "(File exists)"."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    store = DiskCache(tmp_path / where)
+    assert store.get("f" * 64) is None and not store.enabled
+    warning = capsys.readouterr().err.strip()
+    assert warning == f"npusim: warning: cache {tmp_path / where} not used ({reason.format(d=tmp_path)}); running " \
+                      f"uncached"

@@ -62,6 +62,19 @@ _WARNED: set[Path] = set()  # folders this process has warned about
 _MAX_HEADER = 4096
 
 
+def _folder_reason(path: Path, e: OSError) -> str:
+    """Why the cache folder cannot be used, in words ("File exists" said nothing of a
+    file, or a link to nothing, in the folder's place)."""
+    if path.is_symlink() and not path.exists():
+        return f"a link to {os.readlink(path)}, which does not exist"
+    if path.exists() and not path.is_dir():
+        return "a file, not a folder"
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"{above} is a file, not a folder"
+    return e.strerror or type(e).__name__
+
+
 def _parse_size(text: str) -> int:
     try:
         value = plain(int, text.strip())  # not '1_000' or '１０００', which int() reads
@@ -201,7 +214,7 @@ class DiskCache:
                 os.unlink(probe)
                 self._checked = True
             except OSError as e:
-                self.disable(e.strerror or type(e).__name__)
+                self.disable(_folder_reason(self.path, e))
         return self.enabled
 
     def disable(self, reason: str) -> None:
