@@ -58,7 +58,7 @@ def test_int8_fractal_is_wider_than_fp16():
 
 
 def test_mmad_fractal_override_changes_cost():
-    hw = load_hw("ascend910b2", overrides={"aic.mmad_fractals.fp16.m0": 32, "aic.mmad_startup_cycles": 0})
+    hw = load_hw("ascend910b2", overrides={"aic.mmad_fractals.fp16.m0": 8, "aic.mmad_startup_cycles": 0})
     r = simulate(aic_kernel(hw, [Mmad(64, 64, 64, "fp16")]), hw)
     _, _, _, start, end, _ = only(r, "AIC0", "M")
     f = hw.aic.mmad_fractals["fp16"]

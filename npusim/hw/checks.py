@@ -36,6 +36,11 @@ REQUIRED_VECTOR_OPS = (
     "reduce_max", "reduce_sum", "relu", "rsqrt", "select", "sort32", "sub", "tanh",
 )
 
+# The flag ids per pipe pair the lowerings use: FlashAttention's cube holds its Q, K, V
+# and P tiles in ping-pong L1 buffers, each pair on its own MTE2 <-> MTE1 ids
+# (npusim/ops/attention/flash_tiling.py: _Q, _K, _V, _P = 0, 2, 4, 6), ids 0 to 7.
+REQUIRED_FLAG_IDS = 8
+
 # Buffers the cube core fills from (or drains into) L1: a tile of any of them must
 # fit in L1, so none may be larger. L0A/L0B/BT/FB are loaded from L1 by MTE1; L0C is
 # drained by FixPipe into L1 (or GM).
@@ -51,6 +56,9 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     from npusim.isa.program import ALIGN_BYTES, Mem  # here: the isa package imports npusim.hw
 
     aic, aiv = hw.aic, hw.aiv
+    if hw.sync.flag_ids < REQUIRED_FLAG_IDS:
+        return "sync.flag_ids", (f"expected a value >= {REQUIRED_FLAG_IDS} (the lowerings use ids 0 to "
+                                 f"{REQUIRED_FLAG_IDS - 1}: FlashAttention's L1 buffer pairs), got {hw.sync.flag_ids}")
     for key in _FED_BY_L1:
         if getattr(aic, key) > aic.l1_bytes:
             return f"aic.{key}", (f"{getattr(aic, key)} is larger than aic.l1_bytes {aic.l1_bytes} "
@@ -62,6 +70,9 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     for mem, (key, n) in sizes.items():
         if n % ALIGN_BYTES[mem]:
             return key, f"expected a multiple of {mem.name}'s {ALIGN_BYTES[mem]}-byte alignment, got {n}"
+    bad = _cube_buffer_too_small(hw)
+    if bad:
+        return bad
     for key, n in (("l2.line_bytes", hw.l2.line_bytes), ("dma.burst_bytes", hw.dma.burst_bytes),
                    ("aiv.vector_repeat_bytes", aiv.vector_repeat_bytes)):
         if not _power_of_two(n):
@@ -89,9 +100,67 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
             if n > most:
                 return f"aic.mmad_fractals.{dtype}.{dim}", (f"{n} is larger than the {most} the largest tile has "
                                                             "(a tile is whole fractals)")
+    bad = _fractal_off_the_grid(aic.mmad_fractals)
+    if bad:
+        return bad
     for op in REQUIRED_VECTOR_OPS:
         if op not in aiv.vector_cycles_per_repeat:
             return f"aiv.vector_cycles_per_repeat.{op}", "missing (a lowering issues this vector op)"
+    return None
+
+
+# The rows and columns of the cube's data layout: L1, L0A and L0B hold 16 x 16 fractal
+# blocks, and the matmul lowerings cut tiles and move L1 -> L0 copies in whole ones
+# (npusim/ops/matmul_program.py; balanced_base_m rounds base_m to 16 rows).
+LAYOUT_BLOCK = 16
+
+
+def _fractal_off_the_grid(fractals: dict) -> tuple[str, str] | None:
+    """The first fractal dimension the lowerings' tiles cannot be cut in: m0 must divide
+    the 16-row blocks tiles are rounded to, n0 be whole 16-column blocks (a tile is whole
+    fractals and L0B is filled in 16-column blocks), k0 divide the base_k slice of
+    SLICE_BYTES the choosers take (as powers of two: tile sizes are)."""
+    from npusim.isa.program import DTYPE_BYTES  # here: the isa package imports npusim.hw
+    from npusim.ops.matmul import CUBE_DTYPES, MAX_BASE_N, SLICE_BYTES  # here: the ops package imports npusim.hw
+
+    for dtype, f in fractals.items():
+        key = f"aic.mmad_fractals.{dtype}"
+        if dtype not in CUBE_DTYPES:
+            return key, f"unknown dtype (expected one of {', '.join(CUBE_DTYPES)})"
+        if not _power_of_two(f.m0) or f.m0 > LAYOUT_BLOCK:
+            return f"{key}.m0", (f"expected a power of two <= {LAYOUT_BLOCK} (tiles are cut in {LAYOUT_BLOCK}-row "
+                                 f"blocks), got {f.m0}")
+        if f.n0 % LAYOUT_BLOCK or not _power_of_two(f.n0 // LAYOUT_BLOCK):
+            return f"{key}.n0", (f"expected {LAYOUT_BLOCK} x a power of two up to {MAX_BASE_N} (tiles and L0B "
+                                 f"copies are whole {LAYOUT_BLOCK}-column blocks), got {f.n0}")
+        most = SLICE_BYTES // DTYPE_BYTES[dtype]
+        if not _power_of_two(f.k0) or f.k0 > most:
+            return f"{key}.k0", (f"expected a power of two <= {most} (a base_k slice is {SLICE_BYTES} bytes of "
+                                 f"{dtype} deep), got {f.k0}")
+    return None
+
+
+def _cube_buffer_too_small(hw: HwConfig) -> tuple[str, str] | None:
+    """The first cube buffer smaller than the largest matmul tile the tiling choosers cut
+    needs (they pick tiles up to MAX_BASE_M x MAX_BASE_N over base_k slices of SLICE_BYTES
+    and L1 chunks of STEP_K slices, all double-buffered, whatever the buffer sizes)."""
+    from npusim.ops.matmul import MAX_BASE_M, MAX_BASE_N, SLICE_BYTES, STEP_K  # here: the ops package imports npusim.hw
+
+    row = MAX_BASE_N * 4  # an fp32 row of bias (BT) or of per-channel scales (FB)
+    chunk = SLICE_BYTES * STEP_K  # bytes of K in an L1 chunk
+    need = (("aic.l0a_bytes", 2 * MAX_BASE_M * SLICE_BYTES, f"two {MAX_BASE_M}-row slices of A, {SLICE_BYTES} B deep"),
+            ("aic.l0b_bytes", 2 * MAX_BASE_N * SLICE_BYTES,
+             f"two {MAX_BASE_N}-column slices of B, {SLICE_BYTES} B deep"),
+            ("aic.l0c_bytes", MAX_BASE_M * row, f"a {MAX_BASE_M} x {MAX_BASE_N} tile's fp32 accumulators"),
+            ("aic.bt_bytes", row, f"a {MAX_BASE_N}-column tile's fp32 bias"),
+            ("aic.fb_bytes", row, f"a {MAX_BASE_N}-column tile's fp32 scales"),
+            ("aic.l1_bytes", 2 * (MAX_BASE_M + MAX_BASE_N) * chunk + 2 * row,
+             f"two chunks of A and of B, {chunk} B of K each, and the bias and scale rows"))
+    for key, least, what in need:
+        have = getattr(hw.aic, key.partition(".")[2])
+        if have < least:
+            return key, (f"expected a value >= {least} (the largest matmul tile the tiling choosers cut needs "
+                         f"{what}), got {have}")
     return None
 
 

@@ -13,9 +13,9 @@ import attrs
 import pytest
 from cli_check import fails_cleanly, one_line_error
 
-from npusim.errors import ConfigError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import load_hw
-from npusim.hw.checks import REQUIRED_VECTOR_OPS, inconsistency
+from npusim.hw.checks import REQUIRED_FLAG_IDS, REQUIRED_VECTOR_OPS, inconsistency
 from npusim.hw.load import find_file, parse_set_args
 
 HWCONFIGS = Path(__file__).resolve().parents[2] / "hwconfigs"
@@ -86,6 +86,33 @@ BAD_SETS = {
                                   r"key 'aic.mmad_fractals.fp16.n0': 512 is larger than the 256 the largest tile has"),
     "fractal taller than a tile": (["aic.mmad_fractals.int8.m0=256"],
                                    r"key 'aic.mmad_fractals.int8.m0': 256 is larger than the 128"),
+    # accepted once, then a verify error naming an instruction (or a tiling) deep in a run's lowering
+    "fewer flag ids than the lowerings use": (["sync.flag_ids=7"],
+                                              SET + r"key 'sync.flag_ids': expected a value >= 8 \(the lowerings use "
+                                              r"ids 0 to 7: FlashAttention's L1 buffer pairs\), got 7$"),
+    "fractal one column wide": (["aic.mmad_fractals.fp16.n0=1"],
+                                SET + r"key 'aic.mmad_fractals.fp16.n0': expected 16 x a power of two up to 256 "
+                                r"\(tiles and L0B copies are whole 16-column blocks\), got 1$"),
+    "fractal of 48 columns": (["aic.mmad_fractals.int8.n0=48"], r"key 'aic.mmad_fractals.int8.n0': expected 16 x a"),
+    "fractal of 24 rows": (["aic.mmad_fractals.fp16.m0=24"],
+                           r"key 'aic.mmad_fractals.fp16.m0': expected a power of two <= 16 \(tiles are cut in "
+                           r"16-row blocks\), got 24$"),
+    "fractal of 32 rows": (["aic.mmad_fractals.bf16.m0=32"], r"key 'aic.mmad_fractals.bf16.m0': expected a power"),
+    "fractal 3 deep": (["aic.mmad_fractals.fp16.k0=3"],
+                       r"key 'aic.mmad_fractals.fp16.k0': expected a power of two <= 64 \(a base_k slice is 128 "
+                       r"bytes of fp16 deep\), got 3$"),
+    "fractal deeper than a slice": (["aic.mmad_fractals.fp32.k0=64"],
+                                    r"key 'aic.mmad_fractals.fp32.k0': expected a power of two <= 32 "),
+    "L0C below the largest tile": (["aic.l0c_bytes=65536"],
+                                   SET + r"key 'aic.l0c_bytes': expected a value >= 131072 \(the largest matmul tile "
+                                   r"the tiling choosers cut needs a 128 x 256 tile's fp32 accumulators\), got 65536$"),
+    "L0A below the largest tile": (["aic.l0a_bytes=16384"], r"key 'aic.l0a_bytes': expected a value >= 32768 "),
+    "L0B below the largest tile": (["aic.l0b_bytes=32768"], r"key 'aic.l0b_bytes': expected a value >= 65536 "),
+    "BT below the largest tile": (["aic.bt_bytes=512"], r"key 'aic.bt_bytes': expected a value >= 1024 "),
+    "FB below the largest tile": (["aic.fb_bytes=512"], r"key 'aic.fb_bytes': expected a value >= 1024 "),
+    "L1 below the largest tile": (["aic.l1_bytes=262144"],
+                                  r"key 'aic.l1_bytes': expected a value >= 395264 \(.* two chunks of A and of B, "
+                                  r"512 B of K each, and the bias and scale rows\), got 262144$"),
     # wrong types
     "string for a number": (["chip.freq_hz=fast"], r"key 'chip.freq_hz': expected a number, got 'fast'"),
     "list for a number": (["chip.freq_hz=[1, 2]"], r"key 'chip.freq_hz': expected a number, got \[1, 2\]"),
@@ -137,7 +164,8 @@ def test_bad_set_is_one_clean_error(case, capsys):
 
 @pytest.mark.parametrize("case", ["inf rate", "L2 smaller than a set", "key given twice", "hbm.bw",
                                   "cycles beyond 2^32", "L2 lines beyond the model", "HBM past the L2's tags",
-                                  "a host cost beyond 2^40 cycles"])
+                                  "a host cost beyond 2^40 cycles", "fewer flag ids than the lowerings use",
+                                  "fractal one column wide", "L0C below the largest tile"])
 def test_bad_set_stops_a_run_before_it_writes(case, capsys, tmp_path):
     sets, expect = BAD_SETS[case]
     out = tmp_path / "out.json"
@@ -157,6 +185,14 @@ AT_THE_BOUNDS = {
     "vector cores per cube core": (["chip.aiv_per_aic=64"], False),  # (FlashAttention's kernel is written for 2)
     "host costs": (["runtime.graph_launch_us=610839.79", "runtime.eager_launch_us=610839.79"], True),  # 2^40 cycles
     "32-byte lines": (["l2.line_bytes=32", "dma.burst_bytes=32"], True),
+    # the least the lowerings take (hw/checks.py): flag ids, cube buffers, fractals at each end
+    "flag ids and cube buffers": (["sync.flag_ids=8", "aic.l1_bytes=395264", "aic.l0a_bytes=32768",
+                                   "aic.l0b_bytes=65536", "aic.l0c_bytes=131072", "aic.bt_bytes=1024",
+                                   "aic.fb_bytes=1024"], True),
+    "small fractals": (["aic.mmad_fractals.fp16.m0=1", "aic.mmad_fractals.fp16.n0=16", "aic.mmad_fractals.fp16.k0=1"],
+                       True),
+    "large fractals": (["aic.mmad_fractals.fp16.m0=16", "aic.mmad_fractals.fp16.n0=256",
+                        "aic.mmad_fractals.fp16.k0=64"], True),
 }
 
 
@@ -217,6 +253,9 @@ BAD_FILES = {
                           r"duplicate key 'fp16'"),
     "missing fp16 fractal": (b2_with("    fp16: {m0: 16, n0: 16, k0: 16}\n", ""),
                              r"key 'aic.mmad_fractals.fp16': missing \(the cube peaks"),
+    "unknown fractal dtype": (b2_with("    int8: {", "    fp8: {m0: 16, n0: 32, k0: 32}\n    int8: {"),
+                              r"key 'aic.mmad_fractals.fp8': unknown dtype \(expected one of fp16, bf16, fp32, "
+                              r"int8\)$"),
     "missing vector op": (re.sub(r"\n    exp: [^\n]*", "", B2_TEXT, count=1),
                           r"key 'aiv.vector_cycles_per_repeat.exp': missing \(a lowering issues this vector op\)"),
     "unknown key, suggestion": (b2_with("  aic_count: 24", "  aic_count: 24\n  aiv_count: 48"),
@@ -349,6 +388,29 @@ def test_required_vector_ops_are_what_the_lowerings_use():
     src = "\n".join(p.read_text() for p in Path(npusim.ops.__file__).parent.rglob("*.py"))
     literal = set(re.findall(r"(?:VecOp|vop)\(\s*\"(\w+)\"", src))
     assert literal <= set(REQUIRED_VECTOR_OPS), literal - set(REQUIRED_VECTOR_OPS)
+
+
+def test_required_flag_ids_are_what_the_lowerings_use():
+    """Every op type lowers and verifies with REQUIRED_FLAG_IDS flag ids, and some does not
+    with one fewer (the bound is not above what is needed)."""
+    from npusim.isa import verify
+    from npusim.ops import OPS, lower
+
+    hw = load_hw()
+
+    def failing(flag_ids: int) -> set[str]:
+        hw_ = attrs.evolve(hw, sync=attrs.evolve(hw.sync, flag_ids=flag_ids))
+        out = set()
+        for t in sorted(OPS):
+            try:
+                for k in lower(t, {}, hw_).kernels:
+                    verify(k, hw_)
+            except ProgramError:
+                out.add(t)
+        return out
+
+    assert failing(REQUIRED_FLAG_IDS) == set()
+    assert "flash_attention" in failing(REQUIRED_FLAG_IDS - 1)
 
 
 def test_required_fractal_is_what_derived_figures_quote():
