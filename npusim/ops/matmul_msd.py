@@ -145,6 +145,10 @@ def _vector_program(p, hw: HwConfig, A, factors: int, parts, acc, scale, bias, Y
     # what the factors, the row maximum and the six buffers' alignment leave
     room = hw.aiv.ub_bytes - buf.next.get(Mem.UB, 0) - 8 * UB_BLOCK
     chunk = min(k, room // _PRE_BYTES // MSD_ALIGN * MSD_ALIGN)
+    if chunk < MSD_ALIGN:  # (a ValueError from range() with a step of 0)
+        raise ProgramError(f"op matmul: the multi-scale kernel's quantisation of A needs {MSD_ALIGN * _PRE_BYTES} "
+                           f"bytes of UB beside the {hw.aiv.ub_bytes - room} its other buffers take, more than the "
+                           f"{hw.aiv.ub_bytes} it has")
     pre = {name: buf.alloc(name, Mem.UB, align_up(chunk * size, UB_BLOCK))
            for name, size in (("x", e), ("w", 4), ("t", 4), ("h", 2), ("q1", 1), ("q2", 1))}
     st = buf.alloc("amax", Mem.UB, 2 * UB_BLOCK)

@@ -48,6 +48,10 @@ BAD_OPS = [
     (["decode_attention", "context=1099511627776"],
      r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'k_cache': \d+\), more than"),
     (["flash_attention", "head_dim=2147483648"], r"op flash_attention: tiling does not fit L1"),
+    # a UB that leaves the W8A16 multi-scale kernel no room to quantise A in: range() with a step of 0 (a ValueError)
+    (["matmul", "m=4", "n=256", "k=256", "weight_dtype=int8", "--set", "aiv.ub_bytes=4096"],
+     r"op matmul: the multi-scale kernel's quantisation of A needs 512 bytes of UB beside the 3904 its other buffers "
+     r"take, more than the 4096 it has$"),
     (["decode_attention", "batch=2147483648"],
      r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'q': \d+\), more than hbm.hbm_bytes"),
 ]
