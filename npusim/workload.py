@@ -311,6 +311,13 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
                          ("routing", ROUTINGS)):
         if getattr(w, key) not in allowed:
             return key, f"expected one of {', '.join(allowed)}, got {short(getattr(w, key))}"
+    from npusim.ops.rowwise import rope_head_dim_step  # here: the ops package is not needed to read a workload
+
+    step = rope_head_dim_step(w.dtype)
+    if w.head_dim % step:
+        return "head_dim", (f"expected a multiple of {step} for {w.dtype} (RoPE rotates half heads "
+                            f"of whole 32-byte UB blocks; head_dim defaults to {nm('hidden_size')} / {nm('heads')}), "
+                            f"got {w.head_dim}")
     return _moe_inconsistency(w, nm)
 
 
@@ -327,7 +334,7 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
         # routing and its trace, too: routing=zipf on a dense FFN ran as if not given
         moe = [k for k in (*MOE_LIMITS, "capacity_factor", "first_dense_layers", "routing_trace") if getattr(w, k)]
         moe += ["routing"] if w.routing != "uniform" else []
-        return (moe[0], f"set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
+        return (moe[0], "set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
     for key in ("experts", "experts_per_token", "expert_ffn_size"):
         if getattr(w, key) < 1:
             return key, f"expected a value > 0 for a MoE FFN (mlp: moe), got {short(getattr(w, key))}"

@@ -407,6 +407,12 @@ def lower_softmax(p: SoftmaxParams, hw: HwConfig, gm: GmArena, tiling=None) -> L
                     [TensorInfo("x", p.shape, p.dtype)], [TensorInfo("y", p.shape, p.dtype)])
 
 
+def rope_head_dim_step(dtype: str) -> int:
+    """What rope's head_dim must be a multiple of: each half head a whole number of
+    UB_BLOCK-byte blocks at the dtype it is computed in (bf16 in fp32): fp16 32, bf16 16."""
+    return 2 * UB_BLOCK // (4 if dtype == "bf16" else DTYPE_BYTES[dtype])
+
+
 @register("rope", RopeParams, reference=reference_rope, ins=("x", "cos", "sin"), outs=("y",))
 def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Rotary embedding (rotate-half form): y = x * cos + rotate_half(x) * sin."""
@@ -419,7 +425,7 @@ def lower_rope(p: RopeParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered
     tokens, heads, d = p.shape
     e = DTYPE_BYTES[p.dtype]
     ce = 4 if p.dtype == "bf16" else e
-    if d % 2 or (d // 2 * ce) % UB_BLOCK:
+    if d % rope_head_dim_step(p.dtype):
         raise ProgramError(f"op rope: shape[-1]={d} (head_dim) must make a half head a multiple of "
                            f"{UB_BLOCK} bytes in {'fp32' if ce == 4 else p.dtype} (UB operand alignment)")
     row = heads * d

@@ -62,6 +62,12 @@ BAD_YAML = {
     "MoE experts, HF spelling": (yaml_with("num_experts", "8"), r"unknown key 'num_experts' \(did you mean 'experts'\?\)"),
     "MoE top-k above experts": (yaml_with("mlp", "moe") + "experts: 4\nexperts_per_token: 5\nexpert_ffn_size: 64\n",
                                 r"key 'experts_per_token': top-k 5 is more than the experts 4"),
+    # was refused only once the graph was built: "node 'L0.rope_q': op rope: shape[-1]=48 (head_dim) must make ..."
+    "head_dim 48 in fp16": (yaml_with("head_dim", "48"),
+                            r"key 'head_dim': expected a multiple of 32 for fp16 \(RoPE rotates half heads of whole "
+                            r"32-byte UB blocks; head_dim defaults to hidden_size / heads\), got 48$"),
+    "head_dim 40 in bf16": (yaml_with("head_dim", "40").replace("dtype: fp16", "dtype: bf16"),
+                            r"key 'head_dim': expected a multiple of 16 for bf16 .*, got 40$"),
     "sliding window": (yaml_with("sliding_window", "4096"), r"not supported: sliding_window = 4096 \(sliding-window"),
     "alias bomb": ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
         f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, c in zip("abcdef", "bcdefg")),
@@ -115,6 +121,10 @@ BAD_HF = {
     "huge list": ({"num_hidden_layers": list(range(5000))},
                   r"key 'num_hidden_layers': expected an integer, got \[0, 1, 2, 3, \.\.\.\]$"),
     "missing key": ({"num_hidden_layers": None}, r"missing key 'num_hidden_layers'"),
+    "head_dim 48": ({"head_dim": 48}, r"key 'head_dim': expected a multiple of 32 for fp16 \(RoPE .*\), got 48$"),
+    "head_dim 48 from hidden / heads": ({"hidden_size": 1536, "num_attention_heads": 32, "num_key_value_heads": 8},
+                                        r"key 'head_dim': expected a multiple of 32 for fp16 \(.*; head_dim defaults to "
+                                        r"hidden_size / num_attention_heads\), got 48$"),
 }
 
 
@@ -196,6 +206,17 @@ def test_hf_model_directory_is_a_workload(tmp_path, capsys):
     assert load_workload(d).name == "Tiny-Llama"
     assert main(["run", "--workload", str(d), "--batch", "1", "--context", "16", "--passes", "baseline"]) == 0
     assert "Tiny-Llama decode" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_head_dim_48_in_bf16_runs(tmp_path, capsys, phase):
+    """bf16's RoPE computes in fp32: a half head of 24 elements is 96 bytes, whole UB blocks."""
+    from npusim.cli import main
+
+    d = hf_dir(tmp_path, {"head_dim": 48, "torch_dtype": "bfloat16"})
+    assert main(["run", "--workload", str(d), "--batch", "1", "--context", "16", "--phase", phase,
+                 "--no-cache"]) == 0, capsys.readouterr().err
+    assert "latency" in capsys.readouterr().out
 
 
 def test_a_directory_without_config_json_is_a_clean_error(tmp_path, capsys):
