@@ -85,7 +85,8 @@ class Workload:
     rope_theta: float = _help("RoPE base frequency (rotate-half form)")
     tie_embeddings: bool = _help("the LM head reuses the embedding table (no weight of its own)")
     dtype: str = _help("dtype of weights, activations and KV cache: fp16 or bf16")
-    head_dim: int = _help("elements per head; default hidden_size // heads",
+    head_dim: int = _help("elements per head; default hidden_size // heads (a multiple of 32 in fp16, 16 in bf16: "
+                          "RoPE rotates half heads of whole UB blocks)",
                           default=attrs.Factory(_default_head_dim, takes_self=True))
     qkv_bias: bool = _help("the Q, K and V projections add a bias (Qwen2 does)", default=False)
     norm: str = _help("normalisation: rms_norm (the only one modelled)", default="rms_norm")
