@@ -111,6 +111,12 @@ def _at_most(bound: int, said: str = ""):
 LINE_BYTES_MIN = 32
 
 
+# the most ways per L2 set (l2.ways; the 910B's is 16): the L2 model scans a set's ways on
+# every line a transfer touches (npusim/engine/_l2.c), so a run's time grows with them: a
+# k3-tiny decode step took 1 s at 4096 ways, 38 s at 65536, and a prefill did not end in 60 s
+L2_WAYS_MAX = 4096
+
+
 def _line_min(instance, attribute, value) -> None:
     if not value >= LINE_BYTES_MIN:
         raise ValueError(f"'{attribute.name}' must be >= {LINE_BYTES_MIN}: {short(value)}")
@@ -203,7 +209,8 @@ class L2:
     l2_bytes: int = _pos("capacity of the shared memory-side cache")
     line_bytes: int = field(validator=[_positive, _line_min, _at_most(UNIT_BYTES_MAX)], metadata={"help": (
         f"cache line; hits, misses and write-backs are counted per line ({LINE_BYTES_MIN} to {UNIT_BYTES_MAX})")})
-    ways: int = _pos("associativity: lines per set (LRU within a set)")
+    ways: int = field(validator=[_positive, _at_most(L2_WAYS_MAX)], metadata={"help": (
+        f"associativity: lines per set (LRU within a set; at most {L2_WAYS_MAX})")})
     bw_bytes_per_s: float = _pos("total bandwidth between L2 and all cores")
 
 

@@ -80,6 +80,8 @@ BAD_SETS = {
     "too many cube cores": (["chip.aic_count=4097"], r"key 'chip.aic_count': expected a value <= 4096, got 4097$"),
     "too many vector cores per cube core": (["chip.aiv_per_aic=65"],
                                             r"key 'chip.aiv_per_aic': expected a value <= 64, got 65$"),
+    # each line access scans its set's ways: 65536 took a k3-tiny decode step 38 s (1 s at 16)
+    "too many L2 ways": (["l2.ways=4097"], SET + r"key 'l2.ways': expected a value <= 4096, got 4097$"),
     "line below 32 bytes": (["l2.line_bytes=16", "dma.burst_bytes=16"],
                             r"key 'l2.line_bytes': expected a value >= 32, got 16$"),
     "fractal wider than a tile": (["aic.mmad_fractals.fp16.n0=512"],
@@ -143,7 +145,8 @@ BAD_SETS = {
     "burst above line": (["dma.burst_bytes=1024"], r"key 'l2.line_bytes': 512 is smaller than dma.burst_bytes 1024"),
     "L2 smaller than a line": (["l2.l2_bytes=256"], r"key 'l2.l2_bytes': 256 holds less than one set"),
     "L2 smaller than a set": (["l2.l2_bytes=4096"], r"key 'l2.l2_bytes': 4096 holds less than one set of l2.ways 16"),
-    "too many ways": (["l2.ways=1000000"], r"key 'l2.l2_bytes': .* holds less than one set of l2.ways 1000000"),
+    "too many ways": (["l2.ways=4096", "l2.l2_bytes=1048576"],
+                      r"key 'l2.l2_bytes': .* holds less than one set of l2.ways 4096"),
     # the --set syntax
     "key given twice": (["chip.aic_count=3", "chip.aic_count=4"], r"--set chip.aic_count: given twice \('3' and '4'\)"),
     "section then field": (["chip={aic_count: 3}", "chip.aic_count=4"],
@@ -185,6 +188,7 @@ AT_THE_BOUNDS = {
     "vector cores per cube core": (["chip.aiv_per_aic=64"], False),  # (FlashAttention's kernel is written for 2)
     "host costs": (["runtime.graph_launch_us=610839.79", "runtime.eager_launch_us=610839.79"], True),  # 2^40 cycles
     "32-byte lines": (["l2.line_bytes=32", "dma.burst_bytes=32"], True),
+    "L2 ways": (["l2.ways=4096"], True),
     # the least the lowerings take (hw/checks.py): flag ids, cube buffers, fractals at each end
     "flag ids and cube buffers": (["sync.flag_ids=8", "aic.l1_bytes=395264", "aic.l0a_bytes=32768",
                                    "aic.l0b_bytes=65536", "aic.l0c_bytes=131072", "aic.bt_bytes=1024",
