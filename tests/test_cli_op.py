@@ -111,3 +111,23 @@ def test_text_json_and_csv_give_the_same_figures(params, tmp_path, capsys):
         if stall is not None and len(report["ops"]) == 1:
             assert busy == f"{stall['work'] + stall['data']:.0f}"
             assert f"{float(row[f'{pipe} work(%)']) + float(row[f'{pipe} data(%)']):.0f}" == busy
+
+
+@pytest.mark.parametrize(("op", "value"), [("rms_norm", "shape=1,,2"), ("rms_norm", "shape=8,4096,"),
+                                           ("rms_norm", "shape=,8,4096"), ("rms_norm", "shape=(8,4096"),
+                                           ("rms_norm", "shape=8x"), ("matmul", "n_parts=32,,32")])
+def test_a_tuple_with_an_empty_item_or_an_open_bracket(op, value, capsys):
+    """shape=1,,2 simulated shape (1, 2), and n=64 n_parts=32,,32 the parts (32, 32): the
+    empty item was dropped; now one line naming the parameter."""
+    assert main(["op", op, "n=64", value] if op == "matmul" else ["op", op, value]) == 2
+    name, _, text = value.partition("=")
+    assert capsys.readouterr().err == (f"npusim: error: op {op}: parameter '{name}' expects a tuple of ints "
+                                       f"(e.g. 8,4096), got '{text}'\n")
+
+
+@pytest.mark.parametrize("value", ["8,4096", "8x4096", "[8,4096]", "(8, 4096)", "(64,)"])
+def test_a_tuple_spelt_as_the_help_and_python_do(value):
+    from npusim.ops.registry import _tuple
+
+    assert _tuple(value) == ((64,) if value == "(64,)" else (8, 4096))
+    assert _tuple("()") == _tuple("") == ()

@@ -207,6 +207,22 @@ def spec(op_type: str) -> OpSpec:
     return ops[op_type]
 
 
+def _tuple(text: str) -> tuple[int, ...]:
+    """A tuple of ints as the CLI spells it: 8,4096, 8x4096, [8,4096], (8, 4096), (64,)
+    or () for none. An empty item (1,,2 or a stray comma) or an unbalanced bracket is a
+    ValueError: dropping it would simulate another shape than the one meant."""
+    inner = text.strip()
+    if inner[:1] in "([" and inner:
+        if inner[-1:] != {"(": ")", "[": "]"}[inner[0]]:
+            raise ValueError
+        inner = inner[1:-1].strip()
+        if inner.endswith(",") and "," not in inner[:-1]:  # (64,): Python's one-tuple
+            inner = inner[:-1]
+    if not inner:
+        return ()
+    return tuple(int(x) for x in inner.replace("x", ",").split(","))  # int('') raises
+
+
 def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
     """Parameters from the CLI arrive as strings; convert by the field's default type."""
     kind = type(f.default) if f.default is not None else str
@@ -218,10 +234,11 @@ def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
                 raise ValueError
             return value.lower() in ("true", "1", "yes")
         if kind is tuple:
-            return tuple(int(x) for x in value.replace("x", ",").strip("[]()").split(",") if x.strip())
+            return _tuple(value)
         number = kind(value)
     except ValueError:
-        raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {kind.__name__}, got '{value}'") from None
+        expected = "a tuple of ints (e.g. 8,4096)" if kind is tuple else kind.__name__
+        raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {expected}, got '{value}'") from None
     if kind is float and not math.isfinite(number):  # nan, inf, 1e400: no scalar a kernel takes (nor JSON)
         raise ConfigError(f"op {op_type}: parameter '{f.name}' expects a finite number, got '{value}'")
     return number
