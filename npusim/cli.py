@@ -83,6 +83,9 @@ def _cmd_op(args) -> int:
     if collective:  # printed as hccl_test prints it (--profile: writes)
         from npusim.ops.collectives.command import hccl_test_output, report_json, run_collective_op
 
+        if args.check:  # its kernels wait for their peers' data: no one rank runs on its own
+            raise ConfigError(f"op {args.type} --check: a collective's numerics need its peers; "
+                              "`npusim validate --tp N` checks them in a step")
         for flag, value in (("--trace", args.trace), ("--plot", args.plot)):
             if value:
                 raise ConfigError(f"op {args.type}: {flag} is for kernels; a collective prints hccl_test's table "

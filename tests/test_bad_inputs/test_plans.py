@@ -27,7 +27,7 @@ def test_bad_plan(cmd, argv, expect, capsys):
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["all_reduce", "bytes=64XB"], r"bytes: expected a size such as 4096, 64KiB or 1GiB, got '64XB'"),
+    (["all_reduce", "bytes=64XB"], r"op all_reduce: parameter 'bytes': expected a size such as 4096, 64KiB or 1GiB, got '64XB'"),
     (["all_reduce", "devices=33"], r"33 devices, but the topology has 32"),
     (["all_reduce", "devices=16", "algo=mesh"], r"algo mesh needs every rank wired to every other"),
     (["all_reduce", "algo=tree"], r"'algo' must be in \(.auto., .mesh., .ring., .p2p.\) \(got 'tree'\)"),
@@ -39,6 +39,12 @@ def test_bad_plan(cmd, argv, expect, capsys):
     (["all_reduce", "root=0"], r"unknown parameter 'root'"),
     (["all_to_all", "algo=ring"], r"only the mesh algorithm is modelled"),
     (["all_reduce", "bytes=1KiB..1B"], r"expected 1 <= first <= last"),
+    # the messages named "op: bytes" (elements=0: bytes, a parameter not given)
+    (["all_reduce", "elements=0"], r"^npusim: error: op all_reduce: 'elements' must be > 0: 0$"),
+    (["all_reduce", "bytes=0"], r"^npusim: error: op all_reduce: parameter 'bytes': expected 1 <= first <= last"),
+    (["all_gather", "elements=1.5"], r"^npusim: error: op all_gather: parameter 'elements': expected a size such"),
+    # --check simulated and printed the timing table (exit 0) instead of checking anything
+    (["all_reduce", "elements=1024", "--check"], r"op all_reduce --check: a collective's numerics need its peers"),
 ])
 def test_bad_collective(argv, expect, capsys):
     fails_cleanly(["op", *argv], capsys, expect)

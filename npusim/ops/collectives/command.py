@@ -15,13 +15,14 @@ from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_byte
 KEYS = ("bytes", "elements", "devices", "algo", "dtype")
 
 
-def sizes(text: str) -> list[int]:
+def sizes(text: str, kind: str = "") -> list[int]:
     """'64MiB' -> [64 MiB]; '1KiB..1MiB' -> every power-of-two multiple from 1 KiB to 1 MiB."""
+    where = f"op {kind}: parameter 'bytes'" if kind else "op: bytes"
     lo, dots, hi = text.partition("..")
-    first = parse_bytes(lo, "op: bytes")
-    last = parse_bytes(hi, "op: bytes") if dots else first
+    first = parse_bytes(lo, where)
+    last = parse_bytes(hi, where) if dots else first
     if first < 1 or last < first:
-        raise ConfigError(f"op: bytes: expected 1 <= first <= last, got {text!r}")
+        raise ConfigError(f"{where}: expected 1 <= first <= last, got {text!r}")
     out = [first]
     while out[-1] * 2 <= last:
         out.append(out[-1] * 2)
@@ -45,9 +46,11 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
     if "elements" in params and "bytes" in params:
         raise ConfigError(f"op {kind}: give bytes or elements, not both")
     if "elements" in params:  # the op's parameter, as the graph's nodes give it
-        params = {**params, "bytes": str(int(parse_bytes(params["elements"], "op: elements")) *
-                                         DTYPE_BYTES[dtype])}
-    nbytes = sizes(params.get("bytes", "64MiB"))
+        elements = parse_bytes(params["elements"], f"op {kind}: parameter 'elements'")
+        if elements < 1:  # (0 bytes would be refused as bytes, a parameter not given)
+            raise ConfigError(f"op {kind}: 'elements' must be > 0: {elements}")
+        params = {**params, "bytes": str(elements * DTYPE_BYTES[dtype])}
+    nbytes = sizes(params.get("bytes", "64MiB"), kind)
     most = ELEMENTS_MAX * DTYPE_BYTES[dtype]
     if "elements" not in params and nbytes[-1] > most:  # (elements= is checked as the op's parameter)
         raise ConfigError(f"op {kind}: bytes {nbytes[-1]} is more than the {most} of {ELEMENTS_MAX} {dtype} elements "
