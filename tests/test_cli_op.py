@@ -60,6 +60,9 @@ def test_parameters_after_an_option_are_the_op_s(tmp_path, capsys):
     (["op", "matmul", "m"], "expected key=value, got 'm'"),
     (["op", "matmul", "m=64", "n=64", "k=64", "tiling.base_m=4096"], "tiling does not fit"),
     (["op", "matmul", "--set", "chip.aic_count=0"], "key 'chip.aic_count': expected a value > 0"),
+    # simulated, and --check "PASSED" on the root of a negative variance
+    (["op", "rms_norm", "shape=8,64", "eps=-1", "--check"], "op rms_norm: 'eps' must be > 0: -1.0"),
+    (["op", "layer_norm", "shape=8,64", "eps=0"], "op layer_norm: 'eps' must be > 0: 0.0"),
 ])
 def test_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2

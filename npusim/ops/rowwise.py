@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 import numpy as np
-from attrs import frozen
+from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
@@ -69,7 +69,9 @@ class NormParams:
     shape: tuple = param((8, 4096), "input shape [.., hidden]; normalised over the last dim",
                          validator=shape_validator())
     dtype: str = param("fp16", "dtype of x, the weights and y", validator=dtype_validator())
-    eps: float = param(1e-6, "added to the variance")
+    # > 0 as a workload's norm_eps: 0 divides a zero row by 0, a negative one takes the
+    # root of a negative variance (the kernels' cost is the same: a NaN, not an error)
+    eps: float = param(1e-6, "added to the variance (> 0)", validator=validators.gt(0))
 
 
 def _dim_in_shape(instance, attribute, value) -> None:
