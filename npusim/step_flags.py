@@ -42,7 +42,14 @@ def pipeline(text: str, flag: str = "--passes") -> str:
     from npusim.errors import ConfigError
     from npusim.passes import PIPELINES
 
-    named = [s.strip() for s in text.split(",") if s.strip() in PIPELINES]
+    words = [s.strip() for s in text.split(",")]
+    if len(words) > 1 and "" in words:  # fusion,,memplan: a pass left out, or a stray comma
+        raise ConfigError(f"{flag} {text}: an empty item in the comma list; expected pipelines and passes "
+                          "separated by single commas")
+    twice = [w for i, w in enumerate(words) if w in words[:i] and w not in PIPELINES]
+    if twice:  # as a pipeline named twice: the list is not the one meant
+        raise ConfigError(f"{flag} {text}: the pass {twice[0]} is named twice")
+    named = [s for s in words if s in PIPELINES]
     if len(named) > 1 and len(set(named)) == 1:  # compare --passes optimized optimized is refused too
         raise ConfigError(f"{flag} {text}: the pipeline {named[0]} is named twice")
     if len(named) > 1:

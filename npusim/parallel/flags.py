@@ -90,9 +90,9 @@ def run_pipelined(args, step: dict) -> int:
         raise ConfigError("--microbatches is an option of a pipeline: give --pp N too")
     if step.pop("ep", 1) != 1:  # run_pipeline would take it for a pass option
         raise ConfigError("--pp with --ep: a pipeline of expert-parallel stages is not modelled")
-    from npusim.step_flags import workload_of  # step_flags imports this module
+    from npusim.step_flags import pipeline, workload_of  # step_flags imports this module
 
-    run = run_pipeline(workload_of(args), args.hw, passes=args.passes, pp=pp, memo=not args.no_memo, **step)
+    run = run_pipeline(workload_of(args), args.hw, passes=pipeline(args.passes), pp=pp, memo=not args.no_memo, **step)
     say(run.summary())
     if args.json:
         from npusim.outputs import write_json, wrote_line

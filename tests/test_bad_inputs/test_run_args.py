@@ -31,3 +31,21 @@ def test_tiling_the_op_would_clamp(argv, expect, capsys):
 def test_validate_negative_seed(seed, capsys):
     """numpy's generators take no negative seed: one line, not its traceback (issue 35)."""
     fails_cleanly(["validate", *TINY, f"--seed={seed}"], capsys, rf"--seed: expected a whole number >= 0, got {seed}")
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "sweep", "validate"])
+@pytest.mark.parametrize("passes, expect", [
+    ("fusion,fusion", r"--passes fusion,fusion: the pass fusion is named twice$"),
+    ("fusion,,memplan", r"--passes fusion,,memplan: an empty item in the comma list"),
+    ("fusion,", r"--passes fusion,: an empty item in the comma list"),
+])
+def test_passes_with_a_pass_twice_or_an_empty_item(cmd, passes, expect, capsys, tmp_path):
+    """They ran as fusion and fusion,memplan: a pass left out between the commas went unnoticed."""
+    out = ["--out", str(tmp_path / "sw"), "--set", "hbm.peak_bw_bytes_per_s=1e12,2e12"] if cmd == "sweep" else []
+    fails_cleanly([cmd, *TINY, "--passes", passes, *out], capsys, expect)
+
+
+def test_pipelined_run_reads_passes_as_run_does(capsys):
+    """run --pp 2 --passes baseline,optimized ran the union; run without --pp refuses it."""
+    fails_cleanly(["run", *TINY, "--pp", "2", "--passes", "baseline,optimized"], capsys,
+                  r"--passes baseline,optimized: a comma list is ONE pipeline")
