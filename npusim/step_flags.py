@@ -133,8 +133,22 @@ def bucket_lengths(args) -> tuple[int, ...]:
 
 
 def context(args):
-    """--context as the step takes it (None: the workload's default)."""
-    return lengths(args.context) if args.context else None
+    """--context as the step takes it (None: the workload's default); its lengths positive
+    and, a comma list, one per sequence of --batch (the step builder checks both too, but
+    in its own terms: build_decoder(k3, decode): ...)."""
+    from npusim.errors import ConfigError
+
+    if not args.context:
+        return None
+    value = lengths(args.context)
+    values = value if isinstance(value, list) else [value]
+    bad = [n for n in values if n < 1]
+    if bad:
+        raise ConfigError(f"--context {args.context}: lengths must be positive integers, got {bad[0]}")
+    batch = getattr(args, "batch", None)
+    if isinstance(value, list) and isinstance(batch, int) and len(value) != batch:
+        raise ConfigError(f"--context {args.context}: {len(value)} lengths for batch {batch}")
+    return value
 
 
 PREFILL_BATCH = 1  # --phase prefill without --batch: one prompt

@@ -23,7 +23,7 @@ def test_a_step_knob_given_by_its_flag_and_by_the_grid(flag, knob, tmp_path, cap
 @pytest.mark.parametrize("flags, expect", [
     (["--batch", "0"], r"argument --batch: expected a whole number of sequences >= 1, got 0"),
     (["--context", "1000"], r"length 1000 exceeds the workload's max_context_tokens 512$"),
-    (["--batch", "3", "--context", "4,8"], r"2 lengths for batch 3$"),
+    (["--batch", "3", "--context", "4,8"], r"--context 4,8: 2 lengths for batch 3$"),
     (["--tp", "3"], r"--tp 3 does not divide k3-tiny's heads 4$"),
     (["--sp", "2"], r"--sp 2: sequence parallel splits a prefill's prompt"),
     (["--pp", "2"], r"--pp: a pipelined step is run by `npusim run`, not swept$"),

@@ -171,10 +171,11 @@ BAD_SIZES = {
                 r"argument --batch: expected a whole number of sequences >= 1, got 0"),
     "negative batch": (["--workload", "k3-tiny", "--batch", "-3"],
                        r"argument --batch: expected a whole number of sequences >= 1, got -3"),
-    "context 0": (["--workload", "k3-tiny", "--context", "0"], r"lengths must be positive integers, got 0"),
+    # these two named build_decoder(k3-tiny, decode), not the flag
+    "context 0": (["--workload", "k3-tiny", "--context", "0"], r"--context 0: lengths must be positive integers, got 0"),
     "context beyond the model": (["--workload", "k3-tiny", "--context", "100000000"], r"exceeds the workload's max"),
     "ragged context, wrong count": (["--workload", "k3-tiny", "--batch", "2", "--context", "3,4,5"],
-                                    r"3 lengths for batch 2"),
+                                    r"--context 3,4,5: 3 lengths for batch 2"),
     "KV cache of a PB": (["--workload", "k3", "--batch", "65536", "--context", "8192"],
                          r"does not fit in ascend910b2's memory: weights 11.16 GiB \+ KV cache 262144.00 GiB alone"),
 }
