@@ -72,7 +72,8 @@ class QuantizeParams:
     smooth: bool = param(False, "multiply x by per-channel SmoothQuant factors (fp32 [hidden]) before taking "
                          "the scale")
     smooth_alpha: float = param(0.5, "SmoothQuant migration strength the factors were made with offline "
-                                "(npusim.graph.quant_values); the kernel only applies them")
+                                "(npusim.graph.quant_values), in (0, 1] as the quantize pass's --smooth-alpha; "
+                                "the kernel only applies them", validator=lambda i, a, v: _alpha(a, v))
 
 
 @frozen
@@ -81,6 +82,11 @@ class TokenDequantParams:
     cols: int = param(4096, "output channels (columns of c)", validator=lambda i, a, v: _positive(a, v))
     dtype: str = param("fp16", "dtype of y", validator=dtype_validator(("fp16", "bf16")))
     bias: bool = param(False, "add an fp32 bias row after scaling (a W8A8 projection's bias)")
+
+
+def _alpha(attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"'{attribute.name}' must be a number in (0, 1], got {value!r}")
 
 
 def _positive(attribute, value) -> None:

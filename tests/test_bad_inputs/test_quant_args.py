@@ -40,3 +40,11 @@ def test_quant_values(argv, expect, capsys):
 ])
 def test_bad_outliers(overrides, expect):
     one_line_error(lambda: load_workload("k3-tiny", overrides), ConfigError, expect)
+
+
+@pytest.mark.parametrize("alpha", ["0", "-1", "1e300"])
+def test_op_smooth_alpha_out_of_range(alpha, capsys):
+    """op quantize_per_token smooth_alpha=-1 simulated (and --check ran): the pass's
+    --smooth-alpha range, (0, 1], holds for the op's parameter too."""
+    fails_cleanly(["op", "quantize_per_token", "rows=8", "hidden=64", "smooth=true", f"smooth_alpha={alpha}"],
+                  capsys, r"op quantize_per_token: 'smooth_alpha' must be a number in \(0, 1\], got ")
