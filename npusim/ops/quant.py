@@ -32,7 +32,7 @@ from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.row_stats import MAX_REPEATS, STAT_BYTES, STAT_F32, brcb, broadcast_rows, over_rows, row_stat
 from npusim.ops.vector import (
-    UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, shape_validator, vector_lowered, vop,
+    UB_BLOCK, cast, dtype_validator, per_row, quantum, scalar_read, vector_lowered, vop,
 )
 from npusim.ops.vector_kernels import Const, Stream, streaming_kernel
 
