@@ -69,6 +69,11 @@ def _cmd_op(args) -> int:
         if name in given:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
         given[name] = value
+    if args.check:  # it prints a table row and PASSED/FAIL; an output asked for would be left unwritten
+        for flag in ("--json", "--trace", "--plot", "--profile"):
+            if getattr(args, flag[2:]):
+                raise ConfigError(f"op {args.type} --check: prints the check and writes nothing; drop {flag} "
+                                  "(or --check, to simulate and write it)")
     spec(args.type)  # imports the op modules up to the one registering it: a collective's is the collectives package
     collectives = sys.modules.get("npusim.ops.collectives")
     collective = collectives is not None and args.type in collectives.KINDS

@@ -134,3 +134,14 @@ def test_a_tuple_spelt_as_the_help_and_python_do(value):
 
     assert _tuple(value) == ((64,) if value == "(64,)" else (8, 4096))
     assert _tuple("()") == _tuple("") == ()
+
+
+@pytest.mark.parametrize("flag, path", [("--json", "c.json"), ("--trace", "t.json"), ("--profile", "prof"),
+                                        ("--plot", "plots")])
+def test_check_with_an_output(flag, path, tmp_path, capsys):
+    """op matmul --check --json PATH printed PASSED with status 0 and wrote nothing (nor said so)."""
+    out = tmp_path / path
+    assert main(["op", "matmul", "m=64", "n=64", "k=64", "--check", flag, str(out)]) == 2
+    assert capsys.readouterr().err == (f"npusim: error: op matmul --check: prints the check and writes nothing; "
+                                       f"drop {flag} (or --check, to simulate and write it)\n")
+    assert not out.exists()
