@@ -220,6 +220,7 @@ def _cmd_validate(args) -> int:
     from npusim.serving.arrivals import check_seed
 
     check_seed(args.seed)  # numpy's generators take no negative seed
+    inputs(args)  # checked, as run's are, before anything reads them
     if args.kernels:  # the lowered kernels run by the functional interpreter
         from npusim.errors import ConfigError
         from npusim.hw import load_hw

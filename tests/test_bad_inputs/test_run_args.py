@@ -5,6 +5,8 @@ import pytest
 
 from cli_check import fails_cleanly
 
+from npusim.passes.rule_data import RULES_FILE
+
 TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
 
 
@@ -12,7 +14,7 @@ TINY = ["--workload", "k3-tiny", "--batch", "2", "--context", "64"]
 @pytest.mark.parametrize("argv, expect", [
     (["--buckets", "512"], r"--buckets is an option of the buckets pass"),
     (["--margin", "16"], r"--margin is an option of the buckets pass"),
-    (["--passes", "baseline", "--fusion-rules", "rules.yaml"], r"--fusion-rules is an option of the fusion pass"),
+    (["--passes", "baseline", "--fusion-rules", str(RULES_FILE)], r"--fusion-rules is an option of the fusion pass"),
     (["--passes", "fusion,memplan", "--kv-layout", "paged"], r"--kv-layout is an option of the kv_layout pass"),
 ])
 def test_pass_option_without_its_pass(cmd, argv, expect, capsys):
@@ -49,3 +51,14 @@ def test_pipelined_run_reads_passes_as_run_does(capsys):
     """run --pp 2 --passes baseline,optimized ran the union; run without --pp refuses it."""
     fails_cleanly(["run", *TINY, "--pp", "2", "--passes", "baseline,optimized"], capsys,
                   r"--passes baseline,optimized: a comma list is ONE pipeline")
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "sweep", "validate"])
+def test_fusion_rules_file_missing(cmd, capsys, tmp_path):
+    """It was "/x/none.yaml: No such file or directory" (the cache's digest of the file
+    reading it), or in validate "cannot read", the flag unnamed; a dangling link alike."""
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "gone.yaml")
+    out = ["--out", str(tmp_path / "sw"), "--set", "batch=1,2"] if cmd == "sweep" else TINY
+    for path in (tmp_path / "none.yaml", tmp_path / "link.yaml"):
+        fails_cleanly([cmd, "--workload", "k3-tiny", *out, "--fusion-rules", path], capsys,
+                      rf"^npusim: error: --fusion-rules {path}: no such file$", [tmp_path / "sw"])
