@@ -98,6 +98,10 @@ def pass_options(args) -> dict:
     """Options of the passes given on the command line (None: the pass's default)."""
     from npusim.passes import check_options
 
+    from npusim.errors import ConfigError
+
+    if args.margin is not None and args.margin < 0:  # the pass says it as "buckets: ... margin >= 0"
+        raise ConfigError(f"--margin: expected a whole number of tokens >= 0, got {args.margin}")
     buckets = bucket_lengths(args) if args.buckets else None
     rules = args.fusion_rules  # compare --fusion-rules A B: a list, each side given its own (step_flags.sides)
     rules = rules[0] if isinstance(rules, list) else rules

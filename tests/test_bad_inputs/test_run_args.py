@@ -62,3 +62,11 @@ def test_fusion_rules_file_missing(cmd, capsys, tmp_path):
     for path in (tmp_path / "none.yaml", tmp_path / "link.yaml"):
         fails_cleanly([cmd, "--workload", "k3-tiny", *out, "--fusion-rules", path], capsys,
                       rf"^npusim: error: --fusion-rules {path}: no such file$", [tmp_path / "sw"])
+
+
+@pytest.mark.parametrize("cmd", ["run", "compare", "validate"])
+def test_negative_margin(cmd, capsys):
+    """It was "buckets: expected positive bucket lengths and margin >= 0, got (512, 1024,
+    2048, 4096), -1": the pass's words, the flag unnamed."""
+    fails_cleanly([cmd, *TINY, "--passes", "optimized,buckets", "--margin", "-1"], capsys,
+                  r"^npusim: error: --margin: expected a whole number of tokens >= 0, got -1$")
