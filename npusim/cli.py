@@ -52,7 +52,15 @@ def _cmd_op(args) -> int:
     if args.help:
         say(args.parser.format_help().rstrip() + ("\n\n" + op_help(args.type) if args.type else ""))
         return 0
-    if args.list or not args.type:
+    if args.list or not args.type:  # the list, printed; an output or a check asked for would be left undone
+        asked = next((f for f in ("--json", "--trace", "--plot", "--profile", "--check") if getattr(args, f[2:])),
+                     None)
+        if asked and not args.list:
+            raise ConfigError(f"op {asked}: give the op type first: npusim op TYPE key=value ... {asked} "
+                              "(npusim op --list lists them)")
+        if asked or args.params:
+            raise ConfigError(f"op --list: lists the op types and runs nothing; drop "
+                              f"{asked or repr(args.params[0])}")
         from npusim.ops import OPS
 
         say("op types: " + ", ".join(sorted(OPS)))

@@ -145,3 +145,17 @@ def test_check_with_an_output(flag, path, tmp_path, capsys):
     assert capsys.readouterr().err == (f"npusim: error: op matmul --check: prints the check and writes nothing; "
                                        f"drop {flag} (or --check, to simulate and write it)\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--json", "{out}"], "op --json: give the op type first: npusim op TYPE key=value ... --json "
+                          "(npusim op --list lists them)"),
+    (["--list", "--profile", "{out}"], "op --list: lists the op types and runs nothing; drop --profile"),
+    (["matmul", "m=64", "--list"], "op --list: lists the op types and runs nothing; drop 'm=64'"),
+])
+def test_list_with_an_output_or_parameters(argv, message, tmp_path, capsys):
+    """They printed the op types with status 0: the output asked for unwritten, the parameters unused."""
+    out = tmp_path / "out"
+    assert main(["op", *(a.format(out=out) for a in argv)]) == 2
+    assert capsys.readouterr().err == f"npusim: error: {message}\n"
+    assert not out.exists()
