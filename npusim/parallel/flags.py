@@ -96,10 +96,13 @@ def run_pipelined(args, step: dict) -> int:
     say(run.summary())
     if args.json:
         from npusim.outputs import write_json, wrote_line
+        from npusim.report.contract import provenance
+        from npusim.step_flags import inputs
 
+        meta = provenance(args.argv, run.hw, step.get("overrides"), args.workload, inputs(args)["--workload"])
         write_json(args.json, {"latency_us": run.latency_us, "tokens_per_s": run.tokens_per_s,
                                "stage_us": run.stage_us, "handover_us": run.handover_us,
                                "bubble_fraction": run.bubble_fraction, "pp": pp, "tp": tp,
-                               "microbatches": run.microbatches})
+                               "microbatches": run.microbatches, "provenance": meta})
         say(wrote_line([args.json]))
     return 0

@@ -357,6 +357,19 @@ def test_a_pipelined_run_says_what_it_wrote(cache, tmp_path, capsys):
         assert text.endswith("}\n") and json.loads(text)["pp"] == 2
 
 
+def test_a_pipelined_run_s_json_has_its_provenance(tmp_path, capsys):
+    """`run --pp 2 --json PATH` had no "provenance" (the command, the config in effect,
+    the workload), which --help promises and every other report's JSON has."""
+    argv = [*RUN, "--pp", "2", "--set", "hbm.peak_bw_bytes_per_s=1e12", "--json", tmp_path / "r.json"]
+    code, out, err = cli(argv, capsys)
+    assert code == 0, out + err
+    meta = json.loads((tmp_path / "r.json").read_text())["provenance"]
+    assert meta["command"] == ["npusim", *map(str, argv)] and meta["hw"] == "ascend910b2"
+    assert meta["overrides"] == {"hbm.peak_bw_bytes_per_s": "1e12"}
+    assert meta["hw_config"]["hbm"]["peak_bw_bytes_per_s"] == 1e12
+    assert meta["workload"]["path"].endswith("k3-tiny.yaml")
+
+
 def test_a_cache_hit_checks_its_outputs_as_a_run_does(tmp_path, capsys):
     """A replayed run (served from the cache) refuses an output the run would refuse,
     before writing anything: the same one line."""
