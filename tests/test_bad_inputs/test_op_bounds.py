@@ -54,6 +54,13 @@ BAD_OPS = [
      r"take, more than the 4096 it has$"),
     (["decode_attention", "batch=2147483648"],
      r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'q': \d+\), more than hbm.hbm_bytes"),
+    # the vocab's split walked every integer up to shape[-1] looking for divisors (no end in sight)
+    (["argmax", "shape=2,1000000000000"],
+     r"op argmax: its tensors take at least 4000000000000 bytes of GM \(tensor 'logits': 4000000000000\)"),
+    (["top_k", "shape=99999999999999999999999"], r"op top_k: its tensors take at least \d+ bytes of GM"),
+    (["argmax", "shape=1,1000000007"],
+     r"op argmax: shape\[-1\]=1000000007 has no divisor that makes a chunk fit UB"),
+    (["top_k", "shape=1,1000000007"], r"op top_k: shape\[-1\]=1000000007 has no divisor that makes a chunk fit UB"),
 ]
 
 
@@ -82,3 +89,10 @@ def test_a_transpose_of_billions_of_short_rows_is_refused_at_once():
     with deadline(30), pytest.raises(ProgramError, match=r"op transpose of \(2147483648, 2\): \d+ tiles of .* more "
                                                          r"than the 524288 \(2\^19\) npusim simulates"):
         lower("transpose", dict(shape=(2 ** 31, 2)), load_hw())
+
+
+def test_vocab_divisors_as_the_walk_found_them():
+    from npusim.ops.sampling import _divisors
+
+    for n in [*range(1, 400), 32000, 64000, 128256, 151936, 256000, 1 << 20, 2 * 999983]:
+        assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
