@@ -102,6 +102,11 @@ def pass_options(args) -> dict:
 
     if args.margin is not None and args.margin < 0:  # the pass says it as "buckets: ... margin >= 0"
         raise ConfigError(f"--margin: expected a whole number of tokens >= 0, got {args.margin}")
+    if args.quant_layers is not None:
+        from npusim.passes.quantize import LAYER_CHOICES, layer_names
+
+        if args.quant_layers not in LAYER_CHOICES:
+            layer_names(args.quant_layers)  # its syntax, before a cached step answers for the list
     buckets = bucket_lengths(args) if args.buckets else None
     rules = args.fusion_rules  # compare --fusion-rules A B: a list, each side given its own (step_flags.sides)
     rules = rules[0] if isinstance(rules, list) else rules

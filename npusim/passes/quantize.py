@@ -88,6 +88,22 @@ def _dense_only(chosen: list[Node], layers: str) -> list[Node]:
     return [n for n in chosen if n.op_type != "grouped_matmul"]
 
 
+def layer_names(layers: str) -> list[str]:
+    """--quant-layers as a comma list of projection names (not no-head or all): refused
+    if empty, with an empty item (o_proj,,down_proj: a name left out) or a name twice.
+    The command line checks it as it reads the flag, before a cached step could answer."""
+    names = [s.strip() for s in layers.split(",")] if isinstance(layers, str) else []
+    if not any(names):
+        raise ConfigError(f"--quant-layers: expected {', '.join(LAYER_CHOICES)} or a comma list of projection "
+                          f"names, got {layers!r}")
+    if "" in names:
+        raise ConfigError(f"--quant-layers {layers}: an empty item in the comma list")
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice:
+        raise ConfigError(f"--quant-layers {layers}: '{twice}' is named twice")
+    return names
+
+
 def _chosen(ed: Editor, layers: str) -> list[Node]:
     linear = [n for n in ed.nodes if _linear(ed, n)]
     outputs = set(ed.base.outputs)
@@ -95,10 +111,7 @@ def _chosen(ed: Editor, layers: str) -> list[Node]:
         return linear
     if layers == "no-head":
         return [n for n in linear if not set(n.outputs.values()) & outputs]
-    names = [s.strip() for s in layers.split(",") if s.strip()] if isinstance(layers, str) else []
-    if not names:
-        raise ConfigError(f"--quant-layers: expected {', '.join(LAYER_CHOICES)} or a comma list of projection "
-                          f"names, got {layers!r}")
+    names = layer_names(layers)
     picked = []
     for want in names:
         hits = [n for n in linear if n.name == want or n.name.split(".", 1)[-1] == want]

@@ -48,3 +48,20 @@ def test_op_smooth_alpha_out_of_range(alpha, capsys):
     --smooth-alpha range, (0, 1], holds for the op's parameter too."""
     fails_cleanly(["op", "quantize_per_token", "rows=8", "hidden=64", "smooth=true", f"smooth_alpha={alpha}"],
                   capsys, r"op quantize_per_token: 'smooth_alpha' must be a number in \(0, 1\], got ")
+
+
+@pytest.mark.parametrize("cmd", ["run", "validate"])
+@pytest.mark.parametrize("layers, expect", [
+    ("o_proj,o_proj", r"--quant-layers o_proj,o_proj: 'o_proj' is named twice$"),
+    ("o_proj,,down_proj", r"--quant-layers o_proj,,down_proj: an empty item in the comma list$"),
+])
+def test_quant_layers_twice_or_with_an_empty_item(cmd, layers, expect, capsys, tmp_path):
+    """They ran as o_proj and o_proj,down_proj: a name left out between the commas went unnoticed."""
+    argv = [cmd, *TINY, "--passes", "optimized,quantize"]
+    if cmd == "run":  # a step cached under the list must not answer for it
+        from npusim.cli import main
+
+        argv += ["--cache-dir", str(tmp_path / "cache")]
+        assert main([*argv, "--quant-layers", "o_proj,down_proj"]) == 0
+        capsys.readouterr()
+    fails_cleanly([*argv, "--quant-layers", layers], capsys, expect)
