@@ -68,7 +68,7 @@ def _cmd_op(args) -> int:
     params, tiling = {}, {}
     for item in args.params:
         key, eq, value = item.partition("=")
-        if not eq:
+        if not eq or not key.strip():  # =5: "unknown parameter ''" said less
             raise ConfigError(f"op {args.type}: expected key=value, got '{item}'")
         if odd_number(value):  # int() would read it: the op's parameter would be 16 silently
             raise ConfigError(f"op {args.type}: parameter '{key}': expected a number in ASCII digits without '_', "

@@ -58,6 +58,7 @@ def test_parameters_after_an_option_are_the_op_s(tmp_path, capsys):
     (["op", "nosuchop"], "unknown op type 'nosuchop'"),
     (["op", "matmul", "mm=3"], "unknown parameter 'mm'"),
     (["op", "matmul", "m"], "expected key=value, got 'm'"),
+    (["op", "matmul", "=5"], "op matmul: expected key=value, got '=5'"),  # was "unknown parameter ''"
     (["op", "matmul", "m=64", "n=64", "k=64", "tiling.base_m=4096"], "tiling does not fit"),
     (["op", "matmul", "--set", "chip.aic_count=0"], "key 'chip.aic_count': expected a value > 0"),
     # simulated, and --check "PASSED" on the root of a negative variance
