@@ -314,7 +314,8 @@ def inputs(args) -> dict:
         if value is not None:
             input_file(value, f"{flag} {value}", folder=flag == "--workload")
         if flag.startswith("--fusion-rules") and value is not None and not os.path.exists(value):
-            # a path, never a name: missing (or a dangling link), it was "/x.yaml: No such file or directory", the flag unnamed
+            # a path, never a name: missing (or a dangling link), it was "/x.yaml: No such file or
+            # directory", the flag unnamed
             raise ConfigError(f"{flag} {value}: no such file")
     return found
 

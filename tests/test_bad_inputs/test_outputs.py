@@ -733,3 +733,16 @@ def test_workers_die_with_their_parent(sig, status, tmp_path):
     assert not any(alive(w) for w in workers), "a worker outlived its parent"
     if sig == signal.SIGTERM:
         clean_error(proc.stderr.read())
+
+
+@pytest.mark.parametrize("cmd, name", [("run", "memory.svg"), ("op", "roofline.png"), ("compare", "before_after.png")])
+def test_a_plot_file_that_is_a_folder_is_refused_before_the_run(cmd, name, tmp_path, capsys):
+    """run --plot DIR with DIR/memory.svg a folder simulated, printed the summary, then
+    failed ("DIR/memory.svg: is a directory"); now refused before anything runs."""
+    (tmp_path / "plots" / name).mkdir(parents=True)
+    argv = {"run": RUN, "op": OP, "compare": ["compare", *RUN[1:]]}[cmd] + ["--plot", tmp_path / "plots"]
+    code, out, err = cli(argv, capsys)
+    assert code == 2 and out == "", out
+    assert err == (f"npusim: error: --plot ({name}) {tmp_path / 'plots' / name}: is a directory "
+                   "(expected a file path)\n")
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [name]
