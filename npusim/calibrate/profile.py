@@ -204,9 +204,9 @@ def parse_shapes(text: str, where: str) -> tuple[tuple[int, ...], ...]:
         return ()
     shapes = []
     for part in text.split(";"):
-        dims = [d.strip() for d in part.split(",") if d.strip()]
+        dims = [d.strip() for d in part.split(",")] if part.strip() else []
         try:
-            shape = tuple(plain(int, d) for d in dims)
+            shape = tuple(plain(int, d) for d in dims)  # an empty item ("8,,512") is no dimension
         except ValueError:
             raise ProfileError(f"{where}: expected shapes like '8,4096;4096,4096', got '{text}'") from None
         if any(d < 0 for d in shape):

@@ -29,6 +29,9 @@ GOOD = 'mm,MatMulV2,AI_CORE,12.5,24,"8,512;512,256",FLOAT16;FLOAT16,ND;ND,"8,256
     (HEADER + "\n" + GOOD.replace("12.5", "1_2.5"), r"op\.csv: row 2, column 'Task Duration\(us\)': expected a number, "
                                                     r"got '1_2\.5'$"),
     (HEADER + "\n" + GOOD.replace("8,512;512", "8,5_12;5_12"), r"op\.csv: row 2, column 'Input Shapes': expected shapes"),
+    # an empty item was dropped: 8,,512 read as (8, 512), a shape the row never had
+    (HEADER + "\n" + GOOD.replace('"8,512;', '"8,,512;'), r"op\.csv: row 2, column 'Input Shapes': expected shapes"),
+    (HEADER + "\n" + GOOD.replace('"8,256"', '"8,256,"'), r"op\.csv: row 2, column 'Output Shapes': expected shapes"),
     ("", r"op\.csv: row 1: not an msprof op_summary CSV"),
     (HEADER + "\n" + GOOD.replace("MatMulV2", "Conv2D") + "\n" + GOOD.replace("AI_CORE", "AI_CPU"),
      r"op\.csv: none of its 2 rows maps to an npusim op .*row 2, column 'OP Type'"),
