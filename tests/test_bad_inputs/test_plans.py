@@ -37,6 +37,8 @@ def test_bad_plan(cmd, argv, expect, capsys):
     (["all_reduce", "--trace", "t.json"], r"op all_reduce: --trace is for kernels"),
     (["all_reduce", "devices=x"], r"parameter 'devices' expects an integer, got 'x'"),
     (["all_reduce", "root=0"], r"unknown parameter 'root'"),
+    # the help lists axis (the op's parameter); the command said "unknown parameter 'axis'"
+    (["all_gather", "axis=1"], r"^npusim: error: op all_gather: 'axis' must be 0 here \(the buffer is 1-D"),
     (["all_to_all", "algo=ring"], r"only the mesh algorithm is modelled"),
     (["all_reduce", "bytes=1KiB..1B"], r"expected 1 <= first <= last"),
     # the messages named "op: bytes" (elements=0: bytes, a parameter not given)

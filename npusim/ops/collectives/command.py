@@ -12,7 +12,7 @@ from npusim.ops.collectives import hccl_test
 from npusim.ops.collectives.lower import DTYPES, ELEMENTS_MAX
 from npusim.ops.collectives.simulate import HEADER, CollectiveReport, parse_bytes, simulate_collective
 
-KEYS = ("bytes", "elements", "devices", "algo", "dtype")
+KEYS = ("bytes", "elements", "devices", "algo", "dtype", "axis")
 
 
 def sizes(text: str, kind: str = "") -> list[int]:
@@ -43,6 +43,9 @@ def run_collective_op(kind: str, params: dict[str, str], hw: HwConfig) -> tuple[
     dtype = params.get("dtype", "fp16")
     if dtype not in DTYPES:  # before its size is needed (the op's parameter says the same)
         raise ConfigError(f"op {kind}: 'dtype' must be in {DTYPES!r} (got {dtype!r})")
+    if params.get("axis", "0") != "0":  # the op's parameter (its help lists it): numerics only, of a 1-D buffer here
+        raise ConfigError(f"op {kind}: 'axis' must be 0 here (the buffer is 1-D: elements or bytes; axis picks where a "
+                          f"graph node's parts stack), got {params['axis']!r}")
     if "elements" in params and "bytes" in params:
         raise ConfigError(f"op {kind}: give bytes or elements, not both")
     if "elements" in params:  # the op's parameter, as the graph's nodes give it
