@@ -60,6 +60,9 @@ def check_out(args, check_outputs) -> None:
             raise OutputError(f"--out {args.out}: not empty ({len(entries)} entries, e.g. {sorted(entries)[0]}); "
                               "give a new or empty folder, --overwrite to replace its sweep files, or --resume "
                               "to finish an interrupted sweep")
+        if entries and args.resume and not set(entries) & set(SWEEP_FILES):  # (a new or empty one starts the sweep)
+            raise OutputError(f"--resume: {args.out} holds no sweep to resume ({len(entries)} entries, none of them "
+                              f"{CSV_NAME}, e.g. {sorted(entries)[0]}); give the folder of the interrupted sweep")
     check_outputs(args, {f"--out ({n})": os.path.join(args.out, n) for n in SWEEP_FILES})
 
 

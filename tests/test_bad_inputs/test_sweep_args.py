@@ -95,6 +95,17 @@ def test_auto_without_a_running_cluster(tmp_path, capsys, monkeypatch):
                   r"--address auto: ConnectionError: Could not find any running Ray instance", [tmp_path / "o"])
 
 
+def test_resume_into_a_folder_of_something_else(tmp_path, capsys):
+    """--resume on a folder holding other files and no sweep (a mistyped --out) started a
+    sweep among them, where without --resume the folder is refused as not empty."""
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "notes.txt").write_text("mine\n")
+    fails_cleanly([*SWEEP, "--resume", "--out", tmp_path / "o"], capsys,
+                  r"^npusim: error: --resume: .*o holds no sweep to resume \(1 entries, none of them sweep\.csv, "
+                  r"e\.g\. notes\.txt\); give the folder of the interrupted sweep$")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["notes.txt"]
+
+
 def test_resume_with_a_csv_from_another_grid(tmp_path, capsys):
     from npusim.cli import main
 
