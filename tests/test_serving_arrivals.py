@@ -77,7 +77,9 @@ def test_trace_csv_and_jsonl(tmp_path):
 
 @pytest.mark.parametrize("text, match", [
     ("arrival_s,prompt_tokens\n0,1\n", "row 1: missing column 'output_tokens'"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,1,2\n1,-4,2\n", "row 3: column 'prompt_tokens': expected a positive"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,1,2\n1,-4,2\n", "row 3: column 'prompt_tokens': expected a count >= 1"),
+    # said "expected a positive value", where 0 is one
+    ("arrival_s,prompt_tokens,output_tokens\n-5,1,2\n", "row 2: column 'arrival_s': expected a time >= 0, got -5"),
     ("arrival_s,prompt_tokens,output_tokens\n2,1,2\n1,4,2\n", "row 3: column 'arrival_s': arrivals must be sorted"),
     ("arrival_s,prompt_tokens,output_tokens\n0,x,2\n", "row 2: column 'prompt_tokens': expected an integer"),
     ("arrival_s,prompt_tokens,output_tokens\n0,3,\n", "row 2: missing column 'output_tokens'"),

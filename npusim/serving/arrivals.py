@@ -266,8 +266,9 @@ def load_trace(path: str | Path, limit: int | None = None) -> tuple[Request, ...
         p = _number(path, where, "prompt_tokens", row["prompt_tokens"], int)
         o = _number(path, where, "output_tokens", row["output_tokens"], int)
         if t < 0 or p < 1 or o < 1:
-            col, v = ("arrival_s", t) if t < 0 else ("prompt_tokens", p) if p < 1 else ("output_tokens", o)
-            raise ConfigError(f"{path}: {where}: column '{col}': expected a positive value, got {v}")
+            col, v, least = (("arrival_s", t, "a time >= 0") if t < 0 else ("prompt_tokens", p, "a count >= 1")
+                             if p < 1 else ("output_tokens", o, "a count >= 1"))
+            raise ConfigError(f"{path}: {where}: column '{col}': expected {least}, got {v}")
         if t > MAX_SPAN_S or max(p, o) > MAX_TOKENS:
             col, v, top = (("arrival_s", t, f"{MAX_SPAN_S:g} s") if t > MAX_SPAN_S else
                            ("prompt_tokens", p, f"{MAX_TOKENS} tokens") if p > MAX_TOKENS else
