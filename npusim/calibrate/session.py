@@ -158,7 +158,10 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
     candidates = list(fields or fittable)
     model = mapping.with_fields(candidates)
     if not mapped:
-        listed = "; ".join(f"{u.op_type} x{u.count} ({u.reason})" for u in unmapped[:3])
+        by_reason: dict[str, list[str]] = {}  # op types sharing a reason are listed once (it can be long)
+        for u in unmapped[:3]:
+            by_reason.setdefault(u.reason, []).append(f"{u.op_type} x{u.count}")
+        listed = "; ".join(f"{', '.join(types)} ({reason})" for reason, types in by_reason.items())
         first = next(r for r in rows if r.where == unmapped[0].where)
         column = ", column 'OP Type'" if isinstance(first, ProfileRow) else ""  # an hccl row: the reason says why
         raise ProfileError(f"{', '.join(sources)}: none of its {len(rows)} rows maps to an npusim op ({listed}); "

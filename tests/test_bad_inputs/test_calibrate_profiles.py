@@ -35,6 +35,10 @@ GOOD = 'mm,MatMulV2,AI_CORE,12.5,24,"8,512;512,256",FLOAT16;FLOAT16,ND;ND,"8,256
     ("", r"op\.csv: row 1: not an msprof op_summary CSV"),
     (HEADER + "\n" + GOOD.replace("MatMulV2", "Conv2D") + "\n" + GOOD.replace("AI_CORE", "AI_CPU"),
      r"op\.csv: none of its 2 rows maps to an npusim op .*row 2, column 'OP Type'"),
+    # op types sharing a reason name it once (each repeated it: past 1,000 characters)
+    (HEADER + "\n" + "\n".join(GOOD.replace("MatMulV2", t) for t in ("Conv2D", "Conv3D", "Pooling")),
+     r"none of its 3 rows maps to an npusim op \(Conv2D x1, Conv3D x1, Pooling x1 \(op type not in the mapping "
+     r"table\)\); first at"),
 ])
 def test_bad_profile(text, expect, tmp_path, capsys):
     (tmp_path / "op.csv").write_text(text)
