@@ -165,8 +165,9 @@ def read_hccl(path: str | Path, options: Mapping[str, str] | None = None) -> lis
     input_file(path, f"--hccl {path}", error=ProfileError)
     try:
         text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise ProfileError(f"{path}: not a text file (expected hccl_test's output)") from None
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}; expected hccl_test's "
+                           "output)") from None
     except OSError as e:
         raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from None
     rows: list[HcclRow] = []

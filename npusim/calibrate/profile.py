@@ -122,8 +122,9 @@ def read_csv(path: Path) -> list[ProfileRow]:
                 row = _row(path, reader.line_num, cells, col)
                 rows.append(attrs.evolve(row, step=step) if step and row.npusim_node else row)
             return rows
-    except UnicodeDecodeError:
-        raise ProfileError(f"{path}: not a text CSV file (expected msprof's op_summary CSV)") from None
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding (GBK, Latin-1)
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}; expected msprof's op_summary "
+                           "CSV, which is UTF-8)") from None
     except csv.Error as e:
         raise ProfileError(f"{path}: not a CSV file ({e})") from None
     except OSError as e:

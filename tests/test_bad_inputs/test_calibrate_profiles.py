@@ -97,10 +97,15 @@ def test_a_folder_without_op_summary_files(tmp_path, capsys):
                   r"no op_summary\*\.csv file in this folder")
 
 
-def test_a_binary_file(tmp_path, capsys):
-    (tmp_path / "op.csv").write_bytes(b"\xff\xfe\x00\x81 not text")
-    fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", tmp_path / "my.yaml"], capsys,
-                  r"op\.csv: (not a text CSV|row 1: not an msprof)")
+@pytest.mark.parametrize("data, expect", [
+    (b"\xff\xfe\x00\x81 not text", r"op\.csv: (not UTF-8 text \(byte 0xff|row 1: not an msprof)"),
+    # a Latin-1 profile: was "not a text CSV file", which it is
+    (HEADER.encode() + "\nmm,MatMulV2,AI_CORE,12.5,24,\"8,512;512,256\",FLOAT16;FLOAT16,ND;ND,\"8,256\",FLOAT16 \u00e9\n"
+     .encode("latin-1"), r"op\.csv: not UTF-8 text \(byte 0xe9; expected msprof's op_summary CSV, which is UTF-8\)$"),
+])
+def test_a_binary_or_non_utf8_file(data, expect, tmp_path, capsys):
+    (tmp_path / "op.csv").write_bytes(data)
+    fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", tmp_path / "my.yaml"], capsys, expect)
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -182,7 +187,7 @@ def test_hccl_file_missing_or_binary_and_nothing_to_fit(tmp_path, capsys):
                   r"none\.txt: cannot read: No such file", outputs=[out])
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00\x81")
     fails_cleanly(["calibrate", "--hccl", tmp_path / "bin.txt", "--out", out], capsys,
-                  r"bin\.txt: not a text file \(expected hccl_test's output\)", outputs=[out])
+                  r"bin\.txt: not UTF-8 text \(byte 0xff; expected hccl_test's output\)", outputs=[out])
     fails_cleanly(["calibrate", "--out", out], capsys, r"nothing to fit: give --profile .* and/or --hccl",
                   outputs=[out])
 
