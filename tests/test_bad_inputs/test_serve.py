@@ -125,8 +125,8 @@ def test_a_service_name_that_cannot_name_a_file(name, capsys, tmp_path):
 
 @pytest.mark.parametrize("rows, expect", [
     ("arrival_s,prompt_tokens\n0,10\n", r"row 1: missing column 'output_tokens'"),
-    (HEADER + "0,10,4\n1,-4,2\n", r"row 3: column 'prompt_tokens': expected a positive"),
-    (HEADER + "0,10,-4\n", r"row 2: column 'output_tokens': expected a positive"),
+    (HEADER + "0,10,4\n1,-4,2\n", r"row 3: column 'prompt_tokens': expected a count >= 1, got -4$"),
+    (HEADER + "0,10,-4\n", r"row 2: column 'output_tokens': expected a count >= 1, got -4$"),
     (HEADER + "1,10,4\n0.5,10,4\n", r"row 3: column 'arrival_s': arrivals must be sorted"),
 ])
 def test_serve_bad_trace_file(rows, expect, capsys, tmp_path):
