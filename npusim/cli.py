@@ -40,6 +40,10 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+# what `npusim op` may write: left undone by --list and refused beside --check
+OP_OUTPUTS = ("--json", "--trace", "--plot", "--profile")
+
+
 def _cmd_op(args) -> int:
     from npusim.diskcache.compute import cached
     from npusim.errors import ConfigError
@@ -53,8 +57,7 @@ def _cmd_op(args) -> int:
         say(args.parser.format_help().rstrip() + ("\n\n" + op_help(args.type) if args.type else ""))
         return 0
     if args.list or not args.type:  # the list, printed; an output or a check asked for would be left undone
-        asked = next((f for f in ("--json", "--trace", "--plot", "--profile", "--check") if getattr(args, f[2:])),
-                     None)
+        asked = next((f for f in (*OP_OUTPUTS, "--check") if getattr(args, f[2:])), None)
         if asked and not args.list:
             raise ConfigError(f"op {asked}: give the op type first: npusim op TYPE key=value ... {asked} "
                               "(npusim op --list lists them)")
@@ -78,7 +81,7 @@ def _cmd_op(args) -> int:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
         given[name] = value
     if args.check:  # it prints a table row and PASSED/FAIL; an output asked for would be left unwritten
-        for flag in ("--json", "--trace", "--plot", "--profile"):
+        for flag in OP_OUTPUTS:
             if getattr(args, flag[2:]):
                 raise ConfigError(f"op {args.type} --check: prints the check and writes nothing; drop {flag} "
                                   "(or --check, to simulate and write it)")
