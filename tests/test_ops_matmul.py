@@ -157,7 +157,7 @@ def test_explicit_tiling_is_used_and_changes_time():
 
 
 def test_tiling_that_does_not_fit_names_the_buffer():
-    with pytest.raises(ProgramError, match=r"tiling does not fit L1: buffer 'b_chunk0' needs \d+ bytes.*L1 has 524288"):
+    with pytest.raises(ProgramError, match=r"tiling does not fit L1: buffer 'b_chunk0' needs \d+ bytes.*L1 \(524288 bytes, aic.l1_bytes\)"):
         lower("matmul", dict(m=512, n=512, k=512), HW, tiling=dict(base_m=512, base_n=512))
 
 

@@ -24,6 +24,12 @@ def capacity(hw: HwConfig, mem: Mem) -> int:
     return getattr(getattr(hw, section), name)
 
 
+def capacity_text(hw: HwConfig, mem: Mem) -> str:
+    """`mem` and its size for a message, with the config key that sets it: UB (4096 bytes, aiv.ub_bytes)."""
+    section, name = _CAPACITY[mem]
+    return f"{mem.value} ({capacity(hw, mem)} bytes, {section}.{name})"
+
+
 def align_up(n: int, a: int) -> int:
     return -(-n // a) * a
 
@@ -68,7 +74,7 @@ class Buffers:
         if end > have:
             raise ProgramError(
                 f"op {self.op}: tiling does not fit {mem.value}: buffer '{name}' needs {end - start} bytes "
-                f"at {start}, {mem.value} has {have} bytes ({end} needed in all)")
+                f"at {start}, {end} in all; {capacity_text(self.hw, mem)}")
         self.next[mem] = end
         self.buffers.append(Buffer(name, mem, start, end - start))
         return start

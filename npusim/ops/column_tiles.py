@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import Mem
-from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv
 from npusim.ops.layout import gm_copy, pipeline_kernel, split_runs
 from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream
@@ -39,7 +39,7 @@ def chunk_width(op: str, hw: HwConfig, cols: int, rows: int, elem_bytes: int, io
     per_elem = 2 * io_elem_bytes + sum(tmp_elem_bytes)
     fit = (hw.aiv.ub_bytes - UB_BLOCK * n_bufs) // per_elem // step * step
     if fit < step:
-        raise ProgramError(f"op {op}: one {UB_BLOCK}-byte column chunk does not fit UB ({hw.aiv.ub_bytes} bytes)")
+        raise ProgramError(f"op {op}: one {UB_BLOCK}-byte column chunk does not fit {capacity_text(hw, Mem.UB)}")
     chunks = max(cdiv(cols, fit), min(cdiv(hw.aiv_count, rows), cdiv(cols, step)))
     return min(fit, align_up(cdiv(cols, chunks), step))
 

@@ -12,7 +12,7 @@ from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Mem, Pipe, SetFlag, VecOp, WaitFlag
 from npusim.kvcache import KV_LAYOUTS, KvLayout, row_bytes
-from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv, gm_copy_cycles
 from npusim.ops.layout import UB_RESERVE, gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK, one_of
@@ -133,8 +133,8 @@ def _kv_tiling(p: KvCacheWriteParams, hw: HwConfig, row_bytes: int) -> tuple[int
             if best is None or cost < best[0]:
                 best = (cost, tc, hg)
     if best is None:
-        raise ProgramError(f"op kv_cache_write: one token of one head (head_dim={d}) does not fit UB "
-                           f"({hw.aiv.ub_bytes} bytes)")
+        raise ProgramError(f"op kv_cache_write: one token of one head (head_dim={d}) does not fit "
+                           f"{capacity_text(hw, Mem.UB)}")
     return best[1], best[2]
 
 

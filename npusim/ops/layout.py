@@ -24,7 +24,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, GmTensor, Loop, Mem, Pipe, SetFlag, VecOp, WaitFlag, moving
-from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv, gm_copy_cycles
 from npusim.ops.reference import eltwise
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK, numel, one_of, shape_validator
@@ -237,8 +237,8 @@ def lower_embedding(p: EmbeddingParams, hw: HwConfig, gm: GmArena, tiling=None) 
     ids_ub = buf.alloc("ids", Mem.UB, per_core_tokens * 4)
     tile_rows = (hw.aiv.ub_bytes - UB_RESERVE - align_up(per_core_tokens * 4, UB_BLOCK)) // (2 * pitch)
     if tile_rows < 1:
-        raise ProgramError(f"op embedding: one row of hidden={p.hidden} ({row} bytes) twice over does not fit UB "
-                           f"({hw.aiv.ub_bytes} bytes)")
+        raise ProgramError(f"op embedding: one row of hidden={p.hidden} ({row} bytes) twice over does not fit "
+                           f"{capacity_text(hw, Mem.UB)}")
     tile_rows = min(tile_rows, per_core_tokens)
     rows_ub = [buf.alloc(f"rows{i}", Mem.UB, tile_rows * pitch) for i in (0, 1)]
 

@@ -34,7 +34,7 @@ from attrs import frozen, validators
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, Loop, Mem, Pipe, SetFlag, WaitFlag, addr
-from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv
 from npusim.ops.layout import UB_RESERVE, split_runs
 from npusim.ops.reference import softmax_rows
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -186,8 +186,8 @@ def _tile_rows(op: str, hw: HwConfig, fixed: int, per_row_bytes: int, most: int)
     """Rows per tile: as many as fit UB twice over (ping and pong) beside `fixed` bytes."""
     rows = (hw.aiv.ub_bytes - UB_RESERVE - fixed) // (2 * per_row_bytes)
     if rows < 1:
-        raise ProgramError(f"op {op}: one row ({per_row_bytes} bytes of UB) twice over does not fit UB "
-                           f"({hw.aiv.ub_bytes} bytes, {fixed} taken by per-core tables)")
+        raise ProgramError(f"op {op}: one row ({per_row_bytes} bytes of UB) twice over does not fit "
+                           f"{capacity_text(hw, Mem.UB)}, {fixed} bytes taken by per-core tables")
     return min(rows, most)
 
 

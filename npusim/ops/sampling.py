@@ -11,8 +11,8 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import DTYPE_BYTES
-from npusim.ops.build import align_up, cdiv
+from npusim.isa.program import DTYPE_BYTES, Mem
+from npusim.ops.build import align_up, capacity_text, cdiv
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 from npusim.ops.vector import (
@@ -79,8 +79,8 @@ def _split_vocab(op: str, hw: HwConfig, rows: int, vocab: int, e: int, ub_per_el
     want = cdiv(hw.aiv_count, rows)
     ok = [p for p in _divisors(vocab) if (p == 1 or vocab // p >= shortest) and fits(p)]
     if not ok:
-        raise ProgramError(f"op {op}: shape[-1]={vocab} has no divisor that makes a chunk fit UB "
-                           f"({hw.aiv.ub_bytes} bytes at {ub_per_elem} bytes per element)")
+        raise ProgramError(f"op {op}: shape[-1]={vocab} has no divisor that makes a chunk fit "
+                           f"{capacity_text(hw, Mem.UB)} at {ub_per_elem} bytes per element")
     enough = [p for p in ok if p >= want]
     return min(enough) if enough else max(ok)
 

@@ -32,7 +32,6 @@ from npusim.hw import HwConfig
 from npusim.isa.program import GmTensor, Mem
 from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.layout import gm_copy, split_runs
-from npusim.ops.row_stats import over_rows
 from npusim.ops.vector import UB_BLOCK, cast, vop
 from npusim.ops.vector_kernels import (
     TILES_MAX, compress, pipeline_epilogue, pipeline_prologue, tile_kernel, tile_pipeline,

@@ -30,7 +30,7 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, Loop, Mem, VecOp, moving
-from npusim.ops.build import Buffers, align_up, cdiv, gm_copy_cycles
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv, gm_copy_cycles
 from npusim.ops.layout import UB_RESERVE, gm_copy, pipeline_kernel, split_runs
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import MAX_DTYPES, UB_BLOCK, numel, one_of, shape_validator
@@ -166,7 +166,7 @@ def _tiling(g: _Perm, e: int, hw: HwConfig) -> tuple[int, int, int]:
             best = (cost, tb, ta)
     if best is None:
         raise ProgramError(f"transpose: no tile of whole {hw.dma.burst_bytes}-byte DMA bursts (dma.burst_bytes) of "
-                           f"{e}-byte elements fits UB ({hw.aiv.ub_bytes} bytes, aiv.ub_bytes) in and out, "
+                           f"{e}-byte elements fits {capacity_text(hw, Mem.UB)} in and out, "
                            "double-buffered")
     _, tb, ta = best
     if g.stack_dim is None or (tb, ta) != (rows, cols):

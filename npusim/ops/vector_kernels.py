@@ -27,7 +27,7 @@ from npusim.isa.program import (
     DTYPE_BYTES, Copy, CoreType, GmTensor, Kernel, Loop, Mem, Pipe, Program, SetFlag, VecOp, WaitFlag,
     addr, moving, set_flag, shift, wait_flag,
 )
-from npusim.ops.build import Buffers, align_up, cdiv, pingpong
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv, pingpong
 
 
 @frozen
@@ -114,7 +114,7 @@ def streaming_kernel(
     if tile_rows < 1:
         raise ProgramError(
             f"op {op_type}: one row needs {per_row + tmp_total + slack} bytes of UB (in, out and scratch, "
-            f"single-buffered), UB has {budget} left")
+            f"single-buffered), {budget} left of {capacity_text(hw, Mem.UB)}")
     cores = hw.aiv_count
     per_core = align_up(cdiv(rows, cores), quantum)
     tile_rows = min(tile_rows, per_core)

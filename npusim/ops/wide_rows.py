@@ -22,7 +22,7 @@ from attrs import frozen
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import GmTensor, Loop, Mem, VecOp
-from npusim.ops.build import Buffers, align_up, cdiv
+from npusim.ops.build import Buffers, align_up, capacity_text, cdiv
 from npusim.ops.layout import gm_copy, split_runs
 from npusim.ops.vector import UB_BLOCK, cast, scalar_read, vop
 from npusim.ops.vector_kernels import (
@@ -72,8 +72,8 @@ def wide_row_kernel(op: str, hw: HwConfig, rows: int, cols: int, elem_bytes: int
     per_elem = 2 * (n_in + n_out) * elem_bytes + sum(tmp_elem_bytes)
     w = (hw.aiv.ub_bytes - pad) // per_elem // step * step
     if w < step:
-        raise ProgramError(f"op {op}: one {UB_BLOCK}-byte column chunk of shape[-1]={cols} does not fit UB "
-                           f"({hw.aiv.ub_bytes} bytes)")
+        raise ProgramError(f"op {op}: one {UB_BLOCK}-byte column chunk of shape[-1]={cols} does not fit "
+                           f"{capacity_text(hw, Mem.UB)}")
     chunks = cdiv(cols, w)
     w = align_up(cdiv(cols, chunks), step)  # even chunks
     chunks = cdiv(cols, w)

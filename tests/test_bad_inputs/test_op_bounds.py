@@ -96,3 +96,19 @@ def test_vocab_divisors_as_the_walk_found_them():
 
     for n in [*range(1, 400), 32000, 64000, 128256, 151936, 256000, 1 << 20, 2 * 999983]:
         assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+SMALL_MEMORIES = [  # a local memory set too small for an op's buffers: the message names the key that sets it
+    (["flash_attention", "--set", "aiv.ub_bytes=1024"],
+     r"op flash_attention: tiling does not fit UB: .* UB \(1024 bytes, aiv.ub_bytes\)$"),
+    (["embedding", "--set", "aiv.ub_bytes=1024"], r"op embedding: .* does not fit UB \(1024 bytes, aiv.ub_bytes\)$"),
+    (["argmax", "shape=2,64000", "--set", "aiv.ub_bytes=64"],
+     r"op argmax: .* fit UB \(64 bytes, aiv.ub_bytes\) at \d+ bytes per element$"),
+    (["transpose", "shape=64,64", "--set", "aiv.ub_bytes=64"],
+     r"transpose: .* fits UB \(64 bytes, aiv.ub_bytes\) in and out"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expect"), SMALL_MEMORIES, ids=[" ".join(a) for a, _ in SMALL_MEMORIES])
+def test_a_local_memory_too_small_names_its_key(argv, expect, capsys):
+    fails_cleanly(["op", *argv, "--no-cache"], capsys, expect)
