@@ -63,8 +63,15 @@ def overrides(args) -> dict:
     from npusim.errors import ConfigError
     from npusim.hw.load import parse_set_args
 
+    from npusim.sweep import STEP_KNOBS
+
     overrides = parse_set_args(args.set)
     for key, value in overrides.items():
+        if key in STEP_KNOBS:  # a step knob only a sweep's grid takes by --set; else "unknown key 'batch'"
+            command = getattr(args, "command", "")
+            how = (f"; an op's is a parameter: npusim op TYPE {key}={value}" if command == "op"
+                   else f"; give it as --{key} {value}" if command in ("run", "compare") else "")
+            raise ConfigError(f"--set {key}={value}: {key} is not a hardware field (what --set sets){how}")
         if "," in value:
             raise ConfigError(f"--set {key}={value}: takes one value here (a list of values is a sweep: "
                               f"npusim sweep --set {key}={value} --out DIR)")

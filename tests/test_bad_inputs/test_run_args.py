@@ -70,3 +70,14 @@ def test_negative_margin(cmd, capsys):
     2048, 4096), -1": the pass's words, the flag unnamed."""
     fails_cleanly([cmd, *TINY, "--passes", "optimized,buckets", "--margin", "-1"], capsys,
                   r"^npusim: error: --margin: expected a whole number of tokens >= 0, got -1$")
+
+
+@pytest.mark.parametrize(("argv", "expect"), [
+    (["run", *TINY[:2], "--set", "batch=2"],
+     r"--set batch=2: batch is not a hardware field \(what --set sets\); give it as --batch 2$"),
+    (["compare", *TINY[:2], "--set", "context=64"], r"--set context=64: .*; give it as --context 64$"),
+    (["op", "batch_matmul", "--set", "batch=2"], r"--set batch=2: .*; an op's is a parameter: npusim op TYPE batch=2$"),
+])
+def test_a_step_knob_given_to_set_says_which_flag_takes_it(argv, expect, capsys):
+    """`--set batch=2` is how a sweep's grid takes the knob; elsewhere it said 'unknown key'."""
+    fails_cleanly(argv, capsys, expect)
