@@ -304,3 +304,61 @@ def test_a_mark_that_fails_ends_the_run_with_its_error(monkeypatch):
     with pytest.raises(RuntimeError, match="^mark refused$"):
         run(calls, HW, "kernel", on_device=lambda d: setattr(d, "mark_var", var))
     assert run(calls, HW, "kernel").cycles > 0
+
+
+# ------------------------------------------------------------------ the flow model (_flows.c)
+
+
+def flows_link(capacity=100.0, whole=None, at_delay_fn=None, samples=None):
+    from npusim.engine._flows import Flows
+    from npusim.engine.cycles import whole_cycles
+    from npusim.engine.events import at_delay
+
+    env = Environment()
+    return env, Flows(capacity, samples, whole or whole_cycles, env, at_delay_fn or at_delay)
+
+
+@pytest.mark.parametrize("args, named", [
+    ((100, 0.0), "cap 0.0"),  # never ended (rate 0), the link's count kept it
+    ((100, -1.0), "cap -1.0"),  # ended at once
+    ((100, float("nan")), "cap nan"),  # a class of its own per flow, ended after a cycle
+    ((float("nan"), 10.0), "nbytes nan"),  # never ended
+    ((float("inf"), 10.0), "nbytes inf"),  # never ended
+    ((-5, 10.0), "nbytes -5"),  # ended at once
+    ((100, 10.0, 0), "weight 0"),  # counted as no flow: never ended
+    ((100, 10.0, -1), "weight -1"),  # ended at once, the link's count below 0
+])
+def test_a_flow_that_could_never_end_or_would_end_at_once_is_refused(args, named):
+    env, flows = flows_link()
+    with pytest.raises(ValueError) as e:
+        flows.start(*args[:2], print, *args[2:])
+    assert f"Flows.start: {named}" in one_line(e.value)
+    assert flows.active == 0
+    env.run()
+
+
+def test_weights_whose_sum_leaves_int64_are_refused():
+    """Three flows of weight 2^62: the link's count wrapped (undefined in C) and they all
+    ended at cycle 0. Now the flows in flight count to at most 2^63 - 1."""
+    env, flows = flows_link()
+    flows.start(100, 10.0, print, 2**62)
+    flows.start(100, 10.0, print, 2**62 - 1)
+    assert flows.active == 2**63 - 1
+    with pytest.raises(ValueError) as e:
+        flows.start(100, 10.0, print, 1)
+    assert "weight 1, expected 1 or more flows (and with those in flight at most 2^63 - 1)" in one_line(e.value)
+    assert flows.active == 2**63 - 1
+
+
+def test_a_link_that_moves_nothing_refuses_a_flow_and_a_nan_or_negative_one_is_not_made():
+    env, flows = flows_link(0.0)  # a link may be made at 0 (an absent NIC); a flow on it never ended
+    with pytest.raises(ValueError) as e:
+        flows.start(100, 10.0, print)
+    assert "moves 0 bytes per cycle" in one_line(e.value)
+    for capacity in (float("nan"), -1.0):
+        with pytest.raises(ValueError) as e:
+            flows_link(capacity)
+        assert f"Flows: capacity {capacity}" in one_line(e.value)
+    with pytest.raises(TypeError) as e:  # a SystemError at its first flow before
+        flows_link(samples=())
+    assert "samples must be a list or None, got tuple" in one_line(e.value)

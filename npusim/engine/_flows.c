@@ -152,7 +152,18 @@ static PyObject *reschedule(Flows *f, PyObject *now_obj, double now) {
 
 static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
     PyObject *samples, *whole_fn, *env, *at_delay;
-    if (!PyArg_ParseTuple(args, "dOOOO", &f->capacity, &samples, &whole_fn, &env, &at_delay)) return -1;
+    double capacity;
+    if (!PyArg_ParseTuple(args, "dOOOO", &capacity, &samples, &whole_fn, &env, &at_delay)) return -1;
+    if (!(capacity >= 0.0)) {  /* NaN too */
+        PyErr_Format(PyExc_ValueError, "Flows: capacity %R bytes per cycle, expected a number >= 0",
+                     PyTuple_GET_ITEM(args, 0));
+        return -1;
+    }
+    if (samples != Py_None && !PyList_Check(samples)) {
+        PyErr_Format(PyExc_TypeError, "Flows: samples must be a list or None, got %.100s", Py_TYPE(samples)->tp_name);
+        return -1;
+    }
+    f->capacity = capacity;
     f->t = 0.0;
     f->timer_at = INFINITY;
     f->seq = 0;
@@ -202,6 +213,27 @@ static PyObject *add_flow(Flows *f, PyObject *now_obj, PyObject *nbytes_obj, PyO
     double now = PyFloat_AsDouble(now_obj), nbytes = PyFloat_AsDouble(nbytes_obj), cap = PyFloat_AsDouble(cap_obj);
     int64_t weight = PyLong_AsLongLong(weight_obj);
     if (PyErr_Occurred()) return NULL;
+    /* a flow that could never end (or would end before it starts) is refused: its rest
+       over its rate is when it ends */
+    if (!(f->capacity > 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "Flows.start: the link moves 0 bytes per cycle: no flow on it would end");
+        return NULL;
+    }
+    if (!(nbytes >= 0.0 && nbytes < INFINITY)) {
+        PyErr_Format(PyExc_ValueError, "Flows.start: nbytes %R, expected a finite number >= 0", nbytes_obj);
+        return NULL;
+    }
+    if (!(cap > 0.0)) {
+        PyErr_Format(PyExc_ValueError, "Flows.start: cap %R bytes per cycle, expected a number > 0 (or inf)", cap_obj);
+        return NULL;
+    }
+    int64_t total = 0;
+    for (Py_ssize_t k = 0; k < f->n_classes; k++) total += f->classes[k].count;
+    if (weight < 1 || __builtin_add_overflow(total, weight, &total)) {
+        PyErr_Format(PyExc_ValueError, "Flows.start: weight %R, expected 1 or more flows (and with those in flight "
+                     "at most 2^63 - 1)", weight_obj);
+        return NULL;
+    }
     advance(f, now);
     Py_ssize_t i = 0;
     while (i < f->n_classes && f->classes[i].cap != cap) i++;
