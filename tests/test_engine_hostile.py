@@ -362,3 +362,25 @@ def test_a_link_that_moves_nothing_refuses_a_flow_and_a_nan_or_negative_one_is_n
     with pytest.raises(TypeError) as e:  # a SystemError at its first flow before
         flows_link(samples=())
     assert "samples must be a list or None, got tuple" in one_line(e.value)
+
+
+def test_a_start_from_inside_whole_cycles_is_refused():
+    """A link's timer walks its cap classes and calls whole_cycles on the way; a flow
+    started from there (with a new cap) moved the classes under it (a use after free)."""
+    env, flows = None, None
+    started = []
+
+    def whole(x):
+        if not started:
+            started.append(1)
+            flows.start(5, 3.0, print)
+        return math.ceil(round(x, 6))
+
+    import math
+
+    env, flows = flows_link(1.0, whole)
+    flows.start(10, math.inf, print)  # ends at 20; the other's rest ends at 40.0000004,
+    flows.start(20.0000002, math.inf, print)  # which only whole_cycles can round
+    with pytest.raises(RuntimeError) as e:
+        env.run()
+    assert one_line(e.value) == "Flows: start called from inside its whole_cycles"

@@ -47,6 +47,7 @@ typedef struct {
     PyObject *whole;      /* npusim.engine.cycles.whole_cycles */
     PyObject *env;        /* the link's environment (an events.Environment) */
     PyObject *at_delay;   /* npusim.engine.events.at_delay: a callback `delay` from now */
+    int in_whole;         /* whole_cycles is being called: the classes must stay as they are */
 } Flows;
 
 static PyTypeObject FlowsType, TimerType;
@@ -101,7 +102,9 @@ static Flow heap_pop(CapClass *c) {
 static double whole(Flows *f, double x) {
     double c = ceil(x);
     if (c == x || c - x < 1.0 - CLEAR) return c;
+    f->in_whole = 1;  /* a start from inside it would move the classes the caller walks */
     PyObject *r = PyObject_CallFunction(f->whole, "d", x);
+    f->in_whole = 0;
     if (!r) return -1;
     double v = PyFloat_AsDouble(r);
     Py_DECREF(r);
@@ -281,6 +284,14 @@ static int not_initialised(Flows *f) {
     return 1;
 }
 
+/* a RuntimeError if whole_cycles, called by the link, calls into it (`what`): the
+   classes it walks would move under it */
+static int reentered(Flows *f, const char *what) {
+    if (!f->in_whole) return 0;
+    PyErr_Format(PyExc_RuntimeError, "Flows: %s called from inside its whole_cycles", what);
+    return 1;
+}
+
 /* start(nbytes, cap, on_done, weight=1): a flow of `nbytes` capped at `cap` bytes/cycle
    from now; on_done() when it ends */
 static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) {
@@ -288,7 +299,7 @@ static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "add(nbytes, cap, on_done, weight=1)");
         return NULL;
     }
-    if (not_initialised(f)) return NULL;
+    if (not_initialised(f) || reentered(f, "start")) return NULL;
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     if (!now) return NULL;
     PyObject *one = NULL;
@@ -341,7 +352,7 @@ static PyObject *ended(Flows *f, PyObject *now_obj, PyObject *when_obj, PyObject
    then call the ended flows' on_done() in the order they ended */
 static PyObject *timer_call(Timer *t, PyObject *args, PyObject *kwds) {
     Flows *f = t->flows;
-    if (not_initialised(f)) return NULL;
+    if (not_initialised(f) || reentered(f, "a timer")) return NULL;
     PyObject *now = PyObject_GetAttr(f->env, s_now);
     if (!now) return NULL;
     PyObject *next = NULL, *finished = ended(f, now, t->when, &next);
