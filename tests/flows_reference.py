@@ -104,8 +104,8 @@ class ReferenceLink:
         when = whole_cycles(env.now + max(nxt, 0.0))
         if when == self._timer_at:
             return
-        self._timer_at = when
         at_delay(env, when - env.now, lambda _ev, when=when: self._on_timer(when))
+        self._timer_at = when  # once it is set: if it could not be, the next reschedule sets one
 
     def _ends_this_cycle(self, nbytes: float, rate: float) -> bool:
         """Would `nbytes` at `rate` end at the current cycle, as _reschedule rounds it?

@@ -384,3 +384,36 @@ def test_a_start_from_inside_whole_cycles_is_refused():
     with pytest.raises(RuntimeError) as e:
         env.run()
     assert one_line(e.value) == "Flows: start called from inside its whole_cycles"
+
+
+def test_a_timer_that_could_not_be_set_is_set_by_the_next_start(monkeypatch):
+    """at_delay raising left the link believing its timer was set: no flow on it ever
+    ended. Now the next start sets it, as the Python statement of the model does."""
+    import flows_reference
+
+    from npusim.engine import flows as flows_module
+    from npusim.engine.events import at_delay
+
+    def run(link_type):
+        calls = []
+
+        def failing_once(*args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("no timer")
+            return at_delay(*args)
+
+        with monkeypatch.context() as m:
+            m.setattr(flows_module, "at_delay", failing_once)
+            m.setattr(flows_reference, "at_delay", failing_once)
+            env = Environment()
+            link = link_type(env, "L", 100.0)
+            ends = []
+            with pytest.raises(RuntimeError, match="^no timer$"):
+                link.add(1000, 30.0, lambda: ends.append(("a", env.now)))
+            link.add(5000, 64.0, lambda: ends.append(("b", env.now)))  # the first still ends first
+            env.run()
+        return ends, link.active, link.samples
+
+    c, reference = run(flows_module.Link), run(flows_reference.ReferenceLink)
+    assert c == reference and c[1] == 0 and len(c[0]) == 2

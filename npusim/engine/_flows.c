@@ -310,7 +310,10 @@ static PyObject *flows_start(Flows *f, PyObject *const *args, Py_ssize_t nargs) 
     if (!when) return NULL;
     int bad = when != Py_None && set_timer(f, when) < 0;
     Py_DECREF(when);
-    if (bad) return NULL;
+    if (bad) {  /* no timer is set for it: the next start or timer sets one */
+        f->timer_at = INFINITY;
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -360,6 +363,7 @@ static PyObject *timer_call(Timer *t, PyObject *args, PyObject *kwds) {
     if (!finished || finished == Py_None) return finished;
     int bad = next != Py_None && set_timer(f, next) < 0;
     Py_DECREF(next);
+    if (bad) f->timer_at = INFINITY;  /* none is set: the next start sets one */
     for (Py_ssize_t i = 0; !bad && i < PyList_GET_SIZE(finished); i++) {
         PyObject *r = PyObject_CallNoArgs(PyList_GET_ITEM(finished, i));
         bad = !r;
