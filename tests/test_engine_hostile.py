@@ -417,3 +417,49 @@ def test_a_timer_that_could_not_be_set_is_set_by_the_next_start(monkeypatch):
 
     c, reference = run(flows_module.Link), run(flows_reference.ReferenceLink)
     assert c == reference and c[1] == 0 and len(c[0]) == 2
+
+
+# ------------------------------------------------------------------ the walker's own calls (_pipe.c)
+
+
+def test_a_mark_that_resumes_its_walker_is_refused(monkeypatch):
+    """on_mark is called from inside the walk, between two of its frames: resuming the
+    walker from there walked the stream on from under the frame the outer walk still
+    held (a frame read after the stack moved, the pipe's entries walked twice)."""
+    out = isolated("""
+        from npusim.engine import Launch, Synchronize, pipe, run
+        from npusim.engine.fastforward_rewrite import repeat_path
+        from npusim.hw import load_hw
+        from npusim.ops import lower
+
+        hw = load_hw("ascend910b2")
+        kernel = lower("add", {"shape": "16384,1024"}, hw).kernels[0]
+        var = repeat_path(kernel.program(kernel.core_type, 0).body)[1].var
+        pipe.mark = lambda kr, marks, walk: walk.resume(None)
+        try:
+            run([Launch(kernel, 0), Synchronize()], hw, "kernel", on_device=lambda d: setattr(d, "mark_var", var))
+        except RuntimeError as e:
+            print(e)
+    """)
+    assert out == "pipe Walker: resumed from inside its own walk (a callback it called)\n", out
+
+
+def test_a_walker_resumed_after_its_end_is_refused(monkeypatch):
+    """A pipe that has ended, resumed again, ended again: its counters went into its
+    kernel's twice (busy and wait cycles, flops) and its end Signal fired twice."""
+    from npusim.engine import Launch, Synchronize, run
+
+    walkers, ends = [], []
+    end = pipe.end
+    monkeypatch.setattr(pipe, "Walker", lambda *args: walkers.append(Walker(*args)) or walkers[-1])
+    monkeypatch.setattr(pipe, "end", lambda *args: ends.append(args[-1]) or end(*args))
+    run([Launch(cross_kernel(HW, 0), 0), Synchronize()], HW, "kernel")
+    assert len(ends) == len(walkers) > 1
+    for walk in walkers:
+        with pytest.raises(RuntimeError) as e:
+            walk.resume(None)
+        assert one_line(e.value) == "pipe Walker: resumed after the pipe has ended"
+        with pytest.raises(RuntimeError) as e:
+            walk()
+        assert one_line(e.value) == "pipe Walker: called after the pipe has ended"
+    assert len(ends) == len(walkers)

@@ -587,6 +587,9 @@ typedef struct {
     int64_t q_n;
     Num q_start[QUEUE_MAX], q_first, q_req, q_end, q_gate, startup;
     int q_gated;
+    /* resume is running (a callback it calls must not resume or call the walker: the
+       frame it walks would move under it), and the pipe has ended */
+    int walking, ended;
 } Walker;
 
 static PyObject *s_queue, *s_fire, *s_now, *s_value, *s_callbacks, *s_uneven, *s_moved;
@@ -828,9 +831,18 @@ static int start_copy(Walker *w) {
     return 0;
 }
 
+/* a RuntimeError if the walker is walking (`what` is called from a callback it called) or
+   has ended */
+static int not_now(Walker *w, const char *what) {
+    if (!w->walking && !w->ended) return 0;
+    PyErr_Format(PyExc_RuntimeError, "pipe Walker: %s %s", what,
+                 w->walking ? "from inside its own walk (a callback it called)" : "after the pipe has ended");
+    return 1;
+}
+
 /* the walker called by the timeout of a copy's start-up: the copy starts */
 static PyObject *walker_call(Walker *w, PyObject *args, PyObject *kwds) {
-    if (not_initialised(w)) return NULL;
+    if (not_initialised(w) || not_now(w, "called")) return NULL;
     if (!w->pending || !w->pending_op || w->pending_op->kind != K_COPY || w->st) {
         PyErr_SetString(PyExc_RuntimeError, "pipe Walker: called with no copy to start");
         return NULL;
@@ -1237,9 +1249,19 @@ static int wait_for(Walker *w, PyObject *ev) {
    generator: what it waits for gets this resume as a callback, and at its end its
    Signal is scheduled with its clock as a finished Process is. A barrier, SyncAll or
    cross-core flag is pipe.py's meet(walk, entry), a generator driven the same way. */
+static PyObject *resume(Walker *w, PyObject *event);
+
 static PyObject *walker_resume(Walker *w, PyObject *event) {
     if (not_initialised(w)) return NULL;
     if (!w->resume_cb) { PyErr_SetString(PyExc_TypeError, "pipe Walker: resumed before start()"); return NULL; }
+    if (not_now(w, "resumed")) return NULL;
+    w->walking = 1;
+    PyObject *r = resume(w, event);
+    w->walking = 0;
+    return r;
+}
+
+static PyObject *resume(Walker *w, PyObject *event) {
     PyObject *value = NULL;  /* to send into the meet generator */
     if (w->gen) {
         value = PyObject_GetAttr(event, s_value);
@@ -1267,6 +1289,7 @@ static PyObject *walker_resume(Walker *w, PyObject *event) {
         if (!x) return NULL;
         if (x == Py_None) {  /* the end: the counters, then the end Signal with the clock */
             Py_DECREF(x);
+            w->ended = 1;
             PyObject *r = PyObject_CallOneArg(w->end, (PyObject *)w);
             if (!r) return NULL;
             Py_DECREF(r);
