@@ -463,3 +463,41 @@ def test_a_walker_resumed_after_its_end_is_refused(monkeypatch):
             walk()
         assert one_line(e.value) == "pipe Walker: called after the pipe has ended"
     assert len(ends) == len(walkers)
+
+
+# ------------------------------------------------------------------ lists changed while read (_pipe.c, _l2.c)
+
+EVIL_INDEX = """
+        class Evil:  # an int by __index__, which empties the list it is read from
+            def __init__(self, items):
+                self.items = items
+
+            def __index__(self):
+                self.items.clear()
+                return 64
+"""
+
+
+def test_a_block_offset_that_empties_the_offsets_is_refused():
+    """A walk reads its run's block offsets, converting each; one converted by an __index__
+    that empties the list made the next read past its end (a crash)."""
+    out = isolated(EVIL_INDEX + """
+        from npusim.engine import Launch, Synchronize, pipe, run
+        from npusim.hw import load_hw
+        from npusim.ops import lower
+
+        walker = pipe.Walker
+
+        def evil_offsets(*args):
+            offsets = [0, 0]
+            offsets[0] = Evil(offsets)
+            return walker(*args[:16], offsets, *args[17:])
+
+        pipe.Walker = evil_offsets
+        hw = load_hw("ascend910b2")
+        try:
+            run([Launch(lower("add", {"shape": "64,1024"}, hw).kernels[0], 0), Synchronize()], hw, "kernel")
+        except RuntimeError as e:
+            print(e)
+    """)
+    assert out == "pipe walk: the run's block offsets changed while a copy read them\n", out

@@ -898,6 +898,12 @@ static PyObject *begin_copy(Walker *w, Op *op) {
     PyObject *addrs = PyList_New(n);
     if (!addrs) { Py_DECREF(done); return NULL; }
     for (Py_ssize_t k = 0; k < n; k++) {
+        /* an offset that is not an int is converted by its __index__, which may change the list */
+        if (PyList_GET_SIZE(w->offsets) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "pipe walk: the run's block offsets changed while a copy read them");
+            Py_DECREF(addrs); Py_DECREF(done);
+            return NULL;
+        }
         long long o = PyLong_AsLongLong(PyList_GET_ITEM(w->offsets, k));
         int64_t at;
         PyObject *x = (o == -1 && PyErr_Occurred()) || mul_add(a, o, op->block_step, &at, "a copy's GM address") < 0
