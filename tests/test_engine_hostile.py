@@ -501,3 +501,41 @@ def test_a_block_offset_that_empties_the_offsets_is_refused():
             print(e)
     """)
     assert out == "pipe walk: the run's block offsets changed while a copy read them\n", out
+
+
+def test_a_member_address_that_empties_the_addresses_is_refused():
+    """Likewise a transfer's member addresses (a crash), and a Core re-initialised (and
+    failed) by the line pattern's callback (the walk looped forever over no sets)."""
+    out = isolated(EVIL_INDEX + """
+        from array import array
+        from npusim.engine._l2 import Core, Mover
+        from npusim.engine.events import Environment, Signal
+        from npusim.engine.memory import MemorySystem
+        from npusim.hw import load_hw
+
+        mem = MemorySystem(Environment(), load_hw("ascend910b2"), record=False)
+        addrs = [0, None, 7 * 64]
+        addrs[1] = Evil(addrs)
+        mover = Mover(mem.l2._core, 512, 64, {}, mem._lines_of, None, [], None, None, Signal, None, None)
+        try:
+            mover.transfer(addrs, 64, 1, 64, False, 1.0, print)
+        except RuntimeError as e:
+            print(e)
+        arrays = lambda: [memoryview(array(t, [0] * 64)) for t in "iiBi"]
+        core = Core(*arrays(), 4, 16, 0)
+
+        def lines_of(*args):
+            try:
+                core.__init__(*arrays(), 0, 16, 0)
+            except ValueError:
+                pass
+            return (memoryview(array("q", [0, 1])), None, 0)
+
+        mover = Mover(core, 512, 64, {}, lines_of, None, [], None, None, Signal, None, None)
+        try:
+            mover.transfer([0], 64, 1, 64, False, 1.0, print)
+        except TypeError as e:
+            print(e)
+    """)
+    assert out.splitlines() == ["transfer: addrs changed while they were read",
+                                "L2 core: not initialised (Core(tags, last_use, dirty, fill, sets, ways, rotate) first)"]

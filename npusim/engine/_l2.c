@@ -1011,6 +1011,12 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
     PyTuple_SET_ITEM(key, 2, Py_NewRef(args[2]));
     PyTuple_SET_ITEM(key, 3, Py_NewRef(args[3]));
     for (Py_ssize_t k = 0; w > 1 && k < w; k++) {
+        /* an address that is not an int is converted by its __index__, which may change the list */
+        if (PyList_GET_SIZE(addrs) != w) {
+            Py_DECREF(key);
+            PyErr_SetString(PyExc_RuntimeError, "transfer: addrs changed while they were read");
+            return NULL;
+        }
         long long a = PyLong_AsLongLong(PyList_GET_ITEM(addrs, k)), off;
         x = (a == -1 && PyErr_Occurred()) ? NULL
             : __builtin_sub_overflow(a, a0, &off) ? PyErr_Format(PyExc_OverflowError, "transfer: members %lld "
@@ -1027,6 +1033,7 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
         if (PyErr_Occurred()) return NULL;
         pattern = PyObject_CallFunctionObjArgs(m->lines_of, addrs, args[1], args[2], args[3], NULL);
         if (!pattern) return NULL;
+        if (core_not_initialised(m->core)) { Py_DECREF(pattern); return NULL; }  /* re-initialised by it, and failed */
     }
     if (!PyTuple_Check(pattern) || PyTuple_GET_SIZE(pattern) < 3) {
         Py_DECREF(pattern);
