@@ -539,3 +539,48 @@ def test_a_member_address_that_empties_the_addresses_is_refused():
     """)
     assert out.splitlines() == ["transfer: addrs changed while they were read",
                                 "L2 core: not initialised (Core(tags, last_use, dirty, fill, sets, ways, rotate) first)"]
+
+
+# ------------------------------------------------------------------ arrays of another type (_l2.c)
+
+
+def l2_arrays(**instead):
+    import numpy as np
+
+    arrays = {"tags": np.full(64, -1, np.int32), "last_use": np.zeros(64, np.int32), "dirty": np.zeros(64, np.uint8),
+              "fill": np.zeros(64, np.int32)}
+    return [instead.get(name, array) for name, array in arrays.items()]
+
+
+def misaligned(dtype, n: int):
+    """A writable array of n `dtype` items one byte off their alignment."""
+    import numpy as np
+
+    raw = bytearray(n * np.dtype(dtype).itemsize + 1)
+    out = np.frombuffer(memoryview(raw)[1:], dtype)
+    assert not out.flags.aligned and out.flags.writeable
+    return out
+
+
+def test_an_l2_core_refuses_arrays_of_another_type_or_misaligned():
+    """Only the items' size was checked: float32 tags (their bits read as ints) or uint32
+    fills were walked as garbage, and an array one byte off its alignment was read
+    misaligned (undefined in C: UBSan reports it)."""
+    import numpy as np
+
+    from npusim.engine._l2 import Core
+
+    for name, bad, got in (("tags", np.full(64, -1, np.float32), "64 int32s (got format 'f', 256 bytes)"),
+                           ("fill", np.zeros(64, np.uint32), "64 int32s (got format 'I', 256 bytes)"),
+                           ("dirty", np.zeros(64, "S1"), "64 bytes (got format '1s', 64 bytes)"),
+                           ("last_use", misaligned(np.int32, 64), "be aligned to its 4-byte items")):
+        with pytest.raises(ValueError) as e:
+            Core(*l2_arrays(**{name: bad}), 4, 16, 0)
+        assert one_line(e.value) == f"L2 core: {name} must {'' if 'aligned' in got else 'hold '}{got}"
+    core = Core(*l2_arrays(), 4, 16, 0)
+    lines = misaligned(np.int64, 3)
+    for call in (lambda: core.access(lines, False, 0, False), lambda: core.find(lines)):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert one_line(e.value) == "L2 core: lines must be an aligned, contiguous int64 array"
+    assert core.find(np.zeros(3, np.int64)) == np.full(3, -1, np.int64).tobytes()  # aligned: as before

@@ -84,12 +84,28 @@ static void core_dealloc(Core *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
+/* the buffer's item format, without a native byte order mark ('<' on a little-endian host too) */
+static const char *format_of(const Py_buffer *b) {
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && PY_LITTLE_ENDIAN) || (*f == '>' && PY_BIG_ENDIAN)) f++;
+    return f;
+}
+
+/* one of the caller's arrays, held: n items, of 32-bit signed ints (itemsize 4) or bytes
+   (itemsize 1), at an address aligned for them (the walk reads them as such) */
 static int take(Core *c, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t n, const char *what) {
     Py_buffer *b = &c->bufs[c->held];
     if (PyObject_GetBuffer(obj, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     c->held++;
-    if (b->itemsize != itemsize || b->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "L2 core: %s must hold %zd items of %zd bytes", what, n, itemsize);
+    const char *f = format_of(b);
+    int typed = itemsize == 4 ? f[0] == 'i' && !f[1] : (f[0] == 'B' || f[0] == 'b' || f[0] == '?') && !f[1];
+    if (b->itemsize != itemsize || b->len != n * itemsize || !typed) {
+        PyErr_Format(PyExc_ValueError, "L2 core: %s must hold %zd %s (got format '%s', %zd bytes)", what, n,
+                     itemsize == 4 ? "int32s" : "bytes", b->format ? b->format : "B", b->len);
+        return -1;
+    }
+    if ((uintptr_t)b->buf % (uintptr_t)itemsize) {
+        PyErr_Format(PyExc_ValueError, "L2 core: %s must be aligned to its %zd-byte items", what, itemsize);
         return -1;
     }
     return 0;
@@ -238,11 +254,11 @@ static inline int64_t lru_way(const int32_t *row_use, int64_t ways) {
     return best;
 }
 
-/* a buffer of 8-byte signed integers (numpy int64: format "q" or "l" on LP64) */
+/* a buffer of 8-byte signed integers (numpy int64: format "q" or "l" on LP64), aligned
+   for them (the walk reads them as int64) */
 static int is_int64(const Py_buffer *b) {
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    return b->itemsize == 8 && (f[0] == 'q' || f[0] == 'l') && f[1] == 0;
+    const char *f = format_of(b);
+    return b->itemsize == 8 && (f[0] == 'q' || f[0] == 'l') && f[1] == 0 && !((uintptr_t)b->buf % 8);
 }
 
 static int cmp_int64(const void *a, const void *b) {
@@ -544,7 +560,7 @@ static PyObject *core_access(Core *c, PyObject *args) {
     if (PyObject_GetBuffer(lines_obj, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (!is_int64(&lb)) {
         PyBuffer_Release(&lb);
-        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be an aligned, contiguous int64 array");
         return NULL;
     }
     Py_ssize_t hits;
@@ -565,7 +581,7 @@ static PyObject *core_find(Core *c, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &lb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (!is_int64(&lb)) {
         PyBuffer_Release(&lb);
-        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be a contiguous int64 array");
+        PyErr_SetString(PyExc_ValueError, "L2 core: lines must be an aligned, contiguous int64 array");
         return NULL;
     }
     Py_ssize_t n = lb.len / 8;
@@ -1050,7 +1066,7 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
     if (!is_int64(&lb) || shared < 0 || shared > ((int64_t)1 << 62)) {  /* hits, lines + shared fit */
         PyBuffer_Release(&lb);
         Py_DECREF(pattern);
-        PyErr_SetString(PyExc_ValueError, "transfer: a line pattern is a contiguous int64 array and 0 to 2^62 lines "
+        PyErr_SetString(PyExc_ValueError, "transfer: a line pattern is an aligned, contiguous int64 array and 0 to 2^62 lines "
                                           "shared");
         return NULL;
     }
