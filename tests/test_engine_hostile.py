@@ -584,3 +584,20 @@ def test_an_l2_core_refuses_arrays_of_another_type_or_misaligned():
             call()
         assert one_line(e.value) == "L2 core: lines must be an aligned, contiguous int64 array"
     assert core.find(np.zeros(3, np.int64)) == np.full(3, -1, np.int64).tobytes()  # aligned: as before
+
+
+def test_a_walker_initialised_again_is_refused_before_it_changes(monkeypatch):
+    """__init__ on a built Walker is refused, but it had set the cross-core latency
+    from its arguments first: the walk's cross-core flags then arrived that late."""
+    spans = simulate_on_device(cross_kernel(HW, 0), HW).trace.intervals
+
+    def walker(*args):
+        walk = Walker(*args)
+        cross = args[22]
+        with pytest.raises(TypeError) as e:
+            walk.__init__(*args[:22], (*cross[:5], 10**6), *args[23:])
+        assert one_line(e.value) == "pipe Walker: already initialised"
+        return walk
+
+    monkeypatch.setattr(pipe, "Walker", walker)
+    assert simulate_on_device(cross_kernel(HW, 0), HW).trace.intervals == spans

@@ -652,6 +652,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
                           &FlagsType, &cross, &PyTuple_Type, &cross_targets, &cross_from, &cross_sources, &cross_per,
                           &cross_latency, &queue))
         return -1;
+    if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already initialised"); return -1; }
     if (queue < 1 || queue > QUEUE_MAX) {
         PyErr_Format(PyExc_ValueError, "pipe Walker: a DMA queue of %zd copies (1 to %d)", queue, QUEUE_MAX);
         return -1;
@@ -667,7 +668,6 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     }
     if (num_from(cross_latency, &w->cross_latency) < 0) return -1;
     if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
-    if (w->root) { PyErr_SetString(PyExc_TypeError, "pipe Walker: already initialised"); return -1; }
     if (!((Code *)code)->ops) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: its Code is not initialised (Code(ops, n_mems))");
         return -1;
