@@ -7,6 +7,7 @@ runs in a fresh interpreter, so that it fails its test rather than ending pytest
 from __future__ import annotations
 
 import gc
+import math
 import subprocess
 import sys
 import textwrap
@@ -367,7 +368,6 @@ def test_a_link_that_moves_nothing_refuses_a_flow_and_a_nan_or_negative_one_is_n
 def test_a_start_from_inside_whole_cycles_is_refused():
     """A link's timer walks its cap classes and calls whole_cycles on the way; a flow
     started from there (with a new cap) moved the classes under it (a use after free)."""
-    env, flows = None, None
     started = []
 
     def whole(x):
@@ -375,8 +375,6 @@ def test_a_start_from_inside_whole_cycles_is_refused():
             started.append(1)
             flows.start(5, 3.0, print)
         return math.ceil(round(x, 6))
-
-    import math
 
     env, flows = flows_link(1.0, whole)
     flows.start(10, math.inf, print)  # ends at 20; the other's rest ends at 40.0000004,
@@ -537,8 +535,9 @@ def test_a_member_address_that_empties_the_addresses_is_refused():
         except TypeError as e:
             print(e)
     """)
-    assert out.splitlines() == ["transfer: addrs changed while they were read",
-                                "L2 core: not initialised (Core(tags, last_use, dirty, fill, sets, ways, rotate) first)"]
+    assert out.splitlines() == [
+        "transfer: addrs changed while they were read",
+        "L2 core: not initialised (Core(tags, last_use, dirty, fill, sets, ways, rotate) first)"]
 
 
 # ------------------------------------------------------------------ arrays of another type (_l2.c)

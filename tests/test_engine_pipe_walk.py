@@ -9,14 +9,20 @@ k3-tiny decode step."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+import attrs
 import pipe_reference
 import pytest
-from kernels import MTE3, V, aiv_kernel, pipeline_kernel, simulate_on_device, whole_run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kernels import (GM, GM_A, GM_B, MTE2, MTE3, UB, M, V, aiv_kernel, mix_kernel, pipeline_kernel, simulate_on_device,
+                     whole_run)
 
 from npusim.engine import device
 from npusim.hw import load_hw
-from npusim.isa import Loop, SetFlag, VecOp, WaitFlag
+from npusim.isa import (Copy, CrossSetFlag, CrossWaitFlag, GmTensor, Loop, Mmad, PipeBarrier, Scalar, SetFlag, VecOp,
+                        WaitFlag, addr)
 
 HW = load_hw("ascend910b2")
 
@@ -127,3 +133,72 @@ def test_marks_are_taken_as_in_python(monkeypatch, op_type, params):
     plain, none = marked(None)
     assert walked == reference and "[(" in walked and not none
     assert walked.startswith(f"({plain!r}, ")  # the stats: as unmarked
+
+
+# ------------------------------------------------------------------ random programs
+
+@lru_cache(maxsize=None)
+def hw_with_queue(outstanding: int):
+    return load_hw("ascend910b2", overrides={"dma.outstanding": outstanding})
+
+
+@st.composite
+def walk_programs(draw):
+    """An AIV (or MIX) program of random shape: a copy-in -> vector -> copy-out pipeline
+    (single or double buffered, strided or misaligned GM segments, a group of blocks or
+    not), fixed-cost work before it, in a loop or not, a barrier, and cross-core flags
+    to an AIC; on a DMA queue of 1 to 4 copies."""
+    tile = draw(st.sampled_from([512, 992, 4096]))
+    segments = draw(st.integers(1, 3))
+    gm_stride = draw(st.sampled_from([None, tile + 32]))
+    offset = draw(st.sampled_from([0, 32]))  # a misaligned GM start pays the burst rule
+    iters = draw(st.integers(1, 3))
+    double = draw(st.booleans())
+    op = draw(st.sampled_from(["add", "exp"]))
+    block_dim = draw(st.integers(1, 3))
+    span = iters * (2 if double else 1) * segments * (gm_stride or tile)
+    block_step = draw(st.sampled_from([0, span]))
+    slots = 2 if double else 1
+
+    def stage(slot: int) -> list:
+        size = segments * tile
+        gm_steps = {"j": slots * segments * (gm_stride or tile), "block": block_step}
+        at = slot * segments * (gm_stride or tile)
+        return [WaitFlag(MTE3, MTE2, slot),
+                Copy(GM, UB, addr(GM_A + offset + at, **gm_steps), slot * size, tile, segments, gm_stride, tile),
+                SetFlag(MTE2, V, slot), WaitFlag(MTE2, V, slot),
+                VecOp(op, size // 2, dst=(2 + slot) * size, srcs=(slot * size,)),
+                SetFlag(V, MTE3, slot), WaitFlag(V, MTE3, slot),
+                Copy(UB, GM, (2 + slot) * size, addr(GM_B + offset + at, **gm_steps), tile, segments, tile,
+                     gm_stride),
+                SetFlag(MTE3, MTE2, slot)]
+
+    fixed = draw(st.lists(st.one_of(st.builds(VecOp, st.sampled_from(["add", "exp", "mul"]), st.integers(16, 4096)),
+                                     st.builds(Scalar, st.integers(1, 300))), max_size=3))
+    body = [SetFlag(MTE3, MTE2, s) for s in range(slots)]
+    body += [Loop("j", iters, [x for s in range(slots) for x in stage(s)])]
+    body += [WaitFlag(MTE3, MTE2, s) for s in range(slots)]
+    repeat = draw(st.integers(1, 3))
+    body = ([Loop("r", repeat, fixed)] if repeat > 1 and fixed else fixed) + body
+    if draw(st.booleans()):
+        body.append(PipeBarrier())
+    hw = hw_with_queue(draw(st.integers(1, 4)))
+    extent = (block_dim - 1) * block_step + span + offset
+    gm = [GmTensor("src", GM_A, extent), GmTensor("dst", GM_B, extent)]
+    if draw(st.booleans()):  # the AIVs tell their AIC once their pipeline is through
+        kernel = mix_kernel(hw, [CrossWaitFlag(M, 1), Mmad(16, 16, 16)], body + [CrossSetFlag(V, 1)], block_dim)
+        kernel = attrs.evolve(kernel, gm=gm)
+    else:
+        kernel = aiv_kernel(hw, body, block_dim, gm=gm)
+    return kernel, hw
+
+
+# (monkeypatch's changes are undone within each example)
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(walk_programs())
+def test_random_programs_walk_as_in_python(monkeypatch, program):
+    """The C walk and its Python statement (tests/pipe_reference.py) on random programs:
+    every kernel record, counter and trace interval agrees, value and type."""
+    kernel, hw = program
+    walked, reference = _walked_and_reference(monkeypatch, lambda: simulate_on_device(kernel, hw))
+    assert walked == reference
