@@ -6,9 +6,12 @@ fill is still in flight waits for it."""
 
 from __future__ import annotations
 
+import memory_reference
 import numpy as np
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kernels import (
     GM,
@@ -25,13 +28,16 @@ from kernels import (
     intervals,
     read_kernel,
     simulate_on_device,
+    whole_run,
 )
-from npusim.engine import Launch, Synchronize, run, simulate
+from npusim.engine import Launch, Synchronize, memory, run, simulate
+from npusim.engine._l2 import burst_cost
 from npusim.engine.events import Environment
 from npusim.engine.l2cache import L2Cache
 from npusim.engine.memory import MemorySystem, _lines
 from npusim.hw import load_hw
 from npusim.isa import Copy, Loop, Scalar, SetFlag, WaitFlag, addr
+from test_engine_pipe_walk import random_programs
 
 # one copy at a time (dma.outstanding 1): each pays its start-up, as the closed forms count
 BASE = {"dma.startup_cycles": 100, "dma.segment_cycles": 0, "dma.vector_segment_cycles": 0,
@@ -589,3 +595,31 @@ def test_l2cache_misses_of_a_set_take_its_ways_least_recent_first_up_to_the_larg
     assert hits == plain_hits == 0
     assert c.tags.tolist() == [t // c.sets if t >= 0 else -1 for row in plain.tag for t in row]
     assert [c.tags[w] for w in (3, 0, 1, 2)] == (lines // c.sets).tolist()
+
+
+# ------------------------------------------------------------------ transfers (_l2.c Mover) against Python
+
+
+@given(st.integers(-(1 << 50), 1 << 50), st.integers(-64, 1 << 20), st.integers(0, 300),
+       st.integers(-(1 << 30), 1 << 30), st.integers(1, 1 << 20))
+def test_burst_rounding_is_the_python_rule_for_any_burst_address_and_stride(addr, nbytes, segments, stride, burst):
+    """Beyond the shapes test_engine_transfer draws: negative addresses and strides (floor
+    division and modulo as Python's), bursts that are not powers of two up to the most, no
+    segments."""
+    assert burst_cost(addr, nbytes, segments, stride, burst) == memory_reference.burst_cost(
+        addr, nbytes, segments, stride, burst)
+
+
+# (monkeypatch's changes are undone within each example)
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(random_programs())
+def test_random_programs_transfer_as_in_python(monkeypatch, program):
+    """The C transfer and its Python statement (tests/memory_reference.py) on random programs
+    (test_engine_pipe_walk.random_programs: strided and misaligned segments, groups of
+    blocks, an L2 of 16 KiB that misses and evicts): every kernel record, counter, trace
+    interval and link sample agrees, value and type."""
+    kernel, hw = program
+    started = whole_run(simulate_on_device(kernel, hw))
+    with monkeypatch.context() as m:
+        m.setattr(memory, "Mover", memory_reference.Mover)
+        assert whole_run(simulate_on_device(kernel, hw)) == started

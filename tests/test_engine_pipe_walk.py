@@ -138,16 +138,19 @@ def test_marks_are_taken_as_in_python(monkeypatch, op_type, params):
 # ------------------------------------------------------------------ random programs
 
 @lru_cache(maxsize=None)
-def hw_with_queue(outstanding: int):
-    return load_hw("ascend910b2", overrides={"dma.outstanding": outstanding})
+def hw_with(outstanding: int, l2_bytes: int | None):
+    return load_hw("ascend910b2", overrides={"dma.outstanding": outstanding,
+                                             **({"l2.l2_bytes": l2_bytes} if l2_bytes else {})})
 
 
 @st.composite
-def walk_programs(draw):
+def random_programs(draw):
     """An AIV (or MIX) program of random shape: a copy-in -> vector -> copy-out pipeline
     (single or double buffered, strided or misaligned GM segments, a group of blocks or
     not), fixed-cost work before it, in a loop or not, a barrier, and cross-core flags
-    to an AIC; on a DMA queue of 1 to 4 copies."""
+    to an AIC; on a DMA queue of 1 to 4 copies, and the shipped L2 or one of 16 KiB (where
+    reads miss, wait for each other's fills and evict dirty lines). (kernel, hw); test_engine_l2
+    runs them too."""
     tile = draw(st.sampled_from([512, 992, 4096]))
     segments = draw(st.integers(1, 3))
     gm_stride = draw(st.sampled_from([None, tile + 32]))
@@ -182,7 +185,7 @@ def walk_programs(draw):
     body = ([Loop("r", repeat, fixed)] if repeat > 1 and fixed else fixed) + body
     if draw(st.booleans()):
         body.append(PipeBarrier())
-    hw = hw_with_queue(draw(st.integers(1, 4)))
+    hw = hw_with(draw(st.integers(1, 4)), draw(st.sampled_from([None, 1 << 14])))
     extent = (block_dim - 1) * block_step + span + offset
     gm = [GmTensor("src", GM_A, extent), GmTensor("dst", GM_B, extent)]
     if draw(st.booleans()):  # the AIVs tell their AIC once their pipeline is through
@@ -195,7 +198,7 @@ def walk_programs(draw):
 
 # (monkeypatch's changes are undone within each example)
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(walk_programs())
+@given(random_programs())
 def test_random_programs_walk_as_in_python(monkeypatch, program):
     """The C walk and its Python statement (tests/pipe_reference.py) on random programs:
     every kernel record, counter and trace interval agrees, value and type."""
