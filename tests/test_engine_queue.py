@@ -31,6 +31,36 @@ def test_pops_in_simpys_order(entries):
     assert [(repr(t), i) for t, i in popped] == [(repr(t), i) for t, i in expected]  # the time objects too
 
 
+class Loud(float):
+    """A float whose comparisons are Python code: they push onto the queue being sifted."""
+
+    queue: Queue | None = None
+    calls = 0
+
+    def __lt__(self, other):
+        Loud.calls += 1
+        Loud.queue.push(0, 0, "pushed while sifting")
+        return float.__lt__(self, other)
+
+    __gt__ = __le__ = __ge__ = __lt__
+
+
+@given(st.lists(st.tuples(st.one_of(TIMES, TIMES.map(Loud)), st.sampled_from([0, 1])), max_size=60))
+def test_a_float_subclass_is_ordered_as_its_float_without_its_own_comparisons(entries):
+    """A float subclass tied with an int beyond 2^53 was compared by its own __lt__/__gt__ -
+    Python code run in the middle of a sift, which could push onto the queue there (an
+    entry lost or held twice). It is ordered as the float it is, by float's comparison."""
+    q, heap, ids = Queue(), [], count()
+    Loud.queue, Loud.calls = q, 0
+    for i, (time, priority) in enumerate(entries):
+        q.push(time, priority, i)
+        heapq.heappush(heap, (float(time) if isinstance(time, Loud) else time, priority, next(ids), i))
+    popped = [q.pop() for _ in range(len(q))]
+    expected = [(time, i) for time, _, _, i in (heapq.heappop(heap) for _ in range(len(heap)))]
+    assert Loud.calls == 0
+    assert [(repr(t), i) for t, i in popped] == [(repr(t), i) for t, i in expected]
+
+
 def test_a_time_that_is_not_a_number_is_refused():
     q = Queue()
     for bad in (float("nan"), "1", None):

@@ -41,11 +41,24 @@ typedef struct {
 
 static PyObject *s_now, *s_callbacks, *s_ok;
 
+/* x < y for times (exact ints, floats): by int's and float's own comparisons, which are
+   exact and run no Python - a float subclass's __lt__ or __gt__ would, in the middle of a
+   sift, and could push onto this queue there */
+static int time_lt(PyObject *x, PyObject *y) {
+    PyObject *r = PyLong_CheckExact(x) && PyLong_CheckExact(y) ? PyLong_Type.tp_richcompare(x, y, Py_LT)
+                  : PyLong_CheckExact(x) ? PyFloat_Type.tp_richcompare(y, x, Py_GT)
+                  : PyFloat_Type.tp_richcompare(x, y, Py_LT);
+    if (!r) { PyErr_Clear(); return 0; }  /* (they cannot fail) */
+    int lt = r == Py_True;
+    Py_DECREF(r);
+    return lt;
+}
+
 static inline int before(const Entry *a, const Entry *b) {
     if (a->key != b->key) return a->key < b->key;  /* rounding keeps order: no tie broken wrongly */
     if (a->inexact | b->inexact) {  /* ints and floats compare exactly (and cannot fail) */
-        if (PyObject_RichCompareBool(a->time, b->time, Py_LT) == 1) return 1;
-        if (PyObject_RichCompareBool(b->time, a->time, Py_LT) == 1) return 0;
+        if (time_lt(a->time, b->time)) return 1;
+        if (time_lt(b->time, a->time)) return 0;
     }
     if (a->priority != b->priority) return a->priority < b->priority;
     return a->id < b->id;
