@@ -600,3 +600,21 @@ def test_a_walker_initialised_again_is_refused_before_it_changes(monkeypatch):
 
     monkeypatch.setattr(pipe, "Walker", walker)
     assert simulate_on_device(cross_kernel(HW, 0), HW).trace.intervals == spans
+
+
+def test_a_code_half_built_is_not_a_loop_body():
+    """A Code's build converts a loop count by its __index__: Python code that made another
+    Code whose loop body was the one half built, which then took that Code as a later
+    loop's body - a loop that holds itself (a walk of it would nest without end)."""
+    inner = Code.__new__(Code)
+
+    class Count:
+        def __index__(self):
+            inner.__init__(((K_LOOP, None, "", "j", 2, outer),), 0)
+            return 2
+
+    outer = Code.__new__(Code)
+    fixed = Code(((0, None, "add", 1, 0.0, (), ()),), 0)
+    with pytest.raises(TypeError) as e:
+        outer.__init__(((K_LOOP, None, "", "i", Count(), fixed), (K_LOOP, None, "", "k", 2, inner)), 0)
+    assert one_line(e.value) == "pipe Code: op 0: a loop's body is not initialised (Code(ops, n_mems))"

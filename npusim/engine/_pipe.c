@@ -178,6 +178,7 @@ struct Code {
     Op *ops;
     Py_ssize_t n;
     Py_ssize_t n_mems;   /* local buffers the whole stream writes into (indices 0..n_mems) */
+    int building;        /* __init__ is under way: not a loop's body yet (it could become its own) */
 };
 
 static PyTypeObject CodeType;
@@ -324,7 +325,7 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
             PyObject *body = PyTuple_GET_ITEM(t, 5);
             if (!PyObject_TypeCheck(body, &CodeType)) return bad_op(i, "a loop's body must be a Code");
             if (body == (PyObject *)c) return bad_op(i, "a loop's body must not be its own Code");
-            if (!((Code *)body)->ops) {
+            if (!((Code *)body)->ops || ((Code *)body)->building) {
                 PyErr_Format(PyExc_TypeError, "pipe Code: op %zd: a loop's body is not initialised (Code(ops, n_mems))",
                              i);
                 return -1;
@@ -389,7 +390,12 @@ static int code_init(Code *c, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "pipe Code: %zd local buffers, expected 0 to %d", n_mems, MEMS_MAX);
         return -1;
     }
-    if (code_build(c, ops, n_mems) < 0) {  /* a Code half built is not one: not initialised again */
+    /* the build converts numbers by their __index__ or __float__, Python code that could
+       make another Code whose loop body is this one, half built: a loop that holds itself */
+    c->building = 1;
+    int bad = code_build(c, ops, n_mems);
+    c->building = 0;
+    if (bad < 0) {  /* a Code half built is not one: not initialised again */
         code_reset(c);
         return -1;
     }
