@@ -618,3 +618,21 @@ def test_a_code_half_built_is_not_a_loop_body():
     with pytest.raises(TypeError) as e:
         outer.__init__(((K_LOOP, None, "", "i", Count(), fixed), (K_LOOP, None, "", "k", 2, inner)), 0)
     assert one_line(e.value) == "pipe Code: op 0: a loop's body is not initialised (Code(ops, n_mems))"
+
+
+def test_a_link_initialised_again_is_refused():
+    """Flows.__init__ on a link with a flow in flight reset its clock and timer but kept the
+    flow: its timer, found superseded, ended nothing and the flow never ended. Now refused."""
+    from npusim.engine._flows import Flows
+    from npusim.engine.cycles import whole_cycles
+    from npusim.engine.events import at_delay
+
+    env, flows = flows_link()
+    ended = []
+    env.run(until=5)
+    flows.start(100, 10.0, lambda: ended.append(env.now))
+    with pytest.raises(TypeError) as e:
+        flows.__init__(100.0, None, whole_cycles, env, at_delay)
+    assert one_line(e.value) == "Flows: already initialised"
+    env.run()
+    assert ended == [15] and isinstance(flows, Flows)

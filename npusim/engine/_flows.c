@@ -157,6 +157,10 @@ static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
     PyObject *samples, *whole_fn, *env, *at_delay;
     double capacity;
     if (!PyArg_ParseTuple(args, "dOOOO", &capacity, &samples, &whole_fn, &env, &at_delay)) return -1;
+    if (f->env) {  /* its flows' clocks and its timer are the link's as it was */
+        PyErr_SetString(PyExc_TypeError, "Flows: already initialised");
+        return -1;
+    }
     if (!(capacity >= 0.0)) {  /* NaN too */
         PyErr_Format(PyExc_ValueError, "Flows: capacity %R bytes per cycle, expected a number >= 0",
                      PyTuple_GET_ITEM(args, 0));
@@ -170,10 +174,6 @@ static int flows_init(Flows *f, PyObject *args, PyObject *kwds) {
     f->t = 0.0;
     f->timer_at = INFINITY;
     f->seq = 0;
-    Py_CLEAR(f->samples);
-    Py_CLEAR(f->whole);
-    Py_CLEAR(f->env);
-    Py_CLEAR(f->at_delay);
     f->samples = samples == Py_None ? NULL : Py_NewRef(samples);
     f->whole = Py_NewRef(whole_fn);
     f->env = Py_NewRef(env);
