@@ -636,3 +636,25 @@ def test_a_link_initialised_again_is_refused():
     assert one_line(e.value) == "Flows: already initialised"
     env.run()
     assert ended == [15] and isinstance(flows, Flows)
+
+
+def test_a_mover_refusing_new_arguments_keeps_its_own():
+    """Mover.__init__ with a line beyond the most is refused, but it had taken the new
+    environment, Signal, HBM link and callback first: the mover's next read that missed
+    made its fill with the Signal it had refused."""
+    from npusim.engine.memory import MemorySystem
+
+    env = Environment()
+    mem = MemorySystem(env, HW, record=False)
+    mover = mem.transfer.__self__
+
+    def refused(env):
+        raise AssertionError("the refused Signal was used")
+
+    with pytest.raises(ValueError) as e:
+        mover.__init__(mem.l2._core, 2**59, 64, {}, mem._lines_of, None, [], None, None, refused, None, None)
+    assert f"a line of {2**59} bytes" in one_line(e.value)
+    ended = []
+    mem.transfer([0x1000_0000], 4096, 1, 4096, False, 64.0, lambda: ended.append(env.now))  # misses: a fill
+    env.run()
+    assert len(ended) == 1

@@ -883,6 +883,9 @@ static int mover_init(Mover *m, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "O!LLO!OOO!OOOOO", &CoreType, &core, &line, &burst, &PyDict_Type, &patterns,
                           &lines_of, &l2_add, &PyList_Type, &fills, &finish, &env, &signal, &hbm_add, &nothing))
         return -1;
+    /* checked before any field changes: a mover refusing new arguments keeps its own */
+    if (bad_unit("Mover", "line", line) || bad_unit("Mover", "burst", burst)) return -1;
+    if (core_not_initialised((Core *)core)) return -1;
     PyObject *inf = PyFloat_FromDouble(Py_HUGE_VAL);
     if (!inf) return -1;
     Py_XSETREF(m->inf, inf);
@@ -890,8 +893,6 @@ static int mover_init(Mover *m, PyObject *args, PyObject *kwds) {
     Py_XSETREF(m->signal, Py_NewRef(signal));
     Py_XSETREF(m->hbm_add, Py_NewRef(hbm_add));
     Py_XSETREF(m->nothing, Py_NewRef(nothing));
-    if (bad_unit("Mover", "line", line) || bad_unit("Mover", "burst", burst)) return -1;
-    if (core_not_initialised((Core *)core)) return -1;
     Py_XSETREF(m->core, (Core *)Py_NewRef(core));
     m->line = line; m->burst = burst;
     Py_XSETREF(m->patterns, Py_NewRef(patterns));
