@@ -1,16 +1,19 @@
 """The event queue in C (npusim/engine/_queue.c) pops in SimPy's order: by time, then
 priority, then the order scheduled - the order of SimPy's heap of (time, priority,
-id, event) tuples - for ints, floats and ints too large for a double to hold."""
+id, event) tuples - for ints, floats and ints too large for a double to hold; and its
+loop, Signals, after and at_delay run processes as SimPy's own events do."""
 
 from __future__ import annotations
 
 import heapq
 from itertools import count
 
+import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
 from npusim.engine._queue import Queue
+from npusim.engine.events import Environment, Signal, after, at_delay
 
 TIMES = st.one_of(
     st.integers(0, 50),
@@ -70,3 +73,49 @@ def test_a_time_that_is_not_a_number_is_refused():
             assert "event queue" in str(e)
         else:
             raise AssertionError(f"{bad!r} was queued")
+
+
+DELAYS = st.one_of(st.integers(0, 20), st.floats(0, 20, allow_nan=False).map(lambda x: round(x, 1)),
+                   st.sampled_from([2**53 + 1, float(2**53)]))
+STEPS = st.lists(st.tuples(st.sampled_from(["after", "timeout", "at_delay", "fire"]), DELAYS), max_size=8)
+
+
+def _log_of(env, processes, engine: bool) -> list:
+    """Run `processes` (per process, its steps) on `env`: with npusim's cheap events in C
+    (engine) or with SimPy's own; what happened, in the order it happened."""
+    log = []
+
+    def process(p, steps):
+        for k, (kind, delay) in enumerate(steps):
+            if kind in ("after", "timeout"):
+                value = yield (after(env, delay) if engine and kind == "after" else env.timeout(delay))
+            elif kind == "at_delay":
+                def called(_event, p=p, k=k):
+                    log.append((repr(env.now), p, k, "called"))
+                if engine:
+                    at_delay(env, delay, called)
+                else:
+                    env.timeout(delay).callbacks.append(called)
+                value = None
+            else:
+                event = Signal(env) if engine else env.event()
+                if engine:
+                    event.fire((p, k))
+                else:
+                    event.succeed((p, k))
+                value = yield event
+            log.append((repr(env.now), p, k, value))
+
+    for p, steps in enumerate(processes):
+        env.process(process(p, steps))
+    env.run()
+    return log
+
+
+@given(st.lists(STEPS, min_size=1, max_size=5))
+def test_the_c_loop_runs_events_as_simpy_does(processes):
+    """The engine's environment (its queue and loop in C, Signals, after, at_delay) and
+    SimPy's own (Timeouts, Events, callbacks): every process step and callback happens
+    at the same time, in the same order, with the same value, for ints, floats and ints
+    beyond 2^53."""
+    assert _log_of(Environment(), processes, True) == _log_of(simpy.Environment(), processes, False)
