@@ -14,7 +14,7 @@ import textwrap
 import weakref
 
 import pytest
-from kernels import M, V, mix_kernel, simulate_on_device
+from kernels import M, V, mix_kernel, pipeline_kernel, simulate_on_device
 
 from npusim.engine import pipe
 from npusim.engine._l2 import burst_cost
@@ -658,3 +658,29 @@ def test_a_mover_refusing_new_arguments_keeps_its_own():
     mem.transfer([0x1000_0000], 4096, 1, 4096, False, 64.0, lambda: ended.append(env.now))  # misses: a fill
     env.run()
     assert len(ended) == 1
+
+
+# ------------------------------------------------------------------ callbacks that are not a list
+
+
+def test_an_event_whose_callbacks_are_not_a_list_is_a_type_error(monkeypatch):
+    """The loop said such an event was 'processed twice' (it was not), and a walk that
+    waited on one failed with a SystemError (bad argument to an internal function)."""
+    env = Environment()
+    signal = Signal(env)
+    signal.callbacks = (print,)
+    signal.fire()
+    with pytest.raises(TypeError) as e:
+        env.run()
+    assert one_line(e.value) == "event queue: an event's callbacks must be a list, got tuple"
+
+    class Held:
+        callbacks = ()
+
+    def walker(*args):  # its copies' start-ups are timeouts whose callbacks are a tuple
+        return Walker(*args[:12], lambda env, delay: Held(), *args[13:])
+
+    monkeypatch.setattr(pipe, "Walker", walker)
+    with pytest.raises(TypeError) as e:
+        simulate_on_device(pipeline_kernel(HW, 4096, 2, False), HW)
+    assert one_line(e.value) == "pipe walk: an event's callbacks must be a list, got tuple"

@@ -822,6 +822,14 @@ static int now(Walker *w, Num *out) {
     return bad;
 }
 
+/* 0 if an event's `callbacks` is a list (what it calls when processed), else a TypeError */
+static int callback_list(PyObject *callbacks) {
+    if (PyList_Check(callbacks)) return 0;
+    PyErr_Format(PyExc_TypeError, "pipe walk: an event's callbacks must be a list, got %.100s",
+                 Py_TYPE(callbacks)->tp_name);
+    return -1;
+}
+
 /* start the pending copy now: memory.transfer(addrs, nbytes, segments, stride, write,
    cap, the end Signal's fire) */
 static int start_copy(Walker *w) {
@@ -929,7 +937,7 @@ static PyObject *begin_copy(Walker *w, Op *op) {
         Py_XDECREF(delay_obj);
         PyObject *callbacks = timeout ? PyObject_GetAttr(timeout, s_callbacks) : NULL;
         Py_XDECREF(timeout);
-        int bad = !callbacks || PyList_Append(callbacks, (PyObject *)w) < 0;
+        int bad = !callbacks || callback_list(callbacks) < 0 || PyList_Append(callbacks, (PyObject *)w) < 0;
         Py_XDECREF(callbacks);
         if (bad) { Py_DECREF(done); return NULL; }
     } else if (start_copy(w) < 0) {
@@ -1251,7 +1259,7 @@ static PyObject *walk_on(Walker *w) {
 static int wait_for(Walker *w, PyObject *ev) {
     PyObject *callbacks = PyObject_GetAttr(ev, s_callbacks);
     if (!callbacks) return -1;
-    int r = callbacks == Py_None ? 1 : PyList_Append(callbacks, w->resume_cb);
+    int r = callbacks == Py_None ? 1 : callback_list(callbacks) < 0 ? -1 : PyList_Append(callbacks, w->resume_cb);
     Py_DECREF(callbacks);
     return r;
 }

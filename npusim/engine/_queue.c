@@ -336,8 +336,13 @@ static PyObject *queue_run(Queue *q, PyObject *env) {
             PyErr_SetString(PyExc_RuntimeError, "event queue: an event without callbacks");
             goto fail;
         }
-        if (!PyList_Check(callbacks)) {
+        if (callbacks == Py_None) {
             PyErr_SetString(PyExc_RuntimeError, "event queue: an event was processed twice");
+            goto fail;
+        }
+        if (!PyList_Check(callbacks)) {
+            PyErr_Format(PyExc_TypeError, "event queue: an event's callbacks must be a list, got %.100s",
+                         Py_TYPE(callbacks)->tp_name);
             goto fail;
         }
         /* callbacks may be added while it runs (an event handed to a process that is
