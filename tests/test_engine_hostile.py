@@ -684,3 +684,22 @@ def test_an_event_whose_callbacks_are_not_a_list_is_a_type_error(monkeypatch):
     with pytest.raises(TypeError) as e:
         simulate_on_device(pipeline_kernel(HW, 4096, 2, False), HW)
     assert one_line(e.value) == "pipe walk: an event's callbacks must be a list, got tuple"
+
+
+def test_a_fill_id_given_again_while_in_flight_counts_once():
+    """Two accesses that missed with one fill id counted two fills in flight, and its
+    arrival one: the core said a fill was in flight for ever after."""
+    from array import array
+
+    from npusim.engine._l2 import Core
+
+    core = Core(*l2_arrays(), 4, 16, 0)
+    lines = lambda *xs: memoryview(array("q", xs))  # noqa: E731
+    core.access(lines(0, 1), False, 7, False)
+    core.access(lines(2, 3), False, 7, False)
+    assert core.in_flight == 1
+    core.arrived(7)
+    assert core.in_flight == 0
+    with pytest.raises(ValueError) as e:
+        core.arrived(7)
+    assert one_line(e.value) == "L2 core: fill 7 is not in flight"

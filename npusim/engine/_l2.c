@@ -531,7 +531,7 @@ static int access_lines(Core *c, const int64_t *lines, Py_ssize_t n, int64_t shi
         if (h < 0) goto fail;
         hits += h;
     }
-    if (any_miss && fill_id > 0) {
+    if (any_miss && fill_id > 0 && c->filled[fill_id]) {  /* (a fill id given again while in flight counts once) */
         c->filled[fill_id] = 0;
         c->in_flight++;
     }
