@@ -703,3 +703,20 @@ def test_a_fill_id_given_again_while_in_flight_counts_once():
     with pytest.raises(ValueError) as e:
         core.arrived(7)
     assert one_line(e.value) == "L2 core: fill 7 is not in flight"
+
+
+def test_a_flush_of_no_blocks_or_fewer_is_refused(monkeypatch):
+    """flush(counters, mems, weight) multiplied the bytes written by any weight: 0 dropped
+    them and -1 took them off the kernel's counters. A run stands for one block or more."""
+    from collections import defaultdict
+
+    from npusim.engine.compile import MEMS
+
+    walkers = []
+    monkeypatch.setattr(pipe, "Walker", lambda *args: walkers.append(Walker(*args)) or walkers[-1])
+    simulate_on_device(pipeline_kernel(HW, 4096, 2, False), HW)
+    for walk in walkers:
+        for weight in (0, -1):
+            with pytest.raises(ValueError) as e:
+                walk.flush(defaultdict(float), MEMS, weight)
+            assert one_line(e.value) == f"flush: a weight of {weight} blocks, expected at least 1"

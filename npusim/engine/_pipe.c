@@ -1368,6 +1368,10 @@ static PyObject *walker_flush(Walker *w, PyObject *const *args, Py_ssize_t nargs
     PyObject *counters = args[0], *mems = args[1];
     long long weight = PyLong_AsLongLong(args[2]);
     if (weight == -1 && PyErr_Occurred()) return NULL;
+    if (weight < 1) {  /* as the Walker's: the blocks the run stands for, at least its own */
+        PyErr_Format(PyExc_ValueError, "flush: a weight of %lld blocks, expected at least 1", weight);
+        return NULL;
+    }
     if (!PyTuple_Check(mems) || PyTuple_GET_SIZE(mems) != w->root->n_mems) {
         PyErr_SetString(PyExc_ValueError, "flush: mems must name every buffer of the Code");
         return NULL;
