@@ -720,3 +720,15 @@ def test_a_flush_of_no_blocks_or_fewer_is_refused(monkeypatch):
             with pytest.raises(ValueError) as e:
                 walk.flush(defaultdict(float), MEMS, weight)
             assert one_line(e.value) == f"flush: a weight of {weight} blocks, expected at least 1"
+
+
+@pytest.mark.parametrize("cost", [-1, -0.5, float("nan"), float("inf")])
+def test_a_cost_that_is_negative_or_not_finite_is_refused_by_the_code(cost):
+    """A fixed cost, a part's cost or a copy's start-up of -1 moved the pipe's clock back
+    (and its busy cycles below 0); a NaN reached the event queue far from its op."""
+    for op, what in (((0, None, "add", cost, 0.0, (), ()), "a cost"),
+                     ((1, None, "run", 3, 0.0, (), (("add", cost),)), "a part's cost"),
+                     ((6, None, "GM->UB", cost, 64.0, False, 0, (), 64, 1, 64, 0, 0), "a start-up")):
+        with pytest.raises(ValueError) as e:
+            Code((op,), 1)
+        assert one_line(e.value) == f"pipe Code: op 0: {what} of {cost!r} cycles, expected a finite number >= 0"

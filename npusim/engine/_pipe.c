@@ -222,6 +222,15 @@ static int bad_op(Py_ssize_t i, const char *what) {
     return -1;
 }
 
+/* a cycle count of op `i` (`what`: its cost, a part's, its start-up): an int or float, finite
+   and not negative (a clock never moves back, and a NaN would reach the event queue) */
+static int cycles_of(PyObject *o, Num *out, Py_ssize_t i, const char *what) {
+    if (num_from(o, out) < 0) return -1;
+    if (out->is_float ? out->d >= 0.0 && out->d < INFINITY : out->i >= 0) return 0;
+    PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: %s of %R cycles, expected a finite number >= 0", i, what, o);
+    return -1;
+}
+
 /* a flag entry's number: a SetFlag/WaitFlag's in its core's Flags (below FLAGS_MAX), a
    cross-core flag's id (below FLAG_ID_MAX); a ValueError naming it otherwise */
 static int flag_number(PyObject *o, int cross, Py_ssize_t i, Py_ssize_t *out) {
@@ -291,7 +300,7 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
         case K_FIXED:
         case K_RUN: {
             if (size != 7) return bad_op(i, "a fixed-cost entry is (kind, entry, name, cost, flops, local, parts)");
-            if (num_from(PyTuple_GET_ITEM(t, 3), &op->cost) < 0) return -1;
+            if (cycles_of(PyTuple_GET_ITEM(t, 3), &op->cost, i, "a cost") < 0) return -1;
             op->flops = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 4));
             if (op->flops == -1.0 && PyErr_Occurred()) return -1;
             if (take_local(op, PyTuple_GET_ITEM(t, 5), n_mems, i) < 0) return -1;
@@ -304,7 +313,7 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
             for (Py_ssize_t k = 0; k < np_; k++) {
                 PyObject *part = PyTuple_GET_ITEM(parts, k);
                 if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 2) return bad_op(i, "a part is (name, cost)");
-                if (num_from(PyTuple_GET_ITEM(part, 1), &op->part_cost[k]) < 0) return -1;
+                if (cycles_of(PyTuple_GET_ITEM(part, 1), &op->part_cost[k], i, "a part's cost") < 0) return -1;
                 op->part_name[k] = Py_NewRef(PyTuple_GET_ITEM(part, 0));
                 op->n_parts = k + 1;
             }
@@ -337,7 +346,7 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
         case K_COPY: {
             if (size != 13) return bad_op(i, "a copy is (kind, entry, name, startup, cap, write, base, terms, "
                                              "nbytes, segments, stride, block step, local)");
-            if (num_from(PyTuple_GET_ITEM(t, 3), &op->startup) < 0) return -1;
+            if (cycles_of(PyTuple_GET_ITEM(t, 3), &op->startup, i, "a start-up") < 0) return -1;
             op->cap = Py_NewRef(PyTuple_GET_ITEM(t, 4));
             op->cap_d = PyFloat_AsDouble(op->cap);
             if (op->cap_d == -1.0 && PyErr_Occurred()) return -1;
