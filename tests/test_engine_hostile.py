@@ -732,3 +732,18 @@ def test_a_cost_that_is_negative_or_not_finite_is_refused_by_the_code(cost):
         with pytest.raises(ValueError) as e:
             Code((op,), 1)
         assert one_line(e.value) == f"pipe Code: op 0: {what} of {cost!r} cycles, expected a finite number >= 0"
+
+
+@pytest.mark.parametrize("latency", [-1, float("nan")])
+def test_a_flag_latency_that_is_negative_or_not_finite_is_refused_by_the_walker(monkeypatch, latency):
+    """A set was visible before it was made (or at NaN, which reached the queue later)."""
+    made = []
+    monkeypatch.setattr(pipe, "Walker", lambda *args: made.append(args) or Walker(*args))
+    simulate_on_device(cross_kernel(HW, 0), HW)
+    args = made[0]
+    for built, what in ((lambda: Walker(*args[:3], latency, *args[4:]), "a flag latency"),
+                        (lambda: Walker(*args[:22], (*args[22][:5], latency), *args[23:]),
+                         "a cross-core flag latency")):
+        with pytest.raises(ValueError) as e:
+            built()
+        assert one_line(e.value) == f"pipe Walker: {what} of {latency!r} cycles, expected a finite number >= 0"

@@ -222,12 +222,15 @@ static int bad_op(Py_ssize_t i, const char *what) {
     return -1;
 }
 
-/* a cycle count of op `i` (`what`: its cost, a part's, its start-up): an int or float, finite
-   and not negative (a clock never moves back, and a NaN would reach the event queue) */
+/* a cycle count of op `i` (`what`: its cost, a part's, its start-up), or of a Walker's (i < 0:
+   a flag latency): an int or float, finite and not negative (a clock never moves back, and a
+   NaN would reach the event queue) */
 static int cycles_of(PyObject *o, Num *out, Py_ssize_t i, const char *what) {
     if (num_from(o, out) < 0) return -1;
     if (out->is_float ? out->d >= 0.0 && out->d < INFINITY : out->i >= 0) return 0;
-    PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: %s of %R cycles, expected a finite number >= 0", i, what, o);
+    if (i < 0) PyErr_Format(PyExc_ValueError, "pipe Walker: %s of %R cycles, expected a finite number >= 0", what, o);
+    else PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: %s of %R cycles, expected a finite number >= 0", i, what,
+                      o);
     return -1;
 }
 
@@ -681,7 +684,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "pipe Walker: cross-core sources out of range");
         return -1;
     }
-    if (num_from(cross_latency, &w->cross_latency) < 0) return -1;
+    if (cycles_of(cross_latency, &w->cross_latency, -1, "a cross-core flag latency") < 0) return -1;
     if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
     if (!((Code *)code)->ops) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: its Code is not initialised (Code(ops, n_mems))");
@@ -691,7 +694,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "pipe Walker: a run's weight of %lld blocks, expected at least 1", weight);
         return -1;
     }
-    if (num_from(latency, &w->latency) < 0 || num_from(t, &w->t) < 0) return -1;
+    if (cycles_of(latency, &w->latency, -1, "a flag latency") < 0 || num_from(t, &w->t) < 0) return -1;
     if (intervals != Py_None && !PyList_Check(intervals)) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: intervals must be a list or None");
         return -1;
