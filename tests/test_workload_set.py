@@ -29,6 +29,8 @@ def test_a_field_set_on_the_command_line_changes_the_step(capsys):
     (["routing"], "--workload-set routing: expected key=value"),
     (["routing=zipf", "routing=uniform"], "--workload-set routing: given twice"),
     (["capacity_factor=-1"], "key 'capacity_factor': expected a finite value >= 0"),
+    (["first_dense_layers=01"], "key 'first_dense_layers': expected an integer, got '01'"),  # YAML 1.1's octal 1
+    (["routing_seed=1_0"], "key 'routing_seed': expected an integer, got '1_0'"),  # was seed 10
 ])
 @pytest.mark.parametrize("command", [["run"], ["serve", "--service", "seed-optimized", "--rate", "1",
                                                 "--requests", "2"]])

@@ -111,11 +111,20 @@ class _FastLoader(_Strict, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """The same rules on libyaml's parser (when PyYAML has it): a few times faster."""
 
 
+# Numbers are plain decimal, as JSON and YAML 1.2 write them. YAML 1.1 also reads 010
+# as 8 (octal), 1:30 as 90 (base 60), 1_0 as 10, 0x18 and 0b11: a slip in a config or a
+# --set value, taken silently. Any other spelling stays a string, which the field's type
+# check refuses with the key's name. 1.6e12 is a float (YAML 1.1 wants 1.6e+12).
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 for _cls in (_Loader, _FastLoader):
+    _cls.yaml_implicit_resolvers = {first: [r for r in rules if r[0] not in (_INT, _FLOAT)]
+                                    for first, rules in _cls.yaml_implicit_resolvers.items()}
+    _cls.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
     _cls.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"),
+        _FLOAT,
+        re.compile(r"^[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+"
+                   r"|\.(?:inf|Inf|INF))$|^\.(?:nan|NaN|NAN)$"),
+        list("-+0123456789."),
     )
 
 

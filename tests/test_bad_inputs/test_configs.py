@@ -156,6 +156,13 @@ BAD_SETS = {
     "no key": (["=3"], r"--set =3: expected key.path=value"),
     "bad YAML value": (["chip.aic_count=[24"], r"--set chip.aic_count: line 1 not valid YAML"),
     "alias in a value": (["chip.aic_count=*a"], r"--set chip.aic_count: .*not valid YAML"),
+    # YAML 1.1's other spellings of numbers were read silently: 010 as 8, 1:0 as 60, 1_0 as 10
+    "octal int": (["chip.aic_count=010"], SET + r"key 'chip.aic_count': expected an integer, got '010'$"),
+    "base-60 int": (["chip.aic_count=1:0"], r"key 'chip.aic_count': expected an integer, got '1:0'$"),
+    "int with '_'": (["chip.aic_count=1_0"], r"key 'chip.aic_count': expected an integer, got '1_0'$"),
+    "hex int": (["chip.aic_count=0x18"], r"key 'chip.aic_count': expected an integer, got '0x18'$"),
+    "float with '_'": (["chip.freq_hz=1_800e6"], r"key 'chip.freq_hz': expected a number, got '1_800e6'$"),
+    "base-60 float": (["chip.freq_hz=30:0.0"], r"key 'chip.freq_hz': expected a number, got '30:0.0'$"),
 }
 
 
@@ -278,6 +285,8 @@ BAD_FILES = {
     "not YAML": ("chip: [1,\n", r"line \d+ not valid YAML"),
     "tab indentation": ("chip:\n\taic_count: 3\n", r"not valid YAML"),
     "binary": ("\x00\x01\x02", r"not valid YAML|cannot read"),
+    "octal int in a file": (b2_with("  aic_count: 24", "  aic_count: 030"),  # was 24 cores
+                            r"key 'chip.aic_count': expected an integer, got '030'$"),
 }
 
 

@@ -75,6 +75,9 @@ BAD_YAML = {
     "deep nesting": ("layers: " + "[" * 5000 + "]" * 5000 + "\n", r"nested deeper than 32 levels"),
     "top-level list": ("- layers\n", r"expected a mapping at the top level"),
     "not YAML": ("layers: [2,\n", r"line \d+ not valid YAML"),
+    # YAML 1.1 read these as 8 and 60 layers
+    "octal layers": (yaml_with("layers", "010"), r"key 'layers': expected an integer, got '010'$"),
+    "base-60 layers": (yaml_with("layers", "1:0"), r"key 'layers': expected an integer, got '1:0'$"),
 }
 
 
