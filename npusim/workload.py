@@ -111,8 +111,9 @@ class Workload:
                          "or trace (routing_trace)", default="uniform")
     routing_zipf_exponent: float = _help("zipf routing: expert of popularity rank r drawn with weight r^-s "
                                          "(s = this)", default=1.0)
-    routing_trace: str = _help("trace routing: a YAML/JSON file, per MoE layer a list of per-token lists of "
-                               "expert ids", default="")
+    # a file: the cache keys a step on its content too (diskcache.keys), not only its path
+    routing_trace: str = field(metadata={"help": "trace routing: a YAML/JSON file, per MoE layer a list of per-token "
+                                                 "lists of expert ids", "file": True}, default="")
     routing_seed: int = _help("seed of the uniform and zipf routing draws", default=0)
     # Expert capacity as GShard and Switch define it: with it set, a layer's rows over
     # an expert's capacity are dropped (npusim.graph.routing says what they cost).

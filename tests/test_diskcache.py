@@ -309,6 +309,32 @@ def test_fusion_rules_given_as_a_mapping_or_a_file_are_keyed_by_value(tmp_path):
     assert b.latency_us == a.latency_us and c.latency_us != b.latency_us
 
 
+def test_a_routing_trace_rewritten_is_simulated_again(tmp_path, capsys):
+    """The trace file was keyed by its path only: rewritten, the first trace's step (and the
+    command's printed text) was served from the cache, silently."""
+    from npusim.runtime.decoder import run_decoder
+    from npusim.workload import load_workload
+
+    trace = tmp_path / "trace.json"
+    spread, packed = [[[t % 8, (t + 1) % 8] for t in range(64)]], [[[0, 1]] * 64]
+    w = load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": str(trace)})
+    store = DiskCache(tmp_path / "cache")
+    latency = {}
+    for name, rows in (("spread", spread), ("packed", packed)):
+        trace.write_text(json.dumps(rows))
+        latency[name] = run_decoder(w, batch=64, context=16, store=store).latency_us
+    assert latency["packed"] == run_decoder(w, batch=64, context=16).latency_us != latency["spread"]
+    argv = ["run", "--workload", "k3-tiny-moe", "--workload-set", "routing=trace", "--workload-set",
+            f"routing_trace={trace}", "--batch", "64", "--context", "16"]
+    printed = {}
+    for name, rows in (("spread", spread), ("packed", packed)):
+        trace.write_text(json.dumps(rows))
+        assert main([*argv, "--cache-dir", str(tmp_path / "cache2")]) == 0
+        printed[name] = capsys.readouterr().out
+    assert main([*argv, "--no-cache"]) == 0
+    assert printed["packed"] == capsys.readouterr().out != printed["spread"]
+
+
 @attrs.frozen
 class Rec:
     """A record class as stored values hold them (test_a_record_that_gained_a_field_is_recomputed)."""

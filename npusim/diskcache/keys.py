@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from npusim.errors import NpusimError
 from npusim.hw.parse import input_file
 
 _SOURCE_SUFFIXES = (".py", ".yaml", ".c")
@@ -67,8 +68,12 @@ def _plain(value):
     """A JSON-able form of `value`: attrs records as dicts (with their class name),
     tuples and sets as lists, enums by value, paths as strings."""
     if attrs.has(type(value)):
-        return {"__class__": type(value).__name__,
-                **{a.name: _plain(getattr(value, a.name)) for a in attrs.fields(type(value))}}
+        out = {"__class__": type(value).__name__}
+        for a in attrs.fields(type(value)):
+            out[a.name] = _plain(getattr(value, a.name))
+            if a.metadata.get("file") and getattr(value, a.name):  # a file read by the run: its content counts
+                out[a.name + ":sha256"] = _content(getattr(value, a.name))
+        return out
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -82,6 +87,14 @@ def _plain(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cache key: cannot hash a {type(value).__name__}")
+
+
+def _content(path: str | os.PathLike) -> str | None:
+    """SHA-256 of a file's bytes; None when it cannot be read (the run that reads it says why)."""
+    try:
+        return hashlib.sha256(input_file(path).read_bytes()).hexdigest()
+    except (OSError, NpusimError):
+        return None
 
 
 def digest(*parts) -> str:

@@ -56,9 +56,11 @@ def _key(args) -> str | None:
         parts = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_INPUTS}
         parts["json"] = bool(getattr(args, "json", None))  # a JSON report is stored only if one was written
         if getattr(args, "workload", None) is not None:
+            from npusim.step_flags import workload_sets
             from npusim.workload import load_workload
 
-            parts["workload"] = (args.workload, load_workload(args.workload))
+            # with the fields --workload-set changes: a routing trace set so is keyed on its content too
+            parts["workload"] = (args.workload, load_workload(args.workload, workload_sets(args)))
             with contextlib.suppress(NpusimError):  # (a Hugging Face file: its path is in the value's name)
                 parts["workload_file"] = str(find_file(args.workload, "workloads").resolve())
         if getattr(args, "fusion_rules", None):
