@@ -34,9 +34,20 @@ def _cmd_hw(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from npusim.demo import main as demo
+    from npusim.demo import main as demo, vector_add
+    from npusim.hw import load_hw
+    from npusim.hw.load import find_file
+    from npusim.runtime.memory import size
 
-    demo(args.hw)
+    hw = load_hw(args.hw)
+    # its x, y and z, one chunk per AIV core: past the HBM the run would be meaningless (and,
+    # on a config of thousands of cores, would take hours)
+    need = sum(t.nbytes for t in vector_add(hw).gm)
+    if need > hw.hbm.hbm_bytes:
+        raise ConfigError(f"demo --hw {find_file(args.hw, 'hwconfigs')}: the vector add's x, y and z over "
+                          f"{hw.aiv_count} AIV cores take {size(need)} of GM, more than hbm.hbm_bytes "
+                          f"{hw.hbm.hbm_bytes} ({size(hw.hbm.hbm_bytes)})")
+    demo(hw)
     return 0
 
 

@@ -230,6 +230,19 @@ def test_flash_attention_refuses_other_than_two_aivs_per_aic(aivs, capsys):
                   rf"per AIC, and chip.aiv_per_aic is {aivs}$")
 
 
+@pytest.mark.parametrize("chip, hbm, expect", [
+    # ran and printed 1.6 TB/s peak for vectors 10^6 times the HBM
+    ("{aic_count: 24}", 1024, r"over 48 AIV cores take 1\.10 GiB of GM, more than hbm\.hbm_bytes 1024 \(1\.00 KiB\)$"),
+    # ran for hours (262,144 blocks)
+    ("{aic_count: 4096, aiv_per_aic: 64}", 1 << 36, r"over 262144 AIV cores take 6000\.00 GiB of GM, more than "),
+])
+def test_demo_on_a_config_its_vectors_do_not_fit(chip, hbm, expect, tmp_path, capsys):
+    p = tmp_path / "hw.yaml"
+    p.write_text(f"base: ascend910b2\nchip: {chip}\nhbm: {{hbm_bytes: {hbm}}}\n")
+    fails_cleanly(["demo", "--hw", p], capsys, re.escape(f"demo --hw {p}: the vector add's x, y and z ") + expect,
+                  seconds=10)
+
+
 # ---- config files
 
 B2_TEXT = (HWCONFIGS / "ascend910b2.yaml").read_text()
