@@ -360,7 +360,8 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
 
 
 _converter = strict_converter()
-_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+             tuple[int, ...]: "a list of integers"}
 _FIELD_TYPES = {f.name: f.type for f in attrs.fields(attrs.resolve_types(Workload))}
 
 
@@ -422,6 +423,6 @@ def structure_workload(raw: Mapping[str, Any], where: str, nm: Callable[[str], s
         if isinstance(exc, _Inconsistent):
             key, message = _inconsistency(exc.workload, nm)
             raise ConfigError(f"{where}: key '{nm(key)}': {message}") from None
-        key = path[-1] if path else "?"
+        key = path[0] if path else "?"  # a list's field, not the index of its bad item
         expected = _EXPECTED.get(_FIELD_TYPES.get(key), "another type")
         raise ConfigError(f"{where}: key '{nm(key)}': expected {expected}, got {short(raw.get(key))}") from None

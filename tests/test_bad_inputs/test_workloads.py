@@ -78,6 +78,11 @@ BAD_YAML = {
     # YAML 1.1 read these as 8 and 60 layers
     "octal layers": (yaml_with("layers", "010"), r"key 'layers': expected an integer, got '010'$"),
     "base-60 layers": (yaml_with("layers", "1:0"), r"key 'layers': expected an integer, got '1:0'$"),
+    # said "key '0': expected another type, got None" (the item's index, and no list)
+    "a bool channel": (yaml_with("outlier_channels", "[true]"),
+                       r"key 'outlier_channels': expected a list of integers, got \[True\]$"),
+    "channels as a string": (yaml_with("outlier_channels", "'12'"),
+                             r"key 'outlier_channels': expected a list of integers, got '12'$"),
 }
 
 
