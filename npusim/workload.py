@@ -307,6 +307,9 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
     if bad:
         return "outlier_channels", f"expected channels in 0 .. {nm('hidden_size')} - 1 = {w.hidden_size - 1}, " \
                                    f"got {short(bad[0])}"
+    twice = next((c for i, c in enumerate(w.outlier_channels) if c in w.outlier_channels[:i]), None)
+    if twice is not None:  # planted once all the same: the list is not the one meant
+        return "outlier_channels", f"channel {twice} is named twice"
     if not (math.isfinite(w.outlier_scale) and w.outlier_scale > 0):
         return "outlier_scale", f"expected a finite value > 0, got {w.outlier_scale!r}"
     for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS), ("router_scoring", ROUTER_SCORING),

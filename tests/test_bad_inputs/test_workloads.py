@@ -81,6 +81,8 @@ BAD_YAML = {
     # said "key '0': expected another type, got None" (the item's index, and no list)
     "a bool channel": (yaml_with("outlier_channels", "[true]"),
                        r"key 'outlier_channels': expected a list of integers, got \[True\]$"),
+    "a channel twice": (yaml_with("outlier_channels", "[3, 7, 3]"),  # planted once, silently
+                        r"key 'outlier_channels': channel 3 is named twice$"),
     "channels as a string": (yaml_with("outlier_channels", "'12'"),
                              r"key 'outlier_channels': expected a list of integers, got '12'$"),
 }
