@@ -20,14 +20,16 @@ from npusim.hw.parse import parse_json, read_text, short
 UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
     "shared_expert_intermediate_size": (lambda v, d: v not in (None, 0),
                                         "a shared expert behind its own sigmoid gate (Qwen2-MoE)"),
-    "decoder_sparse_step": (lambda v, d: v not in (None, 1), "MoE layers only every few layers"),
+    "decoder_sparse_step": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),  # true is no 1
+                            "MoE layers only every few layers"),
     "sliding_window": (lambda v, d: v is not None and d.get("use_sliding_window", True) is not False
                        and not (isinstance(v, int) and v >= d.get("max_position_embeddings", math.inf)),
                        "sliding-window attention"),
     "kv_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
     "q_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
     "mlp_bias": (lambda v, d: v not in (None, False), "a bias in the FFN projections"),
-    "partial_rotary_factor": (lambda v, d: v not in (None, 1, 1.0), "RoPE on part of each head"),
+    "partial_rotary_factor": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
+                              "RoPE on part of each head"),
     "layer_types": (lambda v, d: not (isinstance(v, list) and set(v) <= {"full_attention"}),
                     "layers of different attention types"),
 }
@@ -121,7 +123,8 @@ def from_hf(path: Path) -> tuple[dict, dict[str, str]]:
         raw["qkv_bias"] = True
     if data.get("model_type") in HF_QK_NORM_MODELS:
         raw["qk_norm"] = True
-    if data.get("num_experts") not in (None, 0, 1):
+    experts = data.get("num_experts")
+    if isinstance(experts, bool) or experts not in (None, 0, 1):  # true is no count: the type check says so
         raw |= _hf_moe(path, data, spelt)
     elif "expert_ffn_size" in raw:
         raise ConfigError(f"{path}: key 'moe_intermediate_size' without experts (expected num_experts, "
@@ -148,7 +151,7 @@ def _hf_moe(path: Path, data: Mapping[str, Any], spelt: dict[str, str]) -> dict:
     # DeepSeek say so in norm_topk_prob (transformers' default for both: false)
     out.setdefault("router_norm_topk", data.get("norm_topk_prob", "num_local_experts" in data))
     dense = data.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or dense != list(range(len(dense))):
+    if not isinstance(dense, list) or dense != list(range(len(dense))) or any(isinstance(i, bool) for i in dense):
         raise ConfigError(f"{path}: key 'mlp_only_layers': expected the first layers [0, 1, ..] (dense layers "
                           f"elsewhere are not modelled), got {short(dense)}")
     if dense:

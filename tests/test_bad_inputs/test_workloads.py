@@ -115,6 +115,15 @@ BAD_HF = {
     "sliding window on": ({"sliding_window": 256, "use_sliding_window": True}, r"not supported: sliding_window"),
     "FFN bias": ({"mlp_bias": True}, r"not supported: mlp_bias = True"),
     "partial RoPE": ({"partial_rotary_factor": 0.5}, r"not supported: partial_rotary_factor = 0.5"),
+    # true/false read as 1/0: simulated as full RoPE, MoE in every layer, two dense layers, a dense FFN
+    "partial RoPE true": ({"partial_rotary_factor": True}, r"not supported: partial_rotary_factor = True"),
+    "sparse step true": ({"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                          "decoder_sparse_step": True}, r"not supported: decoder_sparse_step = True"),
+    "dense layers as bools": ({"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                               "mlp_only_layers": [False, True]}, r"key 'mlp_only_layers': expected the first layers "
+                                                                  r"\[0, 1, \.\.\] .*, got \[False, True\]$"),
+    "experts true": ({"num_experts": True, "num_experts_per_tok": 1},
+                     r"key 'num_experts': expected an integer, got True$"),
     "mixed layer types": ({"layer_types": ["sliding_attention", "full_attention"]}, r"not supported: layer_types"),
     "Infinity eps": ({"rms_norm_eps": float("inf")}, r"key 'rms_norm_eps': expected a finite number, got inf"),
     "NaN eps": ({"rms_norm_eps": float("nan")}, r"key 'rms_norm_eps': expected a finite number, got nan"),
