@@ -136,8 +136,9 @@ def raw_config(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str,
     if len(seen) >= MAX_BASE_DEPTH:
         raise ConfigError(f"{path}: 'base' chain deeper than {MAX_BASE_DEPTH} files")
     data = read_yaml(path)
+    given = "base" in data  # `base:` left empty is no base (it said "missing key 'name'")
     base = data.pop("base", None)
-    if base is None:  # a complete config: fields added since it was written take their earlier meaning
+    if base is None and not given:  # a complete config: fields added since it was written take their earlier meaning
         data = upgrade(data)
         return data, _origins(data, path)
     base_path = None

@@ -350,6 +350,8 @@ BAD_CHAINS = {
                  "v8.yaml", r"'base' chain deeper than 8 files"),
     "base not a string": ({"a.yaml": "base: [1, 2]\n"}, "a.yaml", r"key 'base': expected .* got \[1, 2\]"),
     "base missing": ({"a.yaml": "base: nosuch.yaml\n"}, "a.yaml", r"key 'base': expected ascend910b1"),
+    "base empty": ({"a.yaml": "base:\nchip: {aic_count: 8}\n"}, "a.yaml",  # said "missing key 'name'"
+                   r"key 'base': expected ascend910b1, .* or a path to a \.yaml file, got None$"),
 }
 
 
