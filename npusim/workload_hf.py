@@ -32,6 +32,9 @@ UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
                               "RoPE on part of each head"),
     "layer_types": (lambda v, d: not (isinstance(v, list) and set(v) <= {"full_attention"}),
                     "layers of different attention types"),
+    # a GPTQ/AWQ/FP8 checkpoint still says torch_dtype float16 or bfloat16: it was simulated
+    # with 16-bit weights (3-4 times its weight bytes)
+    "quantization_config": (lambda v, d: v is not None, "a GPTQ, AWQ or FP8 checkpoint's quantised weights"),
 }
 
 # Hugging Face config.json key -> Workload field (configs of Llama-style decoders:

@@ -124,6 +124,9 @@ BAD_HF = {
                                                                   r"\[0, 1, \.\.\] .*, got \[False, True\]$"),
     "experts true": ({"num_experts": True, "num_experts_per_tok": 1},
                      r"key 'num_experts': expected an integer, got True$"),
+    "a quantised checkpoint": ({"quantization_config": {"quant_method": "awq", "bits": 4}},  # was fp16 weights
+                               r"not supported: quantization_config = \{'bits': 4, 'quant_method': 'awq'\} \(a GPTQ, "
+                               r"AWQ or FP8 checkpoint's quantised weights is not modelled"),
     "mixed layer types": ({"layer_types": ["sliding_attention", "full_attention"]}, r"not supported: layer_types"),
     "Infinity eps": ({"rms_norm_eps": float("inf")}, r"key 'rms_norm_eps': expected a finite number, got inf"),
     "NaN eps": ({"rms_norm_eps": float("nan")}, r"key 'rms_norm_eps': expected a finite number, got nan"),
