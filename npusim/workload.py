@@ -112,8 +112,9 @@ class Workload:
     routing_zipf_exponent: float = _help("zipf routing: expert of popularity rank r drawn with weight r^-s "
                                          "(s = this)", default=1.0)
     # a file: the cache keys a step on its content too (diskcache.keys), not only its path
-    routing_trace: str = field(metadata={"help": "trace routing: a YAML/JSON file, per MoE layer a list of per-token "
-                                                 "lists of expert ids", "file": True}, default="")
+    routing_trace: str = field(metadata={"help": "trace routing: a YAML/JSON file (a relative path: in the workload "
+                                                 "file's folder), per MoE layer a list of per-token lists of expert "
+                                                 "ids", "file": True}, default="")
     routing_seed: int = _help("seed of the uniform and zipf routing draws", default=0)
     # Expert capacity as GShard and Switch define it: with it set, a layer's rows over
     # an expert's capacity are dropped (npusim.graph.routing says what they cost).
@@ -393,6 +394,9 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         raw, nm = read_yaml(path), (lambda k: k)
         refuse_unsupported(raw, str(path))
         raw.setdefault("name", path.stem)
+        trace = raw.get("routing_trace")
+        if isinstance(trace, str) and trace and not os.path.isabs(trace):  # as hw's base: the file's folder's
+            raw["routing_trace"] = os.path.join(path.parent, trace)
     where = str(path)
     if overrides:
         where += " (--workload-set)"

@@ -178,6 +178,23 @@ def test_trace_routing_is_read_per_layer(tmp_path):
     assert r.ids.tolist() == [[0, 1], [2, 3], [0, 1]] and r.tokens_per_expert == (2, 2, 1, 1, 0, 0, 0, 0)
 
 
+def test_a_relative_trace_in_a_workload_file_is_the_files_neighbour(tmp_path, monkeypatch):
+    """It was read from the working folder: another trace of the same name there was used
+    silently (as hw's `base:`, a relative path is the file's folder's)."""
+    from npusim.hw.load import find_file
+
+    (tmp_path / "model").mkdir()
+    text = find_file("k3-tiny-moe", "workloads").read_text()
+    (tmp_path / "model" / "w.yaml").write_text(text + "routing: trace\nrouting_trace: trace.yaml\n")
+    (tmp_path / "model" / "trace.yaml").write_text("- [[0, 1], [2, 3]]\n")
+    (tmp_path / "trace.yaml").write_text("- [[7, 6]]\n")  # the working folder's
+    monkeypatch.chdir(tmp_path)
+    w = load_workload("model/w.yaml")
+    assert draw_routing(w, 1, 2).ids.tolist() == [[0, 1], [2, 3]]
+    assert load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": "trace.yaml"}).routing_trace \
+        == "trace.yaml"  # given on the command line: the working folder's
+
+
 # ---- validate: the dense reference
 
 
