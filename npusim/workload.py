@@ -379,6 +379,9 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         raise TypeError(f"workload: expected a name, a path or a Workload, got {short(name_or_path)}")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise TypeError(f"overrides: expected a mapping {{'field': value}} or None, got {short(overrides)}")
+    for key in overrides or ():  # {1: 2} said "unknown key ''", {None: 2} "unknown key 'on'"
+        if not isinstance(key, str):
+            raise TypeError(f"overrides: expected field names (strings) as keys, got {short(key)}")
     if not str(name_or_path):  # Path("") is the current folder
         raise ConfigError("workload: expected a name or a path, got an empty string")
     if Path(name_or_path).is_dir():  # a Hugging Face model directory

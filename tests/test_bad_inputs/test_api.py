@@ -134,6 +134,8 @@ def test_load_hw_checks_its_arguments(args, exc, names):
     ((None,), TypeError, "workload"), ((3.5,), TypeError, "workload"),
     (("k3-tiny", ["layers=2"]), TypeError, "overrides"),
     (("k3-tiny", {"layers": [2]}), ConfigError, "layers"),
+    (("k3-tiny", {1: 2}), TypeError, r"overrides: expected field names \(strings\) as keys, got 1$"),
+    (("k3-tiny", {None: 2}), TypeError, r"overrides: .* got None$"),  # said "unknown key 'on'"
 ], ids=repr)
 def test_load_workload_checks_its_arguments(args, exc, names):
     one_line_error(lambda: load_workload(*args), exc, names)
