@@ -40,13 +40,18 @@ def _cmd_demo(args) -> int:
     from npusim.runtime.memory import size
 
     hw = load_hw(args.hw)
+    kernel = vector_add(hw)
+    where = f"demo --hw {find_file(args.hw, 'hwconfigs')}: the vector add's"
     # its x, y and z, one chunk per AIV core: past the HBM the run would be meaningless (and,
     # on a config of thousands of cores, would take hours)
-    need = sum(t.nbytes for t in vector_add(hw).gm)
+    need = sum(t.nbytes for t in kernel.gm)
     if need > hw.hbm.hbm_bytes:
-        raise ConfigError(f"demo --hw {find_file(args.hw, 'hwconfigs')}: the vector add's x, y and z over "
-                          f"{hw.aiv_count} AIV cores take {size(need)} of GM, more than hbm.hbm_bytes "
-                          f"{hw.hbm.hbm_bytes} ({size(hw.hbm.hbm_bytes)})")
+        raise ConfigError(f"{where} x, y and z over {hw.aiv_count} AIV cores take {size(need)} of GM, more than "
+                          f"hbm.hbm_bytes {hw.hbm.hbm_bytes} ({size(hw.hbm.hbm_bytes)})")
+    ub = max(b.addr + b.nbytes for b in kernel.aiv[0].buffers)  # verify's words named neither config nor key
+    if ub > hw.aiv.ub_bytes:
+        raise ConfigError(f"{where} ping and pong tiles take {ub} bytes of UB, more than aiv.ub_bytes "
+                          f"{hw.aiv.ub_bytes}")
     demo(hw)
     return 0
 

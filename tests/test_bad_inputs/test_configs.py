@@ -243,6 +243,15 @@ def test_demo_on_a_config_its_vectors_do_not_fit(chip, hbm, expect, tmp_path, ca
                   seconds=10)
 
 
+def test_demo_on_a_config_its_tiles_do_not_fit(tmp_path, capsys):
+    """It said "kernel 'vector_add', all blocks, AIV: buffer 'pong' [0x6000, 0xc000) needs 49152 bytes of UB
+    but AIV has 32768", naming neither the config nor the key."""
+    p = tmp_path / "hw.yaml"
+    p.write_text("base: ascend910b2\naiv: {ub_bytes: 32768}\n")
+    fails_cleanly(["demo", "--hw", p], capsys, re.escape(f"demo --hw {p}: the vector add's ping and pong tiles take "
+                                                         "49152 bytes of UB, more than aiv.ub_bytes 32768") + "$")
+
+
 # ---- config files
 
 B2_TEXT = (HWCONFIGS / "ascend910b2.yaml").read_text()
