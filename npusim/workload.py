@@ -340,6 +340,7 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
         # routing and its trace, too: routing=zipf on a dense FFN ran as if not given
         moe = [k for k in (*MOE_LIMITS, "capacity_factor", "first_dense_layers", "routing_trace") if getattr(w, k)]
         moe += ["routing"] if w.routing != "uniform" else []
+        moe += ["routing_zipf_exponent"] if w.routing_zipf_exponent != 1.0 else []
         return (moe[0], "set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None
     for key in ("experts", "experts_per_token", "expert_ffn_size"):
         if getattr(w, key) < 1:
@@ -352,6 +353,8 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
     if not 0 <= w.routing_zipf_exponent <= MAX_ZIPF_EXPONENT:  # nan and inf too
         return "routing_zipf_exponent", (f"expected a value from 0 to {MAX_ZIPF_EXPONENT} (a sanity bound), got "
                                          f"{w.routing_zipf_exponent!r}")
+    if w.routing != "zipf" and w.routing_zipf_exponent != 1.0:  # routing: zipf forgotten: drawn uniformly, silently
+        return "routing_zipf_exponent", f"shapes routing: zipf only, got routing: {w.routing}"
     if w.routing_seed < 0:  # numpy's generators take no negative seed
         return "routing_seed", f"expected a whole number >= 0, got {w.routing_seed!r}"
     if (w.routing == "trace") != bool(w.routing_trace):

@@ -110,10 +110,10 @@ def test_bad_capacity_factor_is_one_line(tmp_path, value, expect):
 
 
 @pytest.mark.parametrize("sets", [{"routing": "zipf"}, {"routing": "trace", "routing_trace": "t.yaml"},
-                                  {"first_dense_layers": 1}])
+                                  {"first_dense_layers": 1}, {"routing_zipf_exponent": 2}])
 def test_routing_a_dense_ffn_is_one_line(sets):
-    """routing=zipf (or a trace, or first_dense_layers) on a dense FFN ran as if not given."""
-    key = "first_dense_layers" if "first_dense_layers" in sets else "routing_trace" if len(sets) > 1 else "routing"
+    """routing=zipf (or a trace, or first_dense_layers, or a zipf exponent) on a dense FFN ran as if not given."""
+    key = next(k for k in ("first_dense_layers", "routing_zipf_exponent", "routing_trace", "routing") if k in sets)
     with pytest.raises(ConfigError, match=rf"\(--workload-set\): key '{key}': set for a dense FFN \(mlp: swiglu\); "
                                           r"experts need mlp: moe$"):
         load_workload("k3-tiny", sets)
@@ -132,3 +132,13 @@ def test_validate_checks_a_capped_workload_by_its_router():
 
     check = validate_passes(attrs.evolve(ZIPF, capacity_factor=1.0))
     assert check.moe and all(c.transformed > 0.999 for c in check.checks if c.is_float)
+
+
+@pytest.mark.parametrize("routing", ["uniform", "trace"])
+def test_a_zipf_exponent_without_zipf_routing_is_one_line(routing, tmp_path):
+    """routing_zipf_exponent: 2 with routing: zipf left out drew the experts uniformly, silently."""
+    sets = {"routing": routing, "routing_zipf_exponent": 2} | (
+        {"routing_trace": str(tmp_path / "t.yaml")} if routing == "trace" else {})
+    with pytest.raises(ConfigError, match=rf"\(--workload-set\): key 'routing_zipf_exponent': shapes routing: zipf "
+                                          rf"only, got routing: {routing}$"):
+        load_workload("k3-tiny-moe", sets)
