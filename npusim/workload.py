@@ -313,6 +313,8 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
         return "outlier_channels", f"channel {twice} is named twice"
     if not (math.isfinite(w.outlier_scale) and w.outlier_scale > 0):
         return "outlier_scale", f"expected a finite value > 0, got {w.outlier_scale!r}"
+    if w.outlier_scale != 1 and not w.outlier_channels:  # planted nowhere: the numpy run as without it
+        return "outlier_scale", f"{w.outlier_scale!r} multiplies the norm gains of outlier_channels, and none are given"
     for key, allowed in (("dtype", DTYPES), ("norm", NORMS), ("mlp", MLPS), ("router_scoring", ROUTER_SCORING),
                          ("routing", ROUTINGS)):
         if getattr(w, key) not in allowed:

@@ -37,6 +37,9 @@ def test_quant_values(argv, expect, capsys):
     ({"outlier_channels": [-1]}, r"key 'outlier_channels': expected channels in 0 .. "),
     ({"outlier_scale": 0}, r"key 'outlier_scale': expected a finite value > 0"),
     ({"outlier_scale": float("inf")}, r"key 'outlier_scale': expected a finite value > 0"),
+    # ran as without it, silently
+    ({"outlier_scale": 30}, r"key 'outlier_scale': 30.0 multiplies the norm gains of outlier_channels, and none are "
+                            r"given$"),
 ])
 def test_bad_outliers(overrides, expect):
     one_line_error(lambda: load_workload("k3-tiny", overrides), ConfigError, expect)
