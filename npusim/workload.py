@@ -286,6 +286,8 @@ class _Inconsistent(ValueError):
 def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | None:
     """(key, what is wrong) for the first value out of range or not fitting the others;
     `nm` spells a field name as the source file does."""
+    if not w.name.strip():  # every report would name the model as ''
+        return "name", f"expected the model's name, got {short(w.name)}"
     for key, limit in LIMITS.items():
         if getattr(w, key) <= 0:
             return key, f"expected a value > 0, got {short(getattr(w, key))}"

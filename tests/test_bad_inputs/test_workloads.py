@@ -45,6 +45,7 @@ BAD_YAML = {
     "list for eps": (yaml_with("norm_eps", "[1.0e-5]"), r"key 'norm_eps': expected a number"),
     "list for dtype": (yaml_with("dtype", "[fp16]"), r"key 'dtype': expected a string, got \['fp16'\]"),
     "list for the name": (yaml_with("name", "[a, b]"), r"key 'name': expected a string"),
+    "empty name": (yaml_with("name", "' '"), r"key 'name': expected the model's name, got ' '$"),  # reported as ''
     "inf eps": (yaml_with("norm_eps", ".inf"), r"key 'norm_eps': expected a finite number, got inf"),
     "nan eps": (yaml_with("norm_eps", ".nan"), r"key 'norm_eps': expected a finite number, got nan"),
     "1e400 theta": (yaml_with("rope_theta", "1e400"), r"key 'rope_theta': expected a finite number, got inf"),
