@@ -56,6 +56,8 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     from npusim.isa.program import ALIGN_BYTES, Mem  # here: the isa package imports npusim.hw
 
     aic, aiv = hw.aic, hw.aiv
+    if not hw.name.strip():  # every report would name the config as ''
+        return "name", f"expected the config's name, got {short(hw.name)}"
     if hw.sync.flag_ids < REQUIRED_FLAG_IDS:
         return "sync.flag_ids", (f"expected a value >= {REQUIRED_FLAG_IDS} (the lowerings use ids 0 to "
                                  f"{REQUIRED_FLAG_IDS - 1}: FlashAttention's L1 buffer pairs), got {hw.sync.flag_ids}")

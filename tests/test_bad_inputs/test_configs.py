@@ -152,6 +152,7 @@ BAD_SETS = {
     "section then field": (["chip={aic_count: 3}", "chip.aic_count=4"],
                            r"--set chip.aic_count: 'aic_count' is set twice"),
     "field then section": (["chip.aic_count=4", "chip={aic_count: 3}"], r"--set chip: 'chip' is set twice"),
+    "empty name": (["name="], SET + r"key 'name': expected the config's name, got ''$"),  # reported as ''
     "no equals": (["chip.aic_count"], r"--set chip.aic_count: expected key.path=value"),
     "no key": (["=3"], r"--set =3: expected key.path=value"),
     "bad YAML value": (["chip.aic_count=[24"], r"--set chip.aic_count: line 1 not valid YAML"),
