@@ -101,6 +101,9 @@ def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
             raise TypeError(f"overrides: expected 'key.path' strings as keys, got {short(dotted)}")
         if isinstance(value, str):
             value = parse_yaml(value, f"--set {short(dotted)[1:-1]}") if value.strip() else value
+        if _sets_nothing(value):  # merged into the config as no change, yet reported as a what-if
+            raise ConfigError(f"--set {short(dotted)[1:-1]}: an empty mapping sets no field (expected a value, or "
+                              "{field: value, ...})")
         parts = dotted.split(".")
         d = nested
         for p in parts[:-1]:
@@ -111,6 +114,11 @@ def dotted_to_nested(overrides: Mapping[str, Any]) -> dict:
             raise ConfigError(f"--set {short(dotted)[1:-1]}: '{short(parts[-1])[1:-1]}' is set twice")
         d[parts[-1]] = value
     return nested
+
+
+def _sets_nothing(value: Any) -> bool:
+    """`value` is, or holds, an empty mapping ({} or {a: {}})."""
+    return isinstance(value, Mapping) and (not value or any(_sets_nothing(v) for v in value.values()))
 
 
 def parse_set_args(items: list[str] | None, flag: str = "--set") -> dict[str, str]:

@@ -152,6 +152,10 @@ BAD_SETS = {
     "section then field": (["chip={aic_count: 3}", "chip.aic_count=4"],
                            r"--set chip.aic_count: 'aic_count' is set twice"),
     "field then section": (["chip.aic_count=4", "chip={aic_count: 3}"], r"--set chip: 'chip' is set twice"),
+    # merged as no change, and reported as the what-if '(--set chip={})'
+    "empty mapping": (["chip={}"], r"--set chip: an empty mapping sets no field \(expected a value, or "
+                                   r"\{field: value, \.\.\.\}\)$"),
+    "an empty mapping inside": (["aic={mmad_fractals: {}}"], r"--set aic: an empty mapping sets no field"),
     "empty name": (["name="], SET + r"key 'name': expected the config's name, got ''$"),  # reported as ''
     "no equals": (["chip.aic_count"], r"--set chip.aic_count: expected key.path=value"),
     "no key": (["=3"], r"--set =3: expected key.path=value"),
