@@ -194,6 +194,20 @@ def _step_too_long(hw: HwConfig) -> tuple[str, str] | None:
         if nbytes / rate > STEP_CYCLES_MAX:
             return key, (f"{short(rate)}: a copy of {buffer} {nbytes} takes {nbytes / rate:.3g} cycles, more than "
                          f"the {STEP_CYCLES_MAX} (2^40) one step may take")
+    # the shared links (bytes per second, at the clock): the least any of them moves is one
+    # burst (1e-9 B/s of HBM made a k3-tiny step 6.6e24 cycles, reported as 3.6e21 us)
+    links = (("hbm.peak_bw_bytes_per_s", hw.hbm.peak_bw_bytes_per_s, hw.hbm.bw_efficiency),
+             ("l2.bw_bytes_per_s", hw.l2.bw_bytes_per_s, 1),
+             ("runtime.pcie_bw_bytes_per_s", hw.runtime.pcie_bw_bytes_per_s, 1),
+             ("topology.link_bw_bytes_per_s", hw.topology.link_bw_bytes_per_s, 1),
+             ("topology.nic_bw_bytes_per_s", hw.topology.nic_bw_bytes_per_s, 1))
+    for key, rate, efficiency in links:
+        cycles = hw.dma.burst_bytes / (rate * efficiency) * hw.chip.freq_hz
+        if cycles > STEP_CYCLES_MAX:
+            at = f" x hbm.bw_efficiency {efficiency:g}" if efficiency != 1 else ""
+            return key, (f"{short(rate)}{at}: a burst of dma.burst_bytes {hw.dma.burst_bytes} takes {cycles:.3g} "
+                         f"cycles at chip.freq_hz {hw.chip.freq_hz:g}, more than the {STEP_CYCLES_MAX} (2^40) one "
+                         "step may take")
     # a GM copy whose segments (each at least one burst) all start off an L2 line is slowed
     # by up to 1 + dma.off_line_cost_bytes / dma.burst_bytes (Dma.off_line_scale)
     slowest = max((nbytes / rate, key, buffer, nbytes) for key, rate, buffer, nbytes in ports if "gm_" in key)

@@ -157,6 +157,15 @@ BAD_SETS = {
                                    r"\{field: value, \.\.\.\}\)$"),
     "an empty mapping inside": (["aic={mmad_fractals: {}}"], r"--set aic: an empty mapping sets no field"),
     "empty name": (["name="], SET + r"key 'name': expected the config's name, got ''$"),  # reported as ''
+    # a k3-tiny step of 6.6e24 cycles, reported as 3.6e21 us
+    "a burst on a slow link beyond 2^40": (["hbm.peak_bw_bytes_per_s=1e-9"],
+                                           SET + r"key 'hbm.peak_bw_bytes_per_s': 1e-09 x hbm.bw_efficiency 0.\d+: a "
+                                           r"burst of dma.burst_bytes 64 takes 1.\d+e\+20 cycles at chip.freq_hz "
+                                           r"1.8e\+09, more than the 1099511627776 \(2\^40\) one step may take$"),
+    "a burst on slow PCIe beyond 2^40": (["runtime.pcie_bw_bytes_per_s=1e-9"],
+                                         r"key 'runtime.pcie_bw_bytes_per_s': 1e-09: a burst of dma.burst_bytes 64 "),
+    "a burst on a slow HCCS link beyond 2^40": (["topology.link_bw_bytes_per_s=1e-3"],
+                                                r"key 'topology.link_bw_bytes_per_s': 0.001: a burst of"),
     "no equals": (["chip.aic_count"], r"--set chip.aic_count: expected key.path=value"),
     "no key": (["=3"], r"--set =3: expected key.path=value"),
     "bad YAML value": (["chip.aic_count=[24"], r"--set chip.aic_count: line 1 not valid YAML"),
