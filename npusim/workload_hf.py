@@ -22,6 +22,11 @@ UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
                                         "a shared expert behind its own sigmoid gate (Qwen2-MoE)"),
     "decoder_sparse_step": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),  # true is no 1
                             "MoE layers only every few layers"),
+    # DeepSeek-MoE's and Llama 4's spellings of it
+    "moe_layer_freq": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
+                       "MoE layers only every few layers"),
+    "interleave_moe_layer_step": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
+                                  "MoE layers only every few layers"),
     "sliding_window": (lambda v, d: v is not None and d.get("use_sliding_window", True) is not False
                        and not (isinstance(v, int) and v >= d.get("max_position_embeddings", math.inf)),
                        "sliding-window attention"),

@@ -128,6 +128,13 @@ BAD_HF = {
     "a quantised checkpoint": ({"quantization_config": {"quant_method": "awq", "bits": 4}},  # was fp16 weights
                                r"not supported: quantization_config = \{'bits': 4, 'quant_method': 'awq'\} \(a GPTQ, "
                                r"AWQ or FP8 checkpoint's quantised weights is not modelled"),
+    # every layer was simulated as a MoE layer
+    "DeepSeek-MoE's MoE layer frequency": ({"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                            "moe_layer_freq": 2}, r"not supported: moe_layer_freq = 2 \(MoE layers "
+                                                                  r"only every few layers"),
+    "Llama 4's interleaved MoE layers": ({"num_local_experts": 8, "num_experts_per_tok": 1,
+                                          "interleave_moe_layer_step": 2},
+                                         r"not supported: interleave_moe_layer_step = 2 \(MoE layers only"),
     "mixed layer types": ({"layer_types": ["sliding_attention", "full_attention"]}, r"not supported: layer_types"),
     "Infinity eps": ({"rms_norm_eps": float("inf")}, r"key 'rms_norm_eps': expected a finite number, got inf"),
     "NaN eps": ({"rms_norm_eps": float("nan")}, r"key 'rms_norm_eps': expected a finite number, got nan"),
@@ -255,6 +262,7 @@ def test_a_directory_without_config_json_is_a_clean_error(tmp_path, capsys):
     {"sliding_window": 4096, "use_sliding_window": False},
     {"sliding_window": 1024},  # a window covering the whole context changes nothing
     {"num_local_experts": 1}, {"num_experts": None}, {"mlp_bias": False}, {"partial_rotary_factor": 1.0},
+    {"moe_layer_freq": 1}, {"interleave_moe_layer_step": 1},
     {"layer_types": ["full_attention", "full_attention"]}, {"rope_scaling": None},
 ], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
 def test_features_that_are_off_are_accepted(tmp_path, off):
