@@ -342,7 +342,8 @@ def _moe_inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str]
         return "capacity_factor", f"expected a finite value >= 0 (0 = no cap), got {w.capacity_factor!r}"
     if not w.is_moe:
         # routing and its trace, too: routing=zipf on a dense FFN ran as if not given
-        moe = [k for k in (*MOE_LIMITS, "capacity_factor", "first_dense_layers", "routing_trace") if getattr(w, k)]
+        moe = [k for k in (*MOE_LIMITS, "capacity_factor", "first_dense_layers", "routing_trace", "routing_seed")
+               if getattr(w, k)]
         moe += ["routing"] if w.routing != "uniform" else []
         moe += ["routing_zipf_exponent"] if w.routing_zipf_exponent != 1.0 else []
         return (moe[0], "set for a dense FFN (mlp: swiglu); experts need mlp: moe") if moe else None

@@ -110,10 +110,11 @@ def test_bad_capacity_factor_is_one_line(tmp_path, value, expect):
 
 
 @pytest.mark.parametrize("sets", [{"routing": "zipf"}, {"routing": "trace", "routing_trace": "t.yaml"},
-                                  {"first_dense_layers": 1}, {"routing_zipf_exponent": 2}])
+                                  {"first_dense_layers": 1}, {"routing_zipf_exponent": 2}, {"routing_seed": 7}])
 def test_routing_a_dense_ffn_is_one_line(sets):
-    """routing=zipf (or a trace, or first_dense_layers, or a zipf exponent) on a dense FFN ran as if not given."""
-    key = next(k for k in ("first_dense_layers", "routing_zipf_exponent", "routing_trace", "routing") if k in sets)
+    """routing=zipf (or a trace, first_dense_layers, a zipf exponent, a seed) on a dense FFN ran as if not given."""
+    key = next(k for k in ("first_dense_layers", "routing_zipf_exponent", "routing_seed", "routing_trace", "routing")
+               if k in sets)
     with pytest.raises(ConfigError, match=rf"\(--workload-set\): key '{key}': set for a dense FFN \(mlp: swiglu\); "
                                           r"experts need mlp: moe$"):
         load_workload("k3-tiny", sets)
