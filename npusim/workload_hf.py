@@ -112,6 +112,9 @@ def from_hf(path: Path) -> tuple[dict, dict[str, str]]:
         if data.get(alias) is not None and data.get(key) is None:
             data[key] = data[alias]
             spelt[HF_KEYS[key]] = alias
+        elif data.get(alias) is not None and data[alias] != data[key]:  # num_experts was kept silently
+            raise ConfigError(f"{path}: key '{alias}': {short(data[alias])}, and {key} {short(data[key])}: two "
+                              "counts of experts (expected one, or the same in both)")
     for key in HF_REQUIRED:
         if key not in data:
             raise ConfigError(f"{path}: missing key '{key}'")

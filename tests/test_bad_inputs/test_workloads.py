@@ -135,6 +135,9 @@ BAD_HF = {
     "Llama 4's interleaved MoE layers": ({"num_local_experts": 8, "num_experts_per_tok": 1,
                                           "interleave_moe_layer_step": 2},
                                          r"not supported: interleave_moe_layer_step = 2 \(MoE layers only"),
+    "two counts of experts": ({"num_local_experts": 8, "num_experts": 4, "num_experts_per_tok": 2},  # ran with 4
+                              r"key 'num_local_experts': 8, and num_experts 4: two counts of experts \(expected one, "
+                              r"or the same in both\)$"),
     "mixed layer types": ({"layer_types": ["sliding_attention", "full_attention"]}, r"not supported: layer_types"),
     "Infinity eps": ({"rms_norm_eps": float("inf")}, r"key 'rms_norm_eps': expected a finite number, got inf"),
     "NaN eps": ({"rms_norm_eps": float("nan")}, r"key 'rms_norm_eps': expected a finite number, got nan"),
