@@ -143,6 +143,9 @@ def from_hf(path: Path) -> tuple[dict, dict[str, str]]:
     else:  # one expert or none (a config of a MoE family set up dense): its MoE keys say nothing
         raw = {k: v for k, v in raw.items() if k not in _MOE_FIELDS}
     dtype_key = "torch_dtype" if "torch_dtype" in data else "dtype"  # newer transformers write "dtype"
+    if "dtype" in data and data.get("torch_dtype", data["dtype"]) != data["dtype"]:  # dtype was dropped silently
+        raise ConfigError(f"{path}: key 'dtype': {short(data['dtype'])}, and torch_dtype {short(data['torch_dtype'])}: "
+                          "two dtypes (expected one, or the same in both)")
     dtype = data.get(dtype_key, "float16")  # assumed fp16 when the config does not say
     if not isinstance(dtype, str) or dtype not in HF_DTYPES:
         raise ConfigError(f"{path}: key '{dtype_key}': expected one of {', '.join(HF_DTYPES)}, got {short(dtype)}")

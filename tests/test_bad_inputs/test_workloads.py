@@ -138,6 +138,9 @@ BAD_HF = {
     "two counts of experts": ({"num_local_experts": 8, "num_experts": 4, "num_experts_per_tok": 2},  # ran with 4
                               r"key 'num_local_experts': 8, and num_experts 4: two counts of experts \(expected one, "
                               r"or the same in both\)$"),
+    "two dtypes": ({"torch_dtype": "float16", "dtype": "bfloat16"},  # ran in fp16
+                   r"key 'dtype': 'bfloat16', and torch_dtype 'float16': two dtypes \(expected one, or the same in "
+                   r"both\)$"),
     "mixed layer types": ({"layer_types": ["sliding_attention", "full_attention"]}, r"not supported: layer_types"),
     "Infinity eps": ({"rms_norm_eps": float("inf")}, r"key 'rms_norm_eps': expected a finite number, got inf"),
     "NaN eps": ({"rms_norm_eps": float("nan")}, r"key 'rms_norm_eps': expected a finite number, got nan"),
