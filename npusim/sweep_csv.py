@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import io
 import json
 import os
@@ -76,9 +75,12 @@ def settings_record(settings: Mapping[str, Any]) -> dict:
 
 
 def content_digest(value) -> str:
-    """A short digest of a loaded config's content (its repr), so that a config file
-    edited between a sweep and its resume counts as other settings."""
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+    """A short digest of a loaded config's content (the cache's key of it: a file it names,
+    a workload's routing trace, by the file's content), so that a config file, or a file
+    it reads, edited between a sweep and its resume counts as other settings."""
+    from npusim.diskcache.keys import digest
+
+    return digest(value)[:16]
 
 
 def _number(text: str):

@@ -14,6 +14,7 @@ from npusim.cli import main
 from sweep_process import sweep_until
 from npusim.errors import ConfigError
 from npusim.sweep import METRICS, points, sweep
+from npusim.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"chip.aic_count": [16, 20, 24], "hbm.peak_bw_bytes_per_s": [1.2e12, 1.6e12, 2.4e12, 3.2e12]}
@@ -162,3 +163,16 @@ def test_ctrl_c_then_resume(tmp_path, uninterrupted):
     assert index == sorted(index) and 2 <= len(rows) < 12
     assert main([*ARGV, "--out", str(out), "--resume"]) == 0
     assert (out / "sweep.csv").read_bytes() == uninterrupted
+
+
+def test_resume_refuses_a_rewritten_routing_trace(tmp_path):
+    """The settings held the workload's repr: a routing trace rewritten at the same path
+    between a sweep and its resume mixed rows of both traces, silently."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([[[t % 8, (t + 1) % 8] for t in range(64)]]))
+    w = load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": str(trace)})
+    out = tmp_path / "out"
+    sweep(w, {"batch": [8, 16]}, context=16, jobs=1, out=out)
+    trace.write_text(json.dumps([[[0, 1]] * 64]))
+    with pytest.raises(ConfigError, match="made with other settings \\(workload_content: "):
+        sweep(w, {"batch": [8, 16]}, context=16, jobs=1, out=out, resume=True)
