@@ -82,6 +82,11 @@ MAX_SCHEDULER_BATCH = 1024
 # waits: 0.1 ms keeps a waiting batch's scans to 10^4 per simulated second. At most an
 # hour (a batcher that scans less often never batches).
 SCAN_PERIOD_MS = (0.1, 3.6e6)
+# The dynamic scheduler's timeout, in scans: a partial batch is scanned every scan_period_ms
+# until it launches, each scan a pass of the loop (about 13 us on 2 cores), so a
+# timeout of .inf with scans of 0.1 ms took minutes for 5 requests a minute apart (and
+# years of scans for a slower load). At most 1000 scans a batch.
+MAX_TIMEOUT_SCANS = 1000
 # A host cost per request, token or step: at most 10 s (the fields are in us; more is a unit slip).
 MAX_HOST_US = 1e7
 # Threads of the tokenizer pool: one free time each is kept.
@@ -92,6 +97,15 @@ _host_us = _within(0, MAX_HOST_US, "us", "10 s; the field is in us")
 # An SLO limit (ms): above 0, and finite (JSON has no inf) up to the longest a load may
 # span (arrivals.MAX_SPAN_S): a longer limit limits nothing.
 MAX_SLO_MS = MAX_SPAN_S * 1e3
+
+
+def _timeout(inst, attr, value):
+    """0 to MAX_TIMEOUT_SCANS scan periods (nan and inf refused)."""
+    top = MAX_TIMEOUT_SCANS * inst.scan_period_ms
+    if not 0 <= value <= top:
+        raise ValueError(f"'{attr.name}' must be from 0 to {MAX_TIMEOUT_SCANS} x scan_period_ms ({top:g} ms: a "
+                         f"waiting batch is scanned every scan_period_ms, each scan a pass of the serving loop): "
+                         f"{value!r}")
 
 
 def _slo_ms(inst, attr, value):
@@ -108,7 +122,8 @@ class SchedulerConfig:
                         _within(1, MAX_SCHEDULER_BATCH, "sequences", "the most a service's steps are priced at"))
     scan_period_ms: float = _f("dynamic: how often the queue is scanned (0.1 ms to an hour)", 5.0,
                                _within(*SCAN_PERIOD_MS, "ms", "0.1 ms to an hour"))
-    timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long", 10.0, _nonneg)
+    timeout_ms: float = _f("dynamic: launch a partial batch once its oldest request waited this long (at most "
+                           f"{MAX_TIMEOUT_SCANS} scan periods)", 10.0, _timeout)
     length_ratio: float = _f("dynamic: longest / shortest prompt allowed in one batch, at least 1 (0: no "
                              "grouping)", 2.0, _length_ratio)
     token_budget: int = _f("chunked: tokens per step (decodes count 1, the rest goes to prefill chunks)", 512,

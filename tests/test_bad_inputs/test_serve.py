@@ -73,6 +73,11 @@ def no_temporary_files(folder: Path) -> None:
     (["--ramp", "1e-16,0,1,1"], r"--ramp: the 5 requests would arrive over"),
     *[(["--rate", "5", "--service-set", f"scheduler.scan_period_ms={v}"], r"'scan_period_ms' must be from 0.1 to "
        r"3.6e\+06 ms") for v in ("1e-300", ".inf")],
+    # a partial batch scanned until its timeout: .inf with scans of 0.1 ms ran for minutes on 5 requests
+    *[(["--rate", "0.01", "--service-set", "scheduler.scan_period_ms=0.1", "--service-set",
+        f"scheduler.timeout_ms={v}"], rf"'timeout_ms' must be from 0 to 1000 x scan_period_ms \(100 ms: a waiting "
+       rf"batch is scanned every scan_period_ms, each scan a pass of the serving loop\): {e}$")
+      for v, e in ((".inf", "inf"), ("100.5", "100.5"))],
     # issue 35: --max-rate writes only what it can (its probes are Poisson runs of its own)
     (["--max-rate", "--rate", "5", "--csv", "c.csv"], r"--csv: --max-rate runs many probes"),
     (["--max-rate", "--rate", "5", "--ramp", "1,1,1,2"], r"--ramp: not used by --max-rate"),
