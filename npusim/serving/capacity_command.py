@@ -6,6 +6,7 @@ checks their flags and outputs and calls these."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.outputs import all_or_none, say, write_json, wrote_line
@@ -59,8 +60,8 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
     rate = check_rate(args.rate if args.rate is not None else 1.0)
     lo = hi = None  # the highest rate met, the lowest missed
     lo, hi = (rate, None) if ok(rate) else (None, rate)
-    for _ in range(20):  # bracket: at most 2^20 x above the first guess
-        if hi is not None:
+    for _ in range(20):  # bracket: at most 2^20 x above the first guess, and below float's largest
+        if hi is not None or lo * 2 == math.inf:
             break
         lo, hi = (lo * 2, None) if ok(lo * 2) else (lo, lo * 2)
     if hi is None:

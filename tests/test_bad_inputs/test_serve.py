@@ -68,6 +68,9 @@ def no_temporary_files(folder: Path) -> None:
     (["--rate", "5", "--service-set", "host.preprocess_on=thread_pool"],
      r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'thread_pool'$"),
     (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),
+    # doubled past float's largest: "--rate: expected a positive number of requests per second, got inf"
+    (["--max-rate", "--rate", "1e308"], r"--max-rate: seed-optimized met the SLOs at every rate tried, up to 1e\+308 "
+                                        r"req/s: 5 requests per probe do not load it"),
     # issue 35: hangs (the dynamic scheduler's next scan lost to rounding), refused at a stated bound
     (["--rate", "1e-16"], r"--rate: the 5 requests would arrive over .* more than the 1e\+09 s"),
     (["--ramp", "1e-16,0,1,1"], r"--ramp: the 5 requests would arrive over"),
