@@ -153,6 +153,9 @@ def test_plan_prints_the_frontier_and_writes_it(tmp_path, capsys):
     (["--plan", "--rate", "300", "--max-cards", "4", "--backend", "slurm"], "--backend slurm: unknown backend"),
     (["--plan", "--rate", "300", "--max-cards", "4", "--backend", "local", "--address", "auto"],
      "--address auto: only the ray backend connects to a cluster"),
+    # a dynamic service is not split: the router was ignored without a word
+    (["--plan", "--rate", "300", "--max-cards", "4", "--service", "seed-optimized", "--pd-router", "round-robin"],
+     "--pd-router round-robin: service seed-optimized batches with 'dynamic', so --plan tries no P:D split"),
 ])
 def test_bad_plan_input_is_one_line(argv, match, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

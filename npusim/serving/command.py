@@ -30,7 +30,7 @@ from npusim.serving.report import metrics, requests_csv, summary
 from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
 from npusim.serving.cluster import check_cluster
-from npusim.serving.disagg import DEFAULT_PD_ROUTER, check_pd, parse_pd
+from npusim.serving.disagg import DECODE_SCHEDULERS, DEFAULT_PD_ROUTER, check_pd, parse_pd
 from npusim.serving.plan import check_slo
 from npusim.serving.simulate import serve
 from npusim.serving.stepcost import DEFAULT_TOL, StepCost
@@ -230,6 +230,11 @@ def main(args) -> int:
         check_pd(pd_of(args), args.cards, args.tp, services[0])
     if args.plan:
         check_slo(services[0].slo)
+        kind = services[0].scheduler.kind
+        if args.pd_router != DEFAULT_PD_ROUTER and kind not in DECODE_SCHEDULERS:  # it routed nothing, silently
+            raise ConfigError(f"--pd-router {args.pd_router}: service {services[0].name} batches with '{kind}', so "
+                              f"--plan tries no P:D split (only {', '.join(DECODE_SCHEDULERS)} services are split; "
+                              f"leave it out)")
         probe_load(args, check_rate(args.rate))  # its lengths and seed, now
         requests = None
     elif args.max_rate:
