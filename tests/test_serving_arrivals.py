@@ -75,6 +75,18 @@ def test_trace_csv_and_jsonl(tmp_path):
     assert load_trace(j)[0].prompt_tokens == 3
 
 
+def test_a_negative_zero_arrival_is_zero(tmp_path):
+    """arrival_s -0 was kept as -0.0: the requests CSV said '-0.000000'."""
+    import math
+
+    c = tmp_path / "t.csv"
+    c.write_text("arrival_s,prompt_tokens,output_tokens\n-0,10,5\n")
+    j = tmp_path / "t.jsonl"
+    j.write_text('{"arrival_s": -0.0, "prompt_tokens": 3, "output_tokens": 4}\n')
+    for f in (c, j):
+        assert math.copysign(1.0, load_trace(f)[0].arrival_s) == 1.0
+
+
 @pytest.mark.parametrize("text, match", [
     ("arrival_s,prompt_tokens\n0,1\n", "row 1: missing column 'output_tokens'"),
     ("arrival_s,prompt_tokens,output_tokens\n0,1,2\n1,-4,2\n", "row 3: column 'prompt_tokens': expected a count >= 1"),

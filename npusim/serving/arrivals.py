@@ -337,7 +337,7 @@ def _number(path: Path, where: str, column: str, value, kind):
             raise TypeError
         if isinstance(value, str) and not plain_number(value):  # '1_0', '１０': no count to take silently
             raise ValueError
-        v = kind(float(value)) if kind is int else kind(value)
+        v = (kind(float(value)) if kind is int else kind(value)) + 0  # -0.0 is 0.0 (the CSV said '-0.000000')
         if kind is int and float(value) != v:
             raise ValueError
         if not math.isfinite(v):
