@@ -153,6 +153,10 @@ def test_plan_prints_the_frontier_and_writes_it(tmp_path, capsys):
     (["--plan", "--rate", "300", "--max-cards", "4", "--backend", "slurm"], "--backend slurm: unknown backend"),
     (["--plan", "--rate", "300", "--max-cards", "4", "--backend", "local", "--address", "auto"],
      "--address auto: only the ray backend connects to a cluster"),
+    # every request rejected at the door: 'no cluster meets ... (loosen --slo, or give more --max-cards)'
+    (["--plan", "--rate", "300", "--max-cards", "4", "--prompt-lengths", "fixed:600"],
+     "--plan: every one of the 200 requests (--prompt-lengths fixed:600, --output-lengths lognormal:24,1.2) is longer "
+     "than the workload's context of 512 tokens"),
     # a dynamic service is not split: the router was ignored without a word
     (["--plan", "--rate", "300", "--max-cards", "4", "--service", "seed-optimized", "--pd-router", "round-robin"],
      "--pd-router round-robin: service seed-optimized batches with 'dynamic', so --plan tries no P:D split"),

@@ -28,6 +28,18 @@ def probe_load(args, rate: float):
                      output=args.output_lengths)
 
 
+def check_probe_load(args, load) -> None:
+    """One-line ConfigError when every request of the probe load is longer than the
+    workload's context: each probe rejects them all, and the search blamed the SLOs
+    ('no rate meets these SLOs', 'loosen --slo, or give more --max-cards')."""
+    context = load_workload(args.workload, workload_sets(args)).max_context_tokens
+    if all(r.prompt_tokens + r.output_tokens > context for r in load):
+        flag = "--max-rate" if args.max_rate else "--plan"
+        raise ConfigError(f"{flag}: every one of the {len(load)} requests (--prompt-lengths {args.prompt_lengths}, "
+                          f"--output-lengths {args.output_lengths}) is longer than the workload's context of "
+                          f"{context} tokens: each probe would reject them all (give shorter lengths)")
+
+
 def check_max_rate(svc: ServiceConfig) -> None:
     if not any((svc.slo.ttft_ms, svc.slo.tpot_ms, svc.slo.e2e_ms)):
         raise ConfigError("--max-rate: the service sets no SLO: give --slo ttft_ms=...,tpot_ms=...")
@@ -197,4 +209,5 @@ def serve_cluster(args, hw, svc: ServiceConfig, load, points: dict | None, bar, 
         return str(e)
 
 
-__all__ = ["check_max_rate", "check_plan_args", "max_rate", "max_rates", "plan", "probe_load", "serve_cluster"]
+__all__ = ["check_max_rate", "check_plan_args", "check_probe_load", "max_rate", "max_rates", "plan", "probe_load",
+           "serve_cluster"]

@@ -220,7 +220,7 @@ def inputs_of(args, names: list[str]) -> dict:
 
 
 def main(args) -> int:
-    from npusim.serving.capacity_command import check_max_rate, max_rates, plan, probe_load
+    from npusim.serving.capacity_command import check_max_rate, check_probe_load, max_rates, plan, probe_load
 
     check_args(args)
     hw = load_hw(args.hw, parse_set_args(args.set))
@@ -235,12 +235,12 @@ def main(args) -> int:
             raise ConfigError(f"--pd-router {args.pd_router}: service {services[0].name} batches with '{kind}', so "
                               f"--plan tries no P:D split (only {', '.join(DECODE_SCHEDULERS)} services are split; "
                               f"leave it out)")
-        probe_load(args, check_rate(args.rate))  # its lengths and seed, now
+        check_probe_load(args, probe_load(args, check_rate(args.rate)))  # its lengths and seed, now
         requests = None
     elif args.max_rate:
         for svc in services:
             check_max_rate(svc)
-        probe_load(args, check_rate(args.rate if args.rate is not None else 1.0))  # its lengths and seed, now
+        check_probe_load(args, probe_load(args, check_rate(args.rate if args.rate is not None else 1.0)))  # now
         requests = None
     else:
         requests = load_requests(args)

@@ -68,6 +68,9 @@ def no_temporary_files(folder: Path) -> None:
     (["--rate", "5", "--service-set", "host.preprocess_on=thread_pool"],
      r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'thread_pool'$"),
     (["--requests", "10", "--max-rate", "--rate", "5"], r"--max-rate: seed-optimized met the SLOs at every rate tried"),
+    # every request longer than k3-tiny's context: "no rate meets these SLOs", after probes down to 5e-08 req/s
+    (["--max-rate", "--prompt-lengths", "fixed:600"], r"--max-rate: every one of the 5 requests \(--prompt-lengths "
+     r"fixed:600, --output-lengths fixed:64\) is longer than the workload's context of 512 tokens"),
     # doubled past float's largest: "--rate: expected a positive number of requests per second, got inf"
     (["--max-rate", "--rate", "1e308"], r"--max-rate: seed-optimized met the SLOs at every rate tried, up to 1e\+308 "
                                         r"req/s: 5 requests per probe do not load it"),
