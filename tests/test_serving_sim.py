@@ -228,6 +228,16 @@ def test_max_rate_brackets_the_slo(capsys):
     assert "--max-rate: the service sets no SLO" in capsys.readouterr().err
 
 
+def test_a_tpot_slo_is_met_by_one_token_outputs(capsys):
+    """Requests of one output token have no TPOT: goodput counted them within a TPOT limit,
+    but --max-rate said 'TPOT P99 none > 10 ms ... no rate meets these SLOs'."""
+    argv = ["serve", "--workload", "k3-tiny", "--no-cache", "--service", "vllm-continuous", "--service-set",
+            "scheduler.max_batch=4", "--requests", "80", "--prompt-lengths", "uniform:16,200", "--output-lengths",
+            "fixed:1", "--max-rate", "--rate", "100", "--slo", "ttft_ms=50,tpot_ms=10"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "highest sustainable rate" in capsys.readouterr().out
+
+
 def test_plots_written(tmp_path):
     from npusim.serving.plots import batch_and_kv, latency_cdf
 
