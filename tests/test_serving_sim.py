@@ -247,6 +247,21 @@ def test_plots_written(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_plots_of_a_run_that_completed_nothing(tmp_path):
+    """Every request longer than the context: the latency CDF has no curve, and matplotlib's
+    'No artists with labels found to put in legend' warning went to stderr with its source line."""
+    import warnings
+
+    from npusim.serving.plots import batch_and_kv, latency_cdf
+
+    run = simulate(load(5, prompt="fixed:600"), service(), cost())
+    assert not any(s.status == "ok" for s in run.seqs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = latency_cdf(run, tmp_path) + batch_and_kv(run, tmp_path)
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 def test_a_padded_batch_near_the_context_is_priced(kind):
     """A request-level batch pads every sequence to its longest prompt plus the steps

@@ -32,7 +32,10 @@ def latency_cdf(run: ServingRun, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("fraction of completed requests")
     ax.set_title(f"{run.service.name} on {run.cost.workload.name}: latency CDF")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.get_lines():  # no request completed: no curve to name (legend() warned on stderr)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no completed requests", ha="center", va="center", transform=ax.transAxes)
     return _save(fig, out_dir, "latency_cdf")
 
 
