@@ -120,6 +120,30 @@ def check_seed(seed, what: str = "--seed") -> int:
     return int(seed)
 
 
+def check_load(requests, what: str = "requests") -> tuple[Request, ...]:
+    """A load given to serve() (the API: the command line's loads are checked as they are
+    drawn or read): at least one Request, each within the bounds a drawn or read one has,
+    an arrival from 0 to MAX_SPAN_S s and token counts from 1 to MAX_TOKENS. A nan arrival
+    was never reached, and the serving loop waited for it forever."""
+    if isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__"):
+        raise TypeError(f"{what}: expected a sequence of Request, got {short(requests)}")
+    load = tuple(requests)
+    if not load:
+        raise ConfigError(f"{what}: no requests (expected at least one Request)")
+    for i, r in enumerate(load):
+        if not isinstance(r, Request):
+            raise TypeError(f"{what}[{i}]: expected a Request, got {short(r)}")
+        t = r.arrival_s
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) or not 0 <= t <= MAX_SPAN_S:
+            raise ConfigError(f"{what}[{i}]: arrival_s: expected a time from 0 to {MAX_SPAN_S:g} s, got {short(t)}")
+        for name in ("prompt_tokens", "output_tokens"):
+            n = getattr(r, name)
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_TOKENS:
+                raise ConfigError(f"{what}[{i}]: {name}: expected a whole token count from 1 to {MAX_TOKENS}, got "
+                                  f"{short(n)}")
+    return load
+
+
 def arrival_times(process: str, n: int, rng: np.random.Generator, rate: float | None = None, cv: float = 1.0,
                   ramp: Ramp | None = None) -> np.ndarray:
     """`n` arrival times in seconds from 0, sorted."""
@@ -355,5 +379,5 @@ def offered_rate(requests: Sequence[Request]) -> float:
 
 
 __all__ = ["COLUMNS", "CV_RANGE", "MAX_FILE_BYTES", "MAX_REQUESTS", "MAX_SPAN_S", "MAX_TOKENS", "Ramp", "Request",
-           "SEED_MIX", "arrival_times", "check_rate", "check_requests", "check_seed", "lengths", "load_trace",
-           "offered_rate", "parse_ramp", "read_text", "synthetic"]
+           "SEED_MIX", "arrival_times", "check_load", "check_rate", "check_requests", "check_seed", "lengths",
+           "load_trace", "offered_rate", "parse_ramp", "read_text", "synthetic"]

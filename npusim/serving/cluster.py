@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from npusim.errors import ConfigError
 from npusim.parallel.plan import Plan, check_plan
-from npusim.serving.arrivals import Request
+from npusim.serving.arrivals import Request, check_load
 from npusim.serving.replica import KvArrival, Replica, StepCostModel
 from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig
@@ -95,9 +95,9 @@ class Cluster:
 
 
 def at_the_door(requests: Sequence[Request], context_tokens: int) -> list[Seq]:
-    """A sequence per request; one longer than the model's context (`context_tokens`) is
-    rejected on arrival, never routed."""
-    seqs = [Seq(r) for r in requests]
+    """A sequence per request (check_load: the load is checked here, at the API's door);
+    one longer than the model's context (`context_tokens`) is rejected on arrival, never routed."""
+    seqs = [Seq(r) for r in check_load(requests)]
     for s in seqs:
         if s.prompt + s.output > context_tokens:
             s.finish("rejected", s.arrival_us)

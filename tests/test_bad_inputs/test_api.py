@@ -164,3 +164,34 @@ def test_the_readmes_api_paths_work_in_a_fresh_interpreter():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "module 'npusim' has no attribute 'no_such_part'"
+
+
+SERVE_LOADS = {
+    # load: (the requests, expected exception, what the message says)
+    "empty": ((), ConfigError, r"^requests: no requests \(expected at least one Request\)$"),
+    "nan arrival": (("nan", 10, 4), ConfigError, r"^requests\[0\]: arrival_s: expected a time from 0 to 1e\+09 s, "
+                                                 r"got nan$"),
+    "negative arrival": ((-5.0, 10, 4), ConfigError, r"^requests\[0\]: arrival_s: expected a time from 0"),
+    "no prompt": ((0.0, 0, 4), ConfigError, r"^requests\[0\]: prompt_tokens: expected a whole token count from 1"),
+    "no output": ((0.0, 10, 0), ConfigError, r"^requests\[0\]: output_tokens: expected a whole token count from 1"),
+    "float output": ((0.0, 10, 4.0), ConfigError, r"^requests\[0\]: output_tokens: expected a whole token count"),
+    "a tuple, not a Request": ([(0.0, 10, 4)], TypeError, r"^requests\[0\]: expected a Request, got \(0\.0, 10, 4\)$"),
+    "a string": ("abc", TypeError, r"^requests: expected a sequence of Request, got 'abc'$"),
+}
+
+
+@pytest.mark.parametrize("case", SERVE_LOADS)
+def test_serve_checks_its_requests(case):
+    """serve()'s load, before a step is run: a nan arrival was never reached and the serving
+    loop waited for it forever; an empty load was min() of an empty sequence."""
+    from kernels import deadline
+    from npusim.serving import Request, StepCost, load_service, serve
+
+    load, exc, expect = SERVE_LOADS[case]
+    if isinstance(load, tuple) and len(load) == 3:
+        load = (Request(0, float(load[0]), load[1], load[2]),)
+    svc = load_service("vllm-continuous")
+    cost = StepCost(W, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch)
+    with deadline(60):
+        one_line_error(lambda: serve(load, svc, cost, 2, "shortest-queue"), exc, expect)
+
