@@ -77,6 +77,8 @@ def check_pd(pd: tuple[int, int], cards: int | None, tp: int, service: ServiceCo
     """One-line ConfigError for a split that does not fit: P + D not the cards, tp not
     dividing P or D, or a service whose decode instances cannot take a KV cache."""
     p, d = pd
+    for side, n in (("prefill", p), ("decode", d)):  # (0, 2) was '--cards: ... got 0', of the prefill side's cluster
+        check_cards(f"--pd {p}:{d} ({side} cards)", n)
     check_cards(f"--pd {p}:{d}", p + d)
     check_cards("--tp", tp)
     if cards is not None and p + d != cards:

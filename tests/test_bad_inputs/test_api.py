@@ -195,3 +195,15 @@ def test_serve_checks_its_requests(case):
     with deadline(60):
         one_line_error(lambda: serve(load, svc, cost, 2, "shortest-queue"), exc, expect)
 
+
+
+@pytest.mark.parametrize("pd, expect", [((0, 2), r"^--pd 0:2 \(prefill cards\): expected a whole number of cards from "
+                                                 r"1 to 4096, got 0$"),
+                                        ((2, 1.0), r"^--pd 2:1\.0 \(decode cards\): expected a whole number of cards")])
+def test_serve_checks_each_side_of_a_split(pd, expect):
+    """serve(pd=(0, 2)) said '--cards: ... got 0' (the prefill side's cluster of none)."""
+    from npusim.serving import StepCost, load_service, serve, synthetic
+
+    svc = load_service("vllm-continuous")
+    cost = StepCost(W, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch)
+    one_line_error(lambda: serve(synthetic(3, 0, rate=10), svc, cost, pd=pd), ConfigError, expect)
