@@ -53,6 +53,7 @@ from npusim.hw.parse import plain
 from npusim.serving.arrivals import Request
 from npusim.serving.cluster import Cluster, at_the_door, check_cards, finished
 from npusim.serving.replica import Replica, StepCostModel
+from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig
 from npusim.serving.state import Seq, ServingRun
 
@@ -131,6 +132,7 @@ class Disaggregated:
                  router: str = "round-robin", pd_router: str = DEFAULT_PD_ROUTER):
         p, d = pd
         check_pd(pd, None, cost.tp, service)
+        make_router(pd_router, "--pd-router")  # the decode side's cluster would name it --router
         self.service, self.cost, self.pd = service, cost, pd
         self.router_name = f"{router}, then {pd_router}"
         self.transfer = KvTransfer.of(cost)

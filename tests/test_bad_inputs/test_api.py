@@ -207,3 +207,14 @@ def test_serve_checks_each_side_of_a_split(pd, expect):
     svc = load_service("vllm-continuous")
     cost = StepCost(W, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch)
     one_line_error(lambda: serve(synthetic(3, 0, rate=10), svc, cost, pd=pd), ConfigError, expect)
+
+
+def test_serve_names_the_pd_router():
+    """serve(pd=..., pd_router='x') said '--router x: unknown router'."""
+    from npusim.serving import StepCost, load_service, serve, synthetic
+
+    svc = load_service("vllm-continuous")
+    cost = StepCost(W, "ascend910b2", svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch)
+    one_line_error(lambda: serve(synthetic(3, 0, rate=10), svc, cost, pd=(1, 1), pd_router="x"), ConfigError,
+                   r"^--pd-router x: unknown router \(expected one of kv-local, least-loaded, round-robin, "
+                   r"shortest-queue\)$")
