@@ -144,6 +144,20 @@ def test_pd_on_the_command_line_compares_with_colocated(tmp_path, capsys):
     assert json.loads(out.read_text()) == m
 
 
+def test_the_comparison_keeps_its_columns_apart():
+    """A 1 B/s NIC: TTFT 102400062.1 ms, 1651613.90 times colocated's, was printed as
+    '102400062.11651613.90x'; every column now has a space before it, however wide."""
+    from npusim.serving.command import compare_table
+
+    stats = {k: {f"p{p}_ms": v for p in (50, 90, 99)} for k, v in (("ttft", 62.0), ("tpot", 0.7), ("e2e", 62.0))}
+    a = {"service": "a", "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "goodput_requests_per_s": 1.0,
+         "completed": 5, "failed_oom": 0, "timed_out": 0} | stats
+    b = a | {"ttft": {f"p{p}_ms": 102400062.1 for p in (50, 90, 99)}}
+    table = compare_table(a, b, ("colocated", "P:D 8:8"))
+    assert "TTFT P90 ms                     62.0       102400062.1 1651613.90x" in table.splitlines()
+    assert all(len(line) == 64 for line in table.splitlines() if "TTFT" not in line)  # the usual widths
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--cards", "4", "--pd", "2:1"], "--pd 2:1 splits 3 cards, but --cards is 4 (P + D must be the cards)"),
     (["--cards", "4", "--tp", "2", "--pd", "1:3"], "--pd 1:3: --tp 2 does not divide the 1 prefill cards"),

@@ -104,14 +104,15 @@ def compare_table(a: dict, b: dict, labels: tuple[str, str] | None = None) -> st
     for key in ("ttft", "tpot", "e2e"):
         rows += [(f"{key.upper()} {p} ms", key, f"{p.lower()}_ms") for p in ("P50", "P90", "P99")]
     la, lb = labels or (a["service"], b["service"])
-    lines = [f"{'':18s}{la:>18s}{lb:>18s}{'change':>10s}"]
+    # a space before each column however wide its value (1.0e8 ms and 1651624.94x read as 102400062.11651624.94x)
+    lines = [f"{'':18s}{la:>18s} {lb:>17s} {'change':>9s}"]
     for label, key, sub in rows:
         va = a[key][sub] if sub else a[key]
         vb = b[key][sub] if sub else b[key]
         change = f"{vb / va:.2f}x" if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else "-"
         fa = "-" if va is None else f"{va:.1f}" if isinstance(va, float) else str(va)
         fb = "-" if vb is None else f"{vb:.1f}" if isinstance(vb, float) else str(vb)
-        lines.append(f"{label:18s}{fa:>18s}{fb:>18s}{change:>10s}")
+        lines.append(f"{label:18s}{fa:>18s} {fb:>17s} {change:>9s}")
     return "\n".join(lines)
 
 
