@@ -225,6 +225,17 @@ def test_the_summary_and_files_name_each_replica():
         assert spans and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
+def test_the_summary_keeps_its_columns_apart():
+    """Figures wider than their column ran into the next: an end-to-end time of 102400062.1 ms
+    as '102400062.1102400062.1', replica 511's cards 4088-4095 as '5114088-4095'."""
+    m = metrics(serve(_load(40, 400.0, 2, "fixed:16"), service(), cost(), 2, "shortest-queue"))
+    m["e2e"] = {k: 102400062.1 for k in m["e2e"]}
+    m["replicas"][1] |= {"replica": 511, "cards": list(range(4088, 4096))}
+    lines = summary(m).splitlines()
+    assert "  end-to-end     102400062.1 102400062.1 102400062.1 102400062.1" in lines
+    assert any(line.startswith("        511 4088-4095 ") for line in lines)
+
+
 # ---- a replica on --tp cards
 
 

@@ -167,8 +167,9 @@ def summary(m: dict) -> str:
     for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "inter-token"), ("e2e", "end-to-end"),
                        ("queueing", "queueing")):
         s = m[key]
-        lines.append(f"  {label:14s}" + "".join(f"{_ms(s[k]):>10s}" for k in ("mean_ms", "p50_ms", "p90_ms",
-                                                                             "p99_ms")))
+        # a space before each figure however wide (102400062.1 ms ran into the next as 102400062.1102400062.1)
+        lines.append(f"  {label:14s}" + "".join(f" {_ms(s[k]):>9s}" for k in ("mean_ms", "p50_ms", "p90_ms",
+                                                                              "p99_ms")))
     lines.append(f"  steps {m['steps']} (compiling {m['compile_s']:.2f} s); decode batch mean "
                  f"{m['decode_batch']['mean']:.1f}, max {m['decode_batch']['max']}; KV occupancy mean "
                  f"{100 * m['kv_occupancy']['mean']:.1f}%, max {100 * m['kv_occupancy']['max']:.1f}% of "
@@ -197,9 +198,9 @@ def replica_lines(m: dict) -> list[str]:
                  f"{'utilisation':>13s}" + ("  role" if pd else ""))
     for r in m["replicas"]:
         c = r["cards"]
-        cards = str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"
-        lines.append(f"  {r['replica']:>9d}{cards:>8s}{r['requests']:>10d}{r['prompt_tokens']:>12d}"
-                     f"{r['output_tokens']:>12d}{r['busy_s']:>9.2f}{100 * r['utilisation']:>12.1f}%"
+        cards = str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"  # 9 wide from card 1000 ('5114088-4095')
+        lines.append(f"  {r['replica']:>9d} {cards:>7s} {r['requests']:>9d} {r['prompt_tokens']:>11d}"
+                     f" {r['output_tokens']:>11d} {r['busy_s']:>8.2f} {100 * r['utilisation']:>11.1f}%"
                      + (f"  {r['role']}" if pd else ""))
     return lines
 
