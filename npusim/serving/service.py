@@ -221,11 +221,31 @@ def _check_passes(svc: ServiceConfig, where: str, options: Collection[str] | Non
                               f"'passes' ({svc.passes}) does not include (add it, or leave the key out)")
 
 
-def structure_service(raw: Mapping[str, Any], where: str, options: Collection[str] | None = None) -> ServiceConfig:
+# The scheduler knobs only some kinds read (the others: every kind).
+KNOBS_OF = {"scan_period_ms": ("dynamic",), "timeout_ms": ("dynamic",), "length_ratio": ("dynamic",),
+            "token_budget": ("chunked",), "block_tokens": ("continuous", "chunked")}
+
+
+def _check_knobs(svc: ServiceConfig, raw: Mapping[str, Any], where: str, given: Collection[str] | None) -> None:
+    """Each scheduler knob of `given` (None: all) the service sets is read by its kind:
+    --service-set scheduler.token_budget=64 on a continuous service was ignored silently."""
+    kind = svc.scheduler.kind
+    for key in raw.get("scheduler") or {}:
+        kinds = KNOBS_OF.get(key)
+        if not kinds or kind in kinds or given is not None and not {"scheduler", f"scheduler.{key}"} & set(given):
+            continue
+        raise ConfigError(f"{where}: key 'scheduler.{key}' is read only by the {' and '.join(kinds)} scheduler"
+                          f"{'s' if len(kinds) > 1 else ''}, but 'scheduler.kind' is {kind} (leave it out, or give "
+                          f"the kind that reads it)")
+
+
+def structure_service(raw: Mapping[str, Any], where: str, options: Collection[str] | None = None,
+                      knobs: Collection[str] | None = None) -> ServiceConfig:
     """`raw` -> a ServiceConfig; a pass option of `options` (None: all) for a pass it does
-    not run is refused."""
+    not run is refused, and a scheduler knob of `knobs` (None: all) its kind does not read."""
     svc = _structure(raw, where)
     _check_passes(svc, where, options)
+    _check_knobs(svc, raw, where, knobs)
     return svc
 
 
@@ -283,7 +303,10 @@ def load_service(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] |
         where = f"{path} (--service-set)"
     # --service-set passes=... that drops a pass leaves the file's options for it unused on
     # purpose (passes=optimized on seed-optimized: no buckets); an option set beside it is not
-    return structure_service(raw, where, set(overrides) if "passes" in (overrides or {}) else None)
+    # so does --service-set scheduler.kind=... with the file's knobs of the kind it had
+    given = set(overrides or {})
+    return structure_service(raw, where, given if "passes" in given else None,
+                             given if "scheduler.kind" in given else None)
 
 
 def parse_slo(text: str, base: Slo = Slo()) -> Slo:

@@ -97,6 +97,15 @@ def no_temporary_files(folder: Path) -> None:
      r"\(baseline\) does not include"),
     (["--rate", "5", "--service-set", "passes=fusion,banana"],
      r"seed-optimized\.yaml \(--service-set\): key 'passes': unknown pass or pipeline 'banana'"),
+    # a scheduler knob its kind does not read was ignored silently (the file's knobs of a kind set away from are not)
+    (["--rate", "5", "--service", "vllm-continuous", "--service-set", "scheduler.token_budget=64"],
+     r"vllm-continuous\.yaml \(--service-set\): key 'scheduler\.token_budget' is read only by the chunked scheduler, "
+     r"but 'scheduler\.kind' is continuous \(leave it out, or give the kind that reads it\)$"),
+    (["--rate", "5", "--service-set", "scheduler.kind=continuous", "--service-set", "scheduler.length_ratio=3"],
+     r"key 'scheduler\.length_ratio' is read only by the dynamic scheduler, but 'scheduler\.kind' is continuous"),
+    (["--rate", "5", "--service", "vllm-continuous", "--service-set", "scheduler={kind: static, block_tokens: 8}"],
+     r"key 'scheduler\.block_tokens' is read only by the continuous and chunked schedulers, but 'scheduler\.kind' is "
+     r"static"),
     (["--rate", "5", "--service", "vllm-continuous", "--service-set", "kv_layout=banana"],
      r"vllm-continuous\.yaml \(--service-set\): key 'kv_layout': expected one of contiguous, paged, got 'banana'$"),
 ])
