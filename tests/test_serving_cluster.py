@@ -276,6 +276,11 @@ def test_memory_is_checked_per_card(capsys):
     (["--tp", "3", "--cards", "3"], "--tp 3 does not divide k3-tiny's heads 4"),
     (["--cards", "0"], "--cards: expected a whole number of cards"),
     (["--tp", "2", "--set", "topology.node_device_count=1"], "--tp 2 spans nodes"),
+    # replica 1 on cards 2 and 3, one in each node: its all_reduces were priced as inside one node
+    (["--cards", "6", "--tp", "2", "--set", "topology.node_device_count=3"],
+     "--tp 2: replica 1 (cards 2-3) would span two nodes of 3 cards (topology.node_device_count)"),
+    (["--service", "vllm-continuous", "--pd", "2:4", "--tp", "2", "--set", "topology.node_device_count=3"],
+     "--tp 2: replica 1 (cards 2-3) would span two nodes"),
 ])
 def test_bad_cluster_input_is_one_line(argv, match, capsys):
     assert main(["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5", "--rate", "10", *argv]) == 2

@@ -52,6 +52,18 @@ def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
         make_router(router)
 
 
+def check_nodes(tp: int, first_index: int, replicas: int, node_cards: int) -> None:
+    """One-line ConfigError for a replica whose cards (replica k: k x tp .. k x tp + tp - 1)
+    span two nodes of `node_cards`: its all_reduces were priced as inside one node
+    (--tp 2 on nodes of 3 cards put replica 1 on cards 2 and 3, one in each)."""
+    for k in range(first_index, first_index + replicas):
+        first, last = k * tp, k * tp + tp - 1
+        if first // node_cards != last // node_cards:
+            raise ConfigError(f"--tp {tp}: replica {k} (cards {first}-{last}) would span two nodes of {node_cards} "
+                              f"cards (topology.node_device_count): a tensor-parallel group runs within one node "
+                              f"(give a --tp that divides {node_cards})")
+
+
 class Cluster:
     """`cards / cost.tp` replicas of `service` behind the router named `router`.
 
@@ -66,6 +78,7 @@ class Cluster:
         cards = tp if cards is None else cards
         check_cluster(cards, tp, router)
         check_plan(Plan(tp), cost.workload, cost.hw)  # tp divides the heads, within a node
+        check_nodes(tp, first_index, cards // tp, cost.hw.topology.node_device_count)
         self.service, self.cost, self.cards, self.router_name = service, cost, cards, router
         self.role, self.first_index, self.kv_arrival = role, first_index, kv_arrival
         self.kv_capacity_tokens = replica_kv_tokens(service, cost)
@@ -139,4 +152,5 @@ def _does_not_fit(service: ServiceConfig, cost) -> str:
             f"in {size(cost.hw.hbm.hbm_bytes)} (more cards per replica: --tp; or a smaller scheduler.max_batch)")
 
 
-__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cards", "check_cluster", "finished", "replica_kv_tokens"]
+__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cards", "check_cluster", "check_nodes", "finished",
+           "replica_kv_tokens"]
