@@ -38,6 +38,7 @@ from npusim.serving.stepcost import DEFAULT_TOL, StepCost
 
 # --cv not given: gamma gaps with cv 1 are exponential ones, a Poisson process's variability.
 DEFAULT_CV = 1.0
+DEFAULT_SEED = 0  # of a synthetic load (--seed)
 DEFAULT_LENGTHS = {"--prompt-lengths": "mix", "--output-lengths": "fixed:64"}  # of a synthetic load
 PLOT_NAMES = ("latency_cdf.png", "latency_cdf.svg", "batch_kv.png", "batch_kv.svg")  # what --plot DIR holds
 
@@ -125,6 +126,9 @@ def check_args(args) -> None:
         setattr(args, name, getattr(args, name) or default)
     if args.requests is not None:
         check_requests(args.requests)
+    if args.trace_file and args.seed is not None:  # the trace's requests were served, the seed drew nothing
+        raise ConfigError("--seed: not used by --trace-file, whose requests are read, not drawn (leave it out)")
+    args.seed = DEFAULT_SEED if args.seed is None else args.seed
     check_seed(args.seed)
     if not 0 < args.tol < math.inf:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
@@ -337,7 +341,8 @@ def add_arguments(p) -> None:
                    f"rejected and counted); default {DEFAULT_LENGTHS['--prompt-lengths']}")
     p.add_argument("--output-lengths", metavar="SPEC", help="as --prompt-lengths; default "
                    f"{DEFAULT_LENGTHS['--output-lengths']}")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic load (a whole number >= 0)")
+    p.add_argument("--seed", type=int, help=f"seed of the synthetic load (a whole number >= 0; default "
+                   f"{DEFAULT_SEED})")
     p.add_argument("--slo", metavar="KEY=MS,...", action="append", help="SLOs (ttft_ms, tpot_ms, e2e_ms, timeout_ms) "
                    "over the service's (may be given more than once: --slo ttft_ms=50 --slo tpot_ms=10)")
     p.add_argument("--max-rate", action="store_true", help="find the highest Poisson rate meeting the SLOs by "

@@ -168,6 +168,17 @@ def test_lengths_beside_a_trace_file(flag, capsys, tmp_path):
                   outputs=[out])
 
 
+def test_a_seed_beside_a_trace_file(capsys, tmp_path):
+    """The trace's requests were served and --seed 5 ignored without a word (its default, 0,
+    is applied after the check)."""
+    f = tmp_path / "trace.csv"
+    f.write_text(HEADER + "0,10,4\n")
+    out = tmp_path / "o.json"
+    fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", f, "--seed", "5", "--json", out],
+                  capsys, r"^npusim: error: --seed: not used by --trace-file, whose requests are read, not drawn",
+                  outputs=[out])
+
+
 def test_serve_too_long_request_is_rejected_and_counted(capsys, tmp_path):
     """k3-tiny's context is 512 tokens: a 600-token prompt is rejected, the run goes on."""
     f = tmp_path / "trace.csv"
