@@ -28,13 +28,20 @@ def probe_load(args, rate: float):
                      output=args.output_lengths)
 
 
-def check_probe_load(args, load) -> None:
+def check_probe_load(args, load, services: list[ServiceConfig]) -> None:
     """One-line ConfigError when every request of the probe load is longer than the
     workload's context: each probe rejects them all, and the search blamed the SLOs
-    ('no rate meets these SLOs', 'loosen --slo, or give more --max-cards')."""
+    ('no rate meets these SLOs', 'loosen --slo, or give more --max-cards'); or when a
+    service's only SLO is a TPOT limit and no request has a TPOT (one output token each):
+    every load met it, and the search asked for more --requests."""
+    flag = "--max-rate" if args.max_rate else "--plan"
+    for svc in services:
+        if not (svc.slo.ttft_ms or svc.slo.e2e_ms) and all(r.output_tokens == 1 for r in load):
+            raise ConfigError(f"{flag}: {svc.name}'s only SLO is tpot_ms, but every request has one output token "
+                              f"(--output-lengths {args.output_lengths}), so none has a TPOT to limit (give "
+                              f"--slo ttft_ms=... or e2e_ms=..., or longer outputs)")
     context = load_workload(args.workload, workload_sets(args)).max_context_tokens
     if all(r.prompt_tokens + r.output_tokens > context for r in load):
-        flag = "--max-rate" if args.max_rate else "--plan"
         raise ConfigError(f"{flag}: every one of the {len(load)} requests (--prompt-lengths {args.prompt_lengths}, "
                           f"--output-lengths {args.output_lengths}) is longer than the workload's context of "
                           f"{context} tokens: each probe would reject them all (give shorter lengths)")

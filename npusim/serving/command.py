@@ -240,12 +240,13 @@ def main(args) -> int:
             raise ConfigError(f"--pd-router {args.pd_router}: service {services[0].name} batches with '{kind}', so "
                               f"--plan tries no P:D split (only {', '.join(DECODE_SCHEDULERS)} services are split; "
                               f"leave it out)")
-        check_probe_load(args, probe_load(args, check_rate(args.rate)))  # its lengths and seed, now
+        check_probe_load(args, probe_load(args, check_rate(args.rate)), services)  # its lengths and seed, now
         requests = None
     elif args.max_rate:
         for svc in services:
             check_max_rate(svc)
-        check_probe_load(args, probe_load(args, check_rate(args.rate if args.rate is not None else 1.0)))  # now
+        load = probe_load(args, check_rate(args.rate if args.rate is not None else 1.0))  # its lengths and seed, now
+        check_probe_load(args, load, services)
         requests = None
     else:
         requests = load_requests(args)

@@ -71,6 +71,10 @@ def no_temporary_files(folder: Path) -> None:
     # every request longer than k3-tiny's context: "no rate meets these SLOs", after probes down to 5e-08 req/s
     (["--max-rate", "--prompt-lengths", "fixed:600"], r"--max-rate: every one of the 5 requests \(--prompt-lengths "
      r"fixed:600, --output-lengths fixed:64\) is longer than the workload's context of 512 tokens"),
+    # a TPOT limit alone, and no request with a TPOT: every load met it ('give more --requests')
+    (["--max-rate", "--output-lengths", "fixed:1", "--service-set", "slo.ttft_ms=null"],
+     r"--max-rate: seed-optimized's only SLO is tpot_ms, but every request has one output token \(--output-lengths "
+     r"fixed:1\), so none has a TPOT to limit"),
     # doubled past float's largest: "--rate: expected a positive number of requests per second, got inf"
     (["--max-rate", "--rate", "1e308"], r"--max-rate: seed-optimized met the SLOs at every rate tried, up to 1e\+308 "
                                         r"req/s: 5 requests per probe do not load it"),
