@@ -150,6 +150,16 @@ def _load(n, rate, seed, output="fixed:64"):
     return synthetic(n, seed, "poisson", rate, prompt="uniform:16,400", output=output)
 
 
+def test_a_static_replica_runs_its_last_batch_when_the_last_request_goes_elsewhere():
+    """Static batching on 2 cards, 5 requests in turn: replica 1's 2 waited for a batch of 4;
+    the last request went to replica 0, replica 1 stopped with them still waiting and they
+    were counted as out of memory. They run as the last ones, as one replica's do."""
+    svc = ServiceConfig("t", SchedulerConfig("static", max_batch=4), host=HOST, precompile=True)
+    run = serve(_load(5, 10.0, 1), svc, Closed(("sync", "buckets")), 2, "round-robin")
+    assert [s.status for s in run.seqs] == ["ok"] * 5
+    assert [s.replica for s in run.seqs] == [0, 1, 0, 1, 0]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_two_replicas_at_twice_the_rate_serve_as_one_at_the_rate(seed):
     """Each of two round-robin replicas at 2x the rate sees the load one replica sees

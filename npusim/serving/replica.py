@@ -229,6 +229,10 @@ class Replica:
             upcoming = key(queue[self.i]) if self.i < len(queue) else None
             wake = [t for t in (work, upcoming) if t is not None]
             if not wake:
+                if sched.busy() and not sched.flush and feed.next_arrival_us is None:
+                    # the last request went to another replica meanwhile: a batch waiting for more (static)
+                    # runs now with what it has; it was left waiting and its requests counted as out of memory
+                    continue
                 now += owed
                 break
             now = max(now, min(wake))
