@@ -160,6 +160,19 @@ def test_a_static_replica_runs_its_last_batch_when_the_last_request_goes_elsewhe
     assert [s.replica for s in run.seqs] == [0, 1, 0, 1, 0]
 
 
+def test_a_scheduler_that_deadlocks_is_reported_as_such(monkeypatch):
+    """A scheduler that never runs its waiting requests: they were counted as out of memory."""
+    from npusim.errors import DeadlockError
+    from npusim.serving.schedulers.static import Static
+
+    monkeypatch.setattr(Static, "form", lambda self, now: None)
+    svc = ServiceConfig("t", SchedulerConfig("static", max_batch=4), host=HOST, precompile=True)
+    with pytest.raises(DeadlockError, match=r"^serving: replica 0 stopped at [0-9.]+ s with 3 request\(s\) waiting "
+                                            r"and nothing left to run them \(request 0 first\): the static scheduler "
+                                            r"deadlocked$"):
+        serve(_load(3, 10.0, 1), svc, Closed(("sync", "buckets")))
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_two_replicas_at_twice_the_rate_serve_as_one_at_the_rate(seed):
     """Each of two round-robin replicas at 2x the rate sees the load one replica sees

@@ -36,6 +36,7 @@ import heapq
 from collections.abc import Iterator
 from typing import Protocol
 
+from npusim.errors import DeadlockError
 from npusim.hw import HwConfig
 from npusim.serving.schedulers import make_scheduler
 from npusim.serving.service import ServiceConfig
@@ -236,8 +237,10 @@ class Replica:
                 now += owed
                 break
             now = max(now, min(wake))
-        for s in sched.waiting:  # nothing more can run them (cannot happen with a correct scheduler)
-            s.finish("oom", now)
+        if sched.waiting:  # nothing more can run them (cannot happen with a correct scheduler): not an OOM
+            raise DeadlockError(f"serving: replica {self.index} stopped at {now / 1e6:.6f} s with "
+                                f"{len(sched.waiting)} request(s) waiting and nothing left to run them (request "
+                                f"{sched.waiting[0].req.id} first): the {service.scheduler.kind} scheduler deadlocked")
         self.now = now
 
 
