@@ -146,6 +146,7 @@ def test_plan_prints_the_frontier_and_writes_it(tmp_path, capsys):
     (["--plan", "--rate", "300", "--max-cards", "4", "--cards", "2"], "--cards: not used by --plan"),
     (["--plan", "--rate", "300", "--max-cards", "4", "--csv", "x.csv"], "--csv: not used by --plan"),
     (["--plan", "--rate", "300", "--max-cards", "4", "--pd", "1:1"], "--pd 1:1: not used by --plan"),
+    (["--plan", "--rate", "300", "--max-cards", "4", "--cv", "3"], "--cv: not used by --plan"),  # it was ignored
     (["--plan", "--rate", "300", "--max-cards", "4", "--service-set", "slo.ttft_ms=null", "--service-set",
       "slo.tpot_ms=null"], "--plan: the service sets no SLO"),
     (["--rate", "300", "--max-cards", "4"], "--max-cards: only --plan uses it"),

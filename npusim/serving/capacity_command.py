@@ -128,6 +128,7 @@ def check_plan_args(args) -> None:
                                        ("--cards", args.cards is not None), (f"--tp {args.tp}", args.tp != 1),
                                        ("--trace-file", args.trace_file), ("--ramp", args.ramp),
                                        (f"--arrival {args.arrival}", args.arrival not in (None, "poisson")),
+                                       ("--cv", args.cv is not None),  # was ignored: its probes are Poisson loads
                                        *((f, getattr(args, f[2:])) for f in ("--csv", "--trace", "--plot")))
               if given]
     if unused:
