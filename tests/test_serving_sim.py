@@ -228,6 +228,18 @@ def test_max_rate_brackets_the_slo(capsys):
     assert "--max-rate: the service sets no SLO" in capsys.readouterr().err
 
 
+def test_max_rate_of_a_static_service_looks_above_a_rate_too_slow_to_fill_its_batch(capsys):
+    """A static batch waits for max_batch requests: at 0.5 req/s and slower the first of 8
+    waits past the TTFT limit, while 8-20 req/s meet it. It said 'no rate meets these SLOs'."""
+    argv = ["serve", "--workload", "k3-tiny", "--no-cache", "--service", "seed-baseline", "--requests", "16",
+            "--prompt-lengths", "fixed:50", "--output-lengths", "fixed:4", "--max-rate", "--rate", "0.5", "--slo",
+            "tpot_ms=1000,ttft_ms=1500"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    rate = float(re.search(r"highest sustainable rate ([0-9.]+) req/s", out)[1])
+    assert 8 < rate < 32 and "tried 0.5 x, " in out
+
+
 def test_a_tpot_slo_is_met_by_one_token_outputs(capsys):
     """Requests of one output token have no TPOT: goodput counted them within a TPOT limit,
     but --max-rate said 'TPOT P99 none > 10 ms ... no rate meets these SLOs'."""

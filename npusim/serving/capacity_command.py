@@ -60,7 +60,8 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
     probe runs the same seed and request count. Two errors, not rates: a service that
     meets the SLOs at every rate up to 2^20 x --rate is not loaded by so few requests,
     and one that misses them at the slowest load has SLOs no rate meets (the message
-    names what it missed)."""
+    names what it missed) - unless it batches statically: its batch waits for max_batch
+    requests, longer the slower they come, so the rates above --rate are tried first."""
     check_max_rate(svc)
     cost = step_cost(svc, args, hw, bar)
     seen: list[tuple[float, bool]] = []
@@ -92,10 +93,28 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
         lo, hi = (hi / 2, hi) if ok(hi / 2) else (None, hi / 2)
     if lo is None:
         if hi <= slowest or not ok(slowest):
-            raise ConfigError(f"--max-rate: {svc.name} misses {slo_line(svc.slo)} even at {min(hi, slowest):.3g} "
-                              f"req/s ({n} requests one at a time, unloaded): {missed(last['m'], svc.slo)}; no rate "
-                              f"meets these SLOs")
-        lo = slowest
+            why = missed(last["m"], svc.slo)  # at the slowest load
+            if svc.scheduler.kind == "static":  # a batch waits for max_batch requests: slower loads wait longer,
+                top, r = None, rate  # so a rate above the first may meet ('no rate meets' when --rate 1 met)
+                for _ in range(40):
+                    r *= 2
+                    if r == math.inf or lo is None and r > rate * 2 ** 20:
+                        break
+                    if ok(r):
+                        lo = r
+                    elif lo is not None:
+                        top = r
+                        break
+                if lo is not None and top is None:
+                    raise ConfigError(f"--max-rate: {svc.name} met the SLOs at every rate tried above {rate:.3g} "
+                                      f"req/s, up to {lo:.3g}: {n} requests per probe do not load it (give more "
+                                      f"--requests)")
+                hi = top if lo is not None else hi
+            if lo is None:
+                raise ConfigError(f"--max-rate: {svc.name} misses {slo_line(svc.slo)} even at {min(hi, slowest):.3g} "
+                                  f"req/s ({n} requests one at a time, unloaded): {why}; no rate meets these SLOs")
+        else:
+            lo = slowest
     while hi > 2 * lo:  # geometric down to a 2x bracket: a few probes however wide the first
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
