@@ -169,6 +169,19 @@ def test_bad_plan_input_is_one_line(argv, match, capsys, monkeypatch, tmp_path):
     assert match in err and err.count("\n") == 1, err
 
 
+def test_a_static_service_is_planned_from_one_card_up(capsys):
+    """A static batch waits for max_batch requests, so 4 replicas (4 requests each) missed the
+    TTFT limit one card meets: it said 'no cluster of 4 cards meets ... (give more --max-cards)'."""
+    argv = ["serve", "--workload", "k3-tiny", "--no-cache", "--service", "seed-baseline", "--requests", "16",
+            "--prompt-lengths", "fixed:50", "--output-lengths", "fixed:4", "--plan", "--rate", "10", "--max-cards",
+            "4", "--slo", "tpot_ms=1000,ttft_ms=1500"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "fewest cards: 1 (1 x tp 1) meet TTFT P90 <= 1500 ms" in capsys.readouterr().out
+    # every count from 1 up: 4096 would take about 40 minutes to refuse an SLO no count meets
+    assert main(argv[:-3] + ["4096", "--slo", "ttft_ms=1"]) == 2
+    assert "--max-cards 4096: more cards may serve this service worse" in capsys.readouterr().err
+
+
 def test_plan_outputs_are_checked_before_the_search(tmp_path, capsys, monkeypatch):
     served = []
     monkeypatch.setattr("npusim.serving.capacity_command.serve", lambda *a: served.append(a))

@@ -204,7 +204,8 @@ def plan(args, hw, svc: ServiceConfig, bar) -> int:
 
     w = load_workload(args.workload, workload_sets(args))
     split = svc.scheduler.kind in DECODE_SCHEDULERS  # P/D candidates: decode instances batch at iteration level
-    found = search(serve_all, lambda n: shapes(n, w, hw, split), svc.slo, args.rate, args.max_cards)
+    found = search(serve_all, lambda n: shapes(n, w, hw, split), svc.slo, args.rate, args.max_cards,
+                   monotone=svc.scheduler.kind != "static")
     bar.close()
     n = args.requests or 1000
     say(f"{svc.name} on {w.name} / {hw.name}: {n} Poisson requests at {args.rate:g} req/s (seed {args.seed}), "

@@ -17,7 +17,9 @@ TTFT P99, then the lowest TPOT P99.
 
 # assumption: more cards never serve a load worse (the best candidate on more cards
 # has at least the goodput of the best on fewer: a replica more only takes load off
-# the others); tests/test_serving_plan.py checks it on k3-tiny. On it rests the search:
+# the others); tests/test_serving_plan.py checks it on k3-tiny. Not so with static batching
+# (a batch waits for max_batch requests, and a replica more gives each fewer): for a
+# static service every count from 1 up is tried. On it rests the search:
 C is tried first (when it misses, no fewer cards meet: one line says so), then 1, 2,
 4, ... cards until a count meets, then bisection between the last count missed and
 the first met: about 2 log2(C) card counts, not C.
@@ -138,20 +140,30 @@ def shapes(cards: int, workload: Workload, hw: HwConfig, disaggregate: bool = Fa
 # the cards (one per multiple of tp): 512 is every split of about 256 cards at tp 1, a
 # few minutes of k3-tiny's 5-request probes; more is hours without a word.
 MAX_CANDIDATES = 512
+# The most cards a search that tries every count from 1 up (a static service) may have:
+# counts x replicas grow as its square; an SLO 256 k3-tiny cards miss takes 9 s to refuse
+# with 5 requests a probe, 4096 cards would take about 40 minutes.
+MAX_SCANNED_CARDS = 256
 
 
 def search(serve_all: Callable[[list[Shape]], list[dict | str]], shapes_of: Callable[[int], list[Shape]], slo: Slo,
-           rate: float, max_cards: int) -> CapacityPlan:
+           rate: float, max_cards: int, monotone: bool = True) -> CapacityPlan:
     """The fewest cards from 1 to `max_cards` meeting `slo` (module doc). `serve_all`
     serves the load on each of the shapes of one card count (in this process or on a
     backend, command.py) and returns, for each, its metrics or why it does not fit a
     card; `shapes_of(n)`: the candidates on n cards. An SLO no cluster of max_cards
-    meets is a ConfigError naming the best one's figures."""
+    meets is a ConfigError naming the best one's figures. `monotone` False: more cards
+    may serve the load worse (a static batch waits for max_batch requests, and a replica
+    more gives each fewer), so every count from 1 up is tried until one meets."""
     check_slo(slo)
     most = len(shapes_of(max_cards))
     if most > MAX_CANDIDATES:
         raise ConfigError(f"--max-cards {max_cards}: {most} candidate clusters on {max_cards} cards (every tp and "
                           f"P:D split), more than the {MAX_CANDIDATES} the planner serves on one card count "
+                          f"(lower --max-cards)")
+    if not monotone and max_cards > MAX_SCANNED_CARDS:
+        raise ConfigError(f"--max-cards {max_cards}: more cards may serve this service worse (a static batch waits "
+                          f"for max_batch requests), so every count from 1 up is tried, at most {MAX_SCANNED_CARDS} "
                           f"(lower --max-cards)")
     tried: list[Candidate] = []
     best: dict[int, Candidate | None] = {}
@@ -165,6 +177,10 @@ def search(serve_all: Callable[[list[Shape]], list[dict | str]], shapes_of: Call
             best[n] = max(found, key=Candidate.rank, default=None)
         return best[n] is not None and best[n].meets
 
+    if not monotone:  # 4 cards missed where 1 met: 'no cluster of 4 cards meets ... (give more --max-cards)'
+        if not any(meets(n) for n in range(1, max_cards + 1)):
+            raise ConfigError(_impossible(best[max_cards], slo, rate, max_cards))
+        return CapacityPlan(rate, slo, max_cards, tuple(tried))
     if not meets(max_cards):
         raise ConfigError(_impossible(best[max_cards], slo, rate, max_cards))
     lo, hi = 0, max_cards  # the most cards known to miss (0: none), the fewest known to meet
