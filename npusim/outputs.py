@@ -280,6 +280,29 @@ def _probe(flag: str, path: Path, folder: Path) -> None:
         os.unlink(tmp)
 
 
+# the longest name one folder's entry may have (Linux: NAME_MAX; the longest path: PATH_MAX)
+NAME_MAX, PATH_MAX = 255, 4096
+# what a file's temporary name adds to its name (atomic_write: "." NAME "." + mkstemp's 8 random characters + ".tmp")
+TEMP_NAME_EXTRA = 1 + 1 + 8 + 4
+
+
+def _named(flag: str, path: str | os.PathLike, file: bool) -> Path:
+    """`path`, refused if no file system could hold its names (a name over NAME_MAX bytes,
+    a file's over what its temporary name leaves, a path over PATH_MAX): its folders would
+    be made and the run done before the write failed, and Path.is_dir() says so only as a
+    bare OSError."""
+    p = Path(path)
+    if len(os.fsencode(p)) + TEMP_NAME_EXTRA >= PATH_MAX:
+        raise OutputError(f"{flag} {str(p)[:60]}...: cannot be written: the path is {len(os.fsencode(p))} bytes "
+                          f"(at most {PATH_MAX - 1 - TEMP_NAME_EXTRA})")
+    for i, part in enumerate(p.parts):
+        most = NAME_MAX - TEMP_NAME_EXTRA if file and i == len(p.parts) - 1 else NAME_MAX
+        if len(os.fsencode(part)) > most:
+            raise OutputError(f"{flag} {str(p)[:60]}...: cannot be written: the name {part[:20]}... is "
+                              f"{len(os.fsencode(part))} bytes (at most {most} here)")
+    return p
+
+
 def check_writable(outputs: Mapping[str, str | os.PathLike | None],
                    folders: Mapping[str, str | os.PathLike | None] | None = None) -> None:
     """Refuse, before a command runs, an output it could not write: a file output on a
@@ -289,7 +312,7 @@ def check_writable(outputs: Mapping[str, str | os.PathLike | None],
     for flag, path in outputs.items():
         if path is None:
             continue
-        p = Path(path)
+        p = _named(flag, path, file=True)
         if p.is_dir():
             raise OutputError(f"{flag} {p}: is a directory (expected a file path)")
         if p.exists() and not p.is_file():  # written in place (atomic_write)
@@ -300,7 +323,7 @@ def check_writable(outputs: Mapping[str, str | os.PathLike | None],
     for flag, path in (folders or {}).items():
         if path is None:
             continue
-        p = Path(path)
+        p = _named(flag, path, file=False)
         if p.exists() and not p.is_dir():
             raise OutputError(f"{flag} {p}: is a file (expected a folder)")
         _probe(flag, p, p)

@@ -746,3 +746,25 @@ def test_a_plot_file_that_is_a_folder_is_refused_before_the_run(cmd, name, tmp_p
     assert err == (f"npusim: error: --plot ({name}) {tmp_path / 'plots' / name}: is a directory "
                    "(expected a file path)\n")
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [name]
+
+
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    ([*RUN, "--json", f"{{d}}/{LONG}.json"], "the name xxxxxxxxxxxxxxxxxxxx... is 305 bytes (at most 241 here)"),
+    # a name its temporary (".NAME.XXXXXXXX.tmp") would take past 255 bytes
+    ([*OP, "--trace", "{d}/" + "t" * 245], "the name tttttttttttttttttttt... is 245 bytes (at most 241 here)"),
+    ([*RUN, "--plot", f"{{d}}/plots/{LONG}"], "the name xxxxxxxxxxxxxxxxxxxx... is 300 bytes (at most 255 here)"),
+    (["serve", "--workload", "k3-tiny", "--requests", "5", "--rate", "10", "--plot", f"{{d}}/{LONG}/p"],
+     "is 300 bytes (at most 255 here)"),
+    ([*RUN, "--json", "{d}/" + "/".join(["y" * 200] * 25) + "/a.json"], "the path is"),
+])
+def test_an_output_name_too_long_is_refused_before_anything_runs(argv, reason, tmp_path, capsys, monkeypatch):
+    """A name longer than a folder entry may have: the run was simulated, its folders made,
+    and then the write failed (or Path.is_dir()'s bare 'File name too long' came without the flag)."""
+    _no_simulation(monkeypatch)
+    argv = [a.format(d=tmp_path) for a in argv]
+    err = refused(argv, capsys, ": cannot be written: ", reason)
+    assert err.startswith(f"npusim: error: {argv[-2]} ")
+    assert list(tmp_path.iterdir()) == []
