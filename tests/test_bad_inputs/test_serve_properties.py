@@ -35,7 +35,8 @@ def lengths(draw) -> str:
 
 SERVICE_FIELDS = st.sampled_from([
     "scheduler.scan_period_ms", "scheduler.max_batch", "scheduler.timeout_ms", "host.tokenize_us",
-    "host.detokenize_us", "host.pool_threads", "buckets", "kv_cache.block_tokens",
+    "host.postprocess_us_per_token", "host.step_overhead_us", "host.pool_threads", "buckets",
+    "scheduler.block_tokens", "scheduler.token_budget",
 ])
 
 
