@@ -11,6 +11,7 @@ from npusim.cli import main
 from npusim.errors import ConfigError
 from npusim.hw import load_hw
 from npusim.serving import StepCost, metrics, synthetic
+from npusim.serving.disagg import DEFAULT_PD_ROUTER
 from npusim.serving.plan import Shape, search, shapes, table
 from npusim.serving.report import sustainable
 from npusim.serving.service import HostConfig, SchedulerConfig, ServiceConfig, Slo
@@ -121,6 +122,7 @@ def test_plan_prints_the_frontier_and_writes_it(tmp_path, capsys):
     assert p["cards"] == next(r["cards"] for r in p["frontier"] if r["meets"])
     assert all(not r["meets"] for r in p["frontier"] if r["cards"] < p["cards"])
     assert p["slo"]["ttft_ms"] == 50 and p["requests"] == 200 and p["router"] == "shortest-queue"
+    assert p["pd_router"] == DEFAULT_PD_ROUTER  # the split clusters tried route prefill -> decode so
     # a continuous scheduler: the P/D splits are candidates too
     assert any(r["pd"] for r in p["tried"]) and all(set(r) >= {"cards", "tp", "replicas", "goodput_requests_per_s",
                                                                "ttft", "tpot", "meets"} for r in p["tried"])

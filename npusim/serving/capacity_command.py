@@ -215,7 +215,8 @@ def plan(args, hw, svc: ServiceConfig, bar) -> int:
     if args.json:
         with all_or_none():
             write_json(args.json, plan_json(found, service=svc.name, workload=w.name, hw=hw.name, requests=n,
-                                            seed=args.seed, router=args.router))
+                                            seed=args.seed, router=args.router,
+                                            **({"pd_router": args.pd_router} if split else {})))
         say(f"wrote {args.json}: the answer, the frontier and all {len(found.tried)} clusters tried")
     return 0
 
