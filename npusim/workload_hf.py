@@ -13,6 +13,12 @@ from typing import Any
 from npusim.errors import ConfigError
 from npusim.hw.parse import parse_json, read_text, short
 
+
+def _not_one(v: Any, d: Mapping) -> bool:
+    """Given, and not 1 (true is no 1: a bool is refused, not read as a count or factor)."""
+    return v is not None and (isinstance(v, bool) or v != 1)
+
+
 # Architecture features some configs carry that the builder does not model: key ->
 # (is it on?, what it is). A config with one on is refused rather than simulated as
 # the dense decoder it is not. Keys as Hugging Face's config.json spells them (a
@@ -20,21 +26,17 @@ from npusim.hw.parse import parse_json, read_text, short
 UNSUPPORTED: dict[str, tuple[Callable[[Any, Mapping], bool], str]] = {
     "shared_expert_intermediate_size": (lambda v, d: v not in (None, 0),
                                         "a shared expert behind its own sigmoid gate (Qwen2-MoE)"),
-    "decoder_sparse_step": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),  # true is no 1
-                            "MoE layers only every few layers"),
+    "decoder_sparse_step": (_not_one, "MoE layers only every few layers"),
     # DeepSeek-MoE's and Llama 4's spellings of it
-    "moe_layer_freq": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
-                       "MoE layers only every few layers"),
-    "interleave_moe_layer_step": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
-                                  "MoE layers only every few layers"),
+    "moe_layer_freq": (_not_one, "MoE layers only every few layers"),
+    "interleave_moe_layer_step": (_not_one, "MoE layers only every few layers"),
     "sliding_window": (lambda v, d: v is not None and d.get("use_sliding_window", True) is not False
                        and not (isinstance(v, int) and v >= d.get("max_position_embeddings", math.inf)),
                        "sliding-window attention"),
     "kv_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
     "q_lora_rank": (lambda v, d: v is not None, "multi-head latent attention (DeepSeek)"),
     "mlp_bias": (lambda v, d: v not in (None, False), "a bias in the FFN projections"),
-    "partial_rotary_factor": (lambda v, d: v is not None and (isinstance(v, bool) or v != 1),
-                              "RoPE on part of each head"),
+    "partial_rotary_factor": (_not_one, "RoPE on part of each head"),
     "layer_types": (lambda v, d: not (isinstance(v, list) and set(v) <= {"full_attention"}),
                     "layers of different attention types"),
     # a GPTQ/AWQ/FP8 checkpoint still says torch_dtype float16 or bfloat16: it was simulated
