@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from npusim.diskcache.command import store_of
+from npusim.hw.parse import first_repeated
 from npusim.outputs import all_or_none, plots_line, say, say_all, write_json, wrote_line
 from npusim.parallel.flags import plan_args
 from npusim.step_flags import check_outputs, inputs, pipeline, step_args, workload_of
@@ -46,8 +47,8 @@ def cmd_compare(args) -> int:
                           f"(e.g. --passes {args.passes[-1]})")
     args.passes = args.passes or (["optimized"] if sides else list(COMPARED_PIPELINES))
     pipelines = [pipeline(p) for p in args.passes]
-    twice = next((p for i, p in enumerate(pipelines) if p in pipelines[:i]), None)
-    if twice:  # its runs are one column: the table would show one pipeline of the two asked for
+    twice = first_repeated(pipelines)
+    if twice is not None:  # its runs are one column: the table would show one pipeline of the two asked for
         raise ConfigError(f"--passes {' '.join(args.passes)}: the pipeline {twice} is given twice")
     traces = _trace_paths(args.trace, list(sides) if sides else pipelines, sides is not None) if args.trace else {}
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()}, PLOT_NAMES)

@@ -40,15 +40,16 @@ def pipeline(text: str, flag: str = "--passes") -> str:
     comma list naming two pipelines (baseline,optimized) is one pipeline, their
     union - never what was meant, so it is refused with the syntax of both commands."""
     from npusim.errors import ConfigError
+    from npusim.hw.parse import first_repeated
     from npusim.passes import PIPELINES
 
     words = [s.strip() for s in text.split(",")]
     if len(words) > 1 and "" in words:  # fusion,,memplan: a pass left out, or a stray comma
         raise ConfigError(f"{flag} {text}: an empty item in the comma list; expected pipelines and passes "
                           "separated by single commas")
-    twice = [w for i, w in enumerate(words) if w in words[:i] and w not in PIPELINES]
-    if twice:  # as a pipeline named twice: the list is not the one meant
-        raise ConfigError(f"{flag} {text}: the pass {twice[0]} is named twice")
+    twice = first_repeated(w for w in words if w not in PIPELINES)
+    if twice is not None:  # as a pipeline named twice: the list is not the one meant
+        raise ConfigError(f"{flag} {text}: the pass {twice} is named twice")
     named = [s for s in words if s in PIPELINES]
     if len(named) > 1 and len(set(named)) == 1:  # compare --passes optimized optimized is refused too
         raise ConfigError(f"{flag} {text}: the pipeline {named[0]} is named twice")

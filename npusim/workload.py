@@ -26,7 +26,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
 from npusim.hw.load import leaf_errors, find_file
-from npusim.hw.parse import did_you_mean, parse_yaml, read_yaml, short, strict_converter
+from npusim.hw.parse import did_you_mean, first_repeated, parse_yaml, read_yaml, short, strict_converter
 from npusim.isa.program import DTYPE_BYTES
 from npusim.workload_hf import from_hf, hf_name, refuse_unsupported
 
@@ -310,7 +310,7 @@ def _inconsistency(w: Workload, nm: Callable[[str], str]) -> tuple[str, str] | N
     if bad:
         return "outlier_channels", f"expected channels in 0 .. {nm('hidden_size')} - 1 = {w.hidden_size - 1}, " \
                                    f"got {short(bad[0])}"
-    twice = next((c for i, c in enumerate(w.outlier_channels) if c in w.outlier_channels[:i]), None)
+    twice = first_repeated(w.outlier_channels)
     if twice is not None:  # planted once all the same: the list is not the one meant
         return "outlier_channels", f"channel {twice} is named twice"
     if not (math.isfinite(w.outlier_scale) and w.outlier_scale > 0):

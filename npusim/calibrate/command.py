@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from npusim.errors import ConfigError
+from npusim.hw.parse import first_repeated
 from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_json
 
 PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (report.plot)
@@ -90,8 +91,8 @@ def _fields(text: str | None) -> list[str] | None:
     fields = [f.strip() for f in text.split(",") if f.strip()]
     if not fields:
         raise ConfigError(f"--fields {text}: expected a comma list of field names, got none")
-    twice = next((f for i, f in enumerate(fields) if f in fields[:i]), None)
-    if twice:
+    twice = first_repeated(fields)
+    if twice is not None:
         raise ConfigError(f"--fields {text}: '{twice}' given twice")
     return fields
 

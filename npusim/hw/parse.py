@@ -42,6 +42,16 @@ def short(value: Any) -> str:
     return _repr.repr(value)
 
 
+def first_repeated(items: Iterable[Any]) -> Any:
+    """The first item equal to one before it (a name given twice in a list), or None."""
+    seen = []
+    for item in items:
+        if item in seen:
+            return item
+        seen.append(item)
+    return None
+
+
 def plain_number(text: str) -> bool:
     """Whether `text` may be read as a number: ASCII, without '_' (Python's int() and
     float() also read '1_000' and other scripts' digits, '１６'; a flag or a file's cell

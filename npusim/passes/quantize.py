@@ -39,6 +39,7 @@ import attrs
 from npusim.errors import ConfigError
 from npusim.graph.ir import Graph, Node, TensorSpec
 from npusim.graph.quant_values import WEIGHT_INPUT
+from npusim.hw.parse import first_repeated
 from npusim.passes.graph_edit import Editor
 
 QUANT_MODES = ("w8a16", "w8a8")
@@ -98,8 +99,8 @@ def layer_names(layers: str) -> list[str]:
                           f"names, got {layers!r}")
     if "" in names:
         raise ConfigError(f"--quant-layers {layers}: an empty item in the comma list")
-    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
-    if twice:
+    twice = first_repeated(names)
+    if twice is not None:
         raise ConfigError(f"--quant-layers {layers}: '{twice}' is named twice")
     return names
 
