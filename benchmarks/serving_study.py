@@ -9,14 +9,14 @@ factor's share of the gain (its loss when removed / the sum of the losses).
         --ramp 50,50,2,500 --requests 2000
 
 Every service runs the same requests, on --cards cards (default 1) as --cards / --tp
-replicas behind --router, as `npusim serve --cards` serves them. Engine points persist in the step-cost cache
-(npusim serve's), so a second run is fast; on K3 the first run prices bucketed
-prefills of up to 32 x 4096 tokens, minutes each. --jobs runs that many services at
-once (worker processes sharing the cache). Each service's row is printed (with the
-seconds since the start), and the JSON rewritten, as soon as it is done. The services
-without buckets, which price a prefill at every prompt length, start first; then the
-others in the table's order, so the factors whose engine points the optimised
-service already has run after it.
+replicas behind --router, as `npusim serve --cards` serves them. Engine points persist
+in the step-cost cache (npusim serve's), so a second run is fast; on K3 the first run
+prices bucketed prefills of up to 32 x 4096 tokens, minutes each. --jobs runs that many
+services at once (worker processes sharing the cache). Each service's row is printed
+(with when it ended and the CPU seconds its worker spent), and the JSON rewritten, as
+soon as it is done. The services without buckets, which price a prefill at every prompt
+length, start first; then the others in the table's order, so the factors whose engine
+points the optimised service already has run after it.
 """
 
 from __future__ import annotations
@@ -64,13 +64,15 @@ def factors(base, opt) -> dict:
 
 
 def run_service(svc, reqs, workload: str, hw: str, tol: float, cards: int, tp: int, router: str,
-                exact: bool = True) -> dict:
-    """One service on the load, on `cards` cards of `tp`-card replicas: its metrics (a worker's task)."""
+                exact: bool = True) -> tuple[dict, float]:
+    """One service on the load, on `cards` cards of `tp`-card replicas: its metrics and the CPU
+    seconds its worker spent on it (a worker's task)."""
+    cpu = time.process_time()
     cost = StepCost(workload, hw, svc.passes, svc.pass_options(), max_batch=svc.scheduler.max_batch, tol=tol,
                     store=open_store(), tp=tp, exact=exact)
     m = metrics(serve(reqs, svc, cost, cards, router))
     m.pop("timeline")
-    return m
+    return m, time.process_time() - cpu
 
 
 def _row(name: str, m: dict) -> str:
@@ -142,10 +144,11 @@ def main() -> None:
 
     start = time.perf_counter()
 
-    def done(j: int, m: dict) -> None:
+    def done(j: int, result: tuple[dict, float]) -> None:
         i = order[j]
-        rows[names[i]] = m
-        print(f"{_row(names[i], m)}  [{time.perf_counter() - start:.0f} s]", flush=True)
+        rows[names[i]], cpu = result
+        print(f"{_row(names[i], rows[names[i]])}  [ended at {time.perf_counter() - start:.0f} s, "
+              f"{cpu:.0f} CPU s]", flush=True)
         if a.json:  # what is done so far, in the services' order
             write_text(a.json, json.dumps({"load": load, "services": {n: rows[n] for n in names if n in rows}},
                                           indent=1) + "\n")
