@@ -43,8 +43,11 @@ def search_dirs(kind: str) -> list[Path]:
     configs shipped inside the package (npusim/KIND, package data: found wherever
     npusim is installed; the repository's top-level KIND/ is a link to them)."""
     dirs = []
-    if os.environ.get("NPUSIM_" + kind.upper()):
-        dirs.append(Path(os.environ["NPUSIM_" + kind.upper()]))
+    if given := os.environ.get(variable := "NPUSIM_" + kind.upper()):
+        if not Path(given).is_dir():  # else a name it was meant to find would be taken from the next folder
+            raise ConfigError(f"${variable}: {given} is not a folder (expected the folder of {kind} .yaml files "
+                              "to look names up in first)")
+        dirs.append(Path(given))
     dirs.append(Path.cwd() / kind)
     dirs.append(Path(str(resources.files("npusim") / kind)))  # an installed package is a folder, not a zip
     return dirs

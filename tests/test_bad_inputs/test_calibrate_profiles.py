@@ -262,10 +262,11 @@ def test_out_onto_the_calibrated_config_or_its_base_chain(hw, out, expect, lab, 
     `base: mylab` (a chain looping to itself): refused in one line before the fit, --hw
     given by name or by path, --out on its file, on a file of its base chain, or where
     the name would find --out first (a folder searched before hwconfigs/)."""
+    (tmp_path / "first").mkdir()
     monkeypatch.setenv("NPUSIM_HWCONFIGS", str(tmp_path / "first"))
     monkeypatch.setattr("npusim.calibrate.session.calibrate", lambda *a: pytest.fail("fitted before the check"))
     fails_cleanly(["calibrate", "--hccl", "h.txt", "--hw", hw, "--out", out], capsys, expect,
-                  outputs=[tmp_path / "first"])
+                  outputs=[tmp_path / "first" / "mylab.yaml"])
     assert {p: p.read_bytes() for p in (tmp_path / "hwconfigs").iterdir()} == lab
 
 

@@ -482,3 +482,14 @@ def test_every_number_has_a_bound():
 
 def test_set_args_reject_repeats_before_anything_loads():
     one_line_error(lambda: parse_set_args(["a.b=1", "a.b = 2"]), ConfigError, r"--set a.b: given twice")
+
+
+@pytest.mark.parametrize("kind", ["hwconfigs", "workloads"])
+def test_a_config_folder_variable_naming_no_folder_is_refused(kind, tmp_path, monkeypatch):
+    """$NPUSIM_HWCONFIGS (or _WORKLOADS) naming no folder: the shipped config of the same
+    name was loaded instead, silently."""
+    missing = tmp_path / "gone"
+    monkeypatch.setenv("NPUSIM_" + kind.upper(), str(missing))
+    from npusim.hw.load import find_file
+    one_line_error(lambda: find_file("ascend910b2" if kind == "hwconfigs" else "k3", kind), ConfigError,
+                   rf"NPUSIM_{kind.upper()}: .*gone is not a folder")
