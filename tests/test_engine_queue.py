@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 from itertools import count
 
+import pytest
 import simpy
 from hypothesis import given
 from hypothesis import strategies as st
@@ -74,6 +75,23 @@ def test_a_time_that_is_not_a_number_is_refused():
         else:
             raise AssertionError(f"{bad!r} was queued")
 
+
+
+def test_a_delay_before_now_is_refused_as_simpy_refuses_it():
+    """after / at_delay with a negative delay scheduled the event before now, and the clock ran
+    back; SimPy's Timeout raises ValueError, and so do they (for NaN too, which SimPy lets
+    through), the queue left as it was."""
+    env = Environment()
+    for bad in (-1, -1e-9, float("nan")):
+        if bad < 0:
+            with pytest.raises(ValueError, match="Negative delay"):
+                simpy.Environment().timeout(bad)
+        with pytest.raises(ValueError, match="never scheduled before now"):
+            after(env, bad)
+        with pytest.raises(ValueError, match="never scheduled before now"):
+            at_delay(env, bad, lambda _: None)
+    env.run()
+    assert env.now == 0
 
 DELAYS = st.one_of(st.integers(0, 20), st.floats(0, 20, allow_nan=False).map(lambda x: round(x, 1)),
                    st.sampled_from([2**53 + 1, float(2**53)]))

@@ -244,8 +244,18 @@ static Queue *queue_of(PyObject *env) {
     return (Queue *)q;
 }
 
-/* schedule `g` at env._now + delay (delay NULL: now) */
+/* schedule `g` at env._now + delay (delay NULL: now); a negative or NaN delay is a
+   ValueError, as SimPy's Timeout makes it (the clock never runs back) */
 static int schedule(Signal *g, PyObject *delay) {
+    if (delay) {
+        double d = PyFloat_AsDouble(delay);
+        if (d == -1.0 && PyErr_Occurred()) return -1;
+        if (!(d >= 0.0)) {
+            PyErr_Format(PyExc_ValueError, "after/at_delay: delay %R is %s (an event is never scheduled before now)",
+                         delay, d != d ? "NaN" : "negative");
+            return -1;
+        }
+    }
     Queue *q = queue_of(g->env);
     if (!q) return -1;
     PyObject *now = PyObject_GetAttr(g->env, s_now);
