@@ -501,6 +501,11 @@ KERNEL_CASES = {
     "loop var reserved": (aiv([Loop("block", 2, [])]), r"instr 0 Loop\('block', count=2\): loop var 'block' is reserved \(block, sub\)"),
     "loop var sub": (aiv([Loop("sub", 2, [])]), r"loop var 'sub' is reserved"),
     "not an instruction": (aiv([Loop("i", 2, ["nop"])]), r"instr 0\.0 'nop': not an instruction \(expected Loop or one of Copy, Mmad"),
+    # 2^62 trips of Scalar(0) ran forever
+    "loop runs forever": (aiv([Loop("i", 1 << 62, [Scalar(0)])]),
+                          r"instr 0 Loop\('i', count=4611686018427387904\): its body runs 4\.61e\+18 times"),
+    "nested loops run forever": (aiv([Loop("i", 1 << 16, [Loop("j", 1 << 15, [Scalar(1)])])]),
+                                 r"instr 0\.0 Loop\('j', count=32768\): its body runs 2\.15e\+09 times"),
 }
 
 
@@ -538,3 +543,12 @@ def test_a_numpy_address_equal_to_a_passed_int_still_fails():
     assert first == second  # equal, so only the address's type tells them apart
     with pytest.raises(ProgramError, match=r"block 1, AIV: instr 0 .*is a int64, expected an int or Affine"):
         verify(Kernel("k", CoreType.AIV, 2, aiv=[Program([first], buffers), Program([second], buffers)]), HW)
+
+
+def test_loops_up_to_the_bound_or_of_nothing_but_loops_pass():
+    """The bound on a body's runs (MAX_BODY_RUNS) leaves a body run exactly that often, and a
+    loop nest that executes no instruction (the engine walks it at once), alone."""
+    from npusim.isa.verify import MAX_BODY_RUNS
+
+    verify(aiv([Loop("i", MAX_BODY_RUNS, [Scalar(1)])]), HW)
+    verify(aiv([Loop("i", 1 << 62, [Loop("j", 1 << 62, [])])]), HW)

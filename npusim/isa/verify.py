@@ -62,6 +62,12 @@ from npusim.isa.verify_alike import check_like, check_listed
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
 ACC_DTYPE = "fp32"
+# The most times a loop's body may run in one program (its trips times its enclosing
+# loops'): the largest lowered program (a GEMM block of K3's prefill of 32 x 4096 tokens)
+# executes ~7.7e5 instructions, and the engine walks about a million a second, so a body
+# run 2^30 times is at least ~20 minutes of one core's program; beyond, a loop count is a
+# slip (2^62 trips of Scalar(0) ran forever), refused before the run.
+MAX_BODY_RUNS = 1 << 30
 
 Scope = dict[str, tuple[int, int]]  # var -> (lowest, highest) value in this part of the walk
 Path = tuple[int, ...]  # index path of an instruction in the body: (3, 1) is body[3].body[1]
@@ -308,7 +314,15 @@ def _check_loop(w: _Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> No
         w.fail(f"loop var {loop.var!r} is reserved ({', '.join(RESERVED_VARS)})", path, loop)
     if loop.var in scope:
         w.fail(f"loop var {loop.var!r} shadows an enclosing loop's var", path, loop)
+    if mult * loop.count > MAX_BODY_RUNS and _executes(loop.body):
+        w.fail(f"its body runs {mult * loop.count:.3g} times (loop trips multiplied), more than the 2^30 "
+               "npusim simulates in a program (at about a million instructions a second)", path, loop)
     _walk(w, loop.body, path, {**scope, loop.var: (0, loop.count - 1)}, mult * loop.count)
+
+
+def _executes(body: tuple) -> bool:
+    """Does `body` hold an instruction other than loops (that run nothing but loops)?"""
+    return any(item.__class__ is not Loop or _executes(item.body) for item in body)
 
 
 # ------------------------------------------------------------------ instructions
