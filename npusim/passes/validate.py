@@ -49,18 +49,27 @@ class OutputCheck:
     transformed: float
     is_float: bool
     differing: tuple[int, ...] = ()  # int outputs: flat indices where the transformed run's values differ
+    # an argmax's output: those of `differing` that are near ties (_near_ties), not counted as failures
+    ties: tuple[int, ...] = ()
 
     @property
     def passed(self) -> bool:
-        return self.transformed >= MIN_COSINE if self.is_float else not self.differing
+        return self.transformed >= MIN_COSINE if self.is_float else set(self.differing) <= set(self.ties)
 
     def result(self) -> str:
         if self.is_float:
             return "ok" if self.passed else "FAIL"
-        if self.passed:
+        if not self.differing:
             return "ok (ids equal)"
-        shown = ", ".join(map(str, self.differing[:8])) + (", ..." if len(self.differing) > 8 else "")
-        return f"FAIL ({len(self.differing)} ids differ, at {shown})"
+        tied = f"near ties of the reference's top two, at {_shown(self.ties)}"
+        if self.passed:
+            return f"ok (ids differ only at {tied})"
+        wrong = [i for i in self.differing if i not in self.ties]
+        return f"FAIL ({len(wrong)} ids differ, at {_shown(wrong)}" + (f"; and at {tied})" if self.ties else ")")
+
+
+def _shown(indices) -> str:
+    return ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
 
 
 @frozen
@@ -112,6 +121,7 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
     base = _outputs(baseline, execute(baseline, "device", seed))
     run = execute(after, "device", seed)
     new = _outputs(after, run)
+    argmax_of = {n.outputs["index"]: n.inputs["logits"] for n in baseline.nodes if n.op_type == "argmax"}
     checks = []
     for name, r in ref.items():
         if name not in new:  # the transform lost an output
@@ -121,11 +131,26 @@ def validate(baseline: Graph, transform: Callable[[Graph], Graph], seed: int = 0
             checks.append(OutputCheck(name, cosine(base[name], r), cosine(new[name], r), True))
             continue
         differing = tuple(int(i) for i in np.flatnonzero(np.ravel(new[name]) != np.ravel(r)))
+        scores = argmax_of.get(name)
+        ties = _near_ties(differing, r, new[name], ref[scores], base[scores]) if scores in base else ()
         checks.append(OutputCheck(name, _equal_fraction(base[name], r), _equal_fraction(new[name], r), False,
-                                  differing))
+                                  differing, ties))
     agreement = decode_agreement(baseline, transform, steps, seed) if steps and baseline.phase == "decode" else None
     return Validation(after.applied, tuple(checks), run.overflow, agreement, steps,
                       moe_checks(baseline, ref_run.values) if moe else ())
+
+
+def _near_ties(differing: tuple[int, ...], ref_ids: np.ndarray, new_ids: np.ndarray, ref_scores: np.ndarray,
+               base_scores: np.ndarray) -> tuple[int, ...]:
+    """Of the rows of an argmax whose transformed id differs from the reference's, those
+    where the reference's two scores are closer than twice the baseline device run's
+    largest score error in that row: its own fp16 rounding could flip them as well (a
+    margin of 0.0035 against an error of 0.0023: seed 19, k3-tiny, batch 8), so the
+    flip says nothing about the passes."""
+    ref_s = ref_scores.reshape(len(np.ravel(ref_ids)), -1)
+    noise = np.abs(base_scores.reshape(ref_s.shape) - ref_s).max(axis=1)
+    r, n = np.ravel(ref_ids), np.ravel(new_ids)
+    return tuple(i for i in differing if ref_s[i, r[i]] - ref_s[i, n[i]] <= 2 * noise[i])
 
 
 def moe_checks(graph: Graph, values: dict[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
