@@ -62,7 +62,7 @@ def antiquant_applies(p) -> bool:
 
 def lower_antiquant(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
     """The MIX kernel of the module doc."""
-    from npusim.ops.matmul import alloc_plan, check_tiling, choose_tiling
+    from npusim.ops.matmul import alloc_plan, check_tiling, check_work, choose_tiling
 
     m, n, k = p.m, p.n, p.k
     e, eo = DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.out_dtype]
@@ -71,6 +71,7 @@ def lower_antiquant(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
     # idles through a chunk with fewer tiles than cores
     cores = check_tiling(tiling, p.dtype, hw, "matmul") if tiling else hw.chip.aic_count
     t = tiling or choose_tiling(cube, hw)
+    check_work(p, t, k, 1, "matmul")  # the cube's tiles, K not split, as the FixPipe path's
     m_tiles, n_tiles = cdiv(m, t.base_m), cdiv(n, t.base_n)
     cols = max(1, cores // m_tiles)  # tile columns a chunk holds: every core one tile
     chunks = cdiv(n_tiles, cols)

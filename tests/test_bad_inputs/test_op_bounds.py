@@ -36,6 +36,10 @@ BAD_OPS = [
     (["matmul", "m=1", "n=16777216", "k=1048576"], r"op matmul: m=1 x n=16777216 x k=1048576 is 268435456 tiles"),
     (["matmul", "m=65536", "n=4096", "k=4096", "tiling.base_m=16", "tiling.base_n=16"],
      r"op matmul: .* is 16777216 tiles x K chunks of 16 x 16 x 256, more than the 4194304"),
+    # a W8A16 matmul whose ND weight the vector cores antiquantise (not transposed) had no bound: hours
+    (["matmul", "m=100000", "n=100000", "k=100000", "weight_dtype=int8"],
+     r"op matmul: m=100000 x n=100000 x k=100000 is 119552942 tiles x K chunks of 128 x 256 x 256, more than the "
+     r"4194304 \(2\^22\)"),
     (["batch_matmul", "batch=3000", "m=1000", "n=4096", "k=4096"],
      r"op batch_matmul: batch=3000 x m=1000 x n=4096 x k=4096 is 6144000 tiles x K chunks"),
     (["add", "shape=1000000000000000"],
