@@ -40,8 +40,8 @@ from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, Kernel, Program
 from npusim.ops.build import align_up, boxes, cdiv
 from npusim.ops.matmul import (
-    MAX_BASE_M, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, slice_depth,
-    tile_widths, unit_cycles,
+    MAX_BASE_M, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, refuse_work,
+    slice_depth, tile_widths, unit_cycles,
 )
 from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _Plan, _prologue
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
@@ -194,6 +194,8 @@ def lower_grouped_matmul(p: GroupedMatmulParams, hw: HwConfig, gm: GmArena, tili
 
     groups = _group_nests(p, plan, mmad_fractal(hw, p.dtype).m0)
     units = sum(dims[1] * dims[2] for _, _, dims in groups)
+    refuse_work(units * cdiv(p.k, t.base_k * t.step_k),  # each unit streams all of K (not split)
+                f"group_sizes of {p.m} rows x n={p.n} x k={p.k}", t, op)
     per_core = cdiv(units, cores)
     programs = [Program(_prologue(t) + _core_body(groups, lo, min(units, lo + per_core)) + _epilogue(t), buf.buffers)
                 for lo in range(0, units, per_core)]

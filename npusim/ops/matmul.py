@@ -427,8 +427,12 @@ def check_work(p: MatmulParams, t: MatmulTiling, k_piece: int, split_k: int, op:
     engine's time grows with them, and nothing is printed until the end)."""
     batch = getattr(p, "batch", 1)
     work = batch * cdiv(p.m, t.base_m) * cdiv(p.n, t.base_n) * split_k * cdiv(k_piece, t.base_k * t.step_k)
+    refuse_work(work, (f"batch={batch} x " if batch > 1 else "") + f"m={p.m} x n={p.n} x k={p.k}", t, op)
+
+
+def refuse_work(work: int, shape: str, t: MatmulTiling, op: str) -> None:
+    """Refuse, in one line naming `shape`, `work` tiles x L1 chunks of K past WORK_MAX."""
     if work > WORK_MAX:
-        shape = (f"batch={batch} x " if batch > 1 else "") + f"m={p.m} x n={p.n} x k={p.k}"
         raise ConfigError(f"op {op}: {shape} is {work} tiles x K chunks of {t.base_m} x {t.base_n} x "
                           f"{t.base_k * t.step_k}, more than the {WORK_MAX} (2^22) npusim simulates (about a minute)")
 

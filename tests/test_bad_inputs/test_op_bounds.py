@@ -40,6 +40,10 @@ BAD_OPS = [
     (["matmul", "m=100000", "n=100000", "k=100000", "weight_dtype=int8"],
      r"op matmul: m=100000 x n=100000 x k=100000 is 119552942 tiles x K chunks of 128 x 256 x 256, more than the "
      r"4194304 \(2\^22\)"),
+    # a grouped matmul's units took no bound: one group of 100000 rows ran for hours
+    (["grouped_matmul", "group_sizes=100000", "n=100000", "k=100000"],
+     r"op grouped_matmul: group_sizes of 100000 rows x n=100000 x k=100000 is 119552942 tiles x K chunks of "
+     r"128 x 256 x 256, more than the 4194304 \(2\^22\)"),
     (["batch_matmul", "batch=3000", "m=1000", "n=4096", "k=4096"],
      r"op batch_matmul: batch=3000 x m=1000 x n=4096 x k=4096 is 6144000 tiles x K chunks"),
     (["add", "shape=1000000000000000"],
