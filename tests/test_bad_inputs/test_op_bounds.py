@@ -55,6 +55,10 @@ BAD_OPS = [
     # the tiling choices looped over the size first: 2^30 splits, 2^27 head_dim chunks (minutes)
     (["decode_attention", "context=1099511627776"],
      r"op decode_attention: its tensors take at least \d+ bytes of GM \(tensor 'k_cache': \d+\), more than"),
+    # a FlashAttention of one head of 1,000,000 tokens listed its 30 million key steps (minutes), then ran for hours
+    (["flash_attention", "seq_q=1000000", "seq_kv=1000000", "heads=1", "kv_heads=1"],
+     r"op flash_attention: batch=1 x heads=1 x seq_q=1000000 x seq_kv=1000000 is 30525391 key steps of 128 queries "
+     r"x 256 keys, more than the 4194304 \(2\^22\) npusim simulates \(minutes\)$"),
     (["flash_attention", "head_dim=2147483648"], r"op flash_attention: tiling does not fit L1"),
     # a UB that leaves the W8A16 multi-scale kernel no room to quantise A in: range() with a step of 0 (a ValueError)
     (["matmul", "m=4", "n=256", "k=256", "weight_dtype=int8", "--set", "aiv.ub_bytes=4096"],

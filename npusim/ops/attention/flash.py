@@ -16,8 +16,8 @@ from npusim.ops.registry import GmArena, Lowered, register
 from npusim.ops.attention.common import FIX, FlashAttentionParams, _io, _kv_cache, _kv_inputs
 from npusim.ops.attention.flash_cores import _Cube, _KvRead, _Vec
 from npusim.ops.attention.flash_tiling import (
-    choose_flash_tiling, _fa_geometry, _FaGeometry, FlashAttentionTiling, _partition, _S_FREE, _splits, _Step, _Tile,
-    _tile_steps,
+    check_steps, choose_flash_tiling, _fa_geometry, _FaGeometry, FlashAttentionTiling, _partition, _S_FREE, _splits,
+    _Step, _Tile, _tile_steps,
 )
 
 # The AIVs per block the AIV program is written for: `sub` 0 or 1 picks one half of a q
@@ -300,6 +300,7 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
     O = gm.tensor("o", p.batch * p.heads * hs)
     paged = p.kv_layout == "paged"
     n_tiles = cdiv(p.seq_q, g.qt)
+    check_steps(g, n_tiles)
     specs = [_tile_steps(g, i) for i in range(n_tiles)]
     work = [len(s[1]) + 1 for s in specs]
     uniform = len(set(work)) == 1

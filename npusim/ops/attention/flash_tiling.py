@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 from attrs import frozen, validators
 
-from npusim.errors import ProgramError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
 from npusim.isa.instructions import l0b_block_bytes
@@ -305,10 +305,9 @@ def _pair_bytes(g: _FaGeometry) -> float:
     return 2 * d * g.e / g.qt + 2 * d * F32 / g.kt
 
 
-def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]]]:
-    """(rows, [(first key, keys, masked)]) of q tile t: keys past the causal limit of
-    its last row are skipped; a step is masked if some key in it is hidden from some row
-    (or its sub-tiles pad past the keys)."""
+def _tile_keys(g: _FaGeometry, t: int) -> tuple[int, int, int, int]:
+    """(rows, query of its first row, key offset, keys it reads) of q tile t: keys past
+    the causal limit of its last row are not read."""
     p = g.p
     q0 = t * g.qt
     rows = min(g.qt, p.seq_q - q0)
@@ -317,7 +316,15 @@ def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]
         first, last, off = min(queries), max(queries), p.seq_kv - g.period
     else:
         first, last, off = q0, q0 + rows - 1, p.seq_kv - p.seq_q
-    kv_end = min(p.seq_kv, last + 1 + off) if p.causal else p.seq_kv
+    return rows, first, off, min(p.seq_kv, last + 1 + off) if p.causal else p.seq_kv
+
+
+def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]]]:
+    """(rows, [(first key, keys, masked)]) of q tile t: keys past the causal limit of
+    its last row are skipped; a step is masked if some key in it is hidden from some row
+    (or its sub-tiles pad past the keys)."""
+    p = g.p
+    rows, first, off, kv_end = _tile_keys(g, t)
     steps = []
     for k0 in range(0, kv_end, g.kt):
         kt = min(g.kt, kv_end - k0)
@@ -325,6 +332,26 @@ def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]
         masked = (p.causal and k0 + kt - 1 > first + off) or nsub * nb > kt
         steps.append((k0, kt, masked))
     return rows, steps
+
+
+# The most key steps (a q tile's step of kv_tile keys, over every q tile of every head) a
+# FlashAttention kernel may have: the engine takes 15 to 300 us each (whole heads alike
+# on every core least: K3's causal prefill of 32 x 4096 at 16 heads, 139,264 steps, 2 s
+# on 2 cores; heads split into parts most: a causal prefill of 65,536 tokens on 8 heads,
+# 526,336 steps, 155 s), so 2^22 is minutes (131,072 tokens on 8 heads); one head of
+# 1,000,000 tokens is 30 million (hours, and minutes to list its steps first).
+STEPS_MAX = 1 << 22
+
+
+def check_steps(g: _FaGeometry, n_tiles: int) -> None:
+    """Refuse, in one line, a kernel of more than STEPS_MAX key steps, before its q tiles'
+    steps are listed (the listing alone takes minutes past it)."""
+    p = g.p
+    steps = p.batch * p.heads * sum(cdiv(_tile_keys(g, t)[3], g.kt) for t in range(n_tiles))
+    if steps > STEPS_MAX:
+        shape = f"batch={p.batch} x heads={p.heads} x seq_q={p.seq_q} x seq_kv={p.seq_kv}" + " causal" * p.causal
+        raise ConfigError(f"op flash_attention: {shape} is {steps} key steps of {g.qt} queries x {g.kt} keys, more "
+                          f"than the {STEPS_MAX} (2^22) npusim simulates (minutes)")
 
 
 def _partition(work: list[int], parts: int, contiguous: bool) -> list[list[int]]:
