@@ -47,9 +47,7 @@ def cmd_compare(args) -> int:
                           f"(e.g. --passes {args.passes[-1]})")
     args.passes = args.passes or (["optimized"] if sides else list(COMPARED_PIPELINES))
     pipelines = [pipeline(p) for p in args.passes]
-    twice = first_repeated(pipelines)
-    if twice is not None:  # its runs are one column: the table would show one pipeline of the two asked for
-        raise ConfigError(f"--passes {' '.join(args.passes)}: the pipeline {twice} is given twice")
+    _check_distinct(args.passes, pipelines)
     traces = _trace_paths(args.trace, list(sides) if sides else pipelines, sides is not None) if args.trace else {}
     check_outputs(args, {f"--trace ({n})": p for n, p in traces.items()}, PLOT_NAMES)
     step = step_args(args)
@@ -75,6 +73,23 @@ def cmd_compare(args) -> int:
             written.append(plots_line(args.plot, paths))
     say_all(written)
     return 0
+
+
+def _check_distinct(passes: list[str], pipelines: list[str]) -> None:
+    """Refuse two pipelines that run the same passes (passes run in one order, whatever
+    the order named): one step run once, shown as two columns of +0.00."""
+    from npusim.errors import ConfigError
+    from npusim.passes import pass_names
+
+    runs = [pass_names(p) for p in pipelines]
+    twice = first_repeated(runs)
+    if twice is None:
+        return
+    a, b = [p for p, run in zip(pipelines, runs) if run == twice][:2]
+    if a == b:
+        raise ConfigError(f"--passes {' '.join(passes)}: the pipeline {a} is given twice")
+    raise ConfigError(f"--passes {' '.join(passes)}: {a} and {b} run the same passes "
+                      f"({', '.join(twice) or 'none'}, in the order they run), nothing to compare")
 
 
 def _compare_json(c, sides: dict | None) -> dict:

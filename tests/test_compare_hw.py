@@ -293,6 +293,9 @@ def test_a_prefill_run_without_batch_runs_one_prompt(tmp_path, capsys):
     (["--variant", "l2.no_such_field=1"], "l2.no_such_field=1: ascend910b2 (--set): unknown key"),
     (["--variant", "l2.l2_bytes=1,2"], "--variant l2.l2_bytes=1,2: takes one value"),
     (["--fusion-rules", "a.yaml", "--fusion-rules", "b.yaml"], "--fusion-rules given twice"),
+    # the same passes named in another order: the step run once, shown as two columns of +0.00
+    (["--passes", "fusion,memplan", "memplan,fusion"], "--passes fusion,memplan memplan,fusion: fusion,memplan and "
+     "memplan,fusion run the same passes (fusion, memplan, in the order they run), nothing to compare"),
     # these ran the one step twice and printed a table of +0.00
     (["--variant", "l2.l2_bytes=201326592"], "sides unmodified and l2.l2_bytes=201326592: the same config and "
                                              "fusion rules once loaded, nothing to compare"),
