@@ -337,6 +337,17 @@ def test_fp32_refuses_mixed_weights(params, message):
         lower("matmul", params, HW)
 
 
+@pytest.mark.parametrize(("op", "dtype", "weight_dtype"), [("matmul", "bf16", "fp16"), ("matmul", "fp16", "bf16"),
+                                                         ("batch_matmul", "bf16", "fp16")])
+def test_a_weight_of_the_other_half_precision_is_refused(op, dtype, weight_dtype):
+    """It was lowered as one cube multiply of a bf16 A by an fp16 B (no such Mmad), and
+    --check printed FAIL: 361 off at (34, 2)."""
+    with pytest.raises(ConfigError, match=rf"^op {op}: weight_dtype={weight_dtype} with dtype={dtype}: the cube "
+                                          rf"multiplies A and B of one dtype \(weight_dtype empty, {dtype}, or int8"):
+        lower(op, dict(m=64, n=64, k=64, dtype=dtype, weight_dtype=weight_dtype), HW)
+    lower(op, dict(m=64, n=64, k=64, dtype=dtype, weight_dtype=dtype), HW)  # the dtype, named: as empty
+
+
 def test_fp32_nz_a_needs_16_wide_k_slices():
     with pytest.raises(ProgramError, match=r"base_k=8 is not a multiple of 16, the column blocks of an NZ A"):
         lower("matmul", dict(m=64, n=64, k=64, dtype="fp32", format_a="NZ"), HW, tiling=dict(base_k=8))

@@ -117,6 +117,9 @@ class MatmulParams:
         if self.dtype == "fp32" and self.weight_dtype:
             raise ValueError("dtype=fp32 takes an fp32 weight (weight_dtype empty): the cube multiplies fp32 "
                              "by fp32 only")
+        if self.weight_dtype in ("fp16", "bf16") and self.weight_dtype != self.dtype:
+            raise ValueError(f"weight_dtype={self.weight_dtype} with dtype={self.dtype}: the cube multiplies A and "
+                             f"B of one dtype (weight_dtype empty, {self.dtype}, or int8 for W8A16)")
 
 
 @frozen
