@@ -424,3 +424,13 @@ def test_tile_pipeline_refuses_tiles_wrongly_vouched_alike():
     assert tile_pipeline(steady, alike=8) == tile_pipeline(steady)
     with pytest.raises(ValueError, match="not runs"):
         tile_pipeline(steady[:6] + [tile(1 << 20)] + steady[7:], alike=8)
+
+
+@pytest.mark.parametrize(("dtype", "out_dtype"), [("fp32", "int8"), ("fp16", "int32"), ("bf16", "int8")])
+def test_check_of_a_cast_to_an_integer_passes(dtype, out_dtype):
+    """The reference kept x's fractions (0.947 where y holds 0), so --check printed FAIL
+    for every float-to-integer cast; it now keeps the integer part, as the conversion does."""
+    from npusim.passes.validate_kernels import check_op
+
+    r = check_op("cast", {"shape": (3, 7), "dtype": dtype, "out_dtype": out_dtype}, HW)
+    assert (r.status, r.max_abs) == ("pass", 0.0)

@@ -464,7 +464,14 @@ def lower_gated(op: str, p: SwigluParams, hw: HwConfig, gm: GmArena, act_ops: Ca
                     [TensorInfo("y", (*lead, h), p.dtype)])
 
 
-@register("cast", CastParams, reference=eltwise(lambda p, a: a, "x"), in_place=True, ins=("x",), outs=("y",))
+def _cast_values(p: CastParams, a: np.ndarray) -> np.ndarray:
+    """x's values as y holds them: an integer out_dtype keeps a float's integer part.
+    # assumption: a float converts to an integer rounding toward zero (numpy's astype, the
+    #   interpreter's cast), as CANN's Cast does by default (CAST_TRUNC)"""
+    return np.trunc(a) if p.out_dtype.startswith("int") else a
+
+
+@register("cast", CastParams, reference=eltwise(_cast_values, "x"), in_place=True, ins=("x",), outs=("y",))
 def lower_cast(p: CastParams, hw: HwConfig, gm: GmArena, tiling=None) -> Lowered:
     """Convert dtype: y = cast(x) (one Cast instruction per tile)."""
     if p.dtype == p.out_dtype:
