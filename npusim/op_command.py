@@ -16,6 +16,8 @@ from npusim.step_flags import check_outputs, overrides
 OP_PLOTS = ("roofline.png", "roofline.svg", "timeline.png", "timeline.svg")
 # what `npusim op` may write: left undone by --list and refused beside --check
 OP_OUTPUTS = ("--json", "--trace", "--plot", "--profile")
+# KV cache fields only some layouts read (npusim.kvcache.KvLayout): field -> those layouts
+LAYOUT_ONLY = {"block_tokens": ("paged",), "layers": ("contiguous",), "layer": ("contiguous",)}
 
 
 def cmd_op(args) -> int:
@@ -43,6 +45,8 @@ def cmd_op(args) -> int:
         check_outputs(args, plots=OP_PLOTS, tables=(hccl_test_file(args.type),))
     else:
         check_outputs(args, plots=OP_PLOTS)
+    if not collective:
+        _check_layout_fields(args.type, params)
     sets = overrides(args)
     hw = load_hw(args.hw, sets)
     if collective:
@@ -81,6 +85,20 @@ def _params(args) -> tuple[dict, dict]:
             raise ConfigError(f"op {args.type}: parameter '{key}' given twice ('{given[name]}' and '{value}')")
         given[name] = value
     return params, tiling
+
+
+def _check_layout_fields(op_type: str, params: dict) -> None:
+    """A KV cache field given where the op's layout does not read it is refused: the run
+    would be the one without it."""
+    from npusim.ops.registry import make_record, spec
+
+    record = make_record(op_type, spec(op_type).params, params)
+    key = "kv_layout" if hasattr(record, "kv_layout") else "layout"
+    layout = getattr(record, key, None)
+    for name, readers in LAYOUT_ONLY.items():
+        if name in params and layout is not None and layout not in readers:
+            raise ConfigError(f"op {op_type}: '{name}' is read by the {' and '.join(readers)} layout only, and "
+                              f"{key} is {layout} (leave it out, or give {key}={readers[0]})")
 
 
 def _collective(args, params: dict, hw) -> int:

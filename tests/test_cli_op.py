@@ -172,3 +172,19 @@ def test_check_of_an_op_reordering_in_ub_is_not_a_verdict(argv, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "NOT CHECKED"
     assert "not checked: its " in out and "(the IR carries no permutation to run)" in out
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["decode_attention", "block_tokens=16"], "op decode_attention: 'block_tokens' is read by the paged layout only, "
+                                              "and kv_layout is per_layer (leave it out, or give kv_layout=paged)"),
+    (["flash_attention", "layers=4", "layer=2"], "op flash_attention: 'layers' is read by the contiguous layout only, "
+                                                 "and kv_layout is per_layer (leave it out, or give "
+                                                 "kv_layout=contiguous)"),
+    (["kv_cache_write", "layout=paged", "layer=3", "--check"], "op kv_cache_write: 'layer' is read by the contiguous "
+                                                               "layout only, and layout is paged"),
+])
+def test_a_kv_field_the_layout_does_not_read(argv, said, capsys):
+    """It was simulated without a word: the run was the one without the field."""
+    assert main(["op", *argv, "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"npusim: error: {said}") and err.count("\n") == 1
