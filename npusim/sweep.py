@@ -22,6 +22,7 @@ and a sweep can be resumed (npusim.sweep_csv).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ from npusim.progress import Progress
 from npusim.sweep_csv import METRICS, Journal, columns, content_digest, param_names, write_csv
 
 STEP_KNOBS = ("batch", "context")  # grid keys that are step parameters, not hardware fields
+# the most points one sweep takes: a K3 point is seconds of CPU, so more is hours even on a cluster's
+# cores (and 20,000 values in one --set were minutes of checking before the first point ran)
+MAX_POINTS = 4096
 STATUS_OK = "ok"
 GB, GIB = 1e9, 1 << 30
 
@@ -63,15 +67,20 @@ def parse_values(item: str) -> tuple[str, list]:
     key = key.strip()
     if not eq or not key:
         raise ConfigError(f"--set {item}: expected key.path=value[,value...]")
-    values = []
-    for i, raw in enumerate(text.split(",")):
+    raws = text.split(",")
+    if len(raws) > MAX_POINTS:
+        raise ConfigError(f"--set {key}: {len(raws)} values, more than the {MAX_POINTS} points a sweep takes "
+                          "(split it over several sweeps)")
+    values, seen = [], set()
+    for i, raw in enumerate(raws):
         if not raw.strip():
-            raise ConfigError(f"--set {key}: value {i + 1} of '{text}' is empty (expected v1,v2,...)")
+            raise ConfigError(f"--set {key}: value {i + 1} of '{text[:80]}' is empty (expected v1,v2,...)")
         value = parse_yaml(raw.strip(), f"--set {key}")
         if isinstance(value, (list, dict)) or value is None:
             raise ConfigError(f"--set {key}: value '{raw.strip()}' is not a number or a word")
-        if value in values:  # the same point twice: two rows of one result
-            raise ConfigError(f"--set {key}: value {value!r} given twice in '{text}'")
+        if value in seen:  # the same point twice: two rows of one result (1, 1.0 and true are one value)
+            raise ConfigError(f"--set {key}: value {value!r} given twice in '{text[:80]}'")
+        seen.add(value)
         values.append(value)
     return key, values
 
@@ -84,7 +93,22 @@ def parse_grid(items: Sequence[str] | None) -> dict[str, list]:
         if key in grid:
             raise ConfigError(f"--set {key}: given twice (put every value in one list: {key}=v1,v2,...)")
         grid[key] = values
+    check_size(grid)
     return grid
+
+
+def count_points(grid: Grid | Sequence[Grid]) -> int:
+    """How many points the grid (or grids) has, without listing them."""
+    return sum(math.prod(len(v) for v in g.values()) for g in _grids(grid))
+
+
+def check_size(grid: Grid | Sequence[Grid]) -> None:
+    """Refuse a grid of more than MAX_POINTS points, naming each key's count."""
+    n = count_points(grid)
+    if n > MAX_POINTS:
+        counts = "; ".join(" x ".join(f"{k} {len(v)}" for k, v in g.items()) for g in _grids(grid))
+        raise ConfigError(f"--set: {n:,} points ({counts[:200]} values), more than the {MAX_POINTS} a sweep takes "
+                          "(split it over several sweeps)")
 
 
 def _grids(grid: Grid | Sequence[Grid]) -> list[Grid]:
@@ -115,6 +139,9 @@ def check_grid(grid: Grid | Sequence[Grid], hw: str) -> None:
         for key, values in g.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
                 raise ConfigError(f"--set {key}: expected a non-empty list of values, got {values!r}")
+    check_size(grid)  # before each value is loaded: that alone took minutes for 20,000
+    for g in _grids(grid):
+        for key, values in g.items():
             for v in values:
                 if key in STEP_KNOBS:
                     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -314,5 +341,6 @@ def _cell(v) -> str:
     return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
-__all__ = ["METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "check_step", "columns", "params_of",
-           "parse_grid", "parse_values", "plot", "points", "run_point", "sweep", "swept", "table", "write_csv"]
+__all__ = ["MAX_POINTS", "METRICS", "STEP_KNOBS", "SweepInterrupted", "check_grid", "check_size", "check_step",
+           "columns", "count_points", "params_of", "parse_grid", "parse_values", "plot", "points", "run_point", "sweep",
+           "swept", "table", "write_csv"]

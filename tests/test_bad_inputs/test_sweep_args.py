@@ -130,3 +130,28 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_backend_starts(out,
     monkeypatch.setattr("npusim.backends.get_backend", lambda *a: pytest.fail("a backend started"))
     fails_cleanly([*SWEEP, "--backend", "ray", "--out", out.format(d=tmp_path)], capsys, expect)
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize("sets, expect", [
+    ([f"batch={','.join(map(str, range(1, 20001)))}"],
+     r"--set batch: 20000 values, more than the 4096 points a sweep takes"),
+    ([f"batch={','.join(map(str, range(1, 101)))}", f"chip.aic_count={','.join(map(str, range(1, 101)))}"],
+     r"--set: 10,000 points \(batch 100 x chip\.aic_count 100 values\), more than the 4096 a sweep takes"),
+])
+def test_a_grid_of_thousands_of_points_is_refused(sets, expect, tmp_path, capsys):
+    """20,000 values in one --set were checked for minutes before the first point ran; a
+    100 x 100 grid ran 10,000 points (hours), with no word of its size."""
+    argv = ["sweep", "--workload", "k3-tiny", "--jobs", "1", "--out", tmp_path / "o"]
+    for s in sets:
+        argv += ["--set", s]
+    fails_cleanly(argv, capsys, expect, [tmp_path / "o"], seconds=5)
+
+
+def test_the_api_refuses_a_grid_of_thousands_of_points_before_loading_its_values():
+    from cli_check import one_line_error
+    from npusim.errors import ConfigError
+    from npusim.sweep import sweep
+
+    one_line_error(lambda: sweep("k3-tiny", [{"chip.aic_count": list(range(1, 4000))}, {"batch": [1, 2, 3, 4, 5]},
+                                             {"batch": list(range(1, 200))}]),
+                   ConfigError, r"4,203 points \(chip\.aic_count 3999; batch 5; batch 199 values\)")
