@@ -32,13 +32,12 @@ from npusim.errors import ConfigError
 from npusim.outputs import Terminated
 from npusim.pool import one_line
 from npusim.progress import Progress
-from npusim.sweep_csv import METRICS, Journal, columns, content_digest, param_names, write_csv
+from npusim.sweep_csv import METRICS, STATUS_OK, Journal, columns, content_digest, param_names, write_csv
 
 STEP_KNOBS = ("batch", "context")  # grid keys that are step parameters, not hardware fields
 # the most points one sweep takes: a K3 point is seconds of CPU, so more is hours even on a cluster's
 # cores (and 20,000 values in one --set were minutes of checking before the first point ran)
 MAX_POINTS = 4096
-STATUS_OK = "ok"
 GB, GIB = 1e9, 1 << 30
 
 Grid = Mapping[str, Sequence[Any]]

@@ -34,6 +34,7 @@ METRICS = ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l
            "kernel_count")
 CSV_NAME, SETTINGS_NAME = "sweep.csv", "sweep.settings.json"
 PLOT_NAMES = ("sweep.png", "sweep.svg")  # made from the rows at the end: stale once new rows are written
+STATUS_OK = "ok"  # a point that ran; any other status is the error of one that failed
 LOST = "worker lost"  # a row whose worker died: a fact about the machine, not the point, so resume runs it again
 
 
@@ -92,6 +93,22 @@ def _number(text: str):
         return float(text)
 
 
+def _figures(row: Mapping[str, str], where: str, cells: Sequence[str]) -> dict:
+    """METRICS and status of a row read back: a point that ran has every figure, one that
+    failed its error as its status (as run_point makes them)."""
+    try:
+        figures = {m: _number(row[m]) for m in METRICS}
+    except ValueError:
+        raise ConfigError(f"{where} has a figure that is not a number: {','.join(cells)[:80]}") from None
+    if not row["status"]:
+        raise ConfigError(f"{where} has no status (expected ok, or the error of a point that failed): "
+                          f"{','.join(cells)[:80]}")
+    missing = [m for m, v in figures.items() if v is None]
+    if row["status"] == STATUS_OK and missing:
+        raise ConfigError(f"{where} is ok but has no {missing[0]}: {','.join(cells)[:80]}")
+    return figures | {"status": row["status"]}
+
+
 class Journal:
     """DIR/sweep.csv while a sweep of `points` runs (see the module doc)."""
 
@@ -142,12 +159,7 @@ class Journal:
                 raise ConfigError(f"{where}: line {n} is not a point of this grid: {','.join(cells)[:80]}")
             if row["status"].startswith(LOST):
                 continue
-            try:
-                figures = {m: _number(row[m]) for m in METRICS}
-            except ValueError:
-                raise ConfigError(f"{where}: line {n} has a figure that is not a number: "
-                                  f"{','.join(cells)[:80]}") from None
-            found[i] = dict(self.points[i]) | figures | {"status": row["status"]}
+            found[i] = dict(self.points[i]) | _figures(row, f"{where}: line {n}", cells)
         return found
 
     # ---- while running
@@ -209,5 +221,5 @@ def _difference(stored: Mapping, now: Mapping, path: str = "") -> str:
     return "none"
 
 
-__all__ = ["CSV_NAME", "Journal", "METRICS", "SETTINGS_NAME", "columns", "content_digest", "point_key",
+__all__ = ["CSV_NAME", "Journal", "METRICS", "SETTINGS_NAME", "STATUS_OK", "columns", "content_digest", "point_key",
            "settings_record", "write_csv"]

@@ -176,3 +176,21 @@ def test_resume_refuses_a_rewritten_routing_trace(tmp_path):
     trace.write_text(json.dumps([[[0, 1]] * 64]))
     with pytest.raises(ConfigError, match="made with other settings \\(workload_content: "):
         sweep(w, {"batch": [8, 16]}, context=16, jobs=1, out=out, resume=True)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda cells: cells[:1] + [""] + cells[2:], r"line 2 is ok but has no latency_us: 1,,"),
+    (lambda cells: cells[:-1] + [""], r"line 2 has no status \(expected ok, or the error of a point that failed\)"),
+])
+def test_resume_refuses_a_row_edited_out_of_shape(tmp_path, edit, message):
+    """An ok row without its latency was kept, and the table of the finished sweep failed
+    with a traceback (unsupported format string passed to NoneType); a row without a
+    status read as a point that failed, with no reason."""
+    out = tmp_path / "out"
+    sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
+    header, first, *rest = (out / "sweep.csv").read_bytes().decode().splitlines(keepends=True)
+    edited = ",".join(edit(first.rstrip("\r\n").split(","))) + "\r\n"
+    (out / "sweep.csv").write_text(header + edited + "".join(rest), newline="")
+    with pytest.raises(ConfigError, match=message) as e:
+        sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
+    assert "\n" not in str(e.value)
