@@ -152,6 +152,7 @@ class Journal:
             raise ConfigError(f"{where}: its columns are not this sweep's ({','.join(lines[0])[:80]})")
         index = {point_key(p, self.params): i for i, p in enumerate(self.points)}
         found: dict[int, dict] = {}
+        line_of: dict[int, int] = {}  # point index -> the line that holds its row
         for n, cells in enumerate(lines[1:], start=2):
             row = dict(zip(self.header, cells))
             i = index.get(point_key(row, self.params)) if len(cells) == len(self.header) else None
@@ -159,6 +160,10 @@ class Journal:
                 raise ConfigError(f"{where}: line {n} is not a point of this grid: {','.join(cells)[:80]}")
             if row["status"].startswith(LOST):
                 continue
+            if i in line_of:  # two rows of one point: which is the sweep's?
+                raise ConfigError(f"{where}: line {n} holds the point of line {line_of[i]} again: "
+                                  f"{','.join(cells)[:80]}")
+            line_of[i] = n
             found[i] = dict(self.points[i]) | _figures(row, f"{where}: line {n}", cells)
         return found
 
