@@ -134,6 +134,9 @@ class Journal:
             stored = json.loads(self.settings_path.read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"--resume: {self.settings_path}: unreadable ({e})") from None
+        if not isinstance(stored, dict):
+            raise ConfigError(f"--resume: {self.settings_path}: expected the JSON object of a sweep's settings, "
+                              f"got {json.dumps(stored)[:60]}; give a new --out, or --overwrite to start again")
         if stored != self.settings:
             raise ConfigError(f"{where} was made with other settings ({_difference(stored, self.settings)}); "
                               "give a new --out, or --overwrite to start again")

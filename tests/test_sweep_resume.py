@@ -206,3 +206,15 @@ def test_resume_refuses_a_point_given_twice(tmp_path):
     with pytest.raises(ConfigError, match=r"sweep\.csv: line 4 holds the point of line 2 again: 1,2") as e:
         sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["5\n", "[{}]\n", "null\n"])
+def test_resume_refuses_settings_that_are_not_an_object(tmp_path, text):
+    """A sweep.settings.json holding a number or a list: 'int' object is not iterable,
+    'unhashable type: dict', with a traceback."""
+    out = tmp_path / "out"
+    sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
+    (out / "sweep.settings.json").write_text(text)
+    with pytest.raises(ConfigError, match=r"sweep\.settings\.json: expected the JSON object of a sweep's settings, "
+                                          + re.escape(f"got {text.strip()};")):
+        sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
