@@ -68,11 +68,12 @@ def _reason(e: OSError) -> str:
 
 
 class _Staged:
-    """The outputs of an `all_or_none` block: finished temporary files and their
-    targets, and the folders made for them (removed again if the block fails)."""
+    """The outputs of an `all_or_none` block: finished temporary files, the files they
+    replace (a link's target) and the paths given for them, and the folders made for them
+    (removed again if the block fails)."""
 
     def __init__(self) -> None:
-        self.files: list[tuple[str, Path]] = []
+        self.files: list[tuple[str, Path, Path]] = []
         self.folders: list[Path] = []
 
 
@@ -89,12 +90,24 @@ def _missing_folders(folder: Path) -> list[Path]:
     return out
 
 
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """Where `path` goes through a link to nothing (itself, or a folder on its way): 'L is a
+    link to T, which does not exist'; None if it does not. Written through, such a link
+    would make its target: a folder on an unmounted disk, say, on the disk below it."""
+    p = Path(path)
+    for f in (p, *p.parents):
+        if os.path.islink(f) and not os.path.exists(f):
+            return f"{f} is a link to {os.readlink(f)}, which does not exist"
+    return None
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_args) -> Iterator[IO]:
     """Open a temporary file beside `path` for writing (mode "w" or "wb"); when the
     block ends without an error it becomes `path`, otherwise it is removed. The
     folder is created if missing; a path that is a device or a pipe (/dev/stdout)
-    is written in place, as it cannot be replaced. An OSError is raised as OutputError naming `path`
+    is written in place, as it cannot be replaced; a link is written through (its target is
+    replaced, the link stays; one to nothing is refused). An OSError is raised as OutputError naming `path`
     and the reason (the OS gives no file name for a write that hits a full disk).
     durable: the bytes reach the disk before the rename (after a crash of the machine,
     the old file or the new one, never an empty one); False for a file whose reader
@@ -102,23 +115,27 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode {mode!r} (expected 'w' or 'wb')")
     path = Path(path)
+    dangling = dangling_link(path)
+    if dangling:
+        raise OutputError(f"cannot write {path}: {dangling}")
+    target = Path(os.path.realpath(path))  # a link's target: os.replace on the link would leave it stale
     tmp = None
     staged = _staged.get()
     try:
         try:
             if staged is not None:
-                staged.folders += _missing_folders(path.parent)
-            path.parent.mkdir(parents=True, exist_ok=True)
+                staged.folders += _missing_folders(target.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
         except FileExistsError:  # a file where a folder of the path should be
             blocker = next(p for p in (path.parent, *path.parent.parents) if p.exists())
             raise OutputError(f"cannot write {path}: Not a directory ({blocker} is a file)") from None
-        if path.is_dir():
+        if target.is_dir():
             raise OutputError(f"{path}: is a directory (expected a file path)")
-        if path.exists() and not path.is_file():  # a device or a pipe (/dev/stdout): written in place
-            with path.open(mode, **open_args) as f:
+        if target.exists() and not target.is_file():  # a device or a pipe (/dev/stdout): written in place
+            with target.open(mode, **open_args) as f:
                 yield f
             return
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         with os.fdopen(fd, mode, **open_args) as f:
             yield f
             f.flush()
@@ -126,9 +143,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; an output is an ordinary file
         if staged is not None:  # all_or_none puts it in place with the others
-            staged.files.append((tmp, path))
+            staged.files.append((tmp, target, path))
         else:
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         tmp = None
     except OSError as e:
         raise OutputError(f"cannot write {path}: {_reason(e)}") from None
@@ -181,9 +198,9 @@ def all_or_none() -> Iterator[list[Path]]:
         token = None
         try:
             with _signals_held():
-                for tmp, path in staged.files:
+                for tmp, target, path in staged.files:
                     try:
-                        os.replace(tmp, path)
+                        os.replace(tmp, target)
                     except OSError as e:
                         done = ", ".join(str(p) for p in written) or "none"
                         raise OutputError(f"cannot write {path}: {_reason(e)} (outputs written: {done})") from None
@@ -195,7 +212,7 @@ def all_or_none() -> Iterator[list[Path]]:
     finally:
         if token is not None:
             _staged.reset(token)
-        for tmp, _ in staged.files:
+        for tmp, *_ in staged.files:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         if not written:
@@ -303,6 +320,14 @@ def _named(flag: str, path: str | os.PathLike, file: bool) -> Path:
     return p
 
 
+def _linked(flag: str, path: Path) -> Path:
+    """`path`, refused if it goes through a link to nothing (dangling_link)."""
+    dangling = dangling_link(path)
+    if dangling:
+        raise OutputError(f"{flag} {path}: cannot be written: {dangling}")
+    return path
+
+
 def check_writable(outputs: Mapping[str, str | os.PathLike | None],
                    folders: Mapping[str, str | os.PathLike | None] | None = None) -> None:
     """Refuse, before a command runs, an output it could not write: a file output on a
@@ -312,18 +337,18 @@ def check_writable(outputs: Mapping[str, str | os.PathLike | None],
     for flag, path in outputs.items():
         if path is None:
             continue
-        p = _named(flag, path, file=True)
+        p = _linked(flag, _named(flag, path, file=True))
         if p.is_dir():
             raise OutputError(f"{flag} {p}: is a directory (expected a file path)")
         if p.exists() and not p.is_file():  # written in place (atomic_write)
             if not os.access(p, os.W_OK):
                 raise OutputError(f"{flag} {p}: cannot be written: Permission denied")
             continue
-        _probe(flag, p, p.parent)
+        _probe(flag, p, Path(os.path.realpath(p)).parent)  # a link's target is replaced: its folder takes it
     for flag, path in (folders or {}).items():
         if path is None:
             continue
-        p = _named(flag, path, file=False)
+        p = _linked(flag, _named(flag, path, file=False))
         if p.exists() and not p.is_dir():
             raise OutputError(f"{flag} {p}: is a file (expected a folder)")
         _probe(flag, p, p)
@@ -377,5 +402,5 @@ def err(text: str) -> None:
 
 
 __all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable",
-           "drop_stdout", "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all", "tables_line",
-           "write_json", "write_text", "wrote_line"]
+           "dangling_link", "drop_stdout", "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all",
+           "tables_line", "write_json", "write_text", "wrote_line"]

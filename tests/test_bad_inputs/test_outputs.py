@@ -288,6 +288,34 @@ def test_a_device_is_written_in_place_not_replaced(capsys):
     assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()
 
 
+@pytest.mark.parametrize("argv", [[*RUN, "--json", "{d}/gone/a.json"], [*RUN, "--plot", "{d}/gone"],
+                                  [*OP, "--trace", "{d}/gone"],
+                                  ["sweep", *RUN[1:], "--set", "chip.aic_count=16,20", "--out", "{d}/gone"]])
+def test_an_output_through_a_link_to_nothing_is_refused_before_the_run(argv, tmp_path, capsys, monkeypatch):
+    """A link to a folder not there (an unmounted disk): the run, then 'Not a directory
+    (. is a file)', a reason that was not so (a link itself as the file was replaced)."""
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    _no_simulation(monkeypatch)
+    refused([a.format(d=tmp_path) for a in argv] + ["--no-cache"], capsys,
+            f"cannot be written: {tmp_path}/gone is a link to {tmp_path}/nowhere, which does not exist")
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "gone").is_symlink()
+
+
+def test_an_output_on_a_link_replaces_the_file_it_points_to(tmp_path, capsys):
+    """op --json link.json, the link to results/op.json: the link was replaced by the
+    report and results/op.json kept the earlier run's, without a word."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "op.json").write_text("{}\n")
+    (tmp_path / "link.json").symlink_to("results/op.json")
+    (tmp_path / "plots").symlink_to("results")
+    code, out, _ = cli([*OP, "--json", tmp_path / "link.json", "--trace", tmp_path / "plots" / "t.json"], capsys)
+    assert code == 0 and f"wrote {tmp_path}/link.json, {tmp_path}/plots/t.json" in out
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "plots").is_symlink()
+    assert json.loads((tmp_path / "results" / "op.json").read_text())["latency_us"] > 0
+    assert json.loads((tmp_path / "results" / "t.json").read_text())
+    no_partial(tmp_path)
+
+
 # ---- outputs: checked before anything runs, on a cache hit too; written all or none (issue 35)
 
 
