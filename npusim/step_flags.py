@@ -317,7 +317,7 @@ def inputs(args) -> dict:
 
     found = {**each("--hw", getattr(args, "hw", None), "hwconfigs"),
              "--workload": path(getattr(args, "workload", None), "workloads"),
-             **each("--fusion-rules", getattr(args, "fusion_rules", None), None)}
+             **each("--fusion-rules", getattr(args, "fusion_rules", None), None), **_workload_files(args)}
     for flag, value in found.items():
         if value is not None:
             input_file(value, f"{flag} {value}", folder=flag == "--workload")
@@ -326,6 +326,25 @@ def inputs(args) -> dict:
             # directory", the flag unnamed
             raise ConfigError(f"{flag} {value}: no such file")
     return found
+
+
+def _workload_files(args) -> dict:
+    """The files the workload reads (its routing trace), as inputs named by the field: an
+    output on one replaced what the run had read. None if the workload does not load (the
+    command reports it in its turn)."""
+    import attrs
+
+    from npusim.errors import NpusimError
+    from npusim.workload import load_workload
+
+    if getattr(args, "workload", None) is None:
+        return {}
+    try:
+        w = load_workload(args.workload, workload_sets(args))
+    except (NpusimError, OSError, TypeError, ValueError):
+        return {}
+    return {f"--workload's {a.name}": getattr(w, a.name) for a in attrs.fields(type(w))
+            if a.metadata.get("file") and getattr(w, a.name)}
 
 
 def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = (),

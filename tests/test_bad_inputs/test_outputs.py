@@ -225,6 +225,30 @@ def test_a_hard_link_to_an_input_is_the_input(tmp_path, capsys, hw_copy):
     refused([*RUN, "--hw", hw_copy, "--trace", link], capsys, "--trace", "--hw")
 
 
+MOE_TRACE = ["--workload", "k3-tiny-moe", "--workload-set", "routing=trace", "--batch", "64", "--context", "16"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", *MOE_TRACE, "--workload-set", "routing_trace={d}/trace.json", "--json", "{d}/trace.json"],
+    ["run", "--workload", "{d}/moe.yaml", "--batch", "64", "--context", "16", "--trace", "{d}/trace.json"],
+    ["compare", *MOE_TRACE, "--workload-set", "routing_trace={d}/trace.json", "--json", "{d}/trace.json"],
+    ["serve", *MOE_TRACE[:4], "--workload-set", "routing_trace={d}/trace.json", "--requests", "3", "--rate", "5",
+     "--csv", "{d}/trace.json"],
+])
+def test_an_output_on_the_workload_s_routing_trace_is_refused(argv, tmp_path, capsys, monkeypatch):
+    """The routing trace a run reads was replaced by its --json report (or trace, or CSV):
+    the next run read a report as its routing, and failed."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([[[t % 8, (t + 1) % 8] for t in range(64)]]))
+    moe = (ROOT / "workloads" / "k3-tiny-moe.yaml").read_text()
+    (tmp_path / "moe.yaml").write_text(moe + "routing: trace\nrouting_trace: trace.json\n")
+    before = trace.read_bytes()
+    _no_simulation(monkeypatch)
+    refused([a.format(d=tmp_path) for a in argv] + ["--no-cache"], capsys,
+            f"{tmp_path}/trace.json: the same file as the input of --workload's routing_trace (give another path)")
+    assert trace.read_bytes() == before
+
+
 def test_check_paths_ignores_outputs_not_asked_for(tmp_path):
     check_paths({"--json": None, "--trace": tmp_path / "t.json"}, {"--hw": None}, {"--plot": None})
 
