@@ -163,11 +163,12 @@ class Journal:
                 raise ConfigError(f"{where}: line {n} is not a point of this grid: {','.join(cells)[:80]}")
             if row["status"].startswith(LOST):
                 continue
-            if i in line_of:  # two rows of one point: which is the sweep's?
-                raise ConfigError(f"{where}: line {n} holds the point of line {line_of[i]} again: "
-                                  f"{','.join(cells)[:80]}")
-            line_of[i] = n
-            found[i] = dict(self.points[i]) | _figures(row, f"{where}: line {n}", cells)
+            read = dict(self.points[i]) | _figures(row, f"{where}: line {n}", cells)
+            if i in line_of and read != found[i]:  # two results of one point: which is the sweep's?
+                raise ConfigError(f"{where}: line {n} holds the point of line {line_of[i]} again, with other "
+                                  f"figures: {','.join(cells)[:80]}")
+            line_of.setdefault(i, n)
+            found[i] = read
         return found
 
     # ---- while running

@@ -196,14 +196,18 @@ def test_resume_refuses_a_row_edited_out_of_shape(tmp_path, edit, message):
     assert "\n" not in str(e.value)
 
 
-def test_resume_refuses_a_point_given_twice(tmp_path):
-    """A row repeated by hand with other figures: the last one was kept without a word."""
+def test_resume_refuses_a_point_given_twice_with_other_figures(tmp_path):
+    """A row repeated by hand with other figures: the last one was kept without a word. (The
+    same row twice, as two sweeps of one point leave it, is one result: read.)"""
     out = tmp_path / "out"
-    sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
+    whole = sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
     header, first, second = (out / "sweep.csv").read_bytes().decode().splitlines(keepends=True)
+    (out / "sweep.csv").write_text(header + first + second + first, newline="")
+    assert sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True) == whole
     again = first.replace("1,1", "1,2", 1)
     (out / "sweep.csv").write_text(header + first + second + again, newline="")
-    with pytest.raises(ConfigError, match=r"sweep\.csv: line 4 holds the point of line 2 again: 1,2") as e:
+    with pytest.raises(ConfigError, match=r"sweep\.csv: line 4 holds the point of line 2 again, with other "
+                                          r"figures: 1,2") as e:
         sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
     assert "\n" not in str(e.value)
 
