@@ -13,7 +13,9 @@ outright (SIGKILL, a lost machine) loses only the points in flight, and at most 
 torn last line, which resume drops. When the sweep ends or is interrupted
 (Ctrl-C, SIGTERM) the file is rewritten, atomically, in grid order. Nothing in DIR
 changes until the first point finishes, so a sweep stopped before that leaves an
-earlier result as it was.
+earlier result as it was. A sweep holds DIR (an advisory lock) from then on, or from
+the start when DIR has an earlier sweep's files, until it ends: a second sweep in
+DIR meanwhile is refused, not mixed in.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from typing import Any
 
 from npusim.errors import ConfigError
 from npusim.outputs import OutputError, atomic_write, write_text
+
+try:
+    import fcntl
+except ImportError:  # no advisory locks (Windows): two sweeps in one folder are not refused
+    fcntl = None
 
 METRICS = ("latency_us", "tokens_per_s", "hbm_read_bytes", "hbm_write_bytes", "l2_hit_rate", "peak_memory_bytes",
            "kernel_count")
@@ -119,8 +126,36 @@ class Journal:
         self.points, self.params, self.header = list(points), list(params), columns([], params)
         self.settings = settings_record(settings)
         self.file = None
+        self.lock: int | None = None  # the folder, opened and locked while this sweep may write it
         self.started = False  # a row has been written to sweep.csv
-        self.earlier: dict[int, dict] = self._read() if resume and self.csv.exists() else {}
+        try:
+            if self.folder.is_dir():  # an earlier sweep's files: read, or replaced, by this one only
+                self._lock()
+            self.earlier: dict[int, dict] = self._read() if resume and self.csv.exists() else {}
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        """Hold the folder for this sweep until close() (an advisory lock, let go when the
+        process ends however it ends): two sweeps writing one folder at once - a second
+        terminal's --overwrite or --resume - mixed their rows and settings."""
+        if self.lock is not None or fcntl is None:
+            return
+        try:
+            fd = os.open(self.folder, os.O_RDONLY)
+        except OSError:  # a folder that cannot be opened is not written either: its writes say why
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(f"{self.folder}: another sweep is writing its files now (wait for it to end, or "
+                              "give another --out)") from None
+        except OSError:  # a file system without locks: as before
+            os.close(fd)
+            return
+        self.lock = fd
 
     # ---- resume
 
@@ -187,6 +222,8 @@ class Journal:
             raise OutputError(f"cannot write {self.csv}: {e.strerror or e}") from None
 
     def _start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock()
         if not self.earlier:
             # the settings go last: a kill in between leaves a CSV resume refuses, never a mix
             with contextlib.suppress(FileNotFoundError):
@@ -203,15 +240,22 @@ class Journal:
     def finish(self, rows: Sequence[dict]) -> Path | None:
         """Rewrite sweep.csv with `rows` (in grid order), atomically; None if no row was
         ever written (then an earlier sweep's files are left as they were)."""
-        self.close()
+        self._close_file()
         if not self.started and not self.earlier:
             return None
         return write_csv(rows, self.csv, self.params)
 
-    def close(self) -> None:
+    def _close_file(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+    def close(self) -> None:
+        """Close sweep.csv and let the folder go (another sweep may write it)."""
+        self._close_file()
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
 
 # the order settings are compared in: what a user typed first, then what it loaded

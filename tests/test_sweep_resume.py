@@ -222,3 +222,30 @@ def test_resume_refuses_settings_that_are_not_an_object(tmp_path, text):
     with pytest.raises(ConfigError, match=r"sweep\.settings\.json: expected the JSON object of a sweep's settings, "
                                           + re.escape(f"got {text.strip()};")):
         sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True)
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+def test_a_second_sweep_in_a_folder_being_written_is_refused(tmp_path, flag, capsys):
+    """A second terminal's sweep --overwrite of the --out a sweep was writing replaced its
+    CSV and settings, and the first one's last rows then went under the second's settings
+    (a later --resume took them as its own); now the folder is held while a sweep writes it."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    held = os.open(out, os.O_RDONLY)  # as the sweep writing it holds it
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        argv = ["sweep", "--workload", "k3-tiny", "--context", "64", "--set", "batch=1,2,3", "--jobs", "1",
+                "--out", str(out), flag]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"npusim: error: {out}: another sweep is writing its files now (wait for it to end, or give " \
+                      "another --out)\n"
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    finally:
+        os.close(held)
+    assert main(argv[:-1] + ["--overwrite"]) == 0  # let go, and the sweep that held it let go too
+    assert main(argv[:-1] + ["--resume"]) == 0
