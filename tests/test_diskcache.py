@@ -509,6 +509,24 @@ def test_a_bad_cache_size_is_one_line(text, tmp_path, monkeypatch):
         DiskCache(tmp_path / "c")
 
 
+@pytest.mark.parametrize("command", ["info", "clear"])
+@pytest.mark.parametrize("where, reason", [
+    ("file/sub", "{d}/file is a file, not a folder"),
+    ("dangling", "a link to {d}/nowhere/x, which does not exist"),
+    ("x" * 300, "the name xxxxxxxxxxxxxxxxxxxx... is 300 bytes (at most 255)"),
+])
+def test_cache_info_and_clear_on_a_path_no_folder_can_be_at(command, where, reason, tmp_path, capsys):
+    """A folder under a file, or a link to nothing, said 'entries: 0' ('removed 0 files') as a
+    cache not made yet does; a name too long for a folder said '/tmp/...: File name too long',
+    the flag unnamed."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    assert main(["cache", command, "--cache-dir", str(tmp_path / where)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"npusim: error: cache {tmp_path / where}: {reason.format(d=tmp_path)} (give "
+                                 f"--cache-dir or NPUSIM_CACHE_DIR the cache folder)\n")
+
+
 @pytest.mark.parametrize("where, reason", [
     ("file", "a file, not a folder"),
     ("file/sub", "{d}/file is a file, not a folder"),

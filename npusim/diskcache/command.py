@@ -23,11 +23,14 @@ def store_of(args):
 def _cmd_cache(args) -> int:
     from npusim.diskcache import open_store
     from npusim.diskcache.keys import version
+    from npusim.diskcache.store import folder_problem
     from npusim.runtime.memory import size as _size
 
     store = open_store(args.cache_dir)
-    if store.path.exists() and not store.path.is_dir():  # not "0 entries": no cache can be there
-        raise ConfigError(f"cache {store.path}: not a folder (give --cache-dir or NPUSIM_CACHE_DIR the cache folder)")
+    problem = folder_problem(store.path)  # not "0 entries", nor an OSError's words without the flag
+    if problem:
+        problem = "not a folder" if problem == "a file, not a folder" else problem
+        raise ConfigError(f"cache {store.path}: {problem} (give --cache-dir or NPUSIM_CACHE_DIR the cache folder)")
     if args.cache_command == "clear":
         n, freed = store.clear()
         say(f"cache {store.path}: removed {n} files ({_size(freed)})")

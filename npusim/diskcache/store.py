@@ -51,7 +51,7 @@ from typing import Any
 import attrs
 
 from npusim.hw.parse import plain
-from npusim.outputs import OutputError, atomic_write, err
+from npusim.outputs import NAME_MAX, PATH_MAX, OutputError, atomic_write, err
 
 MAGIC = b"NPUSIM-CACHE"
 FORMAT = 2  # bump when the entry layout changes (2: the layout of the payload's classes)
@@ -62,9 +62,15 @@ _WARNED: set[Path] = set()  # folders this process has warned about
 _MAX_HEADER = 4096
 
 
-def _folder_reason(path: Path, e: OSError) -> str:
-    """Why the cache folder cannot be used, in words ("File exists" said nothing of a
-    file, or a link to nothing, in the folder's place)."""
+def folder_problem(path: Path) -> str | None:
+    """Why no cache folder can be at `path`, found without making it: a name longer than a
+    folder entry takes, a link to nothing, a file in its place or on its way; None if one
+    can be (or is) there."""
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > NAME_MAX:
+        return f"the name {longest[:20]}... is {len(os.fsencode(longest))} bytes (at most {NAME_MAX})"
+    if len(os.fsencode(path)) >= PATH_MAX:
+        return f"the path is {len(os.fsencode(path))} bytes (at most {PATH_MAX - 1})"
     if path.is_symlink() and not path.exists():
         return f"a link to {os.readlink(path)}, which does not exist"
     if path.exists() and not path.is_dir():
@@ -72,7 +78,13 @@ def _folder_reason(path: Path, e: OSError) -> str:
     above = next((p for p in path.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         return f"{above} is a file, not a folder"
-    return e.strerror or type(e).__name__
+    return None
+
+
+def _folder_reason(path: Path, e: OSError) -> str:
+    """Why the cache folder cannot be used, in words ("File exists" said nothing of a
+    file, or a link to nothing, in the folder's place)."""
+    return folder_problem(path) or e.strerror or type(e).__name__
 
 
 def _parse_size(text: str) -> int:
