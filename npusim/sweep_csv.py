@@ -181,7 +181,8 @@ class Journal:
             with open(self.csv, "r+b") as f:
                 f.truncate(len(whole))
         try:
-            lines = list(csv.reader(io.StringIO(whole.decode(), newline="")))
+            # (a byte-order mark, as a spreadsheet saves one, is no part of the first column's name)
+            lines = list(csv.reader(io.StringIO(whole.decode("utf-8-sig"), newline="")))
         except (UnicodeDecodeError, csv.Error) as e:
             raise ConfigError(f"{where}: not a sweep CSV ({e})") from None
         if not lines:
@@ -192,6 +193,8 @@ class Journal:
         found: dict[int, dict] = {}
         line_of: dict[int, int] = {}  # point index -> the line that holds its row
         for n, cells in enumerate(lines[1:], start=2):
+            if not cells:  # a blank line (an editor's last one) holds no point
+                continue
             row = dict(zip(self.header, cells))
             i = index.get(point_key(row, self.params)) if len(cells) == len(self.header) else None
             if i is None:

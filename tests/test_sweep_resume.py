@@ -249,3 +249,14 @@ def test_a_second_sweep_in_a_folder_being_written_is_refused(tmp_path, flag, cap
         os.close(held)
     assert main(argv[:-1] + ["--overwrite"]) == 0  # let go, and the sweep that held it let go too
     assert main(argv[:-1] + ["--resume"]) == 0
+
+
+def test_resume_reads_a_csv_an_editor_saved(tmp_path):
+    """A byte-order mark before the header said 'its columns are not this sweep's (batch,...)',
+    the same columns to the eye; a blank last line 'line 4 is not a point of this grid: ' (nothing)."""
+    out = tmp_path / "out"
+    whole = sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out)
+    before = (out / "sweep.csv").read_bytes()
+    (out / "sweep.csv").write_bytes(b"\xef\xbb\xbf" + before + b"\r\n")
+    assert sweep("k3-tiny", {"batch": [1, 2]}, context=64, jobs=1, out=out, resume=True) == whole
+    assert (out / "sweep.csv").read_bytes() == before
