@@ -331,6 +331,22 @@ def test_a_probe_is_not_made_when_the_longest_block_leaves_nothing_to_gain():
     assert ff.price(kernel, HW, None, lambda *a: runs.append(a)) is None and runs == []
 
 
+
+def test_a_probe_is_not_made_when_most_of_a_block_runs_outside_its_repeat_loop():
+    """A causal FlashAttention whose heads are split over the cores (8 heads, 12,288 tokens
+    on a 24-core device: every block in one wave) repeats its longest q tile's key steps,
+    and its other q tiles' steps are most of the kernel: every run would keep them, so no
+    run can cost little enough (the 32,768-token one ran 72% of itself for nothing before
+    being simulated in full). Priced in full without a run."""
+    kernel = lower("flash_attention", dict(batch=1, heads=8, kv_heads=8, seq_q=12288, seq_kv=12288, causal=True,
+                                           head_dim=128), HW).kernels[0]
+    assert kernel.block_dim <= rewrite.cores_of(kernel, HW) and ff.worth_trying(kernel, HW)
+    assert ff.outside_waves(kernel) > ff.waves(kernel)
+    runs = []
+    assert ff.price(kernel, HW, None, lambda *a: runs.append(a)) is None and runs == []
+    gemm = lower(*CASES[0], HW).kernels[0]
+    assert ff.outside_waves(gemm) == 0  # a GEMM's partial first and last rows: FF_HEAD_TAIL_WAVES
+
 @pytest.mark.parametrize("jitter", [0.0, 0.1])
 def test_no_second_measuring_run_when_the_first_ones_waves_jitter_too_much(jitter):
     """No steady state after the first L2 fill: the next measuring run is made only if its

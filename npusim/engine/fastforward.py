@@ -75,9 +75,9 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from npusim.engine.compile import MEMS
-from npusim.engine.fastforward_rewrite import (ByKernel, cores_of, repeat_loops, static_instructions, truncated,
-                                               wave_gm_bytes)
+from npusim.engine.compile import MEMS, count_instructions
+from npusim.engine.fastforward_rewrite import (ByKernel, cores_of, programs, repeat_loops, static_instructions,
+                                               truncated, wave_gm_bytes)
 from npusim.engine.l2_image import warm
 from npusim.engine.pipe import MARKED_GM
 from npusim.engine.stats import KernelStats
@@ -132,7 +132,11 @@ FF_MARKED = "fast-forward wave"
 FF_MIN_SKIP = 16
 # What a truncated run costs beyond the waves it keeps, in waves: the nests before and
 # after the repeat loop (a GEMM block's partial first and last rows of tiles) are about
-# one wave each.
+# one wave each. A block whose instructions outside its repeat loop come to more waves
+# (outside_waves) is counted with those: a causal FlashAttention of 32,768 tokens on 8
+# heads repeats its longest q tile's 62 key steps, and its other q tiles' steps are
+# 2,702 such waves more, so a run keeping 12 waves cost 72% of the kernel for nothing
+# (the kernel then simulated in full: 47 s against 21 s without fast-forward).
 FF_HEAD_TAIL_WAVES = 2
 # The truncated runs must cost at most 1 / FF_MIN_GAIN of the full simulation (in waves,
 # as plan() counts them), or the kernel is simulated in full: a GEMM of ~21 waves of rows
@@ -150,7 +154,7 @@ FF_MIN_GAIN = 1.5
 FF_PROBE_SHARE = 1 / 3
 # The version of the rules above (how the waves are counted, what a run costs): bumped when
 # they change which kernels are fast-forwarded, or how, for the same parameters.
-FF_RULES = 2
+FF_RULES = 3
 
 # How far the increments of HBM read bytes and L2 hit bytes may spread: a wave's share of
 # HBM moves from wave to wave with which lines the L2 already holds (a row of A that
@@ -325,7 +329,7 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
     # the earliest wave the increments can be measured from: a wave brings in at most the GM
     # bytes it moves (see measure, which makes no run at all when not worth it even then)
     first = earliest(hw, wave_gm_bytes(kernel))
-    extra = max(loop.count for found in repeat_loops(kernel).values() for _, loop in found) - c
+    extra = max(loop.count for found in repeat_loops(kernel).values() for _, loop in found) - c + outside_waves(kernel)
 
     def snapshots(marks: list, n: int) -> list[KernelStats]:
         _check_marks(kernel, c - n, marks)
@@ -333,6 +337,18 @@ def price(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray]]
 
     return measure(kernel, hw, image, simulate, c, lambda n: truncated(kernel, c - n, FF_MARKED), FF_MARKED,
                    snapshots, earliest_wave=first, extra=extra)
+
+
+def outside_waves(kernel: Kernel) -> int:
+    """The waves a block's instructions outside its repeat loop come to beyond
+    FF_HEAD_TAIL_WAVES (every run keeps them: see run_cost), in iterations of that loop,
+    the most over the kernel's programs; 0 for most kernels (a GEMM's, a vector kernel's)."""
+    most = 0.0
+    for kind, found in repeat_loops(kernel).items():
+        for program, (_, loop) in zip(programs(kernel, kind), found):
+            per = count_instructions(loop.body)
+            most = max(most, (count_instructions(program.body) - loop.count * per) / per)
+    return max(0, math.ceil(most) - FF_HEAD_TAIL_WAVES)
 
 
 def worth_trying(kernel: Kernel, hw) -> bool:
@@ -454,5 +470,5 @@ def measure(kernel: Kernel, hw, image: Callable[[], tuple[np.ndarray, np.ndarray
 
 __all__ = ["FF_FILLS", "FF_HEAD_TAIL_WAVES", "FF_INCREMENTS", "FF_KEEP", "FF_MARKED", "FF_MIN_GAIN", "FF_MIN_SKIP",
            "FF_NOISE_SIGMAS", "FF_PAST", "FF_PROBE_SHARE", "FF_RULES", "FF_STRIDE_DIVISOR", "FF_TOLERANCE",
-           "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "Simulate", "earliest", "measure", "plan", "price", "run_cost", "waves",
-           "worth_trying"]
+           "FF_TRAFFIC_TOLERANCE", "PARAMETERS", "Simulate", "earliest", "measure", "outside_waves", "plan", "price",
+           "run_cost", "waves", "worth_trying"]
