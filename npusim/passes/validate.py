@@ -150,7 +150,7 @@ def _near_ties(differing: tuple[int, ...], ref_ids: np.ndarray, new_ids: np.ndar
     ref_s = ref_scores.reshape(len(np.ravel(ref_ids)), -1)
     noise = np.abs(base_scores.reshape(ref_s.shape) - ref_s).max(axis=1)
     r, n = np.ravel(ref_ids), np.ravel(new_ids)
-    return tuple(i for i in differing if ref_s[i, r[i]] - ref_s[i, n[i]] <= 2 * noise[i])
+    return tuple(i for i in differing if 0 <= n[i] < ref_s.shape[1] and ref_s[i, r[i]] - ref_s[i, n[i]] <= 2 * noise[i])
 
 
 def moe_checks(graph: Graph, values: dict[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
