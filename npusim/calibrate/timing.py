@@ -52,7 +52,9 @@ STEP = "decoder step"
 
 def chain(parts: Sequence[Part], hw: HwConfig) -> list[Lowered]:
     """The parts lowered in order, each reading the first output of the one before
-    as its first input (distinct GM tensors otherwise)."""
+    as its first input (distinct GM tensors otherwise). Each part's tensors must fit
+    the HBM, as `npusim op`'s do: past it the simulation walks every line of them
+    (a Relu row of 800000000,5120000 ran for hours)."""
     out: list[Lowered] = []
     arena = GmArena(align_bytes=gm_align_bytes(hw))
     for op, params in parts:
@@ -60,7 +62,7 @@ def chain(parts: Sequence[Part], hw: HwConfig) -> list[Lowered]:
         if out:
             first_in = spec(op).operands.ins[0]
             bound[first_in] = arena.tensors[out[-1].outputs[0].name].addr
-        arena = GmArena(bound, base=arena.next, align_bytes=arena.align_bytes)
+        arena = GmArena(bound, base=arena.next, align_bytes=arena.align_bytes, capacity=hw.hbm.hbm_bytes, op_type=op)
         out.append(lower(op, dict(params), hw, gm=arena))
     return out
 

@@ -80,6 +80,24 @@ def test_a_bad_note_or_kernel_column(row, expect, tmp_path, capsys):
                   r"op\.csv: none of its 1 rows maps to an npusim op \(.*" + expect, outputs=[out])
 
 
+@pytest.mark.parametrize("row", [
+    _noted("Relu", "800000000,5120000", "", out="800000000,5120000"),
+    _noted("Mul+Add", "400000000,5120000;400000000,5120000", "", out="400000000,5120000"),
+], ids=["one-kernel", "a-chain"])
+def test_a_row_whose_tensors_do_not_fit_the_hbm(row, tmp_path, capsys):
+    """Relu of 800000000 x 5120000 (8 PB): `npusim op` refuses it, calibrate lowered it
+    with no HBM bound and simulated it for hours."""
+    from kernels import deadline
+
+    (tmp_path / "op.csv").write_text(NOTED + "\n" + row + "\n", encoding="utf-8")
+    out = tmp_path / "my.yaml"
+    with deadline(30):
+        fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys,
+                      r"op\.csv: none of its 1 rows maps to an npusim op \(.* does not simulate on ascend910b2: op "
+                      r"\w+: its tensors take at least \d+ bytes of GM .* more than hbm\.hbm_bytes 68719476736",
+                      outputs=[out])
+
+
 def test_a_tab_separated_profile_is_named_in_one_short_line(tmp_path, capsys):
     """Its whole header is one cell, and the error quoted all of it (thousands of characters)."""
     header = "\t".join(HEADER.split(",") + [f"extra column {i}" for i in range(60)])
