@@ -159,13 +159,13 @@ def _row(path: Path, line: int, cells: list[str], col: dict[str, int]) -> Profil
     try:
         duration = plain(float, text)  # not '1_2.5' or '１２.５', which float() reads
     except ValueError:
-        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a number, got '{text}'") from None
+        raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a number, got {short(text)}") from None
     if not 0 < duration <= MAX_DURATION_US:
         raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration > 0 and at most "
-                           f"{MAX_DURATION_US:g} us (an hour), got '{text}'")
+                           f"{MAX_DURATION_US:g} us (an hour), got {short(text)}")
     if duration < MIN_DURATION_US:
         raise ProfileError(f"{path}: row {line}, column 'Task Duration(us)': expected a duration of at least "
-                           f"{MIN_DURATION_US:g} us (1 ns, msprof's resolution), got '{text}'")
+                           f"{MIN_DURATION_US:g} us (1 ns, msprof's resolution), got {short(text)}")
     return ProfileRow(
         file=str(path), line=line, op_name=cell("Op Name"), op_type=cell("OP Type"), task_type=cell("Task Type"),
         duration_us=duration, block_dim=cell("Block Dim"),
@@ -209,8 +209,8 @@ def parse_shapes(text: str, where: str) -> tuple[tuple[int, ...], ...]:
         try:
             shape = tuple(plain(int, d) for d in dims)  # an empty item ("8,,512") is no dimension
         except ValueError:
-            raise ProfileError(f"{where}: expected shapes like '8,4096;4096,4096', got '{text}'") from None
+            raise ProfileError(f"{where}: expected shapes like '8,4096;4096,4096', got {short(text)}") from None
         if any(d < 0 for d in shape):
-            raise ProfileError(f"{where}: negative dimension in '{text}' (a dynamic shape: profile a concrete run)")
+            raise ProfileError(f"{where}: negative dimension in {short(text)} (a dynamic shape: profile a concrete run)")
         shapes.append(shape)
     return tuple(shapes)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from npusim.calibrate.session import Calibration
+from npusim.hw.parse import clipped
 
 
 def _errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -71,7 +72,7 @@ def summary(cal: Calibration, out: str | None = None) -> str:
     lines = [f"calibrated {cal.hw_ref} on {cal.profile}: {cal.rows_read} rows read, {len(cal.mapped)} mapped to "
              f"{distinct} distinct ops, {n_unmapped} not simulated"]
     for u in cal.unmapped:
-        lines.append(f"  not simulated  {u.op_type} x{u.count}: {u.reason} (first: {u.where})")
+        lines.append(f"  not simulated  {clipped(u.op_type)} x{u.count}: {u.reason} (first: {u.where})")
     if cal.fields:
         lines.append(f"  fitted         {len(cal.fields)} assumed field(s); held-out error from {cal.folds}-fold "
                      "cross-validation over distinct ops")

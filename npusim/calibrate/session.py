@@ -24,9 +24,10 @@ from npusim.calibrate.timing import KERNELS
 from npusim.errors import ConfigError, NpusimError
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import find_file
-from npusim.hw.parse import did_you_mean
+from npusim.hw.parse import clipped, did_you_mean
 
 DEFAULT_FOLDS = 5
+MAX_REASON_CHARS = 300  # of a row's reason for not being simulated, as the report shows it
 
 
 @frozen
@@ -94,7 +95,8 @@ def map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[M
                 raise Unmappable(lowering[m.key])
             mapped.append(m)
         except Unmappable as e:
-            count, reason, where = bad.get(row.op_type, (0, str(e), row.where))
+            # a reason quotes the row's cells (its shapes, dtypes, task type): thousands of characters
+            count, reason, where = bad.get(row.op_type, (0, clipped(str(e), MAX_REASON_CHARS), row.where))
             bad[row.op_type] = (count + 1, reason, where)
     unmapped = [Unmapped(t, *v) for t, v in sorted(bad.items(), key=lambda kv: (-kv[1][0], kv[0]))]
     return mapped, unmapped
@@ -160,7 +162,7 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
     if not mapped:
         by_reason: dict[str, list[str]] = {}  # op types sharing a reason are listed once (it can be long)
         for u in unmapped[:3]:
-            by_reason.setdefault(u.reason, []).append(f"{u.op_type} x{u.count}")
+            by_reason.setdefault(u.reason, []).append(f"{clipped(u.op_type)} x{u.count}")
         listed = "; ".join(f"{', '.join(types)} ({reason})" for reason, types in by_reason.items())
         first = next(r for r in rows if r.where == unmapped[0].where)
         column = ", column 'OP Type'" if isinstance(first, ProfileRow) else ""  # an hccl row: the reason says why

@@ -42,6 +42,14 @@ def short(value: Any) -> str:
     return _repr.repr(value)
 
 
+def clipped(text: str, limit: int = 60) -> str:
+    """Text read from a file as a message shows it: at most about `limit` characters,
+    its middle elided (a cell of thousands of characters made a message as long)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-(limit // 2):]} ({len(text)} characters)"
+
+
 def first_repeated(items: Iterable[Any]) -> Any:
     """The first item equal to one before it (a name given twice in a list), or None."""
     seen = []

@@ -109,6 +109,30 @@ def test_a_tab_separated_profile_is_named_in_one_short_line(tmp_path, capsys):
     assert len(err) < 400, err
 
 
+LONG = "Z" * 3000
+
+
+@pytest.mark.parametrize("row, expect", [
+    (GOOD.replace("MatMulV2", LONG), r"\(ZZZ+\.\.\.ZZZ+ \(3000 characters\) x1 \(op type not in the mapping table\)\)"),
+    (GOOD.replace("AI_CORE", LONG),
+     r"\(MatMulV2 x1 \(task type ZZZ+\.\.\.ZZZ+ \(only AI core tasks are simulated\) \(3\d{3} characters\)\)"),
+    (GOOD.replace("FLOAT16;", LONG + ";"), r"\(MatMulV2 x1 \(dtype ZZZ+\.\.\.ZZZ+ not simulated \(3\d{3} characters\)\)"),
+    (GOOD.replace("12.5", "1" * 3000),
+     r"row 2, column 'Task Duration\(us\)': expected a duration > 0 .* got '1+\.\.\.1+'$"),
+    (GOOD.replace("12.5", "x" * 3000), r"row 2, column 'Task Duration\(us\)': expected a number, got 'x+\.\.\.x+'$"),
+    (GOOD.replace('"8,512;', '"8,x' + ",1" * 3000 + ";"),
+     r"row 2, column 'Input Shapes': expected shapes .* got '8,x,1"),
+    (GOOD.replace('"8,512;', '"8,-512' + ",1" * 3000 + ";"),
+     r"row 2, column 'Input Shapes': negative dimension in '8,-512"),
+], ids=["op-type", "task-type", "dtype", "duration", "not-a-duration", "shape", "negative-shape"])
+def test_a_cell_of_thousands_of_characters_is_quoted_short(row, expect, tmp_path, capsys):
+    """A cell of 3,000 characters was quoted whole: an error line as long."""
+    (tmp_path / "op.csv").write_text(HEADER + "\n" + row + "\n")
+    out = tmp_path / "my.yaml"
+    err = fails_cleanly(["calibrate", "--profile", tmp_path / "op.csv", "--out", out], capsys, expect, outputs=[out])
+    assert len(err) < 600, err
+
+
 def test_a_folder_without_op_summary_files(tmp_path, capsys):
     (tmp_path / "op_statistic_0.csv").write_text("OP Type,Count\n")
     fails_cleanly(["calibrate", "--profile", tmp_path, "--out", tmp_path / "my.yaml"], capsys,
