@@ -37,7 +37,7 @@ def op_time_us(key: OpKey, hw: HwConfig) -> float:
         return simulate_collective(op, p["bytes"], p["devices"], hw, dtype=p["dtype"]).us
     if op == STEP:
         p = dict(params)
-        return step_kernel_us(p["step"], p["node"], kernel, hw)
+        return step_kernel_us(p["step"], p["node"], kernel, hw, p["op"], p["params"])
     return time_us(((op, params), *more), timing, hw, kernel)
 
 

@@ -162,8 +162,9 @@ def map_row(row: ProfileRow) -> Mapped:
             raise Unmappable(f"column 'npusim Kernel': expected the kernel's index (0, 1, ...), got "
                              f"'{row.npusim_kernel}'")
         if row.step:  # a decoder step's: that kernel as it ran in the step, with what ran beside it
-            return Mapped(row, STEP, (("node", row.npusim_node), ("step", row.step)), (), KERNELS,
-                          int(row.npusim_kernel))
+            params = json.dumps(_own_params(row), sort_keys=True)  # the step checks that it ran the node so
+            return Mapped(row, STEP, (("node", row.npusim_node), ("op", row.npusim_op), ("params", params),
+                                      ("step", row.step)), (), KERNELS, int(row.npusim_kernel))
         return Mapped(row, row.npusim_op, _sorted(_own_params(row)), (), METHODS[row.method], int(row.npusim_kernel))
     (op, params), *more = _parts(row)
     return Mapped(row, op, _sorted(params), tuple((o, _sorted(p)) for o, p in more), METHODS[row.method])

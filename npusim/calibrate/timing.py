@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from npusim.engine import Launch, Synchronize, run
 from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
+from npusim.hw.parse import short
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
 from npusim.report.tables import task_cycles
 
@@ -89,15 +90,18 @@ def time_us(parts: Sequence[Part], timing: str, hw: HwConfig, kernel: int | None
     return hw.us(ends[0])  # the host's first launch starts at time 0
 
 
-_STEPS: list = []  # [step, config, the run's kernel records by (node, index), the config fields it read]: the last run
+# [step, config, the run's kernel records by (node, index), the config fields it read, each
+# node's (op type, parameters as JSON reads them)]: the last run
+_STEPS: list = []
 
 
-def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
+def step_kernel_us(step: str, node: str, index: int, hw: HwConfig, op: str, params: str) -> float:
     """Kernel `index` of graph node `node` in the decoder step `step` (the JSON a profile's
     STEP_FILE holds: run_decoder's arguments but the config, and the tilings it ran with),
     run on `hw` with those tilings, from reaching its stream's head to its end. The step
     runs once per config (the last one is kept), its field reads noted for every kernel
-    read from it."""
+    read from it. `op` and `params` (JSON): what the row says the node ran; a step that
+    runs it otherwise (a step file edited, or of another run) is an error."""
     from npusim.diskcache.reads import note, recording
     from npusim.runtime.compile import tilings_pinned
     from npusim.runtime.decoder import run_decoder
@@ -112,10 +116,25 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig) -> float:
         except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
             raise ConfigError(f"the profile's step file: {e}") from None
         _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},
-                     frozenset(read)]
-    kernels, read = _STEPS[2:]
+                     frozenset(read), {n.name: (n.op_type, json.loads(json.dumps(n.params))) for n in run.graph.nodes}]
+    kernels, read, nodes = _STEPS[2:]
     note(read)
     k = kernels.get((node, index))
     if k is None:
         raise ProgramError(f"the step has no kernel {index} of node '{node}' (a profile of another step?)")
+    _check_node(node, nodes[node], (op, json.loads(params)))
     return hw.us(task_cycles(k))
+
+
+def _check_node(node: str, ran: tuple[str, dict], row: tuple[str, dict]) -> None:
+    """The step ran `node` as the row says (its op and parameters): a row timed on a
+    kernel of another shape would be fitted without a word."""
+    if ran == row:
+        return
+    (op, params), (row_op, row_params) = ran, row
+    if op != row_op:
+        raise ProgramError(f"the step runs node '{node}' as {op}, the row's npusim Op says {row_op} (the step file "
+                           "of another run?)")
+    key = next(k for k in sorted(params.keys() | row_params.keys()) if params.get(k) != row_params.get(k))
+    raise ProgramError(f"the step runs node '{node}' with {key} {short(params.get(key))}, the row's npusim Params "
+                       f"say {short(row_params.get(key))} (the step file of another run?)")

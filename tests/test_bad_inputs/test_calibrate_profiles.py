@@ -271,6 +271,24 @@ def test_a_step_file_without_a_key_of_the_step(key, tmp_path, capsys):
                   r"phase, batch, context, passes\)$", outputs=[tmp_path / "my.yaml"])
 
 
+def test_a_step_file_of_another_batch(tmp_path, capsys):
+    """The step file edited to batch 4 beside a CSV of batch 2: every row was fitted to a
+    kernel of batch 4 without a word (its shapes twice the row's)."""
+    import json
+
+    from npusim.cli import main
+
+    d = tmp_path / "prof"
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--profile", str(d)]) == 0
+    step = json.loads((d / "npusim_step.json").read_text())
+    (d / "npusim_step.json").write_text(json.dumps(step | {"batch": 4}))
+    capsys.readouterr()
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+                  r"prof: none of its \d+ rows maps to an npusim op \(.*decoder step does not simulate on ascend910b2: "
+                  r"the step runs node '[\w.+]+' with shape \[4, 256\], the row's npusim Params say \[2, 256\] \(the "
+                  r"step file of another run\?\)", outputs=[tmp_path / "my.yaml"])
+
+
 # ---- outputs (issue 35): never onto --hw's file or its base chain, checked before the fit, all or none
 
 HCCL = COMMAND + TABLE + ROW + ROW.replace("8192 ", "16384").replace("9.94 ", "10.94")
