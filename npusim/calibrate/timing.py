@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 
 from npusim.engine import Launch, Synchronize, run
-from npusim.errors import ConfigError, ProgramError
+from npusim.errors import ConfigError, NpusimError, ProgramError
 from npusim.hw import HwConfig
 from npusim.hw.parse import short
 from npusim.ops.registry import GmArena, Lowered, gm_align_bytes, lower, spec
@@ -91,7 +91,8 @@ def time_us(parts: Sequence[Part], timing: str, hw: HwConfig, kernel: int | None
 
 
 # [step, config, the run's kernel records by (node, index), the config fields it read, each
-# node's (op type, parameters as JSON reads them)]: the last run
+# node's (op type, parameters as JSON reads them)], or [step, config, the error it ran into]:
+# the last run (a step that fails does so once, not once per row of it)
 _STEPS: list = []
 
 
@@ -102,21 +103,15 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig, op: str, para
     runs once per config (the last one is kept), its field reads noted for every kernel
     read from it. `op` and `params` (JSON): what the row says the node ran; a step that
     runs it otherwise (a step file edited, or of another run) is an error."""
-    from npusim.diskcache.reads import note, recording
-    from npusim.runtime.compile import tilings_pinned
-    from npusim.runtime.decoder import run_decoder
-    from npusim.workload import load_workload
+    from npusim.diskcache.reads import note
 
     if not _STEPS or _STEPS[0] != step or _STEPS[1] is not hw:
-        args = json.loads(step)
         try:
-            with recording() as read, tilings_pinned(args.pop("tilings", {})):
-                workload, sets = args.pop("workload"), args.pop("workload_set", None)  # as --workload-set gave it
-                run = run_decoder(load_workload(workload, sets) if sets else workload, hw, counters=False, **args)
-        except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
-            raise ConfigError(f"the profile's step file: {e}") from None
-        _STEPS[:] = [step, hw, {(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner},
-                     frozenset(read), {n.name: (n.op_type, json.loads(json.dumps(n.params))) for n in run.graph.nodes}]
+            _STEPS[:] = [step, hw, *_run_step(step, hw)]
+        except NpusimError as e:
+            _STEPS[:] = [step, hw, e]
+    if isinstance(_STEPS[2], NpusimError):
+        raise _STEPS[2].with_traceback(None)
     kernels, read, nodes = _STEPS[2:]
     note(read)
     k = kernels.get((node, index))
@@ -124,6 +119,26 @@ def step_kernel_us(step: str, node: str, index: int, hw: HwConfig, op: str, para
         raise ProgramError(f"the step has no kernel {index} of node '{node}' (a profile of another step?)")
     _check_node(node, nodes[node], (op, json.loads(params)))
     return hw.us(task_cycles(k))
+
+
+def _run_step(step: str, hw: HwConfig) -> tuple[dict, frozenset, dict]:
+    """The step run on `hw`: its kernel records by (node, index), the config fields it
+    read, and each node's (op type, parameters as JSON reads them)."""
+    from npusim.diskcache.reads import recording
+    from npusim.runtime.compile import tilings_pinned
+    from npusim.runtime.decoder import run_decoder
+    from npusim.workload import load_workload
+
+    args = json.loads(step)
+    tilings = args.pop("tilings", {})
+    try:
+        with recording() as read, tilings_pinned(tilings):
+            workload, sets = args.pop("workload"), args.pop("workload_set", None)  # as --workload-set gave it
+            run = run_decoder(load_workload(workload, sets) if sets else workload, hw, counters=False, **args)
+    except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
+        raise ConfigError(f"the profile's step file: {e}") from None
+    return ({(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner}, frozenset(read),
+            {n.name: (n.op_type, json.loads(json.dumps(n.params))) for n in run.graph.nodes})
 
 
 def _check_node(node: str, ran: tuple[str, dict], row: tuple[str, dict]) -> None:

@@ -289,6 +289,32 @@ def test_a_step_file_of_another_batch(tmp_path, capsys):
                   r"step file of another run\?\)", outputs=[tmp_path / "my.yaml"])
 
 
+def test_a_step_that_fails_runs_once(tmp_path, capsys, monkeypatch):
+    """A step file whose step fails (batch 10^9) ran the step again for each row of it:
+    K3's profile of 389 rows took 6 minutes to say so."""
+    import json
+
+    from npusim.cli import main
+    from npusim.runtime import decoder
+
+    d = tmp_path / "prof"
+    assert main(["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64", "--profile", str(d)]) == 0
+    step = json.loads((d / "npusim_step.json").read_text())
+    (d / "npusim_step.json").write_text(json.dumps(step | {"batch": 10 ** 9}))
+    capsys.readouterr()
+    runs, real = [], decoder.run_decoder
+
+    def counted(*args, **kw):
+        runs.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(decoder, "run_decoder", counted)
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+                  r"prof: none of its 26 rows maps to an npusim op \(.*batch 1000000000 is more than the 65536 "
+                  r"sequences a step may have", outputs=[tmp_path / "my.yaml"])
+    assert len(runs) == 1, len(runs)
+
+
 # ---- outputs (issue 35): never onto --hw's file or its base chain, checked before the fit, all or none
 
 HCCL = COMMAND + TABLE + ROW + ROW.replace("8192 ", "16384").replace("9.94 ", "10.94")
