@@ -137,8 +137,19 @@ def _run_step(step: str, hw: HwConfig) -> tuple[dict, frozenset, dict]:
             run = run_decoder(load_workload(workload, sets) if sets else workload, hw, counters=False, **args)
     except TypeError as e:  # run_decoder's word for an argument of the wrong type (a hand-edited step file)
         raise ConfigError(f"the profile's step file: {e}") from None
+    _check_tilings(tilings, run.graph)
     return ({(k.owner.node, k.owner.index): k for k in run.result.kernels if k.owner}, frozenset(read),
             {n.name: (n.op_type, json.loads(json.dumps(n.params))) for n in run.graph.nodes})
+
+
+def _check_tilings(tilings: dict, graph) -> None:
+    """Every tiling of the step file is a node's of the step: one that is no node's was
+    not used (a name edited, or a step file of another workload)."""
+    names = {n.name for n in graph.nodes}
+    unused = next((name for name in tilings if name not in names), None)
+    if unused is not None:
+        raise ConfigError(f"the profile's step file: key 'tilings': {short(unused)} is not a node of the step "
+                          f"(its {len(names)} nodes run with the tilings of their own names)")
 
 
 def _check_node(node: str, ran: tuple[str, dict], row: tuple[str, dict]) -> None:
