@@ -21,6 +21,7 @@ import attrs
 
 from npusim.calibrate.fidelity import by_family, run, table, write_defaults
 from npusim.calibrate.report import summary, to_json
+from npusim.errors import NpusimError
 from npusim.outputs import write_text
 
 
@@ -33,7 +34,10 @@ def main() -> None:
     ap.add_argument("--write-defaults", action="store_true", help="write the fitted values into the config file")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    cal = run(args.hw, args.folds, args.fields.split(",") if args.fields else None)
+    try:
+        cal = run(args.hw, args.folds, args.fields.split(",") if args.fields else None)
+    except NpusimError as e:  # a config or field that is not one: its one line, not a traceback
+        ap.exit(2, f"{ap.prog}: {e}\n")
     print(summary(cal))
     print(f"\nHow close to silicon ({args.hw}; {len(cal.mapped)} rows, {cal.simulations} simulations, "
           f"{time.perf_counter() - t0:.0f} s):")

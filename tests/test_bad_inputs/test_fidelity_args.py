@@ -1,0 +1,32 @@
+"""Bad-input catalogue, benchmarks/fidelity.py (a calibration of 75 minutes): a bad
+flag is one line and exit status 2 within seconds, before anything is simulated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fails(args: list[str], expect: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), *args], capture_output=True,
+                       text=True, timeout=60, env=env)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert expect in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--hw", "nope"], "fidelity.py: hwconfigs: no config named 'nope'"),
+    (["--fields", "bogus"], "fidelity.py: --fields bogus: not a field ascend910b2 marks \"assumed\""),
+])
+def test_a_bad_config_or_field(args, expect):
+    """Both were a ConfigError's traceback."""
+    _fails(args, expect)
