@@ -45,9 +45,8 @@ def main(args) -> int:
         raise ConfigError(f"--profile given {len(args.profile)} times ({', '.join(args.profile)}): give it once, a "
                           f"CSV or a folder holding every op_summary*.csv to fit")
     args.profile = args.profile[0] if args.profile else None
-    if args.folds < 2:
-        raise ConfigError(f"--folds: expected 2 or more, got {args.folds}")
-    fields = _fields(args.fields)
+    check_folds(args.folds)
+    fields = parse_fields(args.fields)
     if not args.out.endswith((".yaml", ".yml")):
         raise ConfigError(f"--out {args.out}: expected a .yaml path (the config written)")
     if Path(args.out).is_dir():
@@ -83,7 +82,14 @@ def main(args) -> int:
     return 0
 
 
-def _fields(text: str | None) -> list[str] | None:
+def check_folds(folds: int) -> None:
+    """--folds k: a cross-validation holds out one of k folds, so k is 2 or more (below,
+    no op would be held out and the report would have no held-out error)."""
+    if folds < 2:
+        raise ConfigError(f"--folds: expected 2 or more, got {folds}")
+
+
+def parse_fields(text: str | None) -> list[str] | None:
     """--fields F1,F2,...: the fields named (None: not given, every field); a list naming
     none (',') is not the option left out, and a field named twice is a slip."""
     if text is None:

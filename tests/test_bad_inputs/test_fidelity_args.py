@@ -30,3 +30,15 @@ def _fails(args: list[str], expect: str) -> str:
 def test_a_bad_config_or_field(args, expect):
     """Both were a ConfigError's traceback."""
     _fails(args, expect)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--folds", "1"], "fidelity.py: --folds: expected 2 or more, got 1"),
+    (["--folds", "-3"], "fidelity.py: --folds: expected 2 or more, got -3"),
+    (["--fields", ","], "fidelity.py: --fields ,: expected a comma list of field names, got none"),
+    (["--fields", "hbm.bw_efficiency,hbm.bw_efficiency"], "'hbm.bw_efficiency' given twice"),
+])
+def test_folds_and_fields_as_calibrate_checks_them(args, expect):
+    """--folds 1 ran the 75-minute calibration to a table with no held-out error (npusim
+    calibrate refuses it); --fields ',' asked for a field named ''."""
+    _fails(args, expect)
