@@ -20,10 +20,20 @@ import time
 import attrs
 
 from npusim.calibrate.command import check_folds, parse_fields
-from npusim.calibrate.fidelity import by_family, run, table, write_defaults
+from npusim.calibrate.fidelity import by_family, measured_files, run, table, write_defaults
 from npusim.calibrate.report import summary, to_json
 from npusim.errors import NpusimError
-from npusim.outputs import write_text
+from npusim.hw.load import find_file
+from npusim.outputs import check_paths, check_writable, write_text
+
+
+def _check_outputs(args) -> None:
+    """--json and --write-defaults' file, before the run: not an input (a measurement
+    table, the config), and writable (a bad --json path failed after the 75 minutes)."""
+    hw_path = find_file(args.hw, "hwconfigs")
+    inputs = {f"the measurements' {path.name}": path for path in measured_files()} | {"--hw": hw_path}
+    check_paths({"--json": args.json}, inputs)
+    check_writable({"--json": args.json, "--write-defaults (--hw's file)": hw_path if args.write_defaults else None})
 
 
 def main() -> None:
@@ -37,7 +47,9 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         check_folds(args.folds)  # --folds 1 ran for 75 minutes, and its table had no held-out error
-        cal = run(args.hw, args.folds, parse_fields(args.fields))
+        fields = parse_fields(args.fields)
+        _check_outputs(args)
+        cal = run(args.hw, args.folds, fields)
     except NpusimError as e:  # a config or field that is not one: its one line, not a traceback
         ap.exit(2, f"{ap.prog}: {e}\n")
     print(summary(cal))

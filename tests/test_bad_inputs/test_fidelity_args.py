@@ -42,3 +42,16 @@ def test_folds_and_fields_as_calibrate_checks_them(args, expect):
     """--folds 1 ran the 75-minute calibration to a table with no held-out error (npusim
     calibrate refuses it); --fields ',' asked for a field named ''."""
     _fails(args, expect)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--json", "/proc/x/fidelity.json"], "fidelity.py: --json /proc/x/fidelity.json: cannot be written"),
+    (["--json", "."], "fidelity.py: --json .: is a directory (expected a file path)"),
+    (["--json", str(ROOT / "npusim" / "data" / "measured" / "gemm.csv")],
+     "gemm.csv: the same file as the input of the measurements' gemm.csv"),
+    (["--json", str(ROOT / "hwconfigs" / "ascend910b2.yaml")], "ascend910b2.yaml: the same file as the input of --hw"),
+])
+def test_json_is_checked_before_the_run(args, expect):
+    """A --json that cannot be written failed after the 75 minutes, and one onto a
+    measurement table or the config replaced it with the report."""
+    _fails(args, expect)
