@@ -177,6 +177,8 @@ def read_slice(row: ProfileRow) -> dict:
     of the input."""
     x = shape_of(row, 0)
     kept = math.prod(row.output_shapes[0]) if "+" not in row.op_type and row.output_shapes else math.prod(x) // 2
+    if kept > math.prod(x):  # a slice keeps part of its input: which is the row?
+        raise Unmappable(f"Slice of {x} to {row.output_shapes[0]}: the output is larger than the input")
     return dict(n=kept, dtype=dtype_of(row.input_dtypes, 0, row))
 
 
