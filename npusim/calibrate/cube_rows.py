@@ -31,6 +31,8 @@ def _gemm(row: ProfileRow, a: tuple[int, ...], b: tuple[int, ...], bias: bool = 
         n, trans_b = b[-2], True
     else:
         raise Unmappable(f"A {a} and B {b} share no reduction dim (transposed A is not modelled)")
+    if len(out) > 1 and out[-2] != m:  # which is the row: A's m, or the output's?
+        raise Unmappable(f"A {a} has {m} rows, its output {out} {out[-2]}")
     dtype = dtype_of(row.input_dtypes, 0, row)
     out_dtype = dtype_of(row.output_dtypes, 0, row, "Output Data Types") if row.output_dtypes else dtype
     params = dict(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype, trans_b=trans_b)

@@ -67,6 +67,8 @@ def _noted(op_type: str, shapes: str, note: str, kernel: str = "", op: str = "",
     # a list of 10^11 names (memory, then forever); 2,000 kernels ran for minutes
     (_noted("Mul+Add", "1024,1024;1024,1024", "kernels: Mul×99999999999 + Add×1"),
      r"100000000000 kernels in one row .* more than the 64 a row may sum"),
+    # fitted as m=8 (A's rows), the output's 16 not read
+    (_noted("MatMulV2", "8,512;512,256", "", out="16,256"), r"A \(8, 512\) has 8 rows, its output \(16, 256\) 16"),
     # priced as a copy of 16384 elements, twice the input's
     (_noted("Slice", "8,1024", "", out="8,2048"), r"Slice of \(8, 1024\) to \(8, 2048\): the output is larger than "
                                                    r"the input"),
