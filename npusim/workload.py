@@ -25,7 +25,7 @@ from attrs import field, frozen
 from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
-from npusim.hw.load import leaf_errors, find_file
+from npusim.hw.load import find_file, leaf_errors, possible_path
 from npusim.hw.parse import did_you_mean, first_repeated, parse_yaml, read_yaml, short, strict_converter
 from npusim.isa.program import DTYPE_BYTES
 from npusim.workload_hf import from_hf, hf_name, refuse_unsupported
@@ -392,7 +392,7 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
             raise TypeError(f"overrides: expected field names (strings) as keys, got {short(key)}")
     if not str(name_or_path):  # Path("") is the current folder
         raise ConfigError("workload: expected a name or a path, got an empty string")
-    if Path(name_or_path).is_dir():  # a Hugging Face model directory
+    if possible_path(name_or_path, "workloads").is_dir():  # a Hugging Face model directory
         if not (Path(name_or_path) / "config.json").is_file():
             raise ConfigError(f"{name_or_path}: a directory without a config.json (expected a workload YAML, "
                               "a Hugging Face config.json or the model directory holding it)")

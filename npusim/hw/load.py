@@ -29,10 +29,11 @@ from npusim.errors import ConfigError
 from npusim.hw.checks import inconsistency
 from npusim.hw.compat import upgrade
 from npusim.hw.config import HwConfig
-from npusim.hw.parse import did_you_mean, input_file, parse_yaml, read_yaml, short, strict_converter
+from npusim.hw.parse import clipped, did_you_mean, input_file, parse_yaml, read_yaml, short, strict_converter
+from npusim.outputs import NAME_MAX, PATH_MAX
 
 __all__ = ["DEFAULT_HW", "find_file", "known_names", "leaf_errors", "load_hw", "parse_set_args", "parse_yaml",
-           "raw_config", "read_yaml", "search_dirs"]
+           "possible_path", "raw_config", "read_yaml", "search_dirs"]
 
 DEFAULT_HW = "ascend910b2"
 
@@ -58,7 +59,7 @@ def find_file(name_or_path: str | os.PathLike, kind: str) -> Path:
     regular file: input_file)."""
     if os.fspath(name_or_path) == "":  # Path('') is the working folder
         raise ConfigError(f"{kind}: expected a config name or a path to a .yaml file, got an empty string")
-    p = Path(name_or_path)
+    p = possible_path(name_or_path, kind)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         if not p.exists():
             raise ConfigError(f"{p}: no such file")
@@ -68,6 +69,18 @@ def find_file(name_or_path: str | os.PathLike, kind: str) -> Path:
             if (d / (str(name_or_path) + ext)).is_file():
                 return d / (str(name_or_path) + ext)
     raise ConfigError(f"{kind}: no config named '{name_or_path}' (known: {', '.join(known_names(kind)) or 'none'})")
+
+
+def possible_path(name_or_path: str | os.PathLike, kind: str) -> Path:
+    """`name_or_path` as a Path, refused in one line if no file system could hold it (a name
+    longer than a folder entry takes, a path longer than PATH_MAX): looking it up raised
+    'File name too long' with the whole name, thousands of characters."""
+    p = Path(name_or_path)
+    longest = max((len(os.fsencode(part)) for part in p.parts), default=0)
+    if longest > NAME_MAX or len(os.fsencode(p)) >= PATH_MAX:
+        raise ConfigError(f"{kind}: expected a config name or a path to a .yaml file, got "
+                          f"{clipped(os.fspath(p))}: longer than a file's name or path can be")
+    return p
 
 
 def known_names(kind: str) -> list[str]:

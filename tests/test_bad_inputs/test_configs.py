@@ -493,3 +493,13 @@ def test_a_config_folder_variable_naming_no_folder_is_refused(kind, tmp_path, mo
     from npusim.hw.load import find_file
     one_line_error(lambda: find_file("ascend910b2" if kind == "hwconfigs" else "k3", kind), ConfigError,
                    rf"NPUSIM_{kind.upper()}: .*gone is not a folder")
+
+
+@pytest.mark.parametrize("flag, kind", [("--hw", "hwconfigs"), ("--workload", "workloads")])
+@pytest.mark.parametrize("name", ["a" * 300, "x/" * 2100 + "k3.yaml"], ids=["long-name", "long-path"])
+def test_a_name_no_file_system_could_hold_is_refused_short(flag, kind, name, capsys):
+    """--hw (or --workload) of 300 characters: 'File name too long' after the whole name,
+    thousands of characters for a longer one; now one short line naming the kind."""
+    err = fails_cleanly(["run", flag, name], capsys, rf"{kind}: expected a config name or a path .* "
+                                                   r"\(\d+ characters\): longer than a file's name or path can be")
+    assert len(err) < 300
