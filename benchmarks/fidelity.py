@@ -14,7 +14,6 @@ the shipped ascend910b2.yaml got its assumed values.
 """
 
 import argparse
-import json
 import time
 
 import attrs
@@ -24,7 +23,7 @@ from npusim.calibrate.fidelity import by_family, measured_files, run, table, wri
 from npusim.calibrate.report import summary, to_json
 from npusim.errors import NpusimError
 from npusim.hw.load import find_file
-from npusim.outputs import check_paths, check_writable, write_text
+from npusim.outputs import check_paths, check_writable, write_json
 
 
 def _check_outputs(args) -> None:
@@ -58,7 +57,7 @@ def main() -> None:
     print(table(cal))
     if args.json:
         data = to_json(cal) | {"families": [attrs.asdict(f) for f in by_family(cal)]}
-        print("wrote", write_text(args.json, json.dumps(data, indent=1)))
+        print("wrote", write_json(args.json, data))
     if args.write_defaults:
         print("wrote", write_defaults(cal, cal.hw_path))
 

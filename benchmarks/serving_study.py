@@ -22,13 +22,12 @@ points the optimised service already has run after it.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import attrs
 
 from npusim.diskcache import open_store
-from npusim.outputs import write_text
+from npusim.outputs import write_json
 from npusim.passes import pass_names
 from npusim.pool import run_tasks
 from npusim.serving import StepCost, metrics, serve
@@ -150,8 +149,7 @@ def main() -> None:
         print(f"{_row(names[i], rows[names[i]])}  [ended at {time.perf_counter() - start:.0f} s, "
               f"{cpu:.0f} CPU s]", flush=True)
         if a.json:  # what is done so far, in the services' order
-            write_text(a.json, json.dumps({"load": load, "services": {n: rows[n] for n in names if n in rows}},
-                                          indent=1) + "\n")
+            write_json(a.json, {"load": load, "services": {n: rows[n] for n in names if n in rows}})
 
     def failed(j: int, why: str) -> None:
         raise SystemExit(f"{names[order[j]]}: {why}")
@@ -177,7 +175,7 @@ def main() -> None:
         print(f"share of the gain in {metric} (loss when the factor is removed / sum of losses{among}): "
               + ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in sh.items()))
     if a.json:
-        write_text(a.json, json.dumps({"load": load, "services": rows, "shares": gains}, indent=1) + "\n")
+        write_json(a.json, {"load": load, "services": rows, "shares": gains})
 
 
 if __name__ == "__main__":

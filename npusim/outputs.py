@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import signal
 import sys
@@ -239,10 +240,24 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_json(path: str | os.PathLike, data) -> Path:
-    """`data` as JSON (one-space indent, a final newline) into `path`, atomically."""
+    """`data` as JSON (one-space indent, a final newline) into `path`, atomically; a float
+    that is not finite is written as null (json.dumps wrote NaN, which JSON has not: a
+    calibration with no field fitted had a NaN held-out error)."""
     import json
 
-    return write_text(path, json.dumps(data, indent=1) + "\n")
+    return write_text(path, json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")
+
+
+def _finite(data):
+    """`data` with every float that is not finite (NaN, inf) in it as None, dicts, lists and
+    tuples walked."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def _key(path: str | os.PathLike) -> tuple:

@@ -820,3 +820,14 @@ def test_an_output_name_too_long_is_refused_before_anything_runs(argv, reason, t
     err = refused(argv, capsys, ": cannot be written: ", reason)
     assert err.startswith(f"npusim: error: {argv[-2]} ")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_json_outputs_hold_no_number_json_has_not(tmp_path):
+    """write_json wrote NaN (a calibration with no field fitted: its held-out errors), which
+    JSON has not and strict readers refuse; a float that is not finite is now null."""
+    from npusim.outputs import write_json
+
+    path = write_json(tmp_path / "r.json", {"median": float("nan"), "rows": [1.5, float("inf"), (float("-inf"),)],
+                                            "n": 3})
+    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written")) == {
+        "median": None, "rows": [1.5, None, [None]], "n": 3}
