@@ -155,3 +155,11 @@ def test_the_api_refuses_a_grid_of_thousands_of_points_before_loading_its_values
     one_line_error(lambda: sweep("k3-tiny", [{"chip.aic_count": list(range(1, 4000))}, {"batch": [1, 2, 3, 4, 5]},
                                              {"batch": list(range(1, 200))}]),
                    ConfigError, r"4,203 points \(chip\.aic_count 3999; batch 5; batch 199 values\)")
+
+
+def test_the_docs_give_the_largest_grid_the_code_takes():
+    from pathlib import Path
+
+    from npusim.sweep import MAX_POINTS
+
+    assert f"of at most {MAX_POINTS} points" in (Path(__file__).parents[2] / "docs" / "sweeps.md").read_text()
