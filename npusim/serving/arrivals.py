@@ -236,8 +236,10 @@ def read_text(path: Path, what: str) -> str:
             raise ConfigError(f"{what}: more than {MAX_FILE_BYTES >> 20} MiB (the most a trace or lengths file "
                               f"may have)")
         return data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{what}: cannot read: {e}") from None
+    except OSError as e:  # its words, not its repr (which repeated the path)
+        raise ConfigError(f"{what}: cannot read: {e.strerror or type(e).__name__}") from None
 
 
 def _empirical(path: Path, what: str) -> np.ndarray:
@@ -272,12 +274,13 @@ def synthetic(n: int, seed: int, process: str = "poisson", rate: float | None = 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 
 
-def load_trace(path: str | Path, limit: int | None = None) -> tuple[Request, ...]:
+def load_trace(path: str | Path, limit: int | None = None, flag: str | None = None) -> tuple[Request, ...]:
     """Requests from a CSV (header row naming the columns) or JSONL file (one
     object per line) with arrival_s, prompt_tokens, output_tokens; arrivals must be
-    sorted. `limit`: the first that many requests."""
+    sorted. `limit`: the first that many requests; `flag`: the option that named the
+    file, for the error when it cannot be read."""
     path = Path(path)
-    text = read_text(path, str(path))
+    text = read_text(path, f"{flag} {path}" if flag else str(path))
     rows = _jsonl_rows(path, text) if path.suffix in (".jsonl", ".json") else _csv_rows(path, text)
     out: list[Request] = []
     for i, (where, row) in enumerate(rows):

@@ -48,7 +48,7 @@ def load_requests(args):
     process = args.arrival or ("trace" if args.trace_file else "ramp" if args.ramp else "poisson")
     unused_by(process, args)
     if args.trace_file:
-        return load_trace(args.trace_file, args.requests)
+        return load_trace(args.trace_file, args.requests, "--trace-file")
     if process == "trace":
         raise ConfigError("--arrival trace: give --trace-file PATH")
     ramp = parse_ramp(args.ramp) if args.ramp else None

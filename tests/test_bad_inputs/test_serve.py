@@ -346,3 +346,10 @@ def test_w8a8_without_an_int8_fractal_is_one_line(capsys, tmp_path):
     fails_cleanly(["run", "--workload", "k3-tiny", "--hw", _hw_without(tmp_path, "int8"), "--no-cache",
                    "--batch", "2", "--context", "64", "--passes", "optimized,quantize", "--quant", "w8a8"], capsys,
                   r"missing key 'aic.mmad_fractals.int8'")
+
+
+def test_a_trace_file_that_cannot_be_read_names_the_flag_and_the_reason(capsys, tmp_path):
+    """--trace-file on a missing file said "s.csv: cannot read: [Errno 2] No such file or
+    directory: 's.csv'": the path twice, the flag nowhere."""
+    fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", tmp_path / "s.csv"], capsys,
+                  r"^npusim: error: --trace-file \S+s\.csv: cannot read: No such file or directory$")
