@@ -2,7 +2,8 @@
 (npusim/data/measured), simulated on a config as shipped, then `npusim calibrate`d on
 all of them with k-fold cross-validation; the error per family.
 
-    python benchmarks/fidelity.py [--hw ascend910b2] [--folds 5] [--fields F1,F2] [--json PATH] [--write-defaults]
+    python benchmarks/fidelity.py [--hw ascend910b2] [--folds 5] [--fields F1,F2] [--jobs N] [--json PATH]
+                                  [--write-defaults]
 
 Prints the calibration's report (fitted fields, rows not simulated and why, error by
 CANN op type) and then the table of the README's "How close to silicon": per family,
@@ -14,6 +15,7 @@ the shipped ascend910b2.yaml got its assumed values.
 """
 
 import argparse
+import os
 import time
 
 import attrs
@@ -24,6 +26,7 @@ from npusim.calibrate.report import summary, to_json
 from npusim.errors import NpusimError
 from npusim.hw.load import find_file
 from npusim.outputs import check_paths, check_writable, write_json
+from npusim.pool import check_jobs
 
 
 def _check_outputs(args) -> None:
@@ -40,15 +43,18 @@ def main() -> None:
     ap.add_argument("--hw", default="ascend910b2")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--fields", help="fit only these assumed fields (default: all the rows identify)")
+    ap.add_argument("--jobs", type=int, help="worker processes simulating the ops at once; the table does not "
+                    "depend on it (default: the machine's CPUs)")
     ap.add_argument("--json", help="write the calibration report and the table as JSON")
     ap.add_argument("--write-defaults", action="store_true", help="write the fitted values into the config file")
     args = ap.parse_args()
     t0 = time.perf_counter()
     try:
         check_folds(args.folds)  # --folds 1 ran for 75 minutes, and its table had no held-out error
+        jobs = check_jobs(args.jobs) or os.cpu_count() or 1
         fields = parse_fields(args.fields)
         _check_outputs(args)
-        cal = run(args.hw, args.folds, fields)
+        cal = run(args.hw, args.folds, fields, jobs=jobs)
     except NpusimError as e:  # a config or field that is not one: its one line, not a traceback
         ap.exit(2, f"{ap.prog}: {e}\n")
     print(summary(cal))

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
+from npusim.errors import ConfigError
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5  # without prctl: how often a worker checks its parent is alive
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -74,6 +76,13 @@ def _serve(conn, fn: Callable, parent: int) -> None:
             conn.send((index, True, fn(*args)))
         except Exception as e:  # noqa: BLE001 - the task's failure is reported, the worker goes on
             conn.send((index, False, one_line(e)))
+
+
+def check_jobs(jobs: int | None) -> int | None:
+    """--jobs: a positive number of workers, or None (not given: the command's default)."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"--jobs: expected a positive integer, got {jobs}")
+    return jobs
 
 
 def one_line(e: BaseException) -> str:

@@ -142,6 +142,20 @@ def test_held_out_error_is_under_3_percent(recovered):
     assert "moves no op" in reasons["aic.fixpipe_startup_cycles"]
 
 
+def test_worker_processes_give_what_one_process_gives(tmp_path):
+    """--jobs: the ops a trial config has not met are simulated in worker processes; the
+    fit, every row's errors and the simulations counted are one process's, bit for bit."""
+    specs = decoder_mix(decode_batches=(1,), prompts=())
+    rows = synthetic_rows(specs, load_hw("ascend910b2", HIDDEN), repeats=1, noise=0.03, seed=7)
+    write_profile(rows, tmp_path / "PROF_0" / "op_summary_0_1.csv")
+    fields = ["hbm.bw_efficiency", "runtime.kernel_start_aiv_cycles"]
+    one, two = (calibrate(tmp_path, "ascend910b2", fields, folds=2, jobs=jobs) for jobs in (1, 2))
+    assert one.fields and two.fields == one.fields
+    for name in ("before_us", "after_us", "held_out_us"):
+        assert np.array_equal(getattr(two, name), getattr(one, name), equal_nan=True), name
+    assert two.simulations == one.simulations
+
+
 def test_unmapped_rows_are_counted_and_listed(recovered):
     cal, _ = recovered
     counts = {u.op_type: u.count for u in cal.unmapped}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from npusim.errors import ConfigError, NpusimError
+from npusim.pool import check_jobs
 
 BACKENDS = ("local", "ray")
 Done = Callable[[int, Any], None]
@@ -39,8 +40,7 @@ def get_backend(name: str = "local", jobs: int | None = None, address: str | Non
     """The backend called `name`: "local" (`jobs` worker processes, default one per
     CPU; 1 runs in this process) or "ray" (a Ray cluster at `address`, or a local Ray
     instance of `jobs` CPUs when no address is given)."""
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError(f"--jobs: expected a positive integer, got {jobs}")
+    check_jobs(jobs)
     if name == "local":
         if address is not None:
             raise ConfigError(f"--address {address}: only the ray backend connects to a cluster (add --backend ray)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from npusim.errors import ConfigError
 from npusim.hw.parse import first_repeated
 from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_json
+from npusim.pool import check_jobs
 
 PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (report.plot)
 
@@ -34,6 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation over distinct ops")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON (every row's times too)")
     p.add_argument("--plot", metavar="DIR", help="write calibration.png and .svg: simulated against measured")
+    p.add_argument("--jobs", type=int, help="worker processes simulating the ops of a trial config at once; the "
+                   "result does not depend on it (default: the machine's CPUs)")
 
 
 def main(args) -> int:
@@ -46,6 +49,7 @@ def main(args) -> int:
                           f"CSV or a folder holding every op_summary*.csv to fit")
     args.profile = args.profile[0] if args.profile else None
     check_folds(args.folds)
+    jobs = check_jobs(args.jobs) or os.cpu_count() or 1
     fields = parse_fields(args.fields)
     if not args.out.endswith((".yaml", ".yml")):
         raise ConfigError(f"--out {args.out}: expected a .yaml path (the config written)")
@@ -70,7 +74,7 @@ def main(args) -> int:
             raise OutputError(f"--out {args.out}: the name '{name}' (of --hw or its base chain) would then find it "
                               f"instead of {path}: the calibrated config would load itself (give another path)")
     check_writable(files, {"--plot": args.plot})
-    cal = calibrate(args.profile, args.hw, fields, args.folds, hccl)
+    cal = calibrate(args.profile, args.hw, fields, args.folds, hccl, jobs)
     say(summary(cal))
     with all_or_none() as written:  # an interruption or a failure between two outputs leaves none of them
         write_config(cal, args.out)

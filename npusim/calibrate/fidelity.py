@@ -83,22 +83,23 @@ def by_family(cal: Calibration) -> list[FamilyError]:
 
 
 def run(hw: str | Path = "ascend910b2", folds: int = FOLDS, fields: Sequence[str] | None = None,
-        folder: Path = DATA) -> Calibration:
-    """`npusim calibrate` of `hw` on every measured row of `folder`."""
-    return calibrate(measured_files(folder), hw, fields, folds)
+        folder: Path = DATA, jobs: int = 1) -> Calibration:
+    """`npusim calibrate` of `hw` on every measured row of `folder` (in `jobs` worker processes)."""
+    return calibrate(measured_files(folder), hw, fields, folds, jobs=jobs)
 
 
-def as_shipped(hw: str | Path = "ascend910b2", folder: Path = DATA) -> list[tuple[str, int, float, float]]:
+def as_shipped(hw: str | Path = "ascend910b2", folder: Path = DATA,
+               jobs: int = 1) -> list[tuple[str, int, float, float]]:
     """(family, rows, median, max |simulated / measured - 1|) of `hw` on every measured
     row of `folder`, without fitting anything (table()'s "config" columns, in seconds
-    rather than the calibration's minutes)."""
+    rather than the calibration's minutes), the ops simulated in `jobs` worker processes."""
     from npusim.calibrate.model import Model
     from npusim.calibrate.session import map_rows, read_measurements
     from npusim.hw import load_hw
     from npusim.hw.load import find_file
 
     rows, _ = read_measurements(measured_files(folder), ())
-    model = Model(load_hw(find_file(hw, "hwconfigs")), ())
+    model = Model(load_hw(find_file(hw, "hwconfigs")), (), jobs)
     mapped, _ = map_rows(rows, model)
     keys = list(dict.fromkeys(m.key for m in mapped))
     times = dict(zip(keys, np.exp(model.log_times(np.zeros(0), keys))))

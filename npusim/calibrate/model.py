@@ -5,7 +5,9 @@ The parameters are the log of each field's value over its value in the base conf
 never turns negative. Integer fields are rounded and efficiencies capped at 1, as the
 config's validators require. Each distinct op (op type and parameters) is simulated
 once per trial config and remembered, so a profile of thousands of rows costs as
-many simulations as it has distinct ops.
+many simulations as it has distinct ops. With jobs > 1 the ops a trial has not met
+are simulated in that many worker processes (npusim.pool), each op on its own: the
+times, and the order they are remembered in, are those of one process.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from npusim.calibrate.fields import value_of
 from npusim.calibrate.timing import STEP, step_kernel_us, time_us
 from npusim.diskcache.reads import recording, tracked
 from npusim.ops.collectives import KINDS as COLLECTIVES
+from npusim.errors import NpusimError
 from npusim.ops.collectives.simulate import simulate_collective
+from npusim.pool import run_tasks
 
 OpKey = tuple  # Mapped.key: (npusim op type, ((param, value), ...), further ops, timing, kernel)
 
@@ -50,9 +54,10 @@ class Model:
     disk cache does) - a trial that moves the HBM efficiency does not re-run an op
     that never touches HBM, and a Jacobian column of a field no op reads costs nothing."""
 
-    def __init__(self, base: HwConfig, fields: Sequence[str]):
+    def __init__(self, base: HwConfig, fields: Sequence[str], jobs: int = 1):
         self.base = base
         self.fields = tuple(fields)
+        self.jobs = jobs
         self.v0 = np.array([float(value_of(base, f)) for f in self.fields])
         self.integer = [isinstance(value_of(base, f), int) for f in self.fields]
         # op key -> [(((field read, its value), ...), time us)]: shared by with_fields()
@@ -83,11 +88,24 @@ class Model:
 
     def with_fields(self, fields: Sequence[str]) -> Model:
         """The same model over other fields, sharing the simulations already done."""
-        m = Model(self.base, fields)
+        m = Model(self.base, fields, self.jobs)
         m.cache = self.cache
         return m
 
     def log_times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> np.ndarray:
+        errors, times = self._times(theta, keys)
+        if errors:
+            raise next(iter(errors.values()))
+        return np.array([math.log(us) for us in times])
+
+    def failures(self, keys: Sequence[OpKey]) -> dict[OpKey, NpusimError]:
+        """The ops of `keys` that do not simulate on the base config, with the error; the
+        others are simulated (in self.jobs workers) and remembered."""
+        return self._times(np.zeros(len(self.fields)), keys)[0]
+
+    def _times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> tuple[dict[OpKey, NpusimError], list]:
+        """The simulated time of each op of `keys` under theta (None where it failed), and
+        the ops that failed, in the order of `keys`, with the error."""
         changed = [f for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)]
         hw = self.config(theta)
         now: dict[str, object] = {}  # read path -> its value in hw (where theta may have moved it)
@@ -99,15 +117,45 @@ class Model:
                 now[path] = value_of(hw, path) if moved else base_value
             return now[path]
 
-        tracking = None
-        out = np.empty(len(keys))
-        for i, key in enumerate(keys):
-            runs = self.cache.setdefault(key, [])
-            us = next((t for reads, t in runs if all(current(f, v0) == v for f, v0, v in reads)), None)
-            if us is None:
-                tracking = tracking or tracked(hw)
-                with recording() as read:
-                    us = op_time_us(key, tracking)
-                runs.append((tuple((f, value_of(self.base, f), value_of(hw, f)) for f in sorted(read)), us))
-            out[i] = math.log(us)
-        return out
+        def known(key: OpKey) -> float | None:
+            return next((t for reads, t in self.cache.setdefault(key, [])
+                         if all(current(f, v0) == v for f, v0, v in reads)), None)
+
+        times = [known(key) for key in keys]
+        missing = list(dict.fromkeys(key for key, us in zip(keys, times) if us is None))
+        errors = {}
+        for key, result in zip(missing, self._simulate(missing, hw)):
+            if isinstance(result, NpusimError):
+                errors[key] = result
+            else:
+                reads, us = result
+                self.cache[key].append((tuple((f, value_of(self.base, f), v) for f, v in reads), us))
+        return errors, [known(key) if us is None else us for key, us in zip(keys, times)]
+
+    def _simulate(self, keys: Sequence[OpKey], hw: HwConfig) -> list:
+        """For each op of `keys` (_traced_time): the config fields its simulation read and
+        its time, or the error; in self.jobs worker processes when there are two or more."""
+        if self.jobs < 2 or len(keys) < 2:
+            tracking = tracked(hw) if keys else None
+            return [_traced_time(key, hw, tracking) for key in keys]
+        results: list = [None] * len(keys)
+
+        def done(i: int, result) -> None:
+            results[i] = result
+
+        def failed(i: int, reason: str) -> None:  # the worker died, or an error other than npusim's
+            raise NpusimError(f"calibrate: simulating {keys[i][0]} in a worker process failed: {reason}")
+
+        run_tasks(_traced_time, [(key, hw) for key in keys], self.jobs, done, failed)
+        return results
+
+
+def _traced_time(key: OpKey, hw: HwConfig, tracking: HwConfig | None = None) -> tuple[tuple, float] | NpusimError:
+    """op_time_us of `key` on hw and the fields of hw it read, ((path, value), ...) sorted;
+    or the error that stopped it (`tracking`: tracked(hw), made once for many keys)."""
+    try:
+        with recording() as read:
+            us = op_time_us(key, tracking or tracked(hw))
+    except NpusimError as e:
+        return e
+    return tuple((f, value_of(hw, f)) for f in sorted(read)), us

@@ -21,7 +21,7 @@ from npusim.calibrate.model import Model
 from npusim.calibrate.opmap import Mapped, Unmappable, map_row
 from npusim.calibrate.profile import ProfileError, ProfileRow, read_profile
 from npusim.calibrate.timing import KERNELS
-from npusim.errors import ConfigError, NpusimError
+from npusim.errors import ConfigError
 from npusim.hw import HwConfig, load_hw
 from npusim.hw.load import find_file
 from npusim.hw.parse import clipped, did_you_mean
@@ -83,37 +83,33 @@ class Calibration:
 
 
 def map_rows(rows: Sequence[ProfileRow | HcclRow], model: Model) -> tuple[list[Mapped], list[Unmapped]]:
-    """The rows that map to simulated ops, and the rest grouped by op type with the reason."""
-    mapped, bad = [], {}
-    lowering: dict = {}
+    """The rows that map to simulated ops, and the rest grouped by op type with the reason
+    (a row whose op does not simulate on the config, too). The ops are simulated on the
+    base config (in model.jobs workers) and remembered."""
+    read, bad = [], {}
     for row in rows:
         try:
-            m = map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base)
-            if m.key not in lowering:
-                lowering[m.key] = _simulation_problem(m, model)
-            if lowering[m.key]:
-                raise Unmappable(lowering[m.key])
-            mapped.append(m)
+            read.append(map_row(row) if isinstance(row, ProfileRow) else map_hccl(row, model.base))
         except Unmappable as e:
-            # a reason quotes the row's cells (its shapes, dtypes, task type): thousands of characters
-            count, reason, where = bad.get(row.op_type, (0, clipped(str(e), MAX_REASON_CHARS), row.where))
-            bad[row.op_type] = (count + 1, reason, where)
+            read.append((row, str(e)))
+    failures = model.failures(list(dict.fromkeys(m.key for m in read if isinstance(m, Mapped))))
+    mapped = []
+    for m in read:
+        if not isinstance(m, Mapped):
+            row, why = m
+        elif m.key in failures:
+            row, why = m.row, f"{m.op} does not simulate on {model.base.name}: {failures[m.key]}"
+        else:
+            mapped.append(m)
+            continue
+        # a reason quotes the row's cells (its shapes, dtypes, task type): thousands of characters
+        count, reason, where = bad.get(row.op_type, (0, clipped(why, MAX_REASON_CHARS), row.where))
+        bad[row.op_type] = (count + 1, reason, where)
     unmapped = [Unmapped(t, *v) for t, v in sorted(bad.items(), key=lambda kv: (-kv[1][0], kv[0]))]
     return mapped, unmapped
 
 
 HcclInput = str | Path | tuple[str | Path, Mapping[str, str]]  # a file, or a file and its options (hccl.OPTIONS)
-
-
-def _simulation_problem(m: Mapped, model: Model) -> str | None:
-    """Why a mapped row cannot be timed, or None."""
-    try:
-        model.log_times(np.zeros(len(model.fields)), [m.key])
-        return None
-    except NpusimError as e:
-        return f"{m.op} does not simulate on {model.base.name}: {e}"
-
-
 Profiles = str | Path | Sequence[str | Path] | None  # an op_summary CSV or folder, or several
 
 
@@ -134,10 +130,11 @@ def read_measurements(profile: Profiles, hccl: Sequence[HcclInput]) -> tuple[lis
 
 
 def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: Sequence[str] | None = None,
-              folds: int = DEFAULT_FOLDS, hccl: Sequence[HcclInput] = ()) -> Calibration:
+              folds: int = DEFAULT_FOLDS, hccl: Sequence[HcclInput] = (), jobs: int = 1) -> Calibration:
     """Fit the assumed fields of `hw` (all of them the measurements identify, or only
     `fields`) to the measured op times of `profile` (op_summary CSVs or folders)
-    and of `hccl` (hccl_test output files), together."""
+    and of `hccl` (hccl_test output files), together; the ops simulated in `jobs`
+    worker processes (the result does not depend on it)."""
     rows, sources = read_measurements(profile, hccl)
     hw_path = find_file(hw, "hwconfigs")
     base = load_hw(hw_path)
@@ -148,7 +145,7 @@ def calibrate(profile: Profiles = None, hw: str | Path = "ascend910b2", fields: 
             raise ConfigError(f"--fields {f}: not a field {hw} marks \"assumed\" with a cost unit"
                               f"{did_you_mean(f, fittable)} ({len(fittable)} fittable, in {sections}: "
                               f"{', '.join(list(fittable)[:3])}, ...)")
-    mapping = Model(base, ())
+    mapping = Model(base, (), jobs)
     mapped, unmapped = map_rows(rows, mapping)
     # host-side costs are in a row's time only if it was timed around host calls
     if not any(m.timing != KERNELS for m in mapped):
