@@ -52,6 +52,18 @@ def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
         make_router(router)
 
 
+def check_topology(flag: str, cards: int, hw) -> None:
+    """One-line ConfigError for more cards than `hw`'s topology has (topology.node_device_count
+    x topology.node_count, the cards `npusim run` may use too): --cards 64 on a topology of 32
+    served 64 replicas, those past the last node on nodes the config does not have."""
+    topo = hw.topology
+    if cards > topo.max_devices:
+        raise ConfigError(f"{flag}: {cards} cards, but {hw.name}'s topology has {topo.max_devices} "
+                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count "
+                          f"{topo.node_count}; give at most {topo.max_devices}, or more nodes: --set "
+                          f"topology.node_count=N)")
+
+
 def check_nodes(tp: int, first_index: int, replicas: int, node_cards: int) -> None:
     """One-line ConfigError for a replica whose cards (replica k: k x tp .. k x tp + tp - 1)
     span two nodes of `node_cards`: its all_reduces were priced as inside one node
@@ -78,6 +90,7 @@ class Cluster:
         cards = tp if cards is None else cards
         check_cluster(cards, tp, router)
         check_plan(Plan(tp), cost.workload, cost.hw)  # tp divides the heads, within a node
+        check_topology("cards", first_index * tp + cards, cost.hw)  # a decode side's cards follow the prefill's
         check_nodes(tp, first_index, cards // tp, cost.hw.topology.node_device_count)
         self.service, self.cost, self.cards, self.router_name = service, cost, cards, router
         self.role, self.first_index, self.kv_arrival = role, first_index, kv_arrival
@@ -152,5 +165,5 @@ def _does_not_fit(service: ServiceConfig, cost) -> str:
             f"in {size(cost.hw.hbm.hbm_bytes)} (more cards per replica: --tp; or a smaller scheduler.max_batch)")
 
 
-__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cards", "check_cluster", "check_nodes", "finished",
-           "replica_kv_tokens"]
+__all__ = ["Cluster", "MAX_CARDS", "at_the_door", "check_cards", "check_cluster", "check_nodes", "check_topology",
+           "finished", "replica_kv_tokens"]

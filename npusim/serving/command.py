@@ -29,7 +29,7 @@ from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOK
 from npusim.serving.report import metrics, requests_csv, summary
 from npusim.serving.routers import make_router
 from npusim.serving.service import ServiceConfig, load_service, parse_slo
-from npusim.serving.cluster import check_cluster
+from npusim.serving.cluster import check_cluster, check_topology
 from npusim.serving.disagg import DECODE_SCHEDULERS, DEFAULT_PD_ROUTER, check_pd, parse_pd
 from npusim.serving.plan import check_slo
 from npusim.serving.simulate import serve
@@ -229,6 +229,12 @@ def main(args) -> int:
 
     check_args(args)
     hw = load_hw(args.hw, parse_set_args(args.set))
+    # the cards asked for, on the topology's nodes (a cluster checks it too, when a run starts)
+    if args.plan:
+        check_topology("--max-cards", args.max_cards, hw)
+    else:
+        flag = "--cards" if args.cards is not None else f"--pd {args.pd}" if args.pd else f"--tp {args.tp}"
+        check_topology(flag, cards_of(args), hw)
     names = args.compare or [args.service]
     services = [load_service_args(n, args) for n in names]
     if args.pd:

@@ -132,7 +132,7 @@ def test_a_plan_of_more_candidates_than_it_serves(capsys):
     """Every P:D split of 4096 cards is 6144 serves a card count: minutes of silence on k3-tiny."""
     with deadline(60):
         fails_cleanly([*SERVE, "--plan", "--rate", "5", "--max-cards", "4096", "--slo", "ttft_ms=1e-9",
-                       "--service-set", "scheduler.kind=continuous"], capsys,
+                       "--service-set", "scheduler.kind=continuous", "--set", "topology.node_count=512"], capsys,
                       r"--max-cards 4096: 6144 candidate clusters on 4096 cards .* more than the 512", seconds=20)
 
 
