@@ -160,7 +160,7 @@ def test_the_comparison_keeps_its_columns_apart():
 
 @pytest.mark.parametrize("argv, match", [
     (["--cards", "4", "--pd", "2:1"], "--pd 2:1 splits 3 cards, but --cards is 4 (P + D must be the cards)"),
-    (["--cards", "4", "--tp", "2", "--pd", "1:3"], "--pd 1:3: --tp 2 does not divide the 1 prefill cards"),
+    (["--cards", "4", "--tp", "2", "--pd", "1:3"], "--pd 1:3: --tp 2 does not divide the 1 prefill card "),
     (["--pd", "2"], "--pd: expected P:D, whole numbers of prefill and decode cards"),
     (["--pd", "0:2"], "--pd: expected P:D"),
     (["--pd", "a:b"], "--pd: expected P:D"),
@@ -169,7 +169,7 @@ def test_the_comparison_keeps_its_columns_apart():
     (["--pd", "1:1", "--service", "seed-optimized"], "--pd: service seed-optimized batches with 'dynamic', but a "
                                                      "decode instance takes requests whose prefill ran elsewhere"),
     (["--pd", "1:1", "--compare", "vllm-continuous", "seed-optimized"], "--compare: --pd compares"),
-    (["--pd", "1:1", "--tp", "2"], "--pd 1:1: --tp 2 does not divide the 1 prefill cards"),
+    (["--pd", "1:1", "--tp", "2"], "--pd 1:1: --tp 2 does not divide the 1 prefill card "),
 ])
 def test_a_pd_split_that_does_not_fit_is_one_line(argv, match, capsys, monkeypatch):
     served = []

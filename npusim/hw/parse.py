@@ -50,6 +50,12 @@ def clipped(text: str, limit: int = 60) -> str:
     return f"{text[:limit // 2]}...{text[-(limit // 2):]} ({len(text)} characters)"
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """'1 request', '2 requests': a count and its noun, plural unless the count is one
+    (`nouns`: the plural, default the noun + 's')."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def first_repeated(items: Iterable[Any]) -> Any:
     """The first item equal to one before it (a name given twice in a list), or None."""
     seen = []

@@ -262,7 +262,8 @@ def synthetic(n: int, seed: int, process: str = "poisson", rate: float | None = 
     times = arrival_times(process, n, rng, rate, cv, ramp)
     if not times[-1] <= MAX_SPAN_S:
         flag = "--ramp" if process == "ramp" else "--rate"
-        raise ConfigError(f"{flag}: the {n} requests would arrive over {times[-1]:.3g} s, more than the "
+        who = "the one request" if n == 1 else f"the {n} requests"
+        raise ConfigError(f"{flag}: {who} would arrive over {times[-1]:.3g} s, more than the "
                           f"{MAX_SPAN_S:g} s (about 32 years) a load may span (raise the rate or lower --requests)")
     p = lengths(prompt, n, rng, "--prompt-lengths")
     o = lengths(output, n, rng, "--output-lengths")

@@ -9,6 +9,7 @@ import argparse
 import math
 
 from npusim.errors import ConfigError, NpusimError
+from npusim.hw.parse import counted
 from npusim.outputs import all_or_none, say, write_json, wrote_line
 from npusim.serving.arrivals import MAX_SPAN_S, check_rate, synthetic
 from npusim.serving.cluster import MAX_CARDS
@@ -42,9 +43,11 @@ def check_probe_load(args, load, services: list[ServiceConfig]) -> None:
                               f"--slo ttft_ms=... or e2e_ms=..., or longer outputs)")
     context = load_workload(args.workload, workload_sets(args)).max_context_tokens
     if all(r.prompt_tokens + r.output_tokens > context for r in load):
-        raise ConfigError(f"{flag}: every one of the {len(load)} requests (--prompt-lengths {args.prompt_lengths}, "
+        who, them = ("the one request", "it") if len(load) == 1 else (f"every one of the {len(load)} requests",
+                                                                     "them all")
+        raise ConfigError(f"{flag}: {who} (--prompt-lengths {args.prompt_lengths}, "
                           f"--output-lengths {args.output_lengths}) is longer than the workload's context of "
-                          f"{context} tokens: each probe would reject them all (give shorter lengths)")
+                          f"{context} tokens: each probe would reject {them} (give shorter lengths)")
 
 
 def check_max_rate(svc: ServiceConfig) -> None:
@@ -66,6 +69,7 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
     cost = step_cost(svc, args, hw, bar)
     seen: list[tuple[float, bool]] = []
     n = args.requests or 1000
+    per_probe = "1 request per probe does" if n == 1 else f"{n} requests per probe do"
     slowest = 10 * n / MAX_SPAN_S  # a probe's load must arrive within MAX_SPAN_S (10x: a Poisson tail)
     last: dict = {}
 
@@ -85,8 +89,8 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
             break
         lo, hi = (lo * 2, None) if ok(lo * 2) else (lo, lo * 2)
     if hi is None:
-        raise ConfigError(f"--max-rate: {svc.name} met the SLOs at every rate tried, up to {lo:.3g} req/s: {n} "
-                          f"requests per probe do not load it (give more --requests)")
+        raise ConfigError(f"--max-rate: {svc.name} met the SLOs at every rate tried, up to {lo:.3g} req/s: "
+                          f"{per_probe} not load it (give more --requests)")
     for _ in range(3):  # a few halvings first: the limit is most often near the first guess
         if lo is not None or hi / 2 < slowest:
             break
@@ -107,12 +111,13 @@ def max_rate(svc: ServiceConfig, args, hw, bar, probes: int = 8) -> tuple[float,
                         break
                 if lo is not None and top is None:
                     raise ConfigError(f"--max-rate: {svc.name} met the SLOs at every rate tried above {rate:.3g} "
-                                      f"req/s, up to {lo:.3g}: {n} requests per probe do not load it (give more "
+                                      f"req/s, up to {lo:.3g}: {per_probe} not load it (give more "
                                       f"--requests)")
                 hi = top if lo is not None else hi
             if lo is None:
                 raise ConfigError(f"--max-rate: {svc.name} misses {slo_line(svc.slo)} even at {min(hi, slowest):.3g} "
-                                  f"req/s ({n} requests one at a time, unloaded): {why}; no rate meets these SLOs")
+                                  f"req/s ({counted(n, 'request')} one at a time, unloaded): {why}; no rate meets "
+                                  f"these SLOs")
         else:
             lo = slowest
     while hi > 2 * lo:  # geometric down to a 2x bracket: a few probes however wide the first
@@ -164,7 +169,7 @@ def max_rates(args, hw, services: list[ServiceConfig], bar) -> int:
         bar.close()
         tried = ", ".join(f"{r:.3g}{'' if good else ' x'}" for r, good in seen)
         say(f"{svc.name}: highest sustainable rate {rate:.3g} req/s within {slo_line(svc.slo)} "
-            f"({args.requests or 1000} Poisson requests per probe; tried {tried}; x = missed)")
+            f"({counted(args.requests or 1000, 'Poisson request')} per probe; tried {tried}; x = missed)")
         found[svc.name] = {"service": svc.name, "max_rate_requests_per_s": rate, "slo": attrs.asdict(svc.slo),
                            "requests_per_probe": args.requests or 1000, "seed": args.seed,
                            "probes": [{"rate_requests_per_s": r, "sustained": good} for r, good in seen]}
@@ -198,7 +203,8 @@ def plan(args, hw, svc: ServiceConfig, bar) -> int:
             backend.run(serve_cluster, [(*ctx, shape) for shape in shapes_n], out.__setitem__, lost.__setitem__)
             if lost:
                 i, why = min(lost.items())
-                raise NpusimError(f"--plan: {shapes_n[i].name} on {shapes_n[i].cards} cards could not be served on "
+                raise NpusimError(f"--plan: {shapes_n[i].name} on {counted(shapes_n[i].cards, 'card')} could not be "
+                                  f"served on "
                                   f"--backend {args.backend}: {why}")
             return out
 
@@ -208,7 +214,8 @@ def plan(args, hw, svc: ServiceConfig, bar) -> int:
                    monotone=svc.scheduler.kind != "static")
     bar.close()
     n = args.requests or 1000
-    say(f"{svc.name} on {w.name} / {hw.name}: {n} Poisson requests at {args.rate:g} req/s (seed {args.seed}), "
+    say(f"{svc.name} on {w.name} / {hw.name}: {counted(n, 'Poisson request')} at {args.rate:g} req/s (seed "
+        f"{args.seed}), "
         f"router {args.router}" + (f", prefill -> decode {args.pd_router}" if split else "")
         + "; the best cluster of each card count tried (latencies in ms):")
     say(table(found))
@@ -217,7 +224,9 @@ def plan(args, hw, svc: ServiceConfig, bar) -> int:
             write_json(args.json, plan_json(found, service=svc.name, workload=w.name, hw=hw.name, requests=n,
                                             seed=args.seed, router=args.router,
                                             **({"pd_router": args.pd_router} if split else {})))
-        say(f"wrote {args.json}: the answer, the frontier and all {len(found.tried)} clusters tried")
+        tried = len(found.tried)
+        say(f"wrote {args.json}: the answer, the frontier and "
+            f"{'the one cluster' if tried == 1 else f'all {tried} clusters'} tried")
     return 0
 
 

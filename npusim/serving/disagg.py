@@ -49,7 +49,7 @@ from npusim.engine.host import Synchronize
 from npusim.engine.links import LinkTransfer
 from npusim.engine.run import run
 from npusim.errors import ConfigError
-from npusim.hw.parse import plain
+from npusim.hw.parse import counted, plain
 from npusim.serving.arrivals import Request
 from npusim.serving.cluster import Cluster, at_the_door, check_cards, finished
 from npusim.serving.replica import Replica, StepCostModel
@@ -86,8 +86,8 @@ def check_pd(pd: tuple[int, int], cards: int | None, tp: int, service: ServiceCo
         raise ConfigError(f"--pd {p}:{d} splits {p + d} cards, but --cards is {cards} (P + D must be the cards)")
     for side, n in (("prefill", p), ("decode", d)):
         if n % tp:
-            raise ConfigError(f"--pd {p}:{d}: --tp {tp} does not divide the {n} {side} cards (each instance runs on "
-                              f"--tp cards)")
+            raise ConfigError(f"--pd {p}:{d}: --tp {tp} does not divide the {counted(n, side + ' card')} (each "
+                              f"instance runs on --tp cards)")
     if service is not None and service.scheduler.kind not in DECODE_SCHEDULERS:
         raise ConfigError(f"--pd: service {service.name} batches with '{service.scheduler.kind}', but a decode "
                           f"instance takes requests whose prefill ran elsewhere, which only iteration-level "

@@ -41,6 +41,7 @@ from attrs import frozen
 
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
+from npusim.hw.parse import counted
 from npusim.parallel.plan import Plan, check_plan
 from npusim.serving.report import slo_line, sustainable
 from npusim.serving.service import Slo
@@ -211,7 +212,7 @@ def _impossible(best: Candidate | None, slo: Slo, rate: float, max_cards: int) -
     lost = m["timed_out"] + m["failed_oom"]
     return (f"{what}: the best, {best.shape.name}, has TTFT P90 {_ms(m['ttft']['p90_ms'])} ms, TPOT P99 "
             f"{_ms(m['tpot']['p99_ms'])} ms, end-to-end P90 {_ms(m['e2e']['p90_ms'])} ms"
-            + (f" and lost {lost} requests" if lost else "") + " (loosen --slo, or give more --max-cards)")
+            + (f" and lost {counted(lost, 'request')}" if lost else "") + " (loosen --slo, or give more --max-cards)")
 
 
 def _ms(v) -> str:
@@ -238,7 +239,7 @@ def table(p: CapacityPlan) -> str:
     a = p.answer
     counts = len(p.frontier)
     lines.append(f"fewest cards: {a.shape.cards} ({a.shape.name}) meet {slo_line(p.slo)} at {p.rate:g} req/s; "
-                 f"{len(p.tried)} clusters tried on {counts} card count{'s' if counts > 1 else ''}")
+                 f"{counted(len(p.tried), 'cluster')} tried on {counted(counts, 'card count')}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ import io
 import attrs
 import numpy as np
 
+from npusim.hw.parse import counted
 from npusim.serving.simulate import ServingRun
 from npusim.serving.state import STATUSES
 
@@ -175,7 +176,7 @@ def summary(m: dict) -> str:
                  f"{100 * m['kv_occupancy']['mean']:.1f}%, max {100 * m['kv_occupancy']['max']:.1f}% of "
                  f"{m['kv_capacity_tokens']} tokens" + (" per replica" if "replicas" in m else ""))
     sc = m["step_cost"]
-    lines.append(f"  step costs interpolated from {sc['engine_points']} engine-simulated steps")
+    lines.append(f"  step costs interpolated from {counted(sc['engine_points'], 'engine-simulated step')}")
     if "replicas" in m:
         lines += replica_lines(m)
     return "\n".join(lines)
@@ -234,7 +235,7 @@ def missed(m: dict, slo) -> str:
     out = [f"{name} {'none' if v is None else f'{v:.4g} ms'} > {limit:g} ms" for name, v, limit in _checks(m, slo)
            if v is None or v > limit]
     lost = _lost(m)
-    return ", ".join(out + [f"{lost} requests lost"] * bool(lost))
+    return ", ".join(out + [f"{counted(lost, 'request')} lost"] * bool(lost))
 
 
 def slo_line(slo) -> str:

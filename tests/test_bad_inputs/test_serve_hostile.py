@@ -36,3 +36,60 @@ def test_serve_a_cluster_of_more_cards_than_the_topology_has():
     one_line_error(lambda: Cluster(svc, cost, 33), ConfigError, r"cards: 33 cards, but ascend910b2's topology has 32")
     one_line_error(lambda: Cluster(svc, cost, 4, role="decode", first_index=30), ConfigError,
                    r"cards: 34 cards, but ascend910b2's topology has 32")
+
+
+# ---- a count of one is one request, card, cluster, step: '1 requests per probe do not load it'
+
+
+def test_counted():
+    from npusim.hw.parse import counted
+
+    assert [counted(n, "request") for n in (0, 1, 2)] == ["0 requests", "1 request", "2 requests"]
+    assert counted(1, "card count") == "1 card count" and counted(3, "box", "boxes") == "3 boxes"
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--rate", "1e-10", "--requests", "1"], r"--rate: the one request would arrive over .* s, more than the 1e\+09"),
+    (["--rate", "10", "--requests", "1", "--max-rate", "--prompt-lengths", "fixed:600"],
+     r"--max-rate: the one request \(--prompt-lengths fixed:600, --output-lengths fixed:64\) is longer than the "
+     r"workload's context of 512 tokens: each probe would reject it \("),
+    (["--rate", "10", "--service", "vllm-continuous", "--pd", "2:1", "--tp", "2"],
+     r"--pd 2:1: --tp 2 does not divide the 1 decode card \(each"),
+])
+def test_serve_a_count_of_one_in_an_error(argv, expect, capsys):
+    fails_cleanly([*SERVE, *argv], capsys, expect, seconds=10)
+
+
+def test_serve_a_count_of_one_in_the_summary(capsys):
+    """One request, longer than the context: rejected, and the step-cost model priced one point."""
+    from npusim.cli import main
+
+    assert main([*SERVE, "--requests", "1", "--rate", "10", "--prompt-lengths", "fixed:600"]) == 0
+    out = capsys.readouterr().out
+    assert "step costs interpolated from 1 engine-simulated step\n" in out
+
+
+def test_serve_max_rate_of_one_request_per_probe(capsys):
+    fails_cleanly([*SERVE, "--requests", "1", "--rate", "100", "--max-rate"], capsys,
+                  r"up to 1\.05e\+08 req/s: 1 request per probe does not load it \(give more --requests\)$", seconds=20)
+
+
+def test_serve_plan_of_one_cluster(capsys, tmp_path):
+    from npusim.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main([*SERVE, "--requests", "1", "--rate", "10", "--plan", "--max-cards", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert ": 1 Poisson request at 10 req/s (seed 0)" in text
+    assert "; 1 cluster tried on 1 card count\n" in text
+    assert f"wrote {out}: the answer, the frontier and the one cluster tried\n" in text
+
+
+def test_serve_one_request_lost_in_words():
+    from npusim.serving.report import missed
+    from npusim.serving.service import Slo
+
+    m = {"timed_out": 1, "failed_oom": 0, "ttft": {"p90_ms": 5.0}, "tpot": {"p99_ms": 1.0}, "e2e": {"p90_ms": 9.0},
+         "completed": 0}
+    assert missed(m, Slo(ttft_ms=1.0)) == "TTFT P90 5 ms > 1 ms, 1 request lost"
+    assert missed(m | {"failed_oom": 1}, Slo()) == "2 requests lost"
