@@ -341,6 +341,11 @@ def _jsonl_rows(path: Path, text: str):
             raise ConfigError(f"{path}: line {n}: not valid JSON: {e.msg}") from None
         except _Duplicate as e:  # json would keep the last one's value silently
             raise ConfigError(f"{path}: line {n}: key {e} given twice") from None
+        except RecursionError:  # [[[[... thousands deep: a traceback from inside json
+            raise ConfigError(f"{path}: line {n}: not valid JSON for a request: nested too deep") from None
+        except ValueError:  # an integer of more digits than Python converts (4300): a traceback from inside json
+            raise ConfigError(f"{path}: line {n}: not valid JSON for a request: a number with too many "
+                              f"digits") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: line {n}: expected an object with {', '.join(COLUMNS)}")
         yield f"line {n}", row

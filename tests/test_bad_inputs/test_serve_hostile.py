@@ -93,3 +93,17 @@ def test_serve_one_request_lost_in_words():
          "completed": 0}
     assert missed(m, Slo(ttft_ms=1.0)) == "TTFT P90 5 ms > 1 ms, 1 request lost"
     assert missed(m | {"failed_oom": 1}, Slo()) == "2 requests lost"
+
+
+# ---- a JSONL trace json.loads raises other than JSONDecodeError on: a traceback from inside json
+
+
+@pytest.mark.parametrize("line, expect", [
+    ('{"arrival_s": 0, "prompt_tokens": ' + "9" * 5000 + ', "output_tokens": 5}',
+     r"t\.jsonl: line 2: not valid JSON for a request: a number with too many digits$"),
+    ("[" * 100_000, r"t\.jsonl: line 2: not valid JSON for a request: nested too deep$"),
+])
+def test_serve_a_trace_line_json_cannot_read(line, expect, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n' + line + "\n")
+    fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", trace], capsys, expect, seconds=10)
