@@ -35,7 +35,7 @@ import numpy as np
 from attrs import frozen
 
 from npusim.errors import ConfigError
-from npusim.hw.parse import input_file, plain, plain_number, short
+from npusim.hw.parse import clipped, input_file, plain, plain_number, short
 
 # The seed articles' length mix: 10% under 128 tokens, 60% 128-1024, 30% over 1024.
 # Within a band lengths are uniform; the bottom of the first band (16) and the top of
@@ -296,12 +296,12 @@ def load_trace(path: str | Path, limit: int | None = None, flag: str | None = No
         if t < 0 or p < 1 or o < 1:
             col, v, least = (("arrival_s", t, "a time >= 0") if t < 0 else ("prompt_tokens", p, "a count >= 1")
                              if p < 1 else ("output_tokens", o, "a count >= 1"))
-            raise ConfigError(f"{path}: {where}: column '{col}': expected {least}, got {v}")
+            raise ConfigError(f"{path}: {where}: column '{col}': expected {least}, got {short(v)}")
         if t > MAX_SPAN_S or max(p, o) > MAX_TOKENS:
             col, v, top = (("arrival_s", t, f"{MAX_SPAN_S:g} s") if t > MAX_SPAN_S else
                            ("prompt_tokens", p, f"{MAX_TOKENS} tokens") if p > MAX_TOKENS else
                            ("output_tokens", o, f"{MAX_TOKENS} tokens"))
-            raise ConfigError(f"{path}: {where}: column '{col}': expected at most {top}, got {v}")
+            raise ConfigError(f"{path}: {where}: column '{col}': expected at most {top}, got {short(v)}")
         if i >= MAX_REQUESTS:
             raise ConfigError(f"{path}: more than {MAX_REQUESTS} requests, the most a run simulates (give "
                               f"--requests N to replay the first N)")
@@ -370,6 +370,9 @@ def _number(path: Path, where: str, column: str, value, kind):
             raise TypeError
         if isinstance(value, str) and not plain_number(value):  # '1_0', '１０': no count to take silently
             raise ValueError
+        if kind is int and (isinstance(value, int) or isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+                            and len(value) < 4000):  # exact: 300 nines read through float said 1000...00540160
+            return int(value) + 0
         v = (kind(float(value)) if kind is int else kind(value)) + 0  # -0.0 is 0.0 (the CSV said '-0.000000')
         if kind is int and float(value) != v:
             raise ValueError
@@ -378,7 +381,8 @@ def _number(path: Path, where: str, column: str, value, kind):
         return v
     except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400 read as inf, made an int
         expected = "an integer" if kind is int else "a number"
-        raise ConfigError(f"{path}: {where}: column '{column}': expected {expected}, got {value!r}") from None
+        got = repr(clipped(value)) if isinstance(value, str) else short(value)  # a cell of 100,000 characters: as long
+        raise ConfigError(f"{path}: {where}: column '{column}': expected {expected}, got {got}") from None
 
 
 def offered_rate(requests: Sequence[Request]) -> float:

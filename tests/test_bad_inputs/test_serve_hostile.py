@@ -107,3 +107,39 @@ def test_serve_a_trace_line_json_cannot_read(line, expect, capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n' + line + "\n")
     fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", trace], capsys, expect, seconds=10)
+
+
+# ---- a trace's value of thousands of characters was quoted whole (a line as long); 300 nines read as 1000...00540160
+
+
+@pytest.mark.parametrize("name, row, expect", [
+    ("t.csv", "0," + "x" * 100_000 + ",5",
+     r"t\.csv: row 3: column 'prompt_tokens': expected an integer, got 'x{30}\.\.\.x{30} \(100000 characters\)'$"),
+    ("t.csv", "0," + "9" * 300 + ",5",
+     r"t\.csv: row 3: column 'prompt_tokens': expected at most 16777216 tokens, got 9999999999\.\.\.99999999999$"),
+    ("t.csv", "0,1\x000,5", r"t\.csv: row 3: column 'prompt_tokens': expected an integer, got '1\\x000'$"),
+    ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": [' + "1, " * 50_000 + '1], "output_tokens": 5}',
+     r"t\.jsonl: line 2: column 'prompt_tokens': expected an integer, got \[1, 1, 1, 1, \.\.\.\]$"),
+    ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": ' + "9" * 4000 + ', "output_tokens": 5}',
+     r"t\.jsonl: line 2: column 'prompt_tokens': expected at most 16777216 tokens, got 9999999999\.\.\.99999999999$"),
+])
+def test_serve_a_trace_value_quoted_short(name, row, expect, capsys, tmp_path):
+    trace = tmp_path / name
+    first = ('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}' if name.endswith("jsonl") else
+             "arrival_s,prompt_tokens,output_tokens\n0,10,5")
+    trace.write_text(f"{first}\n{row}\n")
+    err = fails_cleanly(["serve", "--workload", "k3-tiny", "--no-cache", "--trace-file", trace], capsys, expect,
+                        seconds=10)
+    assert len(err) < 300
+
+
+def test_serve_trace_counts_read_exactly(tmp_path):
+    """Whole counts in any spelling a trace has used ('+12', ' 13 ', '10.0', '1e3') read as before."""
+    from npusim.serving.arrivals import load_trace
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,+12,5\n0, 13 ,5\n0,10.0,1e3\n0,-0.0,5\n")
+    with pytest.raises(ConfigError, match=r"row 5: column 'prompt_tokens': expected a count >= 1, got 0$"):
+        load_trace(trace)
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,+12,5\n0, 13 ,5\n0,10.0,1e3\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(trace)] == [(12, 5), (13, 5), (10, 1000)]
