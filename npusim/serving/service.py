@@ -20,7 +20,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
 from npusim.hw.load import leaf_errors, find_file, parse_yaml, read_yaml
-from npusim.hw.parse import plain, short, strict_converter
+from npusim.hw.parse import clipped, plain, short, strict_converter
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.passes import PASSES, pass_names
 from npusim.passes.buckets import out_of_order
@@ -34,8 +34,35 @@ def _f(help: str, default=None, validator=None):
     return field(default=default, validator=validator, metadata={"help": help})
 
 
-_pos = validators.gt(0)
-_nonneg = validators.ge(0)
+def _shown(value) -> str:
+    """A field's value as a message shows it: a string clipped, a number of more digits
+    than a float holds as a float's (YAML's 1e300 made an int said in 301 digits), else
+    short() (a list of thousands of items, a name of thousands of characters were said whole)."""
+    if isinstance(value, str):
+        return repr(clipped(value))
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(_shown, value[:4]))}{', ...' if len(value) > 4 else ''}]"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**16:
+        try:
+            return f"{value:.3g}"
+        except OverflowError:  # past a float's range
+            pass
+    return short(value)
+
+
+def _bound(op: str, limit: float):
+    """attrs' gt/ge/le (the same message), the value said by _shown."""
+    holds = {">": lambda v: v > limit, ">=": lambda v: v >= limit, "<=": lambda v: v <= limit}[op]
+
+    def check(inst, attr, value):
+        if not holds(value):
+            raise ValueError(f"'{attr.name}' must be {op} {limit}: {_shown(value)}")
+
+    return check
+
+
+_pos = _bound(">", 0)
+_nonneg = _bound(">=", 0)
 
 
 def _opt(v):
@@ -47,7 +74,7 @@ def _within(lo: float, hi: float, unit: str, why: str):
 
     def check(inst, attr, value):
         if not lo <= value <= hi:
-            raise ValueError(f"'{attr.name}' must be from {lo:g} to {hi:g} {unit} ({why}): {value!r}")
+            raise ValueError(f"'{attr.name}' must be from {lo:g} to {hi:g} {unit} ({why}): {_shown(value)}")
 
     return check
 
@@ -57,17 +84,17 @@ def _length_ratio(inst, attr, value):
     prompts of one length group together, and every batch was a single request."""
     if not (value == 0 or value >= 1):
         raise ValueError(f"'{attr.name}' must be 0 (no grouping) or at least 1 (longest / shortest prompt of a "
-                         f"batch): {value!r}")
+                         f"batch): {_shown(value)}")
 
 
 def _lengths(inst, attr, value):
     if value is not None and (not value or any(not 1 <= b <= MAX_BUCKET_TOKENS for b in value)):
         raise ValueError(f"'{attr.name}' must be a non-empty list of lengths from 1 to {MAX_BUCKET_TOKENS} tokens: "
-                         f"{value!r}")
+                         f"{_shown(value)}")
     after = out_of_order(value) if value is not None else None
     if after:
         raise ValueError(f"'{attr.name}' must be strictly increasing lengths, got {after[1]} after {after[0]}: "
-                         f"{value!r}")
+                         f"{_shown(value)}")
 
 
 # A scheduler's largest batch. Serving prices a step of max_batch sequences before the
@@ -105,13 +132,13 @@ def _timeout(inst, attr, value):
     if not 0 <= value <= top:
         raise ValueError(f"'{attr.name}' must be from 0 to {MAX_TIMEOUT_SCANS} x scan_period_ms ({top:g} ms: a "
                          f"waiting batch is scanned every scan_period_ms, each scan a pass of the serving loop): "
-                         f"{value!r}")
+                         f"{_shown(value)}")
 
 
 def _slo_ms(inst, attr, value):
     if not 0 < value <= MAX_SLO_MS:
         raise ValueError(f"'{attr.name}' must be above 0 and at most {MAX_SLO_MS:g} ms (the longest a load may "
-                         f"span): {value!r}")
+                         f"span): {_shown(value)}")
 
 
 @frozen
@@ -131,7 +158,7 @@ class SchedulerConfig:
     block_tokens: int = _f("continuous, chunked: tokens per KV block of the paged block manager", 16,
                            _within(1, MAX_TOKENS, "tokens", "no request is longer"))
     kv_memory_fraction: float = _f("fraction of the device memory left after weights, activations and workspace "
-                                   "that holds KV cache", 0.9, [_pos, validators.le(1)])
+                                   "that holds KV cache", 0.9, [_pos, _bound("<=", 1)])
 
 
 @frozen
@@ -165,7 +192,7 @@ def _plain_name(inst, attr, value):
     if isinstance(value, str) and (value.strip() in ("", ".", "..") or any(c in value for c in "/\\")
                                    or not value.isprintable()):
         raise ValueError(f"'{attr.name}' must be a plain name, without '/', '\\' or control characters, and not "
-                         f"empty, '.' or '..' (--compare names its outputs after it): {value!r}")
+                         f"empty, '.' or '..' (--compare names its outputs after it): {_shown(value)}")
 
 
 @frozen
@@ -188,8 +215,8 @@ class ServiceConfig:
                 raise ConfigError(f"service {self.name}: missing key '{key}' (the scheduler: kind, one of "
                                   f"{', '.join(SCHEDULERS)}, and its knobs)")
         if self.scheduler.kind not in SCHEDULERS:
-            raise ConfigError(f"service {self.name}: key 'scheduler.kind': unknown scheduler "
-                              f"'{self.scheduler.kind}' (expected one of {', '.join(SCHEDULERS)})")
+            raise ConfigError(f"service {clipped(self.name)}: key 'scheduler.kind': unknown scheduler "
+                              f"{_shown(self.scheduler.kind)} (expected one of {', '.join(SCHEDULERS)})")
 
     def pass_options(self) -> dict:
         return {k: v for k, v in dict(buckets=tuple(self.buckets) if self.buckets else None, margin=self.margin,
@@ -211,7 +238,7 @@ def _check_passes(svc: ServiceConfig, where: str, options: Collection[str] | Non
         raise ConfigError(f"{where}: key 'passes': {str(e).removeprefix('--passes: ')}") from None
     if svc.kv_layout is not None and svc.kv_layout not in PASS_KV_LAYOUTS:
         raise ConfigError(f"{where}: key 'kv_layout': expected one of {', '.join(PASS_KV_LAYOUTS)}, "
-                          f"got {svc.kv_layout!r}")
+                          f"got {_shown(svc.kv_layout)}")
     for key in svc.pass_options():
         if options is not None and key not in options:
             continue
@@ -276,7 +303,7 @@ def _structure(raw: Mapping[str, Any], where: str) -> ServiceConfig:
             _, field, options, value = exc.args
             key = ".".join((*path, field.name))
             raise ConfigError(f"{where}: key '{key}': expected one of {', '.join(map(str, options))}, "
-                              f"got {value!r}") from None
+                              f"got {_shown(value)}") from None
         raise ConfigError(f"{where}: key '{key}': {exc}" if key else f"{where}: {exc}") from None
 
 

@@ -143,3 +143,31 @@ def test_serve_trace_counts_read_exactly(tmp_path):
         load_trace(trace)
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,+12,5\n0, 13 ,5\n0,10.0,1e3\n")
     assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(trace)] == [(12, 5), (13, 5), (10, 1000)]
+
+
+# ---- a service's value said whole: YAML's 1e300 for a count as 301 digits, a name or kind of 5000 characters
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("scheduler: {kind: static, max_batch: 1e300}\n", r"'max_batch' must be from 1 to 1024 sequences .*: 1e\+300$"),
+    ("scheduler: {kind: chunked, token_budget: -1e300}\n", r"'token_budget' must be > 0: -1e\+300$"),
+    ("scheduler: {kind: static}\npasses: optimized,buckets\nmargin: -1e300\n", r"'margin' must be >= 0: -1e\+300$"),
+    ("scheduler: {kind: static}\npasses: optimized,buckets\nbuckets: [1e300]\n",
+     r"'buckets' must be a non-empty list of lengths from 1 to 16777216 tokens: \[1e\+300\]$"),
+    ("scheduler: {kind: static, max_batch: -" + "9" * 400 + "}\n",
+     r"'max_batch' must be from 1 to 1024 .*: -9{9}\.\.\.9{11}$"),
+    ("name: a/" + "x" * 5000 + "\nscheduler: {kind: static}\n",
+     r"'name' must be a plain name.*: 'a/x{28}\.\.\.x{30} \(5002 characters\)'$"),
+    ("scheduler: {kind: " + "x" * 5000 + "}\n",
+     r"unknown scheduler 'x{30}\.\.\.x{30} \(5000 characters\)' \(expected one of"),
+    ("scheduler: {kind: static}\nhost: {preprocess_on: " + "x" * 5000 + "}\n",
+     r"key 'host.preprocess_on': expected one of pool, inference_thread, got 'x{30}\.\.\.x{30} \(5000 characters\)'$"),
+    ("scheduler: {kind: static}\nkv_layout: " + "x" * 5000 + "\n",
+     r"key 'kv_layout': expected one of contiguous, paged, got 'x{30}\.\.\.x{30} \(5000 characters\)'$"),
+    ("scheduler: {kind: continuous, kv_memory_fraction: 2}\n", r"'kv_memory_fraction' must be <= 1: 2\.0$"),
+])
+def test_serve_a_service_value_said_short(text, expect, capsys, tmp_path):
+    svc = tmp_path / "svc.yaml"
+    svc.write_text(text)
+    err = fails_cleanly([*SERVE, "--rate", "1", "--service", svc], capsys, expect, seconds=10)
+    assert len(err) < 400  # the path of a pytest tmp_path is long
