@@ -246,12 +246,14 @@ def _empirical(path: Path, what: str) -> np.ndarray:
     lines = read_text(path, f"{what}: {path}").split()
     values = []
     for i, x in enumerate(lines, 1):
-        if not (x.isascii() and x.isdigit()) or not 1 <= int(x) <= MAX_TOKENS:
-            raise ConfigError(f"{path}: value {i}: expected a whole token count from 1 to {MAX_TOKENS}, got "
-                              f"'{x[:40]}'")
+        # more digits than MAX_TOKENS has: out of range, and past 4300 int() raised from inside
+        digits = x.isascii() and x.isdigit() and len(x.lstrip("0")) <= len(str(MAX_TOKENS))
+        if not digits or not 1 <= int(x) <= MAX_TOKENS:
+            raise ConfigError(f"{what}: {path}: value {i}: expected a whole token count from 1 to {MAX_TOKENS}, "
+                              f"got {clipped(x)!r}")
         values.append(int(x))
-    if not values:
-        raise ConfigError(f"{path}: no lengths in the file")
+    if not values:  # the flag too: --prompt-lengths or --output-lengths, either may name a file
+        raise ConfigError(f"{what}: {path}: no lengths in the file (expected whole token counts, one a line)")
     return np.array(values)
 
 

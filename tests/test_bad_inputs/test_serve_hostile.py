@@ -171,3 +171,27 @@ def test_serve_a_service_value_said_short(text, expect, capsys, tmp_path):
     svc.write_text(text)
     err = fails_cleanly([*SERVE, "--rate", "1", "--service", svc], capsys, expect, seconds=10)
     assert len(err) < 400  # the path of a pytest tmp_path is long
+
+
+# ---- a lengths file: a value of 5000 digits was int()'s traceback; an empty one named no flag
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("10\n" + "7" * 5000 + "\n", r"^npusim: error: --output-lengths: .*l\.txt: value 2: expected a whole token count "
+                                 r"from 1 to 16777216, got '7{30}\.\.\.7{30} \(5000 characters\)'$"),
+    ("", r"^npusim: error: --output-lengths: .*l\.txt: no lengths in the file \(expected whole token counts"),
+])
+def test_serve_a_lengths_file_refused_in_one_line(text, expect, capsys, tmp_path):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text(text)
+    fails_cleanly([*SERVE, "--rate", "10", "--output-lengths", f"file:{lengths}"], capsys, expect, seconds=10)
+
+
+def test_serve_a_lengths_file_with_leading_zeros_reads_as_before(tmp_path):
+    import numpy as np
+
+    from npusim.serving.arrivals import lengths
+
+    f = tmp_path / "l.txt"
+    f.write_text("0000000000000010\n16777216\n")
+    assert set(lengths(f"file:{f}", 50, np.random.default_rng(0)).tolist()) == {10, 16777216}
