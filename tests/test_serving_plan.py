@@ -180,7 +180,7 @@ def test_a_static_service_is_planned_from_one_card_up(capsys):
     assert main(argv) == 0, capsys.readouterr().err
     assert "fewest cards: 1 (1 x tp 1) meet TTFT P90 <= 1500 ms" in capsys.readouterr().out
     # every count from 1 up: 4096 would take about 40 minutes to refuse an SLO no count meets
-    assert main(argv[:-3] + ["4096", "--slo", "ttft_ms=1"]) == 2
+    assert main(argv[:-3] + ["4096", "--slo", "ttft_ms=1", "--set", "topology.node_count=512"]) == 2  # 4096 cards
     assert "--max-cards 4096: more cards may serve this service worse" in capsys.readouterr().err
 
 
