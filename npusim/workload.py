@@ -26,7 +26,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 
 from npusim.errors import ConfigError
 from npusim.hw.load import find_file, leaf_errors, possible_path
-from npusim.hw.parse import did_you_mean, first_repeated, parse_yaml, read_yaml, short, strict_converter
+from npusim.hw.parse import did_you_mean, first_repeated, input_file, parse_yaml, read_yaml, short, strict_converter
 from npusim.isa.program import DTYPE_BYTES
 from npusim.workload_hf import from_hf, hf_name, refuse_unsupported
 
@@ -398,6 +398,7 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
                               "a Hugging Face config.json or the model directory holding it)")
         name_or_path = Path(name_or_path) / "config.json"
     path = find_file(name_or_path, "workloads")
+    spelt_trace = None  # routing_trace as the workload file spells a relative path
     if path.suffix == ".json":
         raw, spelt = from_hf(path)
         nm = lambda k: spelt.get(k) or hf_name(k)  # noqa: E731
@@ -408,6 +409,7 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
         trace = raw.get("routing_trace")
         if isinstance(trace, str) and trace and not os.path.isabs(trace):  # as hw's base: the file's folder's
             raw["routing_trace"] = os.path.join(path.parent, trace)
+            spelt_trace = trace
     where = str(path)
     if overrides:
         where += " (--workload-set)"
@@ -416,7 +418,27 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
                 raise ConfigError(f"{where}: unknown key '{short(key)[1:-1]}'{did_you_mean(key, _FIELD_TYPES)}")
             raw[key] = parse_yaml(value, f"--workload-set {key}") if isinstance(value, str) and value.strip() else value
         nm = _names_for_overrides(nm, overrides)
-    return structure_workload(raw, where, nm)
+        if "routing_trace" in overrides:  # given on the command line: the working folder's
+            spelt_trace = None
+    w = structure_workload(raw, where, nm)
+    _check_trace_file(w, where, nm, spelt_trace)
+    return w
+
+
+def _check_trace_file(w: Workload, where: str, nm: Callable[[str], str], spelt: str | None) -> None:
+    """routing: trace's file there, and a regular file, refused in the loader's words (the
+    file and key; `spelt`: a relative path as the workload file gave it, read in its folder):
+    found missing while the step was built, it was 'routing_trace: no file ../m/t.yaml',
+    neither the workload file nor how the path was resolved said."""
+    if w.routing != "trace":
+        return
+    shown = spelt or w.routing_trace
+    if spelt:
+        shown += f" (a relative path is read in the workload file's folder: {w.routing_trace})"
+    key = f"{where}: key '{nm('routing_trace')}'"
+    input_file(w.routing_trace, f"{key}: {shown}")
+    if not os.path.exists(w.routing_trace):
+        raise ConfigError(f"{key}: no file {shown}")
 
 
 def _names_for_overrides(nm: Callable[[str], str], overrides: Mapping[str, Any]) -> Callable[[str], str]:

@@ -317,6 +317,7 @@ def test_a_routing_trace_rewritten_is_simulated_again(tmp_path, capsys):
 
     trace = tmp_path / "trace.json"
     spread, packed = [[[t % 8, (t + 1) % 8] for t in range(64)]], [[[0, 1]] * 64]
+    trace.write_text(json.dumps(spread))  # there when the workload is loaded (the loader checks it is)
     w = load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": str(trace)})
     store = DiskCache(tmp_path / "cache")
     latency = {}

@@ -45,7 +45,7 @@ FIFO = r"expected a regular file, got a named pipe \(FIFO\)$"
     (["calibrate", "--hccl", "{p}", *CALIBRATE_OUT], r"--hccl {p}: " + FIFO),  # blocked
     (["calibrate", "--profile", "{p}", *CALIBRATE_OUT], r"{p}: expected a file or a folder, got a named pipe"),
     (["run", "--workload", "k3-tiny-moe", "--workload-set", "routing=trace", "--workload-set", "routing_trace={p}",
-      *STEP], r"routing_trace {p}: " + FIFO),  # said 'no file'
+      *STEP], r"key 'routing_trace': {p}: " + FIFO),  # said 'no file'
 ])
 def test_a_named_pipe_is_refused_before_it_is_opened(argv, expect, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,40 @@
+"""Bad-input catalogue, round 9's hostile sweep of `npusim run` and what it reads. Each
+case is one line naming the flag, file or key and what was expected; nothing runs and
+nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli_check import fails_cleanly, one_line_error
+
+from npusim.errors import ConfigError
+from npusim.hw.load import find_file
+from npusim.workload import load_workload
+
+STEP = ["--batch", "1", "--context", "16", "--no-cache"]
+MOE = find_file("k3-tiny-moe", "workloads").read_text()
+
+
+# ---- a workload's routing trace
+
+
+def test_a_missing_routing_trace_names_the_workload_file_and_how_the_path_was_read(capsys, tmp_path, monkeypatch):
+    """It was 'routing_trace: no file model/t.yaml', raised while the step was built: neither
+    the workload file nor that a relative path is read in that file's folder was said."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w.yaml").write_text(MOE + "routing: trace\nrouting_trace: t.yaml\n")
+    (tmp_path / "t.yaml").write_text("- [[0, 1]]\n")  # the working folder's: not the one meant
+    prof = tmp_path / "prof"
+    fails_cleanly(["run", "--workload", "model/w.yaml", *STEP, "--profile", prof], capsys,
+                  r"^npusim: error: model/w\.yaml: key 'routing_trace': no file t\.yaml \(a relative path is read "
+                  r"in the workload file's folder: model/t\.yaml\)$", outputs=[prof])
+
+
+def test_a_missing_routing_trace_given_by_workload_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(lambda: load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": "t.yaml"}),
+                   ConfigError, r"k3-tiny-moe\.yaml \(--workload-set\): key 'routing_trace': no file t\.yaml$")
+    one_line_error(lambda: load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": str(tmp_path)}),
+                   ConfigError, r"\(--workload-set\): key 'routing_trace': .*: expected a regular file, got a folder$")
