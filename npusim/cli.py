@@ -17,8 +17,8 @@ from npusim.diskcache.replay import replayed
 from npusim.kvcache import PASS_KV_LAYOUTS
 from npusim.parallel.flags import add_plan_flags, plan_args, plan_report, run_pipelined, say_plan, validate_sharded
 from npusim.step_flags import (PREFILL_BATCH, add_fast_forward_flag, add_workload_set, check_outputs, context,
-                               default_batch, given, inputs, pass_options, pipeline, step_args, workload_of,
-                               workload_sets)
+                               default_batch, file_sets_absolute, given, inputs, pass_options, pipeline, step_args,
+                               workload_of, workload_sets)
 
 
 # the files `npusim run --plot DIR` writes (report.plots: each plot as NAME.png and NAME.svg)
@@ -99,7 +99,7 @@ def _cmd_run(args) -> int:
                                                                          "passes": pipeline(args.passes)}
             sets = workload_sets(args)
             if sets:  # the fields --workload-set changed, applied again when calibrate reruns it
-                ran["workload_set"] = sets
+                ran["workload_set"] = file_sets_absolute(sets)
             if ran.get("fusion_rules"):
                 ran["fusion_rules"] = os.path.abspath(ran["fusion_rules"])
             ran["tilings"] = tilings_of(run.compiled)  # the kernels that ran: calibrate runs the same ones

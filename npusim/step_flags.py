@@ -93,6 +93,19 @@ def workload_sets(args) -> dict[str, str]:
     return parse_set_args(getattr(args, "workload_set", None), "--workload-set")
 
 
+def file_sets_absolute(sets: dict[str, str]) -> dict[str, str]:
+    """--workload-set values as a step file records them (npusim run --profile, rerun by
+    calibrate from any folder): a file field's relative path (routing_trace) made absolute,
+    as the working folder read it. Recorded as given, it was read again from calibrate's
+    folder: 'no file' there, or another file of that name, silently."""
+    import attrs
+
+    from npusim.workload import Workload
+
+    files = {a.name for a in attrs.fields(Workload) if a.metadata.get("file")}
+    return {k: os.path.abspath(v) if k in files and v and not os.path.isabs(v) else v for k, v in sets.items()}
+
+
 def workload_of(args):
     """The step's workload: --workload as given (a name or a path), or, with --workload-set,
     that workload with the fields changed."""
@@ -371,5 +384,5 @@ def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = (),
 
 
 __all__ = ["PREFILL_BATCH", "add_fast_forward_flag", "add_workload_set", "bucket_lengths", "check_outputs",
-           "context", "default_batch", "fast_forward_key", "given", "inputs", "lengths", "overrides", "pass_options",
-           "pipeline", "sides", "step_args", "workload_of", "workload_sets"]
+           "context", "default_batch", "fast_forward_key", "file_sets_absolute", "given", "inputs", "lengths",
+           "overrides", "pass_options", "pipeline", "sides", "step_args", "workload_of", "workload_sets"]

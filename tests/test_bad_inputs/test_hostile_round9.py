@@ -4,8 +4,6 @@ nothing is written."""
 
 from __future__ import annotations
 
-import pytest
-
 from cli_check import fails_cleanly, one_line_error
 
 from npusim.errors import ConfigError
@@ -38,3 +36,23 @@ def test_a_missing_routing_trace_given_by_workload_set(tmp_path, monkeypatch):
                    ConfigError, r"k3-tiny-moe\.yaml \(--workload-set\): key 'routing_trace': no file t\.yaml$")
     one_line_error(lambda: load_workload("k3-tiny-moe", {"routing": "trace", "routing_trace": str(tmp_path)}),
                    ConfigError, r"\(--workload-set\): key 'routing_trace': .*: expected a regular file, got a folder$")
+
+
+def test_profile_records_a_relative_routing_trace_of_workload_set_as_absolute(capsys, tmp_path, monkeypatch):
+    """--profile's step file kept '--workload-set routing_trace=../t.yaml' as given: calibrate,
+    rerunning the step from another folder, said 'no file ../t.yaml' for every row (or read
+    another trace of that name there, silently)."""
+    import json
+
+    from npusim.cli import main
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "t.yaml").write_text("- [[0, 1], [2, 3]]\n")
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["run", "--workload", "k3-tiny-moe", "--workload-set", "routing=trace", "--workload-set",
+                 "routing_trace=../t.yaml", *STEP, "--profile", "prof"]) == 0
+    capsys.readouterr()
+    sets = json.loads((tmp_path / "run" / "prof" / "npusim_step.json").read_text())["workload_set"]
+    assert sets == {"routing": "trace", "routing_trace": str(tmp_path / "t.yaml")}
+    monkeypatch.chdir(tmp_path)  # calibrate's folder: the step file's workload loads from here too
+    assert load_workload("k3-tiny-moe", sets).routing_trace == str(tmp_path / "t.yaml")
