@@ -73,10 +73,16 @@ def overrides(args) -> dict:
             how = (f"; an op's is a parameter: npusim op TYPE {key}={value}" if command == "op"
                    else f"; give it as --{key} {value}" if command in ("run", "compare") else "")
             raise ConfigError(f"--set {key}={value}: {key} is not a hardware field (what --set sets){how}")
-        if "," in value:
+        if "," in value and not _flow_mapping(value):  # {m0: 16, n0: 16, k0: 16}: one value, the fields it sets
             raise ConfigError(f"--set {key}={value}: takes one value here (a list of values is a sweep: "
                               f"npusim sweep --set {key}={value} --out DIR)")
     return overrides
+
+
+def _flow_mapping(value: str) -> bool:
+    """A --set value written as a YAML mapping, {field: value, ...}: its commas part the
+    fields it sets (the loader merges it into the section), not a sweep's values."""
+    return value.startswith("{") and value.endswith("}")
 
 
 def add_workload_set(p) -> None:
@@ -209,7 +215,7 @@ def _variant(words: list[str]) -> dict:
     except ConfigError as e:
         raise ConfigError(str(e).replace("--set", "--variant", 1)) from None
     for key, value in overrides.items():
-        if "," in value:
+        if "," in value and not _flow_mapping(value):
             raise ConfigError(f"--variant {key}={value}: takes one value (a list of values is a sweep: "
                               f"npusim sweep --set {key}={value} --out DIR)")
     return overrides

@@ -4,6 +4,7 @@ nothing is written."""
 
 from __future__ import annotations
 
+import pytest
 from cli_check import fails_cleanly, one_line_error
 
 from npusim.errors import ConfigError
@@ -56,3 +57,22 @@ def test_profile_records_a_relative_routing_trace_of_workload_set_as_absolute(ca
     assert sets == {"routing": "trace", "routing_trace": str(tmp_path / "t.yaml")}
     monkeypatch.chdir(tmp_path)  # calibrate's folder: the step file's workload loads from here too
     assert load_workload("k3-tiny-moe", sets).routing_trace == str(tmp_path / "t.yaml")
+
+
+# ---- --set: a section's fields given as one mapping
+
+
+@pytest.mark.parametrize("flag", ["--set", "--variant"])
+def test_a_set_mapping_of_several_fields_is_one_value(flag, capsys):
+    """{m0: 16, n0: 16, k0: 16} was refused as a sweep's list of values ('takes one value
+    here (a list of values is a sweep ...)'), its commas taken for a list's; it is one value,
+    merged as the loader merges any mapping (a bad field in it named by its key path)."""
+    from npusim.cli import main
+
+    command = ["run"] if flag == "--set" else ["compare"]
+    assert main([*command, "--workload", "k3-tiny", *STEP, flag, "chip={freq_hz: 1.0e9, aic_count: 20}"]) == 0
+    capsys.readouterr()
+    fails_cleanly([*command, "--workload", "k3-tiny", *STEP, flag, "chip={freq_hz: 0, aic_count: 20}"], capsys,
+                  r"ascend910b2(\.yaml)? \(--set\): key 'chip\.freq_hz': expected a value > 0, got 0$")
+    fails_cleanly(["run", "--workload", "k3-tiny", *STEP, "--set", "chip.freq_hz=1e9,2e9"], capsys,
+                  r"takes one value here \(a list of values is a sweep")  # a list still says so
