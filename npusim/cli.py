@@ -274,8 +274,14 @@ class _Parser(argparse.ArgumentParser):
             self.error(f"argument {empty}: expected a value, got an empty string")
         default_batch(namespace)  # a step command's --batch not given: by its --phase
         # (build_decoder would refuse it too, without naming the flag)
-        if isinstance(getattr(namespace, "batch", None), int) and namespace.batch < 1:
-            self.error(f"argument --batch: expected a whole number of sequences >= 1, got {namespace.batch}")
+        if isinstance(getattr(namespace, "batch", None), int):
+            from npusim.graph.build import MAX_BATCH
+
+            if namespace.batch < 1:
+                self.error(f"argument --batch: expected a whole number of sequences >= 1, got {namespace.batch}")
+            if namespace.batch > MAX_BATCH:
+                self.error(f"argument --batch: expected at most the {MAX_BATCH} sequences a step may have, got "
+                           f"{namespace.batch}")
         namespace.__dict__.pop("_mentioned", None)  # _Once's record
         return namespace, extras
 

@@ -76,3 +76,17 @@ def test_a_set_mapping_of_several_fields_is_one_value(flag, capsys):
                   r"ascend910b2(\.yaml)? \(--set\): key 'chip\.freq_hz': expected a value > 0, got 0$")
     fails_cleanly(["run", "--workload", "k3-tiny", *STEP, "--set", "chip.freq_hz=1e9,2e9"], capsys,
                   r"takes one value here \(a list of values is a sweep")  # a list still says so
+
+
+# ---- step sizes: the flag named
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["run", "--workload", "k3-tiny", "--batch", "100000", "--context", "16"],
+     r"argument --batch: expected at most the 65536 sequences a step may have, got 100000"),
+])
+def test_a_step_past_the_workload_or_the_batch_bound_names_the_flag(argv, expect, capsys, tmp_path):
+    """It said 'build_decoder(k3-tiny, decode): batch 100000 is more than the 65536
+    sequences a step may have': a function's name, not the flag given."""
+    out = tmp_path / "o.json"
+    fails_cleanly([*argv, "--no-cache", "--json", out], capsys, expect, outputs=[out])

@@ -202,7 +202,8 @@ def test_bad_json_text_is_one_clean_error(case, tmp_path, capsys):
 # ---- sizes of a step: refused before the graph is built
 
 BAD_SIZES = {
-    "batch 100M": (["--workload", "k3-tiny", "--batch", "100000000"], r"batch 100000000 is more than the 65536"),
+    "batch 100M": (["--workload", "k3-tiny", "--batch", "100000000"],
+                   r"argument --batch: expected at most the 65536 sequences a step may have, got 100000000"),
     "batch 0": (["--workload", "k3-tiny", "--batch", "0"],
                 r"argument --batch: expected a whole number of sequences >= 1, got 0"),
     "negative batch": (["--workload", "k3-tiny", "--batch", "-3"],
