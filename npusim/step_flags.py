@@ -184,7 +184,26 @@ def context(args):
     batch = getattr(args, "batch", None)
     if isinstance(value, list) and isinstance(batch, int) and len(value) != batch:
         raise ConfigError(f"--context {args.context}: {len(value)} lengths for batch {batch}")
+    _within_max_context(args, max(values))
     return value
+
+
+def _within_max_context(args, longest: int) -> None:
+    """--context no longer than the workload's max_context_tokens (the step builder refuses
+    it too, in its own terms: 'build_decoder(k3, decode): length 100000 exceeds ...', the
+    flag unnamed). A workload that does not load is left to the command to report."""
+    from npusim.errors import ConfigError, NpusimError
+    from npusim.workload import load_workload
+
+    if getattr(args, "workload", None) is None:
+        return
+    try:
+        w = load_workload(args.workload, workload_sets(args))
+    except (NpusimError, OSError, TypeError, ValueError):
+        return
+    if longest > w.max_context_tokens:
+        raise ConfigError(f"--context {args.context} (--workload {args.workload}): length {longest} exceeds the "
+                          f"workload's max_context_tokens {w.max_context_tokens}")
 
 
 PREFILL_BATCH = 1  # --phase prefill without --batch: one prompt

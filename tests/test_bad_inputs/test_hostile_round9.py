@@ -82,11 +82,21 @@ def test_a_set_mapping_of_several_fields_is_one_value(flag, capsys):
 
 
 @pytest.mark.parametrize("argv, expect", [
+    (["run", "--workload", "k3-tiny", "--batch", "1", "--context", "513"],
+     r"^npusim: error: --context 513 \(--workload k3-tiny\): length 513 exceeds the workload's "
+     r"max_context_tokens 512$"),
+    (["run", "--workload", "k3-tiny", "--batch", "2", "--context", "16,600", "--phase", "prefill"],
+     r"^npusim: error: --context 16,600 \(--workload k3-tiny\): length 600 exceeds the workload's "
+     r"max_context_tokens 512$"),
+    (["run", "--workload", "k3-tiny", "--workload-set", "max_context_tokens=64", "--batch", "1", "--context", "65"],
+     r"^npusim: error: --context 65 \(--workload k3-tiny\): length 65 exceeds the workload's "
+     r"max_context_tokens 64$"),
     (["run", "--workload", "k3-tiny", "--batch", "100000", "--context", "16"],
      r"argument --batch: expected at most the 65536 sequences a step may have, got 100000"),
 ])
 def test_a_step_past_the_workload_or_the_batch_bound_names_the_flag(argv, expect, capsys, tmp_path):
-    """It said 'build_decoder(k3-tiny, decode): batch 100000 is more than the 65536
+    """They said 'build_decoder(k3-tiny, decode): length 513 exceeds the workload's
+    max_context_tokens 512' and 'build_decoder(...): batch 100000 is more than the 65536
     sequences a step may have': a function's name, not the flag given."""
     out = tmp_path / "o.json"
     fails_cleanly([*argv, "--no-cache", "--json", out], capsys, expect, outputs=[out])
