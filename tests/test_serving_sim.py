@@ -167,7 +167,7 @@ def test_shipped_services_load():
     (["--rate", "1", "--slo", "ttft_ms=soon"], "--slo ttft_ms: expected a number"),
     (["--rate", "1", "--service-set", "host.tokenise_us=1"], "unknown key 'host.tokenise_us'"),
     (["--arrival", "gamma", "--rate", "2", "--cv", "-1"], "--cv"),
-    (["--rate", "1", "--jobs", "0"], "--jobs: expected a positive number"),
+    (["--rate", "1", "--jobs", "0"], "--jobs: expected a positive integer"),
 ])
 def test_serve_bad_input_is_one_line(argv, match, capsys):
     assert main(["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5", *argv]) == 2

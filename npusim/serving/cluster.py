@@ -58,10 +58,8 @@ def check_topology(flag: str, cards: int, hw) -> None:
     served 64 replicas, those past the last node on nodes the config does not have."""
     topo = hw.topology
     if cards > topo.max_devices:
-        raise ConfigError(f"{flag}: {cards} cards, but {hw.name}'s topology has {topo.max_devices} "
-                          f"(topology.node_device_count {topo.node_device_count} x topology.node_count "
-                          f"{topo.node_count}; give at most {topo.max_devices}, or more nodes: --set "
-                          f"topology.node_count=N)")
+        raise ConfigError(f"{flag}: {cards} cards, but {hw.name}'s topology has {topo.size_text()}: give at "
+                          f"most {topo.max_devices}, or more nodes (--set topology.node_count=N)")
 
 
 def check_nodes(tp: int, first_index: int, replicas: int, node_cards: int) -> None:

@@ -24,6 +24,7 @@ from npusim.hw.load import parse_set_args
 from npusim.outputs import (
     all_or_none, check_paths, check_writable, plots_line, say, say_all, write_json, write_text, wrote_line,
 )
+from npusim.pool import check_jobs
 from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOKENS, check_rate, check_requests,
                                      check_seed, load_trace, parse_ramp, synthetic)
 from npusim.serving.report import metrics, requests_csv, summary
@@ -132,8 +133,7 @@ def check_args(args) -> None:
     check_seed(args.seed)
     if not 0 < args.tol < math.inf:
         raise ConfigError(f"--tol: expected a positive relative error, got {args.tol}")
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
+    check_jobs(args.jobs)
     pd = pd_of(args)
     if pd is not None:
         check_pd(pd, args.cards, args.tp)

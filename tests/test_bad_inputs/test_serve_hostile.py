@@ -11,7 +11,7 @@ from npusim.serving.cluster import Cluster
 from npusim.serving.service import SchedulerConfig, ServiceConfig
 
 SERVE = ["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5"]
-TOPOLOGY = r"but ascend910b2's topology has 32 \(topology.node_device_count 8 x topology.node_count 4; give at most 32"
+TOPOLOGY = r"but ascend910b2's topology has 32 \(topology.node_device_count 8 x topology.node_count 4\): give at most 32"
 
 
 # ---- cards beyond the topology: --cards 64 served 64 replicas, 32 of them on nodes the config has not
