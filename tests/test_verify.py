@@ -541,7 +541,7 @@ def test_a_numpy_address_equal_to_a_passed_int_still_fails():
     buffers = (Buffer("x", UB, 0, 4096),)
     first, second = VecOp("add", 8, "fp16", 64, (0,)), VecOp("add", 8, "fp16", np.int64(64), (0,))
     assert first == second  # equal, so only the address's type tells them apart
-    with pytest.raises(ProgramError, match=r"block 1, AIV: instr 0 .*is a int64, expected an int or Affine"):
+    with pytest.raises(ProgramError, match=r"block 1, AIV: instr 0 .*is an int64, expected an int or Affine"):
         verify(Kernel("k", CoreType.AIV, 2, aiv=[Program([first], buffers), Program([second], buffers)]), HW)
 
 

@@ -122,7 +122,11 @@ class Affine:
         return a
 
     def __repr__(self) -> str:
-        return "+".join([hex(self.base)] + [f"{s}*{v}" for v, s in self.terms])
+        base, terms = self.base, self.terms
+        if base.__class__ is not int or terms.__class__ is not tuple or not all(
+                t.__class__ is tuple and len(t) == 2 for t in terms):  # malformed: verify() names what
+            return f"Affine({base!r}, {terms!r})"
+        return "+".join([hex(base)] + [f"{s}*{v}" for v, s in terms])
 
 
 Addr = Union[int, Affine]

@@ -5,6 +5,9 @@ readable line instead of a wrong number or a hang. Checked, against the config:
 
 - the kernel's shape: block_dim, one shared program or one per block, the
   programs its core type needs;
+- every field of the type the engine takes: a count, size, id or stride an int
+  (not a bool, a float or a numpy int), a memory a Mem, a pipe a Pipe, an Affine
+  an int base and (var, step) terms (_FIELDS);
 - every buffer: its core has that memory, it fits, it is aligned, no two overlap;
 - every instruction: its pipe exists on the core, its operands fall inside one
   declared buffer (or GM tensor) for *every* block, sub-core and loop iteration
@@ -44,6 +47,7 @@ full (verify_alike.py: check_like, and check_listed, which runs a listed check a
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Callable
 
@@ -52,12 +56,12 @@ import attrs
 from npusim.errors import ProgramError
 from npusim.hw.config import HwConfig
 from npusim.isa.program import (
-    ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Buffer, Copy, CoreType,
-    CrossSetFlag, CrossWaitFlag, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag, SyncAll,
-    VecOp, WaitFlag,
+    ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Affine, Buffer, Copy, CoreType,
+    CrossSetFlag, CrossWaitFlag, GmTensor, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag,
+    SyncAll, VecOp, WaitFlag,
 )
 from npusim.isa.instructions import vec_spans
-from npusim.isa.verify_addresses import ADDRESSES, check_access, hex_range, names
+from npusim.isa.verify_addresses import ADDRESSES, a_type, check_access, hex_range, names
 from npusim.isa.verify_alike import check_like, check_listed
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
@@ -101,9 +105,28 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
 def _check_shape(kernel: Kernel) -> None:
     """block_dim >= 1; the program tuples the core type needs, each of length 1 or block_dim."""
     where = f"kernel {kernel.name!r}"
+    ct = kernel.core_type
+    if ct.__class__ is not CoreType:
+        raise ProgramError(f"{where}: core_type {ct!r} is {a_type(ct)}, expected a CoreType "
+                           f"({', '.join(c.value for c in CoreType)})")
+    for name in ("block_dim", "workspace_bytes"):
+        value = getattr(kernel, name)
+        if value.__class__ is not int:
+            raise ProgramError(f"{where}: {name} {value!r} is {a_type(value)}, expected an int")
     if kernel.block_dim < 1:
         raise ProgramError(f"{where}: block_dim {kernel.block_dim} must be >= 1")
-    ct = kernel.core_type
+    if kernel.workspace_bytes < 0:
+        raise ProgramError(f"{where}: workspace_bytes {kernel.workspace_bytes} must be >= 0")
+    for i, t in enumerate(kernel.gm):
+        if t.__class__ is not GmTensor:
+            raise ProgramError(f"{where}: gm[{i}] is {a_type(t)}, expected a GmTensor")
+        for name in ("addr", "nbytes"):
+            value = getattr(t, name)
+            if value.__class__ is not int:
+                raise ProgramError(f"{where}: GmTensor {t.name!r}: {name} {value!r} is {a_type(value)}, "
+                                   "expected an int")
+        if t.addr < 0 or t.nbytes < 1:
+            raise ProgramError(f"{where}: GmTensor {t.name!r}: addr {t.addr} must be >= 0 and nbytes {t.nbytes} >= 1")
     wanted = {"aic": ct in (CoreType.AIC, CoreType.MIX), "aiv": ct in (CoreType.AIV, CoreType.MIX)}
     for side, progs in (("aic", kernel.aic), ("aiv", kernel.aiv)):
         if wanted[side] and not progs:
@@ -252,7 +275,14 @@ def _check_buffers(w: _Walk, buffers: tuple[Buffer, ...], capacity: dict[Mem, in
     Returns the buffers of each memory sorted by address, for the access checks."""
     core = w.site.core
     by_mem: dict[Mem, list[Buffer]] = {}
-    for b in buffers:
+    for i, b in enumerate(buffers):
+        if b.__class__ is not Buffer:
+            w.fail(f"buffers[{i}] is {a_type(b)}, expected a Buffer")
+        for name, cls in (("mem", Mem), ("addr", int), ("nbytes", int)):
+            value = getattr(b, name)
+            if value.__class__ is not cls:
+                w.fail(f"buffer {b.name!r}: {name} {value!r} is {a_type(value)}, expected a{'n' * (cls is int)} "
+                       f"{cls.__name__}")
         if b.mem not in CORE_MEMS[core]:
             w.fail(f"buffer {b.name!r} in {b.mem!r}: {core.value} has no {b.mem!r} (has {names(CORE_MEMS[core])})")
         if b.nbytes < 1 or b.addr < 0:
@@ -295,12 +325,17 @@ def _check_instr(w: _Walk, instr, path: Path, scope: Scope, mult: int) -> None:
     cls = instr.__class__
     addresses = ADDRESSES.get(cls)
     free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
-    if free and instr in w.passed:
-        return
+    if free:
+        try:
+            if instr in w.passed:
+                return
+        except TypeError:  # a field that cannot be hashed (a list): the field checks below name it
+            free = False
     check = _CHECKS.get(cls)
     if check is None:
         kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
         w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
+    _check_fields(w, instr, path)
     check(w, instr, path, scope, mult)
     if free:
         w.passed.add(instr)
@@ -445,6 +480,63 @@ _CHECKS: dict[type, Callable] = {
     CrossSetFlag: _check_cross,
     CrossWaitFlag: _check_cross,
 }
+
+
+# The fields of each instruction whose type the checks rely on: (name, the classes it may
+# be, what the error says is expected). A count, size, id or stride is an int: not a bool
+# (True is 1 to Python, never a size), not a float (the engine indexes with it), not a numpy
+# int (the engine takes Python ints); addresses are checked where they are read
+# (verify_addresses._span). Checked with the instruction, so once per instruction object
+# met (an instruction equal to one that passed is not checked again: see the module doc).
+_NONE = type(None)
+_INT, _COUNT = ({int}, "an int"), ({int, _NONE}, "an int or None")
+def _fields(fields: tuple) -> tuple:
+    """(a getter of the fields' values as a tuple, (name, allowed classes, expected) per field,
+    the type tuples that passed)."""
+    names = [name for name, _ in fields]
+    get = (lambda r: ()) if not names else (lambda r, n=names[0]: (getattr(r, n),)) if len(names) == 1 else (
+        operator.attrgetter(*names))
+    return get, tuple((name, frozenset(types), expected) for name, (types, expected) in fields), set()
+
+
+_FIELDS: dict[type, tuple] = {
+    cls: _fields(fields)
+    for cls, fields in {
+        Loop: (("var", ({str}, "a str")), ("count", _INT)),
+        Copy: (("src", ({Mem}, "a Mem")), ("dst", ({Mem}, "a Mem")), ("nbytes", _INT), ("segments", _INT),
+               ("src_stride", _COUNT), ("dst_stride", _COUNT), ("convert", ({str}, "a str"))),
+        Mmad: (("m", _INT), ("n", _INT), ("k", _INT), ("dtype", ({str}, "a str")),
+               ("accumulate", ({bool, int, Affine}, "a bool, an int or an Affine"))),
+        VecOp: (("op", ({str}, "a str")), ("n", _INT), ("dtype", ({str}, "a str")),
+                ("srcs", ({tuple}, "a tuple of addresses")), ("out_dtype", ({str, _NONE}, "a str or None")),
+                ("out_n", _COUNT), ("flops_per_elem", _INT),
+                ("scalar", ({int, float, Affine, _NONE}, "a number, an Affine or None")),
+                ("scalar_src", ({int, Affine, _NONE}, "an int, an Affine or None")),
+                ("pitches", ({tuple}, "a tuple of levels"))),
+        Scalar: (("cycles", ({int, float}, "a number of cycles")),),
+        SetFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
+        WaitFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
+        PipeBarrier: (("pipe", ({Pipe, _NONE}, "a Pipe or None (PIPE_ALL)")),),
+        SyncAll: (),
+        CrossSetFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
+        CrossWaitFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
+    }.items()
+}
+
+
+def _check_fields(w: _Walk, instr, path: Path) -> None:
+    """Each field of _FIELDS[its class] is of a type it may be. The types of an instruction's
+    fields that passed are kept (a handful per class), so most instructions are one lookup."""
+    cls = instr.__class__
+    get, fields, passed = _FIELDS[cls]
+    types = tuple(map(type, get(instr)))
+    if types in passed:
+        return
+    for (name, allowed, expected), t in zip(fields, types):
+        if t not in allowed:
+            value = getattr(instr, name)
+            w.fail(f"{name} {value!r} is {a_type(value)}, expected {expected}", path, instr)
+    passed.add(types)
 
 
 # Of the types of an instruction's addresses (verify_addresses.ADDRESSES): every one a plain

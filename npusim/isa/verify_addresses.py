@@ -50,10 +50,22 @@ def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tupl
     if a.__class__ is int:
         return a, a, False
     if a.__class__ is not Affine:  # e.g. a numpy int: program.at() would fail on it in the engine
-        w.fail(f"{role} address {a!r} is a {type(a).__name__}, expected an int or Affine", path, instr)
+        w.fail(f"{role} address {a!r} is {a_type(a)}, expected an int or Affine", path, instr)
     lo = hi = a.base
+    if lo.__class__ is not int:
+        w.fail(f"{role} address {a!r}: base {lo!r} is {a_type(lo)}, expected an int", path, instr)
+    if a.terms.__class__ is not tuple:
+        w.fail(f"{role} address {a!r}: terms {a.terms!r} is {a_type(a.terms)}, expected a tuple of (var, step) pairs",
+               path, instr)
     site_bound = False
-    for var, step in a.terms:
+    try:
+        pairs = [(var, step) for var, step in a.terms]
+    except (TypeError, ValueError):  # a term that is not a pair
+        pairs = None
+    if pairs is None or any(step.__class__ is not int for _, step in pairs):
+        bad = next(t for t in a.terms if t.__class__ is not tuple or len(t) != 2 or t[1].__class__ is not int)
+        w.fail(f"{role} address {a!r}: term {bad!r} is not a (var, step) pair of a str and an int", path, instr)
+    for var, step in pairs:
         r = scope.get(var)
         if r is None:
             w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
@@ -117,11 +129,17 @@ def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> N
 ADDRESSES: dict[type, Callable] = {
     Copy: lambda c: (c.src_addr, c.dst_addr),
     Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
-    VecOp: lambda v: (v.dst, *v.srcs),
+    VecOp: lambda v: (v.dst, *v.srcs) if v.srcs.__class__ is tuple else (v.dst, v.srcs),
 }
 
 
 # ------------------------------------------------------------------ formatting
+
+
+def a_type(value) -> str:
+    """'an int', 'a float': the type of a value, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def hex_range(x) -> str:
@@ -134,4 +152,4 @@ def names(items) -> str:
     return ", ".join(repr(i) for i in items)
 
 
-__all__ = ["ADDRESSES", "check_access", "hex_range", "names"]
+__all__ = ["ADDRESSES", "a_type", "check_access", "hex_range", "names"]

@@ -1,0 +1,118 @@
+"""Hand-written kernels with hostile values, through the public entry points: verify(),
+simulate() and the functional interpreter (npusim.isa.interpret.run_kernel). Each ends in
+one ProgramError (or DeadlockError) line naming the kernel, block, core and instruction
+(or field) at fault: never a Python error from inside, a hang or a number from a kernel
+the device could not run."""
+
+from __future__ import annotations
+
+import pytest
+from kernels import cube_program, mix_kernel
+
+from npusim.engine import simulate
+from npusim.errors import ProgramError
+from npusim.hw import load_hw
+from npusim.isa import (
+    Affine, Buffer, Copy, CoreType, CrossSetFlag, CrossWaitFlag, GmTensor, Kernel, Loop, Mem, Mmad, Pipe,
+    PipeBarrier, Program, Scalar, SetFlag, VecOp, WaitFlag, verify,
+)
+
+HW = load_hw("ascend910b2")
+GM, UB = Mem.GM, Mem.UB
+UB_BUF = Buffer("ub", UB, 0, 65536)
+X = GmTensor("x", 0, 1 << 20)
+
+
+def aiv(body, block_dim=1, gm=(X,), buffers=(UB_BUF,), **kw) -> Kernel:
+    return Kernel("k", CoreType.AIV, block_dim, aiv=[Program(body, buffers)], gm=gm, op_type="add", **kw)
+
+
+def aic(body) -> Kernel:
+    return Kernel("k", CoreType.AIC, 1, aic=[cube_program(HW, body)], op_type="mm")
+
+
+def copy(**kw) -> Copy:
+    return Copy(**{"src": GM, "dst": UB, "src_addr": 0, "dst_addr": 0, "nbytes": 64, **kw})
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e)
+    assert text and "\n" not in text, repr(text)
+    return text
+
+
+def refused(kernel: Kernel, match: str) -> None:
+    """verify() and simulate() both refuse `kernel` with one ProgramError line matching `match`."""
+    for check in (lambda: verify(kernel, HW), lambda: simulate(kernel, HW, trace="kernel")):
+        with pytest.raises(ProgramError) as e:
+            check()
+        assert __import__("re").search(match, one_line(e.value)), str(e.value)
+
+
+# ---------------------------------------------------------------- field types
+
+# Each was a TypeError / ValueError / AttributeError from inside verify() or the engine
+# ("'<' not supported between instances of 'str' and 'int'", "Unknown format code 'x' for
+# object of type 'float'", "'float' object cannot be interpreted as an integer"), or ran
+# with a bool taken as 1 or a float as a size.
+WRONG_TYPES = {
+    "copy nbytes str": (aiv([copy(nbytes="64")]), r"instr 0 Copy\(.*\): nbytes '64' is a str, expected an int"),
+    "copy nbytes float": (aiv([copy(nbytes=64.0)]), r"nbytes 64\.0 is a float, expected an int"),
+    "copy nbytes nan": (aiv([copy(nbytes=float("nan"))]), r"nbytes nan is a float, expected an int"),
+    "copy segments bool": (aiv([copy(segments=True)]), r"segments True is a bool, expected an int"),
+    "copy stride float": (aiv([copy(src_stride=1.5)]), r"src_stride 1\.5 is a float, expected an int or None"),
+    "copy mem str": (aiv([copy(src="GM")]), r"src 'GM' is a str, expected a Mem"),
+    "loop count float": (aiv([Loop("i", 3.0, [copy()])]), r"instr 0 Loop\('i', count=3\.0\): count 3\.0 is a float"),
+    "loop count None": (aiv([Loop("i", None, [copy()])]), r"count None is a NoneType, expected an int"),
+    "loop var int": (aiv([Loop(3, 2, [copy()])]), r"var 3 is an int, expected a str"),
+    "flag id str": (aiv([SetFlag(Pipe.MTE2, Pipe.V, "1"), WaitFlag(Pipe.MTE2, Pipe.V, "1")]),
+                    r"id '1' is a str, expected an int"),
+    "flag id float": (aiv([SetFlag(Pipe.MTE2, Pipe.V, 1.5), WaitFlag(Pipe.MTE2, Pipe.V, 1.5)]),
+                      r"id 1\.5 is a float, expected an int"),
+    "flag pipe str": (aiv([SetFlag("MTE2", "V"), WaitFlag("MTE2", "V")]), r"src 'MTE2' is a str, expected a Pipe"),
+    "barrier pipe str": (aiv([PipeBarrier("V")]), r"pipe 'V' is a str, expected a Pipe or None"),
+    "cross id float": (mix_kernel(HW, [CrossSetFlag(Pipe.FIX, 1.0)], [CrossWaitFlag(Pipe.MTE2, 1.0)]),
+                       r"id 1\.0 is a float, expected an int"),
+    "vec n None": (aiv([VecOp("add", None, "fp16", 0, (256, 512))]), r"n None is a NoneType, expected an int"),
+    "vec n inf": (aiv([VecOp("add", float("inf"), "fp16", 0, (256, 512))]), r"n inf is a float, expected an int"),
+    "vec srcs None": (aiv([VecOp("add", 16, "fp16", 0, None)]), r"srcs None is a NoneType, expected a tuple"),
+    "vec srcs list": (aiv([VecOp("add", 16, "fp16", 0, [256, 512])]), r"srcs \[256, 512\] is a list, expected a tuple"),
+    "vec op list": (aiv([VecOp(["add"], 16, "fp16", 0, (256, 512))]), r"op \['add'\] is a list, expected a str"),
+    "vec dtype None": (aiv([VecOp("add", 16, None, 0, (256, 512))]), r"dtype None is a NoneType, expected a str"),
+    "vec flops str": (aiv([VecOp("add", 16, "fp16", 0, (256, 512), flops_per_elem="1")]),
+                      r"flops_per_elem '1' is a str, expected an int"),
+    "vec scalar str": (aiv([VecOp("muls", 16, "fp16", 0, (256,), scalar="2")]),
+                       r"scalar '2' is a str, expected a number, an Affine or None"),
+    "mmad m float": (aic([Mmad(16.0, 16, 16)]), r"instr 0 Mmad\(.*\): m 16\.0 is a float, expected an int"),
+    "mmad accumulate str": (aic([Mmad(16, 16, 16, accumulate="yes")]), r"accumulate 'yes' is a str"),
+    "scalar cycles str": (aiv([Scalar("5")]), r"cycles '5' is a str, expected a number of cycles"),
+    "affine base float": (aiv([copy(src_addr=Affine(1.5, (("block", 64),)))]),
+                          r"src address Affine\(1\.5, .*\): base 1\.5 is a float, expected an int"),
+    "affine terms str": (aiv([copy(src_addr=Affine(0, "ab"))]),
+                         r"src address Affine\(0, 'ab'\): terms 'ab' is a str, expected a tuple of \(var, step\)"),
+    "affine step float": (aiv([Loop("i", 2, [copy(src_addr=Affine(0, (("i", 64.0),)))])]),
+                          r"term \('i', 64\.0\) is not a \(var, step\) pair of a str and an int"),
+    "block_dim str": (aiv([copy()], block_dim="2"), r"^kernel 'k': block_dim '2' is a str, expected an int$"),
+    "block_dim float": (aiv([copy()], block_dim=2.0), r"^kernel 'k': block_dim 2\.0 is a float, expected an int$"),
+    "block_dim bool": (aiv([copy()], block_dim=True), r"block_dim True is a bool, expected an int"),
+    "workspace negative": (aiv([copy()], workspace_bytes=-1), r"workspace_bytes -1 must be >= 0"),
+    "workspace nan": (aiv([copy()], workspace_bytes=float("nan")), r"workspace_bytes nan is a float"),
+    "core type str": (Kernel("k", "AIV", 1, aiv=[Program([Scalar(1)])]),
+                      r"^kernel 'k': core_type 'AIV' is a str, expected a CoreType \(AIC, AIV, MIX\)$"),
+    "gm not a tensor": (aiv([copy()], gm=["x"]), r"^kernel 'k': gm\[0\] is a str, expected a GmTensor$"),
+    "gm addr float": (aiv([copy()], gm=[GmTensor("x", 0.0, 1 << 20)]), r"GmTensor 'x': addr 0\.0 is a float"),
+    "gm nbytes inf": (aiv([copy()], gm=[GmTensor("x", 0, float("inf"))]), r"GmTensor 'x': nbytes inf is a float"),
+    "gm addr negative": (aiv([copy()], gm=[GmTensor("x", -64, 1 << 20)]), r"GmTensor 'x': addr -64 must be >= 0"),
+    "buffer not a Buffer": (aiv([Scalar(1)], buffers=["ub"]), r"AIV: buffers\[0\] is a str, expected a Buffer"),
+    "buffer mem str": (aiv([Scalar(1)], buffers=[Buffer("ub", "UB", 0, 64)]),
+                       r"buffer 'ub': mem 'UB' is a str, expected a Mem"),
+    "buffer addr float": (aiv([Scalar(1)], buffers=[Buffer("ub", UB, 0.0, 64)]),
+                          r"buffer 'ub': addr 0\.0 is a float, expected an int"),
+    "buffer nbytes None": (aiv([Scalar(1)], buffers=[Buffer("ub", UB, 0, None)]),
+                           r"buffer 'ub': nbytes None is a NoneType, expected an int"),
+}
+
+
+@pytest.mark.parametrize("kernel, match", WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
+def test_a_field_of_the_wrong_type_is_named(kernel, match):
+    refused(kernel, match)
