@@ -7,7 +7,7 @@ the device could not run."""
 from __future__ import annotations
 
 import pytest
-from kernels import cube_program, mix_kernel
+from kernels import cube_program, deadline, mix_kernel
 
 from npusim.engine import simulate
 from npusim.errors import ProgramError
@@ -116,3 +116,20 @@ WRONG_TYPES = {
 @pytest.mark.parametrize("kernel, match", WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
 def test_a_field_of_the_wrong_type_is_named(kernel, match):
     refused(kernel, match)
+
+
+# ---------------------------------------------------------------- sizes past what runs
+
+
+@pytest.mark.parametrize("block_dim", [65536, 1 << 63])
+def test_a_block_dim_past_ascend_cs_is_refused(block_dim):
+    """block_dim 2^63 ran forever in the engine, one block after another."""
+    with deadline(20):
+        refused(aiv([copy()], block_dim=block_dim),
+                rf"^kernel 'k': block_dim {block_dim} must be 1 to 65535 \(Ascend C's blockDim\)$")
+
+
+def test_the_most_blocks_run():
+    kernel = Kernel("k", CoreType.AIV, 65535, aiv=[Program([Scalar(1)])])
+    with deadline(20):
+        assert simulate(kernel, HW, trace="kernel").kernels[0].block_dim == 65535

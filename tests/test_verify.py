@@ -473,7 +473,7 @@ def test_sync_all_beyond_resident_cores_deadlocks(core, resident):
 
 P = Program([])
 KERNEL_CASES = {
-    "block_dim 0": (Kernel("bad", CoreType.AIV, 0, aiv=[P]), r"^kernel 'bad': block_dim 0 must be >= 1$"),
+    "block_dim 0": (Kernel("bad", CoreType.AIV, 0, aiv=[P]), r"^kernel 'bad': block_dim 0 must be 1 to 65535 \(Ascend C's blockDim\)$"),
     "tuple length": (
         Kernel("bad", CoreType.AIV, 3, aiv=[P, P]),
         r"^kernel 'bad': 2 aiv programs for block_dim 3: expected 1 \(shared by all blocks\) or 3 \(one per block\)$",

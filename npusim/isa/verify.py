@@ -3,7 +3,7 @@
 The engine trusts what it runs, so this is where a lowering bug becomes one
 readable line instead of a wrong number or a hang. Checked, against the config:
 
-- the kernel's shape: block_dim, one shared program or one per block, the
+- the kernel's shape: block_dim (1 to MAX_BLOCK_DIM), one shared program or one per block, the
   programs its core type needs;
 - every field of the type the engine takes: a count, size, id or stride an int
   (not a bool, a float or a numpy int), a memory a Mem, a pipe a Pipe, an Affine
@@ -73,6 +73,11 @@ ACC_DTYPE = "fp32"
 # slip (2^62 trips of Scalar(0) ran forever), refused before the run.
 MAX_BODY_RUNS = 1 << 30
 
+# The most blocks a kernel may launch: Ascend C's blockDim is 1 to 65535. The engine runs
+# every block (a launch of 65535 one-instruction blocks takes under a second); a block_dim
+# of 2^63 ran forever.
+MAX_BLOCK_DIM = 65535
+
 Scope = dict[str, tuple[int, int]]  # var -> (lowest, highest) value in this part of the walk
 Path = tuple[int, ...]  # index path of an instruction in the body: (3, 1) is body[3].body[1]
 
@@ -113,8 +118,8 @@ def _check_shape(kernel: Kernel) -> None:
         value = getattr(kernel, name)
         if value.__class__ is not int:
             raise ProgramError(f"{where}: {name} {value!r} is {a_type(value)}, expected an int")
-    if kernel.block_dim < 1:
-        raise ProgramError(f"{where}: block_dim {kernel.block_dim} must be >= 1")
+    if not 1 <= kernel.block_dim <= MAX_BLOCK_DIM:
+        raise ProgramError(f"{where}: block_dim {kernel.block_dim} must be 1 to {MAX_BLOCK_DIM} (Ascend C's blockDim)")
     if kernel.workspace_bytes < 0:
         raise ProgramError(f"{where}: workspace_bytes {kernel.workspace_bytes} must be >= 0")
     for i, t in enumerate(kernel.gm):
