@@ -133,3 +133,41 @@ def test_the_most_blocks_run():
     kernel = Kernel("k", CoreType.AIV, 65535, aiv=[Program([Scalar(1)])])
     with deadline(20):
         assert simulate(kernel, HW, trace="kernel").kernels[0].block_dim == 65535
+
+
+# Each was an error from inside the engine's C code, after verify() passed it: 'L2 core: line
+# number -1 is negative', '... past the last one a 32-bit tag can name', 'int too big to
+# convert' (a stride or step the engine takes even where it moves nothing: one segment, a loop of one)
+GM_END = r"0x60000000000000"  # hw.checks.gm_named_bytes of the 910B2: 2^31 tags x 24576 sets x 512-byte lines
+PAST_GM = {
+    "negative GM address": (aiv([copy(src_addr=-64)], gm=()),
+                            rf"instr 0 Copy\(.*\): src GM \[-0x40, 0x0\) over all blocks and iterations is outside "
+                            rf"\[0x0, {GM_END}\), the GM addresses the simulated device has"),
+    "GM address 2^62": (aiv([copy(dst=GM, src=UB, dst_addr=1 << 62)], gm=()),
+                        rf"dst GM \[0x4000000000000000, 0x4000000000000040\) .* is outside \[0x0, {GM_END}\)"),
+    "GM address 2^63": (aiv([copy(src_addr=1 << 63)], gm=()), r"src GM \[0x8000000000000000, "),
+    "negative block step": (aiv([copy(src_addr=Affine(0, (("block", -64),)))], block_dim=2, gm=()),
+                            r"src GM \[-0x40, 0x40\) over all blocks"),
+    "GmTensor past GM": (aiv([copy()], gm=[GmTensor("x", 1 << 62, 64)]),
+                         rf"^kernel 'k': GmTensor 'x' \[0x4000000000000000, 0x4000000000000040\) reaches past {GM_END}"),
+    "stride 2^63, one segment": (aiv([copy(src_stride=1 << 63)]),
+                                 rf"src stride 9223372036854775808 is longer than any memory of the device \(its GM: "
+                                 rf"{GM_END} bytes\)"),
+    "UB stride -2^63": (aiv([copy(dst_stride=-(1 << 63))]), r"dst stride -9223372036854775808 is longer than any"),
+    "step 2^63, loop of one": (aiv([Loop("i", 1, [copy(src_addr=Affine(0, (("i", 1 << 63),)))])]),
+                               r"instr 0\.0 Copy\(.*\): src address .*: step 9223372036854775808 of 'i' is longer "
+                               r"than any memory"),
+}
+
+
+@pytest.mark.parametrize("kernel, match", PAST_GM.values(), ids=PAST_GM.keys())
+def test_gm_addresses_strides_and_steps_past_the_device(kernel, match):
+    refused(kernel, match)
+
+
+def test_the_last_gm_line_runs():
+    from npusim.hw.checks import gm_named_bytes
+
+    end = gm_named_bytes(HW)
+    kernel = aiv([copy(src_addr=end - 64)], gm=[GmTensor("x", end - 4096, 4096)])
+    assert simulate(kernel, HW, trace="kernel").cycles > 0

@@ -166,12 +166,20 @@ def _cube_buffer_too_small(hw: HwConfig) -> tuple[str, str] | None:
     return None
 
 
+def gm_named_bytes(hw: HwConfig) -> int:
+    """The GM addresses the L2 model can name, [0, this): 2^31 tags x its sets x l2.line_bytes
+    (verify() keeps every GM access of a kernel inside them)."""
+    lines = hw.l2.l2_bytes // hw.l2.line_bytes  # as npusim/engine/memory.py sizes the L2
+    sets = max(1, lines // hw.l2.ways)  # as npusim/engine/l2cache.py divides them
+    return L2_TAGS * sets * hw.l2.line_bytes
+
+
 def _beyond_l2_tags(hw: HwConfig, lines: int) -> tuple[str, str] | None:
     """GM (GM_BASE + hbm.hbm_bytes) past the lines the L2's 32-bit tags name."""
     from npusim.ops.registry import GM_BASE  # here: the ops package imports npusim.hw
 
     sets = max(1, lines // hw.l2.ways)  # as npusim/engine/l2cache.py divides them
-    named = L2_TAGS * sets * hw.l2.line_bytes
+    named = gm_named_bytes(hw)
     if GM_BASE + hw.hbm.hbm_bytes > named:
         return "hbm.hbm_bytes", (f"{hw.hbm.hbm_bytes} bytes from GM address {GM_BASE} reach past the {named} the "
                                  f"L2's 32-bit tags name (2^31 x {sets} sets x l2.line_bytes {hw.l2.line_bytes})")

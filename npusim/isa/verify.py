@@ -11,8 +11,8 @@ readable line instead of a wrong number or a hang. Checked, against the config:
 - every buffer: its core has that memory, it fits, it is aligned, no two overlap;
 - every instruction: its pipe exists on the core, its operands fall inside one
   declared buffer (or GM tensor) for *every* block, sub-core and loop iteration
-  and are aligned (verify_addresses.py), Mmad and vector dtypes/ops are ones the
-  config knows;
+  and are aligned (verify_addresses.py), GM ones inside the GM the device has
+  (hw.checks.gm_named_bytes), Mmad and vector dtypes/ops are ones the config knows;
 - synchronisation: flag ids in range, SetFlag/WaitFlag counts balance per
   program, cross-core flags balance between the AIC and AIV sides of a MIX block,
   SyncAll only when every block can be resident at once.
@@ -54,6 +54,7 @@ from collections.abc import Callable
 import attrs
 
 from npusim.errors import ProgramError
+from npusim.hw.checks import gm_named_bytes
 from npusim.hw.config import HwConfig
 from npusim.isa.program import (
     ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Affine, Buffer, Copy, CoreType,
@@ -84,8 +85,10 @@ Path = tuple[int, ...]  # index path of an instruction in the body: (3, 1) is bo
 
 def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
     """Check `kernel` against `hw`; return it unchanged, or raise one-line ProgramError."""
-    _check_shape(kernel)
+    gm_end = gm_named_bytes(hw)
+    _check_shape(kernel, gm_end)
     capacity = _mem_capacity(hw)
+    capacity[Mem.GM] = gm_end
     walks = {}
     passed: dict[tuple, set] = {}  # (core, program buffers) -> var-free instructions that passed
     sites = list(_sites(kernel, hw))
@@ -107,8 +110,9 @@ def verify(kernel: Kernel, hw: HwConfig) -> Kernel:
 # ------------------------------------------------------------------ kernel shape
 
 
-def _check_shape(kernel: Kernel) -> None:
-    """block_dim >= 1; the program tuples the core type needs, each of length 1 or block_dim."""
+def _check_shape(kernel: Kernel, gm_end: int) -> None:
+    """block_dim in range; GmTensors inside [0, gm_end); the program tuples the core type
+    needs, each of length 1 or block_dim."""
     where = f"kernel {kernel.name!r}"
     ct = kernel.core_type
     if ct.__class__ is not CoreType:
@@ -132,6 +136,9 @@ def _check_shape(kernel: Kernel) -> None:
                                    "expected an int")
         if t.addr < 0 or t.nbytes < 1:
             raise ProgramError(f"{where}: GmTensor {t.name!r}: addr {t.addr} must be >= 0 and nbytes {t.nbytes} >= 1")
+        if t.addr + t.nbytes > gm_end:
+            raise ProgramError(f"{where}: GmTensor {t.name!r} {hex_range(t)} reaches past {gm_end:#x}, the GM "
+                               "addresses the simulated device has (its L2 model's tags name)")
     wanted = {"aic": ct in (CoreType.AIC, CoreType.MIX), "aiv": ct in (CoreType.AIV, CoreType.MIX)}
     for side, progs in (("aic", kernel.aic), ("aiv", kernel.aiv)):
         if wanted[side] and not progs:
@@ -221,6 +228,9 @@ class _Walk:
     # arguments but `w`; None: not listed (a walk repeated on another site: _check_again)
     site_checks: list | None = None
     program: Program | None = None  # the program walked (None: a walk repeated on another site)
+    # GM addresses are in [0, gm_end) (hw.checks.gm_named_bytes); no stride or address step
+    # reaches that far either
+    gm_end: int = 0
 
     def fail(self, msg: str, path: Path | None = None, instr=None):
         """Raise the one-line error: kernel, block, core, instruction, what was expected."""
@@ -254,7 +264,7 @@ def _check_program(kernel: Kernel, hw: HwConfig, capacity: dict[Mem, int], site:
     w = check_like(last[site.core], program, site, _check_instr) if site.core in last else None
     if w is None:
         w = _Walk(kernel, hw, site, passed=passed.setdefault((site.core, program.buffers), set()), site_checks=[],
-                  program=program)
+                  program=program, gm_end=capacity[Mem.GM])
         w.buffers = _check_buffers(w, program.buffers, capacity)
         _walk(w, program.body, (), site.scope, 1)
         _check_flag_balance(w)

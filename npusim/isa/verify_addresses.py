@@ -36,6 +36,9 @@ def check_access(
     if site_bound and w.site_checks is not None:
         w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
     step = nbytes if stride is None else stride
+    if not -w.gm_end < step < w.gm_end:  # the engine takes it even for one segment
+        w.fail(f"{role} stride {step} is longer than any memory of the device (its GM: {w.gm_end:#x} bytes)",
+               path, instr)
     reach = (segments - 1) * step  # offset of the last segment from the first
     start, end = lo + min(0, reach), hi + max(0, reach) + nbytes
     if mem is Mem.GM:
@@ -65,7 +68,11 @@ def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tupl
     if pairs is None or any(step.__class__ is not int for _, step in pairs):
         bad = next(t for t in a.terms if t.__class__ is not tuple or len(t) != 2 or t[1].__class__ is not int)
         w.fail(f"{role} address {a!r}: term {bad!r} is not a (var, step) pair of a str and an int", path, instr)
+    end = w.gm_end
     for var, step in pairs:
+        if not -end < step < end:  # the engine takes it even where its var moves nothing (a loop of one)
+            w.fail(f"{role} address {a!r}: step {step} of {var!r} is longer than any memory of the device (its "
+                   f"GM: {end:#x} bytes)", path, instr)
         r = scope.get(var)
         if r is None:
             w.fail(f"{role} address {a!r} uses var {var!r}, not in scope (have {', '.join(scope)})", path, instr)
@@ -115,7 +122,11 @@ def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, s
 
 
 def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
-    """A GM access lands inside one declared GmTensor (checked only when the kernel declares some)."""
+    """A GM access lands inside the GM the device has, and inside one declared GmTensor when
+    the kernel declares some."""
+    if start < 0 or end > w.gm_end:
+        w.fail(f"{role} GM [{start:#x}, {end:#x}) over all blocks and iterations is outside [0x0, {w.gm_end:#x}), "
+               "the GM addresses the simulated device has (its L2 model's tags name)", path, instr)
     gm = w.kernel.gm
     if gm and not any(t.addr <= start and end <= t.addr + t.nbytes for t in gm):
         have = ", ".join(f"{t.name!r} {hex_range(t)}" for t in gm)
