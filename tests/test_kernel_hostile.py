@@ -171,3 +171,14 @@ def test_the_last_gm_line_runs():
     end = gm_named_bytes(HW)
     kernel = aiv([copy(src_addr=end - 64)], gm=[GmTensor("x", end - 4096, 4096)])
     assert simulate(kernel, HW, trace="kernel").cycles > 0
+
+
+@pytest.mark.parametrize("cycles", [float("nan"), float("inf"), (1 << 40) + 1, 1 << 63])
+def test_scalar_cycles_past_a_step_are_refused(cycles):
+    """NaN and inf were ValueErrors from the engine's C code ('pipe Code: op 0: a cost of nan
+    cycles'), naming no kernel or instruction; 2^63 an OverflowError ('a cycle count beyond 2^53')."""
+    refused(aiv([Scalar(cycles)]), rf"instr 0 Scalar\(cycles={cycles!r}\): cycles {cycles!r} must be >= 0 and at most 2\^40")
+
+
+def test_scalar_cycles_of_a_whole_step_run():
+    assert simulate(aiv([Scalar(1 << 40), Scalar(0.5)]), HW, trace="kernel").cycles >= 1 << 40

@@ -54,7 +54,7 @@ from collections.abc import Callable
 import attrs
 
 from npusim.errors import ProgramError
-from npusim.hw.checks import gm_named_bytes
+from npusim.hw.checks import STEP_CYCLES_MAX, gm_named_bytes
 from npusim.hw.config import HwConfig
 from npusim.isa.program import (
     ALIGN_BYTES, CORE_MEMS, CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Affine, Buffer, Copy, CoreType,
@@ -422,9 +422,10 @@ def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
 
 
 def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> None:
-    """Non-negative cycles on the S pipe."""
-    if s.cycles < 0:
-        w.fail(f"cycles {s.cycles} must be >= 0", path, s)
+    """Cycles from 0 to STEP_CYCLES_MAX (not NaN) on the S pipe."""
+    if not 0 <= s.cycles <= STEP_CYCLES_MAX:
+        w.fail(f"cycles {s.cycles} must be >= 0 and at most 2^40 (hw.checks.STEP_CYCLES_MAX: the longest one "
+               "step of a kernel may take)", path, s)
     w.need_pipe(Pipe.S, path, s)
 
 
