@@ -182,3 +182,22 @@ def test_scalar_cycles_past_a_step_are_refused(cycles):
 
 def test_scalar_cycles_of_a_whole_step_run():
     assert simulate(aiv([Scalar(1 << 40), Scalar(0.5)]), HW, trace="kernel").cycles >= 1 << 40
+
+
+def nest(depth: int, inner) -> list:
+    """`depth` loops of one trip, each in the last; `inner` in the innermost."""
+    body = inner
+    for i in reversed(range(depth)):
+        body = [Loop(f"v{i}", 1, body)]
+    return body
+
+
+@pytest.mark.parametrize("depth", [65, 1000])
+def test_loops_nested_past_the_most_are_refused(depth):
+    """1000 loops in one another were a RecursionError from inside verify()."""
+    refused(aiv(nest(depth, [copy()])), r"instr 0(\.0){64} Loop\('v64', count=1\): loops nested 65 deep, more than "
+                                        r"the 64 a program may nest")
+
+
+def test_loops_nested_to_the_most_run():
+    assert simulate(aiv(nest(64, [copy()])), HW, trace="kernel").cycles > 0

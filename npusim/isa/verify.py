@@ -73,6 +73,9 @@ ACC_DTYPE = "fp32"
 # run 2^30 times is at least ~20 minutes of one core's program; beyond, a loop count is a
 # slip (2^62 trips of Scalar(0) ran forever), refused before the run.
 MAX_BODY_RUNS = 1 << 30
+# The deepest loop nest a program may hold: lowerings nest 4 or 5 deep; verify() and the
+# engine walk a nest by recursion, and 400 loops in one another were a RecursionError.
+MAX_LOOP_DEPTH = 64
 
 # The most blocks a kernel may launch: Ascend C's blockDim is 1 to 65535. The engine runs
 # every block (a launch of 65535 one-instruction blocks takes under a second); a block_dim
@@ -364,6 +367,8 @@ def _check_loop(w: _Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> No
         w.fail(f"loop var {loop.var!r} is reserved ({', '.join(RESERVED_VARS)})", path, loop)
     if loop.var in scope:
         w.fail(f"loop var {loop.var!r} shadows an enclosing loop's var", path, loop)
+    if len(path) > MAX_LOOP_DEPTH:
+        w.fail(f"loops nested {len(path)} deep, more than the {MAX_LOOP_DEPTH} a program may nest", path, loop)
     if mult * loop.count > MAX_BODY_RUNS and _executes(loop.body):
         w.fail(f"its body runs {mult * loop.count:.3g} times (loop trips multiplied), more than the 2^30 "
                "npusim simulates in a program (at about a million instructions a second)", path, loop)
