@@ -201,3 +201,44 @@ def test_loops_nested_past_the_most_are_refused(depth):
 
 def test_loops_nested_to_the_most_run():
     assert simulate(aiv(nest(64, [copy()])), HW, trace="kernel").cycles > 0
+
+
+# ---------------------------------------------------------------- fields only the interpreter reads
+
+# Each passed verify() and simulate() (none changes a cost) while naming what no kernel
+# can do: an unknown conversion, a level of pitches that places no element (count 0 or
+# -2: the interpreter ran nothing, or divided by zero), a scalar read back from outside UB,
+# an Affine scalar of a var no loop defines (a KeyError in the interpreter).
+UNREAD = {
+    "unknown convert": (aiv([copy(convert="nd2nz_b12")]),
+                        r"convert 'nd2nz_b12' is not a conversion of isa.instructions.CONVERSIONS"),
+    "group of 0 rows": (aiv([copy(convert="nd2nz_b16:0")]), r"convert 'nd2nz_b16:0' is not a conversion"),
+    "pitches count 0": (aiv([VecOp("add", 16, "fp16", 0, (256, 512), pitches=((0, 64, 64, 64),))]),
+                        r"pitches level \(0, 64, 64, 64\): the count must be >= 1 and each pitch >= 0"),
+    "pitches count -2": (aiv([VecOp("add", 16, "fp16", 0, (256, 512), pitches=((-2, 64, 64, 64),))]),
+                         r"pitches level \(-2, 64, 64, 64\): the count must be >= 1"),
+    "pitches negative": (aiv([VecOp("add", 16, "fp16", 256, (512, 1024), pitches=((2, -64, 64, 64),))]),
+                         r"pitches level \(2, -64, 64, 64\): the count must be >= 1 and each pitch >= 0"),
+    "pitches not runs": (aiv([VecOp("add", 16, "fp16", 0, (256, 512), pitches=((3, 64, 64, 64),))]),
+                         r"n 16 is not whole runs of the pitches' 3"),
+    "pitches level list": (aiv([VecOp("add", 16, "fp16", 0, (256, 512), pitches=([2, 64, 64, 64],))]),
+                           r"pitches level \[2, 64, 64, 64\]: expected a tuple of ints"),
+    "scalar_src past UB": (aiv([VecOp("muls", 16, "fp16", 0, (256,), scalar_src=1 << 63)]),
+                           r"scalar_src UB \[0x8000000000000000, 0x8000000000000004\) .* is not inside one declared"),
+    "scalar_src misaligned": (aiv([VecOp("muls", 16, "fp16", 0, (256,), scalar_src=2)]),
+                              r"scalar_src UB address 2: base 2 is not a multiple of 4 \(its 4-byte element\)"),
+    "scalar of no loop": (aiv([VecOp("adds", 16, "fp16", 0, (256,), scalar=Affine(0, (("i", 1),)))]),
+                          r"scalar address 0x0\+1\*i uses var 'i', not in scope"),
+    "accumulate of no loop": (aic([Mmad(16, 16, 16, accumulate=Affine(0, (("kk", 1),)))]),
+                              r"accumulate address 0x0\+1\*kk uses var 'kk', not in scope"),
+}
+
+
+@pytest.mark.parametrize("kernel, match", UNREAD.values(), ids=UNREAD.keys())
+def test_what_only_the_interpreter_reads_is_checked_too(kernel, match):
+    refused(kernel, match)
+
+
+def test_a_scalar_read_back_from_any_fp32_element_runs():
+    kernel = aiv([Loop("i", 4, [VecOp("muls", 16, "fp32", 0, (256,), scalar_src=Affine(1024, (("i", 4),)))])])
+    assert simulate(kernel, HW, trace="kernel").cycles > 0

@@ -71,6 +71,20 @@ CONVERSIONS["fix_s32_fp32"] = Conversion(
     "scales applied) converted to fp32")
 
 
+def parse_convert(convert: str) -> tuple[Conversion, int, int] | None:
+    """A Copy's `convert` read: (its Conversion, the R of "@R", the R of ":R"; 0 where it has
+    none), or None if it names no conversion or an R is not a whole number >= 1."""
+    name, _, group = convert.partition(":")
+    name, _, tile_rows = name.partition("@")
+    conv = CONVERSIONS.get(name)
+    counts = []
+    for text in (tile_rows, group):
+        if text and not (text.isascii() and text.isdigit() and int(text) >= 1):
+            return None
+        counts.append(int(text) if text else 0)
+    return None if conv is None else (conv, *counts)
+
+
 # ------------------------------------------------------------------ vector ops
 
 
@@ -182,4 +196,4 @@ def l0b_block_bytes(k: int, elem: int) -> int:
 
 
 __all__ = ["ACC_DTYPES", "CONVERSIONS", "FRACTAL_COLS", "UNDESCRIBED_OPS", "VECTOR_OPS", "Conversion", "VectorKind",
-           "l0b_block_bytes", "vec_spans"]
+           "l0b_block_bytes", "parse_convert", "vec_spans"]

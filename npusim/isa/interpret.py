@@ -25,7 +25,7 @@ from attrs import define, field
 from npusim.errors import DeadlockError, NpusimError, ProgramError
 from npusim.hw.config import HwConfig
 from npusim.isa.instructions import (
-    ACC_DTYPES, CONVERSIONS, FRACTAL_COLS, UNDESCRIBED_OPS, VECTOR_OPS, l0b_block_bytes,
+    ACC_DTYPES, FRACTAL_COLS, UNDESCRIBED_OPS, VECTOR_OPS, l0b_block_bytes, parse_convert,
 )
 from npusim.isa.program import (
     CORE_MEMS, CORE_PIPES, DTYPE_BYTES, Copy, CoreType, CrossSetFlag, CrossWaitFlag, Kernel, Mem, Mmad, Pipe,
@@ -260,11 +260,10 @@ FIXPIPE = {"fix": "fp32", "fix_add": "fp32", "fix_s32": "int32"}
 
 
 def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
-    name, _, group = c.convert.partition(":")
-    name, _, tile_rows = name.partition("@")
-    conv = CONVERSIONS.get(name)
-    if conv is None or (group and not group.isdigit()) or (tile_rows and not tile_rows.isdigit()):
+    parsed = parse_convert(c.convert)
+    if parsed is None:
         raise NotInterpretable(f"copy conversion {c.convert!r} is not in isa.instructions.CONVERSIONS")
+    conv, tile_rows, group = parsed
     if conv.kind == "undescribed":
         raise NotInterpretable(f"copy conversion {c.convert!r}: {conv.help}")
     src, dst = at(c.src_addr, vars), at(c.dst_addr, vars)
@@ -297,11 +296,11 @@ def _copy(core: _Core, c: Copy, vars: dict, gm: Gm) -> None:
     if tile_rows:  # rows of an NZ tile of R rows, from the row dst is at
         if conv.kind != "nd2nz" or group:
             raise NotInterpretable(f"{c.convert}: '@R' is for rows (nd2nz) of one tile")
-        rows = int(tile_rows)
+        rows = tile_rows
     if group:  # groups of R rows (segments), each its own NZ tile, back to back
-        if conv.kind != "nd2nz" or c.segments % int(group):
+        if conv.kind != "nd2nz" or c.segments % group:
             raise NotInterpretable(f"{c.convert}: {c.segments} segments are not whole groups of {group} rows")
-        rows = int(group)
+        rows = group
         tile, r = (r // rows) * rows * (-(-n // FRACTAL_COLS) * FRACTAL_COLS), r % rows
     off = dst + (tile + (col // FRACTAL_COLS) * rows * FRACTAL_COLS + r * FRACTAL_COLS + col % FRACTAL_COLS) * e
     _write(core, c.dst, _elements(off, e), raw.reshape(c.segments, n, e), gm)

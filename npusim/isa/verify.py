@@ -61,8 +61,8 @@ from npusim.isa.program import (
     CrossSetFlag, CrossWaitFlag, GmTensor, Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag,
     SyncAll, VecOp, WaitFlag,
 )
-from npusim.isa.instructions import vec_spans
-from npusim.isa.verify_addresses import ADDRESSES, a_type, check_access, hex_range, names
+from npusim.isa.instructions import CONVERSIONS, parse_convert, vec_spans
+from npusim.isa.verify_addresses import ADDRESSES, a_type, check_access, check_index, hex_range, names
 from npusim.isa.verify_alike import check_like, check_listed
 
 # L0C accumulates in fp32 (int32 for int8 inputs: the same width).
@@ -391,6 +391,9 @@ def _check_copy(w: _Walk, c: Copy, path: Path, scope: Scope, mult: int) -> None:
     if pipe is None:
         w.fail(f"no copy path {c.src!r} -> {c.dst!r} (not in COPY_PIPE)", path, c)
     w.need_pipe(pipe, path, c)
+    if c.convert and parse_convert(c.convert) is None:
+        w.fail(f"convert {c.convert!r} is not a conversion of isa.instructions.CONVERSIONS ('' or one of "
+               f"{', '.join(k for k in CONVERSIONS if k)}, optionally with '@R' or ':R', R >= 1)", path, c)
     check_access(w, c, path, scope, "src", c.src, c.src_addr, c.nbytes, c.segments, c.src_stride)
     check_access(w, c, path, scope, "dst", c.dst, c.dst_addr, c.nbytes, c.segments, c.dst_stride)
 
@@ -404,6 +407,8 @@ def _check_mmad(w: _Walk, mm: Mmad, path: Path, scope: Scope, mult: int) -> None
     if mm.dtype not in fractals or mm.dtype not in DTYPE_BYTES:
         w.fail(f"Mmad dtype {mm.dtype!r} has no cube fractal (have {', '.join(fractals)})", path, mm)
     elem = DTYPE_BYTES[mm.dtype]
+    if mm.accumulate.__class__ is Affine:
+        check_index(w, mm, path, scope, "accumulate", mm.accumulate)
     check_access(w, mm, path, scope, "A", Mem.L0A, mm.a_addr, mm.m * mm.k * elem)
     check_access(w, mm, path, scope, "B", Mem.L0B, mm.b_addr, mm.k * mm.n * elem)
     check_access(w, mm, path, scope, "C", Mem.L0C, mm.c_addr, mm.m * mm.n * DTYPE_BYTES[ACC_DTYPE])
@@ -420,10 +425,31 @@ def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
     for dt in (v.dtype, v.out_dtype):
         if dt is not None and dt not in DTYPE_BYTES:
             w.fail(f"dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}", path, v)
+    if v.pitches:
+        _check_pitches(w, v, path)
     dst_bytes, src_bytes = vec_spans(v)  # (a strided instruction: to its farthest element)
     check_access(w, v, path, scope, "dst", Mem.UB, v.dst, dst_bytes)
     for i, src in enumerate(v.srcs):
         check_access(w, v, path, scope, f"src {i}", Mem.UB, src, src_bytes[i])
+    if v.scalar_src is not None:  # the fp32 value the scalar unit reads back
+        check_access(w, v, path, scope, "scalar_src", Mem.UB, v.scalar_src, 4, align=4)
+    if v.scalar.__class__ is Affine:
+        check_index(w, v, path, scope, "scalar", v.scalar)
+
+
+def _check_pitches(w: _Walk, v: VecOp, path: Path) -> None:
+    """Each level of VecOp.pitches a tuple of ints: a count >= 1, then a pitch >= 0 per operand
+    it places (dst, then each src); n whole runs of the levels' counts."""
+    runs = 1
+    for level in v.pitches:
+        if level.__class__ is not tuple or len(level) < 2 or any(x.__class__ is not int for x in level):
+            w.fail(f"pitches level {level!r}: expected a tuple of ints (count, dst pitch, a pitch per source)",
+                   path, v)
+        if level[0] < 1 or min(level[1:]) < 0:
+            w.fail(f"pitches level {level!r}: the count must be >= 1 and each pitch >= 0", path, v)
+        runs *= level[0]
+    if v.n % runs:
+        w.fail(f"n {v.n} is not whole runs of the pitches' {runs} (the product of their counts)", path, v)
 
 
 def _check_scalar(w: _Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> None:

@@ -26,15 +26,15 @@ if TYPE_CHECKING:
 
 def check_access(
     w: _Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
-    nbytes: int, segments: int = 1, stride: int | None = None,
+    nbytes: int, segments: int = 1, stride: int | None = None, align: int | None = None,
 ) -> None:
-    """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned;
-    for GM, inside one of the kernel's GmTensors when it declares any. An access whose
-    address reads `block` or `sub` is listed in w.site_checks, if it lists them (verify's
-    module doc)."""
+    """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned (to
+    `align` bytes; None: the memory's ALIGN_BYTES); for GM, inside one of the kernel's
+    GmTensors when it declares any. An access whose address reads `block` or `sub` is
+    listed in w.site_checks, if it lists them (verify's module doc)."""
     lo, hi, site_bound = _span(w, instr, path, scope, role, a)
     if site_bound and w.site_checks is not None:
-        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
+        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride, align))
     step = nbytes if stride is None else stride
     if not -w.gm_end < step < w.gm_end:  # the engine takes it even for one segment
         w.fail(f"{role} stride {step} is longer than any memory of the device (its GM: {w.gm_end:#x} bytes)",
@@ -44,7 +44,13 @@ def check_access(
     if mem is Mem.GM:
         _check_gm(w, instr, path, role, start, end)
     else:
-        _check_local(w, instr, path, role, mem, a, start, end, segments, step)
+        _check_local(w, instr, path, role, mem, a, start, end, segments, step, align or ALIGN_BYTES[mem])
+
+
+def check_index(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Affine) -> None:
+    """An Affine that is no address (a VecOp's scalar, a Mmad's accumulate index): a well
+    formed one, of vars in scope."""
+    _span(w, instr, path, scope, role, a)
 
 
 def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int, bool]:
@@ -83,13 +89,13 @@ def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tupl
 
 
 def _check_local(
-    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int
+    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int,
+    align: int,
 ) -> None:
     """A local access: a memory of this core, aligned base/steps/stride, inside ONE buffer."""
     core = w.site.core
     if mem not in CORE_MEMS[core]:
         w.fail(f"{role} in {mem!r}: {core.value} has no {mem!r} (has {names(CORE_MEMS[core])})", path, instr)
-    align = ALIGN_BYTES[mem]
     if a.__class__ is int:
         misaligned = a % align
     else:
@@ -117,8 +123,8 @@ def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, s
     if segments > 1:
         parts.append(("segment stride", stride))
     what, value = next((what, value) for what, value in parts if value % align)
-    w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} "
-           f"({mem!r} alignment)", path, instr)
+    why = f"{mem!r} alignment" if align == ALIGN_BYTES[mem] else f"its {align}-byte element"
+    w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} ({why})", path, instr)
 
 
 def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
@@ -137,10 +143,19 @@ def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> N
 # The addresses of the instructions whose check counts nothing (verify's module doc): one
 # whose addresses are all plain ints is checked once per core and buffers, and alike
 # programs (verify_alike) may differ in these instructions only
+def _vec_addresses(v: VecOp) -> tuple:
+    """dst, the srcs, scalar_src, and the scalar if it moves with the vars (an Affine)."""
+    out = (v.dst, *v.srcs) if v.srcs.__class__ is tuple else (v.dst, v.srcs)
+    if v.scalar_src is not None:
+        out += (v.scalar_src,)
+    return out + (v.scalar,) if v.scalar.__class__ is Affine else out
+
+
 ADDRESSES: dict[type, Callable] = {
     Copy: lambda c: (c.src_addr, c.dst_addr),
-    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr),
-    VecOp: lambda v: (v.dst, *v.srcs) if v.srcs.__class__ is tuple else (v.dst, v.srcs),
+    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr, m.accumulate) if m.accumulate.__class__ is Affine else (
+        m.a_addr, m.b_addr, m.c_addr),
+    VecOp: _vec_addresses,
 }
 
 
@@ -163,4 +178,4 @@ def names(items) -> str:
     return ", ".join(repr(i) for i in items)
 
 
-__all__ = ["ADDRESSES", "a_type", "check_access", "hex_range", "names"]
+__all__ = ["ADDRESSES", "a_type", "check_access", "check_index", "hex_range", "names"]

@@ -37,14 +37,14 @@ def check_listed(w: _Walk, entry: tuple, done: set) -> None:
     listed for w in turn if w lists. An access equal to one that passed on this site with
     the same ranges of its vars passes alike (the check reads nothing else): `done` holds
     those that passed."""
-    instr, path, scope, role, mem, a, nbytes, segments, stride = entry
+    instr, path, scope, role, mem, a, nbytes, segments, stride, align = entry
     scope = {**scope, **w.site.scope}
-    key = (mem, a, nbytes, segments, stride, *[scope[var] for var, _ in a.terms])
+    key = (mem, a, nbytes, segments, stride, align, *[scope[var] for var, _ in a.terms])
     if key not in done:
-        check_access(w, instr, path, scope, role, mem, a, nbytes, segments, stride)
+        check_access(w, instr, path, scope, role, mem, a, nbytes, segments, stride, align)
         done.add(key)
     elif w.site_checks is not None:
-        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride))
+        w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride, align))
 
 
 def check_like(ref: _Walk, program: Program, site: _Site, check_instr: Callable) -> _Walk | None:
