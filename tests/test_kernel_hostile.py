@@ -242,3 +242,74 @@ def test_what_only_the_interpreter_reads_is_checked_too(kernel, match):
 def test_a_scalar_read_back_from_any_fp32_element_runs():
     kernel = aiv([Loop("i", 4, [VecOp("muls", 16, "fp32", 0, (256,), scalar_src=Affine(1024, (("i", 4),)))])])
     assert simulate(kernel, HW, trace="kernel").cycles > 0
+
+
+# ---------------------------------------------------------------- the functional interpreter
+
+
+def interpret(kernel: Kernel, gm=None) -> None:
+    from npusim.isa.interpret import Gm, run_kernel
+
+    with deadline(20):
+        run_kernel(kernel, HW, Gm(0, 1 << 20) if gm is None else gm)
+
+
+# The interpreter ran kernels verify() refuses: block_dim 0 and nbytes -1 ran nothing and
+# returned; overlapping buffers ran; m=0 was a numpy ValueError ('cannot reshape array of
+# size 0'); a float nbytes an IndexError; an unknown dtype a KeyError
+UNVERIFIED = {
+    "block_dim 0": (aiv([copy()], block_dim=0), r"^kernel 'k': block_dim 0 must be 1 to 65535"),
+    "nbytes -1": (aiv([copy(nbytes=-1)]), r"nbytes -1 and segments 1 must be >= 1"),
+    "overlapping buffers": (aiv([Scalar(1)], buffers=[Buffer("a", UB, 0, 64), Buffer("b", UB, 32, 64)]),
+                            r"buffers 'a' \[0x0, 0x40\) and 'b' \[0x20, 0x60\) overlap in UB"),
+    "mmad m 0": (aic([Mmad(0, 16, 16)]), r"m 0, n 16, k 16 must all be >= 1"),
+    "nbytes float": (aiv([copy(nbytes=1.5)]), r"nbytes 1\.5 is a float, expected an int"),
+    "unknown dtype": (aiv([VecOp("add", 16, "fp7", 0, (256, 512))]), r"dtype 'fp7' is not one of"),
+}
+
+
+@pytest.mark.parametrize("kernel, match", UNVERIFIED.values(), ids=UNVERIFIED.keys())
+def test_the_interpreter_runs_only_what_verify_passes(kernel, match):
+    with pytest.raises(ProgramError, match=match) as e:
+        interpret(kernel)
+    one_line(e.value)
+
+
+def test_the_interpreter_refuses_a_long_loop_without_laying_it_out():
+    """A loop of 2^30 trips (as many as verify() passes) pushed every trip on a stack before
+    its first instruction: it ran for minutes and took gigabytes; now the step limit ends it."""
+    from npusim.isa.walk import TooLarge
+
+    with pytest.raises(TooLarge, match=r"program runs more than 50000 instructions once unrolled"):
+        interpret(aiv([Loop("i", 1 << 30, [Scalar(1)])]))
+
+
+def test_the_interpreter_skips_loops_of_nothing():
+    interpret(aiv([Loop("i", 1 << 62, [Loop("j", 1 << 62, [])]), copy()]))
+
+
+def test_the_interpreter_refuses_more_local_memory_than_it_allocates():
+    """65535 blocks asked numpy for 12 GB of UB."""
+    from npusim.isa.walk import TooLarge
+
+    with pytest.raises(TooLarge, match=r"its 65535 blocks hold 12884705280 bytes of local memory, more than the "
+                                       r"1073741824 the interpreter allocates"):
+        interpret(aiv([Scalar(1)], block_dim=65535))
+
+
+def test_the_interpreter_names_a_gm_that_is_not_one():
+    with pytest.raises(ProgramError, match=r"^kernel 'k': gm is 'bytearray', expected an interpret.Gm$"):
+        interpret(aiv([copy()]), bytearray(64))
+
+
+def test_flags_that_balance_but_wait_on_each_other_deadlock_named():
+    """verify() counts flags; the order they wait in is the interpreter's (and the engine's) to find."""
+    from npusim.errors import DeadlockError
+
+    body = [WaitFlag(Pipe.MTE2, Pipe.V, 0), SetFlag(Pipe.V, Pipe.MTE2, 1),
+            WaitFlag(Pipe.V, Pipe.MTE2, 1), SetFlag(Pipe.MTE2, Pipe.V, 0)]
+    with pytest.raises(DeadlockError, match=r"^kernel 'k': deadlock: kernel 'k' block 0 AIV pipe MTE2 waits at instr 2 "
+                                            r"WaitFlag\(src=V, dst=MTE2, id=1\) and no core can proceed$"):
+        interpret(aiv(body))
+    with pytest.raises(DeadlockError, match=r"deadlock at cycle"):
+        simulate(aiv(body), HW, trace="kernel")

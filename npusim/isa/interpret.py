@@ -31,14 +31,18 @@ from npusim.isa.program import (
     CORE_MEMS, CORE_PIPES, DTYPE_BYTES, Copy, CoreType, CrossSetFlag, CrossWaitFlag, Kernel, Mem, Mmad, Pipe,
     PipeBarrier, SetFlag, SyncAll, VecOp, WaitFlag, at,
 )
-from npusim.isa.verify import _mem_capacity, _short
+from npusim.isa.verify import _mem_capacity, _short, verify
 from npusim.isa.values import decode, encode
-from npusim.isa.walk import pipes_of, unroll
+from npusim.isa.walk import TooLarge, pipes_of, unroll
 
 POISON = 0xFF  # the byte fresh local memory holds: fp16 / fp32 / bf16 NaN
 # The most instructions one core's program may run once unrolled: numpy works per
 # instruction, about 20 us each, so this is about a second per core at worst.
 STEP_LIMIT = 50_000
+# The most local memory the interpreter allocates for one kernel (every core's whole L1,
+# L0A/B/C, BT, FB or UB): about 900 AIV cores of the 910B, 20 x its 48; a kernel of 65535
+# blocks asked for 12 GB.
+LOCAL_BYTES_MAX = 1 << 28 << 2
 
 
 class NotInterpretable(ProgramError):
@@ -89,7 +93,17 @@ class _Core:
 
 def run_kernel(kernel: Kernel, hw: HwConfig, gm: Gm, step_limit: int = STEP_LIMIT) -> None:
     """Run every core of `kernel` on `gm` (changed in place); a one-line ProgramError
-    (or DeadlockError) naming kernel, core and instruction if it cannot."""
+    (or DeadlockError) naming kernel, core and instruction if it cannot. The kernel is
+    verify()'d first: the interpreter runs what the device could run, no other."""
+    verify(kernel, hw)
+    if not isinstance(gm, Gm):
+        raise ProgramError(f"kernel {kernel.name!r}: gm is {type(gm).__name__!r}, expected an interpret.Gm")
+    local = sum(_mem_capacity(hw)[m] for kind in _sides(kernel) for m in CORE_MEMS[kind]
+                for _ in range(_subs(kernel, hw) if kind is CoreType.AIV else 1)) * kernel.block_dim
+    if local > LOCAL_BYTES_MAX:
+        raise TooLarge(f"kernel {kernel.name!r}: its {kernel.block_dim} blocks hold {local} bytes of local memory, "
+                       f"more than the {LOCAL_BYTES_MAX} the interpreter allocates (validate --kernels takes "
+                       "small shapes)")
     cores = _cores(kernel, hw, step_limit)
     by_block: dict[int, list[_Core]] = {}
     for c in cores:
@@ -105,11 +119,21 @@ def run_kernel(kernel: Kernel, hw: HwConfig, gm: Gm, step_limit: int = STEP_LIMI
             raise DeadlockError(_deadlock(kernel, cores))
 
 
+def _sides(kernel: Kernel) -> list[CoreType]:
+    """The physical cores of one block of `kernel`, by kind."""
+    return {CoreType.AIC: [CoreType.AIC], CoreType.AIV: [CoreType.AIV],
+            CoreType.MIX: [CoreType.AIC, CoreType.AIV]}[kernel.core_type]
+
+
+def _subs(kernel: Kernel, hw: HwConfig) -> int:
+    """AIVs per block: aiv_per_aic in a MIX kernel, else one."""
+    return hw.chip.aiv_per_aic if kernel.core_type is CoreType.MIX else 1
+
+
 def _cores(kernel: Kernel, hw: HwConfig, limit: int) -> list[_Core]:
     sizes = _mem_capacity(hw)  # each local memory whole, as the config sizes it
-    subs = hw.chip.aiv_per_aic if kernel.core_type is CoreType.MIX else 1
-    sides = {CoreType.AIC: [CoreType.AIC], CoreType.AIV: [CoreType.AIV],
-             CoreType.MIX: [CoreType.AIC, CoreType.AIV]}[kernel.core_type]
+    subs = _subs(kernel, hw)
+    sides = _sides(kernel)
     cores = []
     for block in range(kernel.block_dim):
         for kind in sides:
@@ -436,4 +460,4 @@ def _deadlock(kernel: Kernel, cores: list[_Core]) -> str:
     return f"kernel {kernel.name!r}: deadlock"
 
 
-__all__ = ["Gm", "NotInterpretable", "POISON", "STEP_LIMIT", "run_kernel"]
+__all__ = ["LOCAL_BYTES_MAX", "Gm", "NotInterpretable", "POISON", "STEP_LIMIT", "run_kernel"]

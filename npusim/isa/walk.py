@@ -25,23 +25,30 @@ def unroll(body: tuple, vars: dict[str, int], limit: int) -> Iterator[tuple[obje
     """(instruction, vars) of every instruction `body` runs, in program order; at most
     `limit` of them, else a one-line TooLarge naming the limit."""
     count = 0
-    stack = [(iter(body), vars)]
-    while stack:
-        items, scope = stack[-1]
-        instr = next(items, None)
-        if instr is None:
-            stack.pop()
-            continue
-        if instr.__class__ is Loop:
-            # the body once per value of the var, each its own scope (the last first on the stack)
-            for value in reversed(range(instr.count)):
-                stack.append((iter(instr.body), {**scope, instr.var: value}))
-            continue
+    for instr, scope in _unrolled(body, vars):
         count += 1
         if count > limit:
             raise TooLarge(f"program runs more than {limit} instructions once unrolled: too large to interpret "
                                "(validate --kernels takes small shapes)")
         yield instr, scope
+
+
+def _unrolled(body: tuple, scope: dict[str, int]) -> Iterator[tuple[object, dict[str, int]]]:
+    """unroll's walk, one iteration at a time (a loop of 2^30 trips is not laid out before
+    its first instruction runs); a loop that runs no instruction (loops of nothing) is
+    skipped whole, however many trips it has."""
+    for instr in body:
+        if instr.__class__ is Loop:
+            if _executes(instr.body):
+                for value in range(instr.count):
+                    yield from _unrolled(instr.body, {**scope, instr.var: value})
+        else:
+            yield instr, scope
+
+
+def _executes(body: tuple) -> bool:
+    """Does `body` hold an instruction other than loops?"""
+    return any(item.__class__ is not Loop or _executes(item.body) for item in body)
 
 
 def pipes_of(instr, core_pipes: tuple[Pipe, ...]) -> tuple[Pipe, ...]:
