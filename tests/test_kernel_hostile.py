@@ -313,3 +313,49 @@ def test_flags_that_balance_but_wait_on_each_other_deadlock_named():
         interpret(aiv(body))
     with pytest.raises(DeadlockError, match=r"deadlock at cycle"):
         simulate(aiv(body), HW, trace="kernel")
+
+
+# ---------------------------------------------------------------- host calls (npusim.run)
+
+
+def _run(calls):
+    from npusim.engine import run
+
+    return run(calls, HW, trace="kernel")
+
+
+def host_calls():
+    from npusim.engine import HostWork, Launch, Memcpy, RecordEvent, Synchronize, WaitEvent
+
+    k = aiv([copy()])
+    return {
+        # a str, float or negative stream was a queue of its own, and the run went on
+        "stream str": ([Launch(k, "a"), Synchronize()], r"^host call 0 \(Launch\): stream 'a' is not an int >= 0$"),
+        "stream float": ([Launch(k, 1.5), Synchronize()], r"stream 1\.5 is not an int >= 0"),
+        "stream -1": ([Launch(k, -1), Synchronize()], r"stream -1 is not an int >= 0"),
+        "memcpy stream -1": ([Memcpy(64, "h2d", -1)], r"^host call 0 \(Memcpy\): stream -1 is not an int >= 0$"),
+        "event stream str": ([RecordEvent("e", "x")], r"^host call 0 \(RecordEvent\): stream 'x' is not"),
+        "event name int": ([RecordEvent(3, 0), WaitEvent(3, 1)], r"^host call 0 \(RecordEvent\): name 3 is not a str$"),
+        # waited on a stream nothing used, and returned
+        "synchronize -5": ([Launch(k, 0), Synchronize(-5)],
+                           r"^host call 1 \(Synchronize\): stream -5 is not an int >= 0 or None \(every stream\)$"),
+        # AttributeError: 'NoneType' object has no attribute 'core_type'
+        "launch of None": ([Launch(None, 0)], r"^host call 0 \(Launch\): kernel None is not a Kernel$"),
+        # ValueError from the engine's C code ('Flows.start: nbytes nan'); 1.5 bytes ran
+        "memcpy nan": ([Memcpy(float("nan"))], r"^host call 0 \(Memcpy\): nbytes nan is not an int$"),
+        "memcpy 1.5": ([Memcpy(1.5)], r"nbytes 1\.5 is not an int"),
+        # TypeError: '<' not supported between instances of 'str' and 'int'
+        "memcpy str": ([Memcpy("8")], r"nbytes '8' is not an int"),
+        "host work str": ([HostWork("1")], r"^host call 0 \(HostWork\): us '1' is not a number of microseconds$"),
+        # TypeError: 'int' object is not iterable
+        "calls an int": (5, r"^run: calls is 'int', expected a list of host calls"),
+        "calls a str": ("abc", r"^run: calls is 'str', expected a list of host calls"),
+    }
+
+
+@pytest.mark.parametrize("case", list(host_calls()))
+def test_a_host_call_with_a_bad_field_is_named(case):
+    calls, match = host_calls()[case]
+    with pytest.raises(ProgramError, match=match) as e:
+        _run(calls)
+    one_line(e.value)

@@ -118,6 +118,9 @@ def run(calls: Iterable[HostCall], hw: HwConfig, trace: str = "instr", dedup: bo
     simulates every kernel in full, as before fast-forward existed.
     checked=True: the calls are known to be well formed and their kernels to pass verify()
     (fast-forward's truncated runs: a verified kernel with a loop cut short)."""
+    if isinstance(calls, (str, bytes)) or not isinstance(calls, Iterable):
+        raise ProgramError(f"run: calls is {type(calls).__name__!r}, expected a list of host calls (Launch, Memcpy, "
+                           "RecordEvent, WaitEvent, Synchronize, HostWork)")
     calls = list(calls)
     fast = None if exact else _fast_forward(hw, dedup)
     if not checked:
@@ -225,6 +228,9 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
     checked = set()
     for i, c in enumerate(calls):
         where = f"host call {i} ({type(c).__name__})"
+        bad = _bad_field(c)
+        if bad:
+            raise ProgramError(f"{where}: {bad}")
         if isinstance(c, Launch):
             if c.mode not in LAUNCH_MODES:
                 raise ProgramError(f"{where}: mode must be one of {', '.join(LAUNCH_MODES)}, got {c.mode!r}")
@@ -239,10 +245,33 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             bad = c.check() or (None if c.mode in LAUNCH_MODES else f"mode must be one of {', '.join(LAUNCH_MODES)}")
             if bad:
                 raise ProgramError(f"{where}: {bad}")
-        elif isinstance(c, HostWork) and not 0 <= c.us < math.inf:
+        elif isinstance(c, HostWork) and not 0 <= c.us < math.inf:  # (a number: _bad_field)
             raise ProgramError(f"{where}: us must be a finite number >= 0, got {c.us}")
         elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):
             raise ProgramError(f"{where}: not a host call")
+
+
+# The fields of each host call whose type the host relies on: (name, the classes it may be,
+# what the error says is expected). A stream is an int >= 0 (a str or a float stream was
+# a queue of its own; Synchronize(-5) waited on a stream nothing used).
+_STREAM = ("stream", (int,), "an int >= 0")
+_CALL_FIELDS = {
+    Launch: (("kernel", (Kernel,), "a Kernel"), _STREAM),
+    Memcpy: (("nbytes", (int,), "an int"), _STREAM),
+    RecordEvent: (("name", (str,), "a str"), _STREAM),
+    WaitEvent: (("name", (str,), "a str"), _STREAM),
+    Synchronize: (("stream", (int, type(None)), "an int >= 0 or None (every stream)"),),
+    HostWork: (("us", (int, float), "a number of microseconds"),),
+}
+
+
+def _bad_field(call) -> str | None:
+    """What is wrong with a host call's fields (_CALL_FIELDS), or None."""
+    for name, types, expected in _CALL_FIELDS.get(type(call), ()):
+        value = getattr(call, name)
+        if value.__class__ not in types or (name == "stream" and value is not None and value < 0):
+            return f"{name} {value!r} is not {expected}"
+    return None
 
 
 # Kernels verify() passed in this process, keyed by the identity of what it checks: the
