@@ -324,7 +324,27 @@ def read_rules(data: Mapping, where: str, base: dict[str, Rule] | None = None) -
             if other not in rules:
                 raise ConfigError(f"{rule.where}: rule '{rule.name}': yield_to: unknown fusion rule "
                                   f"'{other}'{did_you_mean(other, rules)}")
+    # a cycle of yield_to: where the patterns meet, each yields to the next and none fuses
+    # (named at a rule of `data` first: the file that closed the cycle)
+    for rule in sorted(rules.values(), key=lambda r: r.name not in data):
+        cycle = _yield_cycle(rules, rule.name, [rule.name])
+        if cycle:
+            what = ("it never fuses where it matches" if len(cycle) == 2 else
+                    "where their patterns meet, each yields to the next and none of them fuses")
+            raise ConfigError(f"{rule.where}: rule '{rule.name}': yield_to: a cycle ({' -> '.join(cycle)}): {what}")
     return rules
+
+
+def _yield_cycle(rules: dict[str, Rule], start: str, path: list[str]) -> list[str] | None:
+    """A chain of yield_to from path[-1] back to `start` (`path` with `start` again), or None."""
+    for other in rules[path[-1]].yield_to:
+        if other == start:
+            return [*path, other]
+        if other not in path:
+            found = _yield_cycle(rules, start, [*path, other])
+            if found:
+                return found
+    return None
 
 
 def builtin_names() -> tuple[str, ...]:
