@@ -359,3 +359,9 @@ def test_a_host_call_with_a_bad_field_is_named(case):
     with pytest.raises(ProgramError, match=match) as e:
         _run(calls)
     one_line(e.value)
+
+
+def test_negative_flops_per_element_are_refused():
+    """The kernel ran and its stats counted -16 vector flops."""
+    refused(aiv([VecOp("add", 16, "fp16", 0, (256, 512), flops_per_elem=-1)]),
+            r"instr 0 VecOp\(.*\): flops_per_elem -1 must be >= 0")

@@ -418,6 +418,8 @@ def _check_vec(w: _Walk, v: VecOp, path: Path, scope: Scope, mult: int) -> None:
     """A vector op and dtypes the config knows; dst and every src inside UB buffers."""
     if v.n < 1 or (v.out_n is not None and v.out_n < 1):
         w.fail(f"n {v.n} and out_n {v.out_n} must be >= 1", path, v)
+    if v.flops_per_elem < 0:
+        w.fail(f"flops_per_elem {v.flops_per_elem} must be >= 0", path, v)
     w.need_pipe(Pipe.V, path, v)
     ops = w.hw.aiv.vector_cycles_per_repeat
     if v.op not in ops:
