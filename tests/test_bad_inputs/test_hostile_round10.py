@@ -1,4 +1,4 @@
-"""Bad-input catalogue, round 9's hostile sweep (the kernel IR's is tests/test_kernel_hostile.py).
+"""Bad-input catalogue, round 10's hostile sweep (the kernel IR's is tests/test_kernel_hostile.py).
 Each case is one line naming the file, rule or flag and what was expected; nothing runs."""
 
 from __future__ import annotations
