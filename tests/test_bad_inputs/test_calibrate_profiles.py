@@ -262,7 +262,8 @@ def test_a_broken_step_file(step, expect, tmp_path, capsys):
         step = json.dumps(written | {k: written.get(k, {}) | v for k, v in step.items()})
     (d / "npusim_step.json").write_text(step)
     capsys.readouterr()
-    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys, expect,
+    # --jobs 1: the runs are counted in this process (workers would each count their own)
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml", "--jobs", "1"], capsys, expect,
                   outputs=[tmp_path / "my.yaml"])
 
 
@@ -280,7 +281,8 @@ def test_a_step_file_without_a_key_of_the_step(key, tmp_path, capsys):
     del step[key]
     (d / "npusim_step.json").write_text(json.dumps(step))
     capsys.readouterr()
-    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+    # --jobs 1: the runs are counted in this process (workers would each count their own)
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml", "--jobs", "1"], capsys,
                   rf"npusim_step\.json: missing key '{key}' \(npusim run --profile writes the step's workload, "
                   r"phase, batch, context, passes\)$", outputs=[tmp_path / "my.yaml"])
 
@@ -297,7 +299,8 @@ def test_a_step_file_of_another_batch(tmp_path, capsys):
     step = json.loads((d / "npusim_step.json").read_text())
     (d / "npusim_step.json").write_text(json.dumps(step | {"batch": 4}))
     capsys.readouterr()
-    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+    # --jobs 1: the runs are counted in this process (workers would each count their own)
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml", "--jobs", "1"], capsys,
                   r"prof: none of its \d+ rows maps to an npusim op \(.*decoder step does not simulate on ascend910b2: "
                   r"the step runs node '[\w.+]+' with shape \[4, 256\], the row's npusim Params say \[2, 256\] \(the "
                   r"step file of another run\?\)", outputs=[tmp_path / "my.yaml"])
@@ -323,7 +326,8 @@ def test_a_step_that_fails_runs_once(tmp_path, capsys, monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(decoder, "run_decoder", counted)
-    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml"], capsys,
+    # --jobs 1: the runs are counted in this process (workers would each count their own)
+    fails_cleanly(["calibrate", "--profile", d, "--out", tmp_path / "my.yaml", "--jobs", "1"], capsys,
                   r"prof: none of its 26 rows maps to an npusim op \(.*batch 1000000000 is more than the 65536 "
                   r"sequences a step may have", outputs=[tmp_path / "my.yaml"])
     assert len(runs) == 1, len(runs)
