@@ -318,20 +318,31 @@ NAME_MAX, PATH_MAX = 255, 4096
 TEMP_NAME_EXTRA = 1 + 1 + 8 + 4
 
 
-def _named(flag: str, path: str | os.PathLike, file: bool) -> Path:
-    """`path`, refused if no file system could hold its names (a name over NAME_MAX bytes,
-    a file's over what its temporary name leaves, a path over PATH_MAX): its folders would
-    be made and the run done before the write failed, and Path.is_dir() says so only as a
-    bare OSError."""
+def overlong(path: str | os.PathLike, temp_extra: int = 0, file: bool = False) -> str | None:
+    """Why no file system could hold `path`: 'the path is N bytes (at most M)' if it is over
+    PATH_MAX, else 'the name X... is N bytes (at most M)' for its first name over NAME_MAX;
+    None if neither. `temp_extra`: what a temporary name beside it adds (atomic_write's:
+    TEMP_NAME_EXTRA), taken off the path's limit and, for a `file`, off its own name's (the
+    limit then said to hold 'here')."""
     p = Path(path)
-    if len(os.fsencode(p)) + TEMP_NAME_EXTRA >= PATH_MAX:
-        raise OutputError(f"{flag} {str(p)[:60]}...: cannot be written: the path is {len(os.fsencode(p))} bytes "
-                          f"(at most {PATH_MAX - 1 - TEMP_NAME_EXTRA})")
+    if len(os.fsencode(p)) + temp_extra >= PATH_MAX:
+        return f"the path is {len(os.fsencode(p))} bytes (at most {PATH_MAX - 1 - temp_extra})"
     for i, part in enumerate(p.parts):
-        most = NAME_MAX - TEMP_NAME_EXTRA if file and i == len(p.parts) - 1 else NAME_MAX
+        most = NAME_MAX - temp_extra if file and i == len(p.parts) - 1 else NAME_MAX
         if len(os.fsencode(part)) > most:
-            raise OutputError(f"{flag} {str(p)[:60]}...: cannot be written: the name {part[:20]}... is "
-                              f"{len(os.fsencode(part))} bytes (at most {most} here)")
+            return (f"the name {part[:20]}... is {len(os.fsencode(part))} bytes "
+                    f"(at most {most}{' here' if temp_extra else ''})")
+    return None
+
+
+def _named(flag: str, path: str | os.PathLike, file: bool) -> Path:
+    """`path`, refused if no file system could hold its names or those of its temporary
+    file (overlong): its folders would be made and the run done before the write failed,
+    and Path.is_dir() says so only as a bare OSError."""
+    p = Path(path)
+    problem = overlong(p, TEMP_NAME_EXTRA, file)
+    if problem:
+        raise OutputError(f"{flag} {str(p)[:60]}...: cannot be written: {problem}")
     return p
 
 
@@ -417,5 +428,5 @@ def err(text: str) -> None:
 
 
 __all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable",
-           "dangling_link", "drop_stdout", "err", "interruption_note", "on_sigterm", "plots_line", "say", "say_all",
-           "tables_line", "write_json", "write_text", "wrote_line"]
+           "dangling_link", "drop_stdout", "err", "interruption_note", "on_sigterm", "overlong", "plots_line", "say",
+           "say_all", "tables_line", "write_json", "write_text", "wrote_line"]

@@ -51,7 +51,7 @@ from typing import Any
 import attrs
 
 from npusim.hw.parse import plain
-from npusim.outputs import NAME_MAX, PATH_MAX, OutputError, atomic_write, err
+from npusim.outputs import OutputError, atomic_write, err, overlong
 
 MAGIC = b"NPUSIM-CACHE"
 FORMAT = 2  # bump when the entry layout changes (2: the layout of the payload's classes)
@@ -63,14 +63,12 @@ _MAX_HEADER = 4096
 
 
 def folder_problem(path: Path) -> str | None:
-    """Why no cache folder can be at `path`, found without making it: a name longer than a
-    folder entry takes, a link to nothing, a file in its place or on its way; None if one
-    can be (or is) there."""
-    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
-    if len(os.fsencode(longest)) > NAME_MAX:
-        return f"the name {longest[:20]}... is {len(os.fsencode(longest))} bytes (at most {NAME_MAX})"
-    if len(os.fsencode(path)) >= PATH_MAX:
-        return f"the path is {len(os.fsencode(path))} bytes (at most {PATH_MAX - 1})"
+    """Why no cache folder can be at `path`, found without making it: a name or path longer
+    than a file system takes (overlong), a link to nothing, a file in its place or on its
+    way; None if one can be (or is) there."""
+    too_long = overlong(path)
+    if too_long:
+        return too_long
     if path.is_symlink() and not path.exists():
         return f"a link to {os.readlink(path)}, which does not exist"
     if path.exists() and not path.is_dir():

@@ -30,7 +30,7 @@ from npusim.hw.checks import inconsistency
 from npusim.hw.compat import upgrade
 from npusim.hw.config import HwConfig
 from npusim.hw.parse import clipped, did_you_mean, input_file, parse_yaml, read_yaml, short, strict_converter
-from npusim.outputs import NAME_MAX, PATH_MAX
+from npusim.outputs import overlong
 
 __all__ = ["DEFAULT_HW", "find_file", "known_names", "leaf_errors", "load_hw", "parse_set_args", "parse_yaml",
            "possible_path", "raw_config", "read_yaml", "search_dirs"]
@@ -76,8 +76,7 @@ def possible_path(name_or_path: str | os.PathLike, kind: str) -> Path:
     longer than a folder entry takes, a path longer than PATH_MAX): looking it up raised
     'File name too long' with the whole name, thousands of characters."""
     p = Path(name_or_path)
-    longest = max((len(os.fsencode(part)) for part in p.parts), default=0)
-    if longest > NAME_MAX or len(os.fsencode(p)) >= PATH_MAX:
+    if overlong(p):
         raise ConfigError(f"{kind}: expected a config name or a path to a .yaml file, got "
                           f"{clipped(os.fspath(p))}: longer than a file's name or path can be")
     return p
