@@ -11,7 +11,7 @@ from npusim.hw import load_hw
 from npusim.isa.program import Copy, Loop, Mem
 from npusim.isa.verify import verify
 from npusim.ops import OPS, lower, simulate_op
-from npusim.ops.matmul import balanced_base_m
+from npusim.ops.matmul_tiling import balanced_base_m
 from npusim.ops.reference import RefContext
 
 HW = load_hw("ascend910b2")

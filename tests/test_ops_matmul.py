@@ -14,7 +14,7 @@ from npusim.isa.program import Copy, CoreType, Loop, Mem
 from npusim.isa.verify import verify
 from npusim.ops import OPS, lower, simulate_op
 from npusim.ops.build import cdiv
-from npusim.ops.matmul import unit_cycles
+from npusim.ops.matmul_tiling import unit_cycles
 from npusim.ops.reference import RefContext
 
 HW = load_hw("ascend910b2")
@@ -363,7 +363,8 @@ def test_fp32_nz_a_needs_16_wide_k_slices():
 def test_w8a8_takes_quant_batch_matmul_v3s_basic_tile(m, n, k, out_dtype, tile):
     """Large W8A8 matmuls take the tile QuantBatchMatmulV3's basic tiling picks
     (npusim.ops.matmul_qbmm), base_k included, and never split K."""
-    from npusim.ops.matmul import MatmulParams, choose_tiling
+    from npusim.ops.matmul import MatmulParams
+    from npusim.ops.matmul_tiling import choose_tiling
     from npusim.ops.matmul_qbmm import qbmm_basic_applies
     p = MatmulParams(m=m, n=n, k=k, dtype="int8", out_dtype=out_dtype)
     assert qbmm_basic_applies(p, HW)
@@ -380,7 +381,7 @@ def test_small_w8a8_keeps_npusims_chooser():
     assert not qbmm_basic_applies(MatmulParams(m=256, n=4096, k=4096, dtype="int8", out_dtype="bf16"), HW)
 
 
-# ---- CANN MatMulV3's load balance (matmul.balanced_base_m)
+# ---- CANN MatMulV3's load balance (matmul_tiling.balanced_base_m)
 
 
 @pytest.mark.parametrize("m, n", [(1024, 1024), (512, 1024), (1000, 3000), (2048, 2048), (700, 5000), (3000, 256)])
@@ -388,7 +389,8 @@ def test_the_last_round_of_128x256_tiles_is_filled_by_cutting_base_m(m, n):
     """Under 4 rounds of 128 x 256 tiles on the 24 cores, MatMulV3 rounds the tile count up
     to whole rounds and cuts base_m to share m among those rows of tiles (16-aligned);
     the tiles never outnumber those whole rounds, and W8A8 (its own tiling) is not cut."""
-    from npusim.ops.matmul import MatmulParams, balanced_base_m
+    from npusim.ops.matmul import MatmulParams
+    from npusim.ops.matmul_tiling import balanced_base_m
 
     cores = HW.chip.aic_count
     p = MatmulParams(m=m, n=n, k=1024)
@@ -405,7 +407,8 @@ def test_the_last_round_of_128x256_tiles_is_filled_by_cutting_base_m(m, n):
 def test_1024_cubed_takes_matmulv3s_96x256_tiles():
     """CANN's 1024^3 fp16: 44 tiles of 96 x 256 in two rounds (8 x 4 of 128 x 256 would
     leave 16 cores idle in the second)."""
-    from npusim.ops.matmul import MatmulParams, choose_tiling
+    from npusim.ops.matmul import MatmulParams
+    from npusim.ops.matmul_tiling import choose_tiling
 
     t = choose_tiling(MatmulParams(m=1024, n=1024, k=1024), HW)
     assert (t.base_m, t.base_n) == (96, 256)

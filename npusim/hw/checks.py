@@ -95,7 +95,7 @@ def inconsistency(hw: HwConfig) -> tuple[str, str] | None:
     for dtype in REQUIRED_FRACTALS:
         if dtype not in aic.mmad_fractals:
             return f"aic.mmad_fractals.{dtype}", "missing (the cube peaks and rooflines are quoted in it)"
-    from npusim.ops.matmul import MAX_BASE_M, MAX_BASE_N  # here: the ops package imports npusim.hw
+    from npusim.ops.matmul_tiling import MAX_BASE_M, MAX_BASE_N  # here: the ops package imports npusim.hw
 
     for dtype, f in aic.mmad_fractals.items():  # the tiling choosers cut tiles of whole fractals up to these
         for dim, n, most in (("m0", f.m0, MAX_BASE_M), ("n0", f.n0, MAX_BASE_N)):
@@ -123,7 +123,8 @@ def _fractal_off_the_grid(fractals: dict) -> tuple[str, str] | None:
     fractals and L0B is filled in 16-column blocks), k0 divide the base_k slice of
     SLICE_BYTES the choosers take (as powers of two: tile sizes are)."""
     from npusim.isa.program import DTYPE_BYTES  # here: the isa package imports npusim.hw
-    from npusim.ops.matmul import CUBE_DTYPES, MAX_BASE_N, SLICE_BYTES  # here: the ops package imports npusim.hw
+    from npusim.ops.matmul import CUBE_DTYPES  # here: the ops package imports npusim.hw
+    from npusim.ops.matmul_tiling import MAX_BASE_N, SLICE_BYTES
 
     for dtype, f in fractals.items():
         key = f"aic.mmad_fractals.{dtype}"
@@ -146,7 +147,8 @@ def _cube_buffer_too_small(hw: HwConfig) -> tuple[str, str] | None:
     """The first cube buffer smaller than the largest matmul tile the tiling choosers cut
     needs (they pick tiles up to MAX_BASE_M x MAX_BASE_N over base_k slices of SLICE_BYTES
     and L1 chunks of STEP_K slices, all double-buffered, whatever the buffer sizes)."""
-    from npusim.ops.matmul import MAX_BASE_M, MAX_BASE_N, SLICE_BYTES, STEP_K  # here: the ops package imports npusim.hw
+    # here: the ops package imports npusim.hw
+    from npusim.ops.matmul_tiling import MAX_BASE_M, MAX_BASE_N, SLICE_BYTES, STEP_K
 
     row = MAX_BASE_N * 4  # an fp32 row of bias (BT) or of per-channel scales (FB)
     chunk = SLICE_BYTES * STEP_K  # bytes of K in an L1 chunk

@@ -39,11 +39,9 @@ from npusim.hw import HwConfig
 from npusim.hw.derived import mmad_fractal
 from npusim.isa.program import DTYPE_BYTES, CoreType, Kernel, Program
 from npusim.ops.build import align_up, boxes, cdiv
-from npusim.ops.matmul import (
-    MAX_BASE_M, STEP_K, MatmulParams, MatmulTiling, alloc_plan, check_tiling, panel_fits, refuse_work,
-    slice_depth, tile_widths, unit_cycles,
-)
+from npusim.ops.matmul import MatmulParams, MatmulTiling, alloc_plan, check_tiling, refuse_work
 from npusim.ops.matmul_program import _b_dtype, _box, _epilogue, _Layout, _Plan, _prologue
+from npusim.ops.matmul_tiling import MAX_BASE_M, STEP_K, panel_fits, slice_depth, tile_widths, unit_cycles
 from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 
 _DTYPES = ("fp16", "bf16")

@@ -62,7 +62,8 @@ def antiquant_applies(p) -> bool:
 
 def lower_antiquant(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
     """The MIX kernel of the module doc."""
-    from npusim.ops.matmul import alloc_plan, check_tiling, check_work, choose_tiling
+    from npusim.ops.matmul import alloc_plan, check_tiling, check_work
+    from npusim.ops.matmul_tiling import choose_tiling
 
     m, n, k = p.m, p.n, p.k
     e, eo = DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.out_dtype]

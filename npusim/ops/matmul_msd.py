@@ -61,7 +61,8 @@ def lower_msd(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
     """The MIX kernel of the module doc: `tiling` (or the chooser's) tiles the cube's int8
     matmul of both parts, [2m, k] x [k, n], in one tile row with K not split; block b's
     cube takes a run of N tiles, its two vector cores a share of A's rows, then its columns."""
-    from npusim.ops.matmul import MatmulParams, alloc_plan, check_tiling, choose_tiling
+    from npusim.ops.matmul import MatmulParams, alloc_plan, check_tiling
+    from npusim.ops.matmul_tiling import choose_tiling
 
     m, n, k, e, eo = p.m, p.n, p.k, DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.out_dtype]
     cube = MatmulParams(m=2 * m, n=n, k=k, dtype="int8", out_dtype="fp32", trans_b=p.trans_b)

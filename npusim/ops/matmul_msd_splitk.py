@@ -167,7 +167,8 @@ def splitk_tiling(p, hw: HwConfig) -> SplitKTiling:
 
 def lower_msd_splitk(p, hw: HwConfig, gm: GmArena, tiling) -> Lowered:
     """The MIX kernel of the module doc."""
-    from npusim.ops.matmul import MatmulParams, alloc_plan, check_tiling, choose_tiling
+    from npusim.ops.matmul import MatmulParams, alloc_plan, check_tiling
+    from npusim.ops.matmul_tiling import choose_tiling
 
     st = splitk_tiling(p, hw)
     m, n, k, e, eo = p.m, p.n, p.k, DTYPE_BYTES[p.dtype], DTYPE_BYTES[p.out_dtype]

@@ -1,6 +1,6 @@
 """MatMul on the cube: the program of a core - the loop nest over its output tiles,
-the L1 / L0 ping-pong and the FixPipe writes (npusim.ops.matmul chooses the tiling
-and lowers)."""
+the L1 / L0 ping-pong and the FixPipe writes (npusim.ops.matmul_tiling chooses the
+tiling, npusim.ops.matmul lowers)."""
 
 from __future__ import annotations
 
