@@ -548,7 +548,7 @@ def test_a_numpy_address_equal_to_a_passed_int_still_fails():
 def test_loops_up_to_the_bound_or_of_nothing_but_loops_pass():
     """The bound on a body's runs (MAX_BODY_RUNS) leaves a body run exactly that often, and a
     loop nest that executes no instruction (the engine walks it at once), alone."""
-    from npusim.isa.verify import MAX_BODY_RUNS
+    from npusim.isa.verify_walk import MAX_BODY_RUNS
 
     verify(aiv([Loop("i", MAX_BODY_RUNS, [Scalar(1)])]), HW)
     verify(aiv([Loop("i", 1 << 62, [Loop("j", 1 << 62, [])])]), HW)

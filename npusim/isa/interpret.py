@@ -31,7 +31,8 @@ from npusim.isa.program import (
     CORE_MEMS, CORE_PIPES, DTYPE_BYTES, Copy, CoreType, CrossSetFlag, CrossWaitFlag, Kernel, Mem, Mmad, Pipe,
     PipeBarrier, SetFlag, SyncAll, VecOp, WaitFlag, at,
 )
-from npusim.isa.verify import _mem_capacity, _short, verify
+from npusim.isa.verify import mem_capacity, verify
+from npusim.isa.verify_walk import short
 from npusim.isa.values import decode, encode
 from npusim.isa.walk import TooLarge, pipes_of, unroll
 
@@ -98,7 +99,7 @@ def run_kernel(kernel: Kernel, hw: HwConfig, gm: Gm, step_limit: int = STEP_LIMI
     verify(kernel, hw)
     if not isinstance(gm, Gm):
         raise ProgramError(f"kernel {kernel.name!r}: gm is {type(gm).__name__!r}, expected an interpret.Gm")
-    local = sum(_mem_capacity(hw)[m] for kind in _sides(kernel) for m in CORE_MEMS[kind]
+    local = sum(mem_capacity(hw)[m] for kind in _sides(kernel) for m in CORE_MEMS[kind]
                 for _ in range(_subs(kernel, hw) if kind is CoreType.AIV else 1)) * kernel.block_dim
     if local > LOCAL_BYTES_MAX:
         raise TooLarge(f"kernel {kernel.name!r}: its {kernel.block_dim} blocks hold {local} bytes of local memory, "
@@ -131,7 +132,7 @@ def _subs(kernel: Kernel, hw: HwConfig) -> int:
 
 
 def _cores(kernel: Kernel, hw: HwConfig, limit: int) -> list[_Core]:
-    sizes = _mem_capacity(hw)  # each local memory whole, as the config sizes it
+    sizes = mem_capacity(hw)  # each local memory whole, as the config sizes it
     subs = _subs(kernel, hw)
     sides = _sides(kernel)
     cores = []
@@ -174,7 +175,7 @@ def _advance(core: _Core, cores: list[_Core], block: list[_Core], gm: Gm, kernel
     try:
         _execute(core, step, block, gm)
     except ProgramError as e:
-        raise type(e)(f"{core.label}: instr {step.index} {_short(step.instr)}: {e}") from None
+        raise type(e)(f"{core.label}: instr {step.index} {short(step.instr)}: {e}") from None
     for p in pipes_of(step.instr, CORE_PIPES[core.kind]):
         core.pos[p] += 1
     return True
@@ -456,7 +457,7 @@ def _deadlock(kernel: Kernel, cores: list[_Core]) -> str:
             step = core.head(pipe)
             if step is not None:
                 return (f"kernel {kernel.name!r}: deadlock: {core.label} pipe {pipe.value} waits at instr "
-                        f"{step.index} {_short(step.instr)} and no core can proceed")
+                        f"{step.index} {short(step.instr)} and no core can proceed")
     return f"kernel {kernel.name!r}: deadlock"
 
 

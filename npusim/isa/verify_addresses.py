@@ -1,11 +1,11 @@
-"""verify(): where an instruction's operands land (npusim/isa/verify.py walks the
+"""verify(): where an instruction's operands land (npusim/isa/verify_walk.py walks a
 program and calls check_access for each address an instruction reads or writes).
 
 An address is an int or an Affine of the loop vars in scope; over every value of
 those vars (the corners of their ranges: the form is linear) and every segment, the
 access lands inside one declared buffer of its memory, on a memory its core has,
 aligned - or, for GM, inside one of the kernel's GmTensors when it declares any.
-`w` is verify's walk of one program on one site: its fail(), site, buffers (per
+`w` is the walk of one program on one site: its fail(), site, buffers (per
 memory, sorted by address) and kernel. hex_range and names format both modules'
 messages; ADDRESSES says which addresses each instruction with any has (verify and
 verify_alike read it).
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Copy, Mem, Mmad, VecOp
 
 if TYPE_CHECKING:
-    from npusim.isa.verify import Path, Scope, _Walk
+    from npusim.isa.verify_walk import Path, Scope, Walk
 
 
 def check_access(
-    w: _Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
+    w: Walk, instr, path: Path, scope: Scope, role: str, mem: Mem, a: Addr,
     nbytes: int, segments: int = 1, stride: int | None = None, align: int | None = None,
 ) -> None:
     """Every value of `a` (and every segment) lands inside one buffer of `mem`, aligned (to
@@ -47,13 +47,13 @@ def check_access(
         _check_local(w, instr, path, role, mem, a, start, end, segments, step, align or ALIGN_BYTES[mem])
 
 
-def check_index(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Affine) -> None:
+def check_index(w: Walk, instr, path: Path, scope: Scope, role: str, a: Affine) -> None:
     """An Affine that is no address (a VecOp's scalar, a Mmad's accumulate index): a well
     formed one, of vars in scope."""
     _span(w, instr, path, scope, role, a)
 
 
-def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int, bool]:
+def _span(w: Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tuple[int, int, bool]:
     """Lowest and highest value of `a` over its vars' ranges (a linear form: the corners),
     and whether it reads `block` or `sub`."""
     if a.__class__ is int:
@@ -89,7 +89,7 @@ def _span(w: _Walk, instr, path: Path, scope: Scope, role: str, a: Addr) -> tupl
 
 
 def _check_local(
-    w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int,
+    w: Walk, instr, path: Path, role: str, mem: Mem, a: Addr, start: int, end: int, segments: int, stride: int,
     align: int,
 ) -> None:
     """A local access: a memory of this core, aligned base/steps/stride, inside ONE buffer."""
@@ -115,7 +115,7 @@ def _check_local(
 _ADDR = operator.attrgetter("addr")
 
 
-def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
+def _fail_alignment(w: Walk, instr, path: Path, role: str, mem: Mem, a: Addr, segments: int, stride: int,
                     align: int) -> None:
     """The error of a misaligned local access: its first part (base, a step, the
     segment stride) that is not a multiple of the memory's alignment."""
@@ -127,7 +127,7 @@ def _fail_alignment(w: _Walk, instr, path: Path, role: str, mem: Mem, a: Addr, s
     w.fail(f"{role} {mem!r} address {a!r}: {what} {value} is not a multiple of {align} ({why})", path, instr)
 
 
-def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> None:
+def _check_gm(w: Walk, instr, path: Path, role: str, start: int, end: int) -> None:
     """A GM access lands inside the GM the device has, and inside one declared GmTensor when
     the kernel declares some."""
     if start < 0 or end > w.gm_end:
@@ -140,7 +140,7 @@ def _check_gm(w: _Walk, instr, path: Path, role: str, start: int, end: int) -> N
                f"GmTensor (have {have})", path, instr)
 
 
-# The addresses of the instructions whose check counts nothing (verify's module doc): one
+# The addresses of the instructions whose check counts nothing (verify_walk's module doc): one
 # whose addresses are all plain ints is checked once per core and buffers, and alike
 # programs (verify_alike) may differ in these instructions only
 def _vec_addresses(v: VecOp) -> tuple:

@@ -1,6 +1,6 @@
 """verify(): a program checked as another's walk again (npusim/isa/verify.py walks each
-program once per site; for a program it has walked already, or one like the last walked
-on its core, it runs these instead of a walk).
+program once per site, by verify_walk.py; for a program it has walked already, or one
+like the last walked on its core, it runs these instead of a walk).
 
 A program like the last one walked on its core (check_like) - the same buffers object,
 the same loops (var and count), every other instruction the same object but some Copy,
@@ -19,7 +19,6 @@ ranges: for a program met again on its core too (verify's _check_again).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -27,12 +26,13 @@ import attrs
 
 from npusim.isa.program import Loop, Program
 from npusim.isa.verify_addresses import ADDRESSES, check_access
+from npusim.isa.verify_walk import check_instr
 
 if TYPE_CHECKING:
-    from npusim.isa.verify import Path, Scope, _Site, _Walk
+    from npusim.isa.verify_walk import Path, Scope, Site, Walk
 
 
-def check_listed(w: _Walk, entry: tuple, done: set) -> None:
+def check_listed(w: Walk, entry: tuple, done: set) -> None:
     """A listed access (check_access's arguments but `w`) again, with w's site's ranges;
     listed for w in turn if w lists. An access equal to one that passed on this site with
     the same ranges of its vars passes alike (the check reads nothing else): `done` holds
@@ -47,12 +47,11 @@ def check_listed(w: _Walk, entry: tuple, done: set) -> None:
         w.site_checks.append((instr, path, scope, role, mem, a, nbytes, segments, stride, align))
 
 
-def check_like(ref: _Walk, program: Program, site: _Site, check_instr: Callable) -> _Walk | None:
+def check_like(ref: Walk, program: Program, site: Site) -> Walk | None:
     """The walk of `program` on `site` as `ref`'s again, if the program is like ref's (see
     the module doc): ref's checks that read `block` or `sub` with this site's ranges, but
-    those of the instructions that differ, which are checked in full by check_instr(w,
-    instr, path, scope, mult) (verify's: passed in, as verify imports this module); None
-    if not alike."""
+    those of the instructions that differ, which are checked in full (verify_walk's
+    check_instr); None if not alike."""
     differ: list = []
     if program.buffers is not ref.program.buffers or not _alike(ref.program.body, program.body, (), site.scope, 1,
                                                                 differ):
@@ -72,7 +71,7 @@ def check_like(ref: _Walk, program: Program, site: _Site, check_instr: Callable)
 def _alike(ref: tuple, body: tuple, prefix: Path, scope: Scope, mult: int, differ: list) -> bool:
     """Whether `body` is `ref` but for some Copy, Mmad or VecOp: the same length, loops of
     the same var and count, the same objects elsewhere. Appends each differing instruction
-    to `differ` as verify's _check_instr takes it (path, scope and runs as the walk has them)."""
+    to `differ` as check_instr takes it (path, scope and runs as the walk has them)."""
     if len(ref) != len(body):
         return False
     for i, (a, b) in enumerate(zip(ref, body)):

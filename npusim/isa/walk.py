@@ -39,16 +39,16 @@ def _unrolled(body: tuple, scope: dict[str, int]) -> Iterator[tuple[object, dict
     skipped whole, however many trips it has."""
     for instr in body:
         if instr.__class__ is Loop:
-            if _executes(instr.body):
+            if executes(instr.body):
                 for value in range(instr.count):
                     yield from _unrolled(instr.body, {**scope, instr.var: value})
         else:
             yield instr, scope
 
 
-def _executes(body: tuple) -> bool:
+def executes(body: tuple) -> bool:
     """Does `body` hold an instruction other than loops?"""
-    return any(item.__class__ is not Loop or _executes(item.body) for item in body)
+    return any(item.__class__ is not Loop or executes(item.body) for item in body)
 
 
 def pipes_of(instr, core_pipes: tuple[Pipe, ...]) -> tuple[Pipe, ...]:
