@@ -365,3 +365,45 @@ def test_negative_flops_per_element_are_refused():
     """The kernel ran and its stats counted -16 vector flops."""
     refused(aiv([VecOp("add", 16, "fp16", 0, (256, 512), flops_per_elem=-1)]),
             r"instr 0 VecOp\(.*\): flops_per_elem -1 must be >= 0")
+
+
+def _per_block(first: list, second: list) -> Kernel:
+    """Two blocks, each its own program over one UB buffer: `first`, then `second`."""
+    return Kernel("k", CoreType.AIV, 2, aiv=[Program(first, (UB_BUF,)), Program(second, (UB_BUF,))], gm=(X,),
+                  op_type="add")
+
+
+# A value of another type equal to one that passed (64.0 == 64, True == 1): each was taken
+# for the instruction that passed before it and ran
+EQUAL_NOT_SAME = {
+    "copy nbytes": ([copy()], [copy(nbytes=64.0)], r"block 1, AIV: instr 0 Copy\(.*\): nbytes 64\.0 is a float, "
+                                                   r"expected an int$"),
+    "copy stride": ([copy(src_stride=1)], [copy(src_stride=True)], r"src_stride True is a bool, expected an int"),
+    "flag id": ([SetFlag(Pipe.MTE2, Pipe.V, 1), WaitFlag(Pipe.MTE2, Pipe.V, 1)] * 2,
+                [SetFlag(Pipe.MTE2, Pipe.V, 1), WaitFlag(Pipe.MTE2, Pipe.V, 1), SetFlag(Pipe.MTE2, Pipe.V, 1.0),
+                 WaitFlag(Pipe.MTE2, Pipe.V, 1.0)], r"block 1, AIV: instr 2 SetFlag\(.*\): id 1\.0 is a float"),
+    "vec pitch": ([VecOp("add", 32, "fp16", 0, (256, 512), pitches=((2, 64, 64, 64),))],
+                  [VecOp("add", 32, "fp16", 0, (256, 512), pitches=((2, 64.0, 64, 64),))],
+                  r"block 1, AIV: instr 0 VecOp\(.*\): pitches level \(2, 64\.0, 64, 64\): expected a tuple of ints"),
+}
+
+
+@pytest.mark.parametrize("case", list(EQUAL_NOT_SAME), ids=list(EQUAL_NOT_SAME))
+def test_a_field_equal_to_one_that_passed_but_of_another_type_is_named(case):
+    first, second, match = EQUAL_NOT_SAME[case]
+    verify(_per_block(first, first), HW)
+    refused(_per_block(first, second), match)
+
+
+@pytest.mark.parametrize("field, value", [("block_dim", 1.0), ("workspace_bytes", 0.0), ("block_dim", True)])
+def test_a_kernel_field_equal_to_one_that_ran_but_of_another_type_is_named(field, value):
+    """engine.run's record of kernels verify() passed took block_dim 1.0 for the 1 that ran."""
+    import attrs
+
+    from npusim.engine import Launch, Synchronize
+
+    k = aiv([copy()])
+    _run([Launch(k), Synchronize()])
+    with pytest.raises(ProgramError, match=rf"^kernel 'k': {field} {value!r} is an? \w+, expected an int$") as e:
+        _run([Launch(attrs.evolve(k, **{field: value})), Synchronize()])
+    one_line(e.value)

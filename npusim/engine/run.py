@@ -288,8 +288,9 @@ _VERIFIED_MAX = 512
 def _verify_once(kernel: Kernel, hw: HwConfig) -> None:
     """verify(kernel, hw) unless an equal kernel passed it on this config object. The
     config fields it read are recorded again on a hit (a disk-cached step is keyed on them)."""
-    key = (id(hw), kernel.core_type, kernel.block_dim, id(kernel.aic), id(kernel.aiv), id(kernel.gm),
-           kernel.workspace_bytes, kernel.op_type)
+    # (the classes too: block_dim 1.0 or True equals the 1 that passed, and is refused)
+    key = (id(hw), kernel.core_type, kernel.block_dim.__class__, kernel.block_dim, id(kernel.aic), id(kernel.aiv),
+           id(kernel.gm), kernel.workspace_bytes.__class__, kernel.workspace_bytes, kernel.op_type)
     hit = _VERIFIED.get(key)
     if hit is not None:
         _VERIFIED.move_to_end(key)

@@ -6,19 +6,17 @@ those vars (the corners of their ranges: the form is linear) and every segment, 
 access lands inside one declared buffer of its memory, on a memory its core has,
 aligned - or, for GM, inside one of the kernel's GmTensors when it declares any.
 `w` is the walk of one program on one site: its fail(), site, buffers (per
-memory, sorted by address) and kernel. hex_range and names format both modules'
-messages; ADDRESSES says which addresses each instruction with any has (verify and
-verify_alike read it).
+memory, sorted by address) and kernel. a_type, hex_range and names format the
+verify modules' messages.
 """
 
 from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Copy, Mem, Mmad, VecOp
+from npusim.isa.program import ALIGN_BYTES, CORE_MEMS, RESERVED_VARS, Addr, Affine, Mem
 
 if TYPE_CHECKING:
     from npusim.isa.verify_walk import Path, Scope, Walk
@@ -140,25 +138,6 @@ def _check_gm(w: Walk, instr, path: Path, role: str, start: int, end: int) -> No
                f"GmTensor (have {have})", path, instr)
 
 
-# The addresses of the instructions whose check counts nothing (verify_walk's module doc): one
-# whose addresses are all plain ints is checked once per core and buffers, and alike
-# programs (verify_alike) may differ in these instructions only
-def _vec_addresses(v: VecOp) -> tuple:
-    """dst, the srcs, scalar_src, and the scalar if it moves with the vars (an Affine)."""
-    out = (v.dst, *v.srcs) if v.srcs.__class__ is tuple else (v.dst, v.srcs)
-    if v.scalar_src is not None:
-        out += (v.scalar_src,)
-    return out + (v.scalar,) if v.scalar.__class__ is Affine else out
-
-
-ADDRESSES: dict[type, Callable] = {
-    Copy: lambda c: (c.src_addr, c.dst_addr),
-    Mmad: lambda m: (m.a_addr, m.b_addr, m.c_addr, m.accumulate) if m.accumulate.__class__ is Affine else (
-        m.a_addr, m.b_addr, m.c_addr),
-    VecOp: _vec_addresses,
-}
-
-
 # ------------------------------------------------------------------ formatting
 
 
@@ -178,4 +157,4 @@ def names(items) -> str:
     return ", ".join(repr(i) for i in items)
 
 
-__all__ = ["ADDRESSES", "a_type", "check_access", "check_index", "hex_range", "names"]
+__all__ = ["a_type", "check_access", "check_index", "hex_range", "names"]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from npusim.isa.program import Loop, Program
-from npusim.isa.verify_addresses import ADDRESSES, check_access
-from npusim.isa.verify_walk import check_instr
+from npusim.isa.verify_addresses import check_access
+from npusim.isa.verify_walk import ADDRESS_FIELDS, check_instr
 
 if TYPE_CHECKING:
     from npusim.isa.verify_walk import Path, Scope, Site, Walk
@@ -86,7 +86,7 @@ def _alike(ref: tuple, body: tuple, prefix: Path, scope: Scope, mult: int, diffe
             inner = {**scope, b.var: (0, b.count - 1)}
             if not _alike(a.body, b.body, prefix + (i,), inner, mult * b.count, differ):
                 return False
-        elif cls in ADDRESSES:
+        elif cls in ADDRESS_FIELDS:
             differ.append((b, prefix + (i,), scope, mult))
         else:
             return False

@@ -35,7 +35,7 @@ from npusim.isa.program import (
     CORE_PIPES, COPY_PIPE, DTYPE_BYTES, RESERVED_VARS, Affine, Buffer, Copy, CoreType, CrossSetFlag, CrossWaitFlag,
     Kernel, Loop, Mem, Mmad, Pipe, PipeBarrier, Program, Scalar, SetFlag, SyncAll, VecOp, WaitFlag,
 )
-from npusim.isa.verify_addresses import ADDRESSES, a_type, check_access, check_index, names
+from npusim.isa.verify_addresses import a_type, check_access, check_index, names
 from npusim.isa.walk import executes
 
 
@@ -74,7 +74,9 @@ class Walk:
     hw: HwConfig
     site: Site
     buffers: dict[Mem, tuple[Buffer, ...]] = attrs.Factory(dict)  # sorted by address
-    passed: set = attrs.Factory(set)  # var-free instructions checked with these buffers on this core
+    # the var-free instructions checked with these buffers on this core: (their fields'
+    # types, their fields' values)
+    passed: set = attrs.Factory(set)
     sets: Counter = attrs.Factory(Counter)  # (src, dst, id) -> SetFlags issued
     waits: Counter = attrs.Factory(Counter)  # (src, dst, id) -> WaitFlags issued
     first_flag: dict = attrs.Factory(dict)  # (src, dst, id) -> (path, instr) of its first use
@@ -108,13 +110,14 @@ class Walk:
 def walk_body(w: Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> None:
     """Check each instruction of `body`, which runs `mult` times, with vars in `scope`.
     A flag whose (src, dst, id) was met before is only counted, here (_check_flag: it
-    passes alike; most of a program's instructions are such flags)."""
+    passes alike; most of a program's instructions are such flags) - if its id is an int:
+    1.0 or True equal 1 but are no flag id (check_instr names them)."""
     first_flag = w.first_flag
     for i, instr in enumerate(body):
         cls = instr.__class__
         if cls is SetFlag or cls is WaitFlag:
             key = (instr.src, instr.dst, instr.id)
-            if key in first_flag:
+            if key in first_flag and key[2].__class__ is int:
                 (w.sets if cls is SetFlag else w.waits)[key] += mult
                 continue
         check_instr(w, instr, prefix + (i,), scope, mult)
@@ -122,24 +125,28 @@ def walk_body(w: Walk, body: tuple, prefix: Path, scope: Scope, mult: int) -> No
 
 def check_instr(w: Walk, instr, path: Path, scope: Scope, mult: int) -> None:
     """Check one instruction (a loop with its body) of a body that runs `mult` times, unless
-    it reads no var and passed before (see the module doc)."""
+    it reads no var and one of the same values, of the same types, passed before (see the
+    module doc)."""
     cls = instr.__class__
-    addresses = ADDRESSES.get(cls)
-    free = addresses is not None and _ONLY_INTS(map(type, addresses(instr)))
-    if free:
-        try:
-            if instr in w.passed:
-                return
-        except TypeError:  # a field that cannot be hashed (a list): the field checks below name it
-            free = False
-    check = _CHECKS.get(cls)
-    if check is None:
+    kind = _KINDS.get(cls)
+    if kind is None:
         kinds = ", ".join(c.__name__ for c in _CHECKS if c is not Loop)
         w.fail(f"not an instruction (expected Loop or one of {kinds})", path, instr)
-    _check_fields(w, instr, path)
-    check(w, instr, path, scope, mult)
-    if free:
-        w.passed.add(instr)
+    values = kind.values(instr)
+    types = tuple(map(type, values))
+    free = kind.seen.get(types)
+    if free is None:
+        free = _check_fields(w, instr, path, kind, types)
+    if free and (cls is not VecOp or _vec_var_free(instr)):
+        # its fields' values and types (a Python tuple's hash and ==, not the record's):
+        # Copy(nbytes=64.0) equals Copy(nbytes=64) but is no instruction that passed
+        key = (types, values)
+        if key in w.passed:
+            return
+        kind.check(w, instr, path, scope, mult)
+        w.passed.add(key)
+    else:
+        kind.check(w, instr, path, scope, mult)
 
 
 def _check_loop(w: Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> None:
@@ -156,8 +163,6 @@ def _check_loop(w: Walk, loop: Loop, path: Path, scope: Scope, mult: int) -> Non
         w.fail(f"its body runs {mult * loop.count:.3g} times (loop trips multiplied), more than the 2^30 "
                "npusim simulates in a program (at about a million instructions a second)", path, loop)
     walk_body(w, loop.body, path, {**scope, loop.var: (0, loop.count - 1)}, mult * loop.count)
-
-
 
 
 # ------------------------------------------------------------------ instructions
@@ -245,7 +250,8 @@ def _check_scalar(w: Walk, s: Scalar, path: Path, scope: Scope, mult: int) -> No
 def _check_flag(w: Walk, f: SetFlag | WaitFlag, path: Path, scope: Scope, mult: int) -> None:
     """Two different pipes of this core, an id in range; counted for the balance check.
     Checked at the first use of its (src, dst, id) in the program: a later use of the
-    same three passes or fails alike (a program uses each flag hundreds of times)."""
+    same three (its fields' types checked) passes or fails alike (a program uses each
+    flag hundreds of times)."""
     key = (f.src, f.dst, f.id)
     if key not in w.first_flag:
         if f.src is f.dst:
@@ -315,63 +321,85 @@ _CHECKS: dict[type, Callable] = {
 # be, what the error says is expected). A count, size, id or stride is an int: not a bool
 # (True is 1 to Python, never a size), not a float (the engine indexes with it), not a numpy
 # int (the engine takes Python ints); addresses are checked where they are read
-# (verify_addresses._span). Checked with the instruction, so once per instruction object
-# met (an instruction equal to one that passed is not checked again: see the module doc).
+# (verify_addresses._span).
 _NONE = type(None)
 _INT, _COUNT = ({int}, "an int"), ({int, _NONE}, "an int or None")
-def _fields(fields: tuple) -> tuple:
-    """(a getter of the fields' values as a tuple, (name, allowed classes, expected) per field,
-    the type tuples that passed)."""
-    names = [name for name, _ in fields]
-    get = (lambda r: ()) if not names else (lambda r, n=names[0]: (getattr(r, n),)) if len(names) == 1 else (
-        operator.attrgetter(*names))
-    return get, tuple((name, frozenset(types), expected) for name, (types, expected) in fields), set()
-
-
 _FIELDS: dict[type, tuple] = {
-    cls: _fields(fields)
-    for cls, fields in {
-        Loop: (("var", ({str}, "a str")), ("count", _INT)),
-        Copy: (("src", ({Mem}, "a Mem")), ("dst", ({Mem}, "a Mem")), ("nbytes", _INT), ("segments", _INT),
-               ("src_stride", _COUNT), ("dst_stride", _COUNT), ("convert", ({str}, "a str"))),
-        Mmad: (("m", _INT), ("n", _INT), ("k", _INT), ("dtype", ({str}, "a str")),
-               ("accumulate", ({bool, int, Affine}, "a bool, an int or an Affine"))),
-        VecOp: (("op", ({str}, "a str")), ("n", _INT), ("dtype", ({str}, "a str")),
-                ("srcs", ({tuple}, "a tuple of addresses")), ("out_dtype", ({str, _NONE}, "a str or None")),
-                ("out_n", _COUNT), ("flops_per_elem", _INT),
-                ("scalar", ({int, float, Affine, _NONE}, "a number, an Affine or None")),
-                ("scalar_src", ({int, Affine, _NONE}, "an int, an Affine or None")),
-                ("pitches", ({tuple}, "a tuple of levels"))),
-        Scalar: (("cycles", ({int, float}, "a number of cycles")),),
-        SetFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
-        WaitFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
-        PipeBarrier: (("pipe", ({Pipe, _NONE}, "a Pipe or None (PIPE_ALL)")),),
-        SyncAll: (),
-        CrossSetFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
-        CrossWaitFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
-    }.items()
+    Loop: (("var", ({str}, "a str")), ("count", _INT)),
+    Copy: (("src", ({Mem}, "a Mem")), ("dst", ({Mem}, "a Mem")), ("nbytes", _INT), ("segments", _INT),
+           ("src_stride", _COUNT), ("dst_stride", _COUNT), ("convert", ({str}, "a str"))),
+    Mmad: (("m", _INT), ("n", _INT), ("k", _INT), ("dtype", ({str}, "a str")),
+           ("accumulate", ({bool, int, Affine}, "a bool, an int or an Affine"))),
+    VecOp: (("op", ({str}, "a str")), ("n", _INT), ("dtype", ({str}, "a str")),
+            ("srcs", ({tuple}, "a tuple of addresses")), ("out_dtype", ({str, _NONE}, "a str or None")),
+            ("out_n", _COUNT), ("flops_per_elem", _INT),
+            ("scalar", ({int, float, Affine, _NONE}, "a number, an Affine or None")),
+            ("scalar_src", ({int, Affine, _NONE}, "an int, an Affine or None")),
+            ("pitches", ({tuple}, "a tuple of levels"))),
+    Scalar: (("cycles", ({int, float}, "a number of cycles")),),
+    SetFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
+    WaitFlag: (("src", ({Pipe}, "a Pipe")), ("dst", ({Pipe}, "a Pipe")), ("id", _INT)),
+    PipeBarrier: (("pipe", ({Pipe, _NONE}, "a Pipe or None (PIPE_ALL)")),),
+    SyncAll: (),
+    CrossSetFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
+    CrossWaitFlag: (("pipe", ({Pipe}, "a Pipe")), ("id", _INT)),
+}
+# The instructions with addresses, and of each address field (VecOp.srcs aside: a tuple of
+# them) the types that read no var: an instruction whose addresses are all of these reads
+# none, so its check depends on itself, its core and its buffers only (see the module doc)
+ADDRESS_FIELDS: dict[type, tuple] = {
+    Copy: (("src_addr", {int}), ("dst_addr", {int})),
+    Mmad: (("a_addr", {int}), ("b_addr", {int}), ("c_addr", {int}), ("accumulate", {bool, int})),
+    VecOp: (("dst", {int}), ("scalar", {int, float, _NONE}), ("scalar_src", {int, _NONE})),
 }
 
 
-def _check_fields(w: Walk, instr, path: Path) -> None:
-    """Each field of _FIELDS[its class] is of a type it may be. The types of an instruction's
-    fields that passed are kept (a handful per class), so most instructions are one lookup."""
-    cls = instr.__class__
-    get, fields, passed = _FIELDS[cls]
-    types = tuple(map(type, get(instr)))
-    if types in passed:
-        return
-    for (name, allowed, expected), t in zip(fields, types):
-        if t not in allowed:
+@attrs.frozen
+class _Kind:
+    """What check_instr needs of one instruction class, built once from _FIELDS, ADDRESS_FIELDS
+    and _CHECKS."""
+
+    check: Callable  # _CHECKS[cls]
+    values: Callable  # instr -> the tuple of all its fields' values, in attrs order
+    fields: tuple  # (index in values, name, allowed classes, what is expected) per _FIELDS entry
+    var_free: tuple  # (index in values, the classes that read no var) per ADDRESS_FIELDS entry
+    # the tuples of field types met that passed the field checks -> whether they read no var
+    # (a handful per class, so most instructions are one lookup)
+    seen: dict = attrs.Factory(dict)
+
+
+def _kind(cls: type) -> _Kind:
+    names = [f.name for f in attrs.fields(cls)]
+    values = (lambda r: ()) if not names else (lambda r, n=names[0]: (getattr(r, n),)) if len(names) == 1 else (
+        operator.attrgetter(*names))
+    fields = tuple((names.index(name), name, frozenset(types), expected) for name, (types, expected) in _FIELDS[cls])
+    var_free = tuple((names.index(name), frozenset(types)) for name, types in ADDRESS_FIELDS.get(cls, ()))
+    return _Kind(_CHECKS[cls], values, fields, var_free)
+
+
+_KINDS: dict[type, _Kind] = {cls: _kind(cls) for cls in _CHECKS}
+
+
+def _check_fields(w: Walk, instr, path: Path, kind: _Kind, types: tuple) -> bool:
+    """Each field of _FIELDS[its class] is of a type it may be (`types`: the types of all its
+    fields); whether its addresses read no var, as far as its fields' types tell."""
+    for i, name, allowed, expected in kind.fields:
+        if types[i] not in allowed:
             value = getattr(instr, name)
             w.fail(f"{name} {value!r} is {a_type(value)}, expected {expected}", path, instr)
-    passed.add(types)
+    free = bool(kind.var_free) and all(types[i] in classes for i, classes in kind.var_free)
+    kind.seen[types] = free
+    return free
 
 
-# Of the types of an instruction's addresses (verify_addresses.ADDRESSES): every one a plain
-# int (no Affine, no bool), so it reads no var (see the module doc)
+def _vec_var_free(v: VecOp) -> bool:
+    """Of a VecOp whose other fields read no var: every src a plain int, and every pitches
+    level a tuple of ints (its value is then its meaning: 64.0 is not taken for 64)."""
+    return _ONLY_INTS(map(type, v.srcs)) and all(
+        level.__class__ is tuple and _ONLY_INTS(map(type, level)) for level in v.pitches)
+
+
 _ONLY_INTS = {int}.issuperset
-
 
 
 # ------------------------------------------------------------------ formatting
