@@ -407,3 +407,34 @@ def test_a_kernel_field_equal_to_one_that_ran_but_of_another_type_is_named(field
     with pytest.raises(ProgramError, match=rf"^kernel 'k': {field} {value!r} is an? \w+, expected an int$") as e:
         _run([Launch(attrs.evolve(k, **{field: value})), Synchronize()])
     one_line(e.value)
+
+
+def _host_bounds():
+    """A Memcpy past the device's memory, HostWork past one step's cycles: each ran."""
+    from npusim.engine import HostWork, Memcpy
+    from npusim.hw.checks import STEP_CYCLES_MAX
+
+    most_us = STEP_CYCLES_MAX * 1e6 / HW.chip.freq_hz
+    return {
+        "memcpy 2^63": ([Memcpy(1 << 63)], rf"^host call 0 \(Memcpy\): nbytes {1 << 63} must be 1 to "
+                                           rf"{HW.hbm.hbm_bytes} \(hbm\.hbm_bytes: the device memory"),
+        "memcpy past hbm": ([Memcpy(HW.hbm.hbm_bytes + 1, "d2h")], rf"nbytes {HW.hbm.hbm_bytes + 1} must be 1 to"),
+        "host work 1e30": ([HostWork(1e30)], r"^host call 0 \(HostWork\): us 1e\+30 must be 0 to [0-9.e+]+ "
+                                             r"\(hw\.checks\.STEP_CYCLES_MAX: the 2\^40 cycles one step may take"),
+        "host work past a step": ([HostWork(most_us * 1.01)], r"^host call 0 \(HostWork\): us [0-9.e+]+ must be 0 to"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_host_bounds()))
+def test_a_host_call_past_what_the_device_could_do_is_named(case):
+    calls, match = _host_bounds()[case]
+    with pytest.raises(ProgramError, match=match) as e:
+        _run(calls)
+    one_line(e.value)
+
+
+def test_host_calls_at_their_bounds_run():
+    from npusim.engine import HostWork, Memcpy
+    from npusim.hw.checks import STEP_CYCLES_MAX
+
+    _run([Memcpy(HW.hbm.hbm_bytes), HostWork(STEP_CYCLES_MAX * 1e6 / HW.chip.freq_hz * 0.999)])

@@ -23,6 +23,7 @@ from npusim.engine.host import (
 from npusim.engine.stats import KernelStats, Tracer
 from npusim.errors import DeadlockError, ProgramError
 from npusim.hw import HwConfig
+from npusim.hw.checks import STEP_CYCLES_MAX
 from npusim.isa.program import Kernel
 from npusim.isa.verify import verify
 
@@ -241,12 +242,21 @@ def _check_calls(calls: list, hw: HwConfig) -> None:
             if c.direction not in MEMCPY_DIRECTIONS or c.nbytes < 1:
                 raise ProgramError(f"{where}: expected nbytes >= 1 and direction in "
                                    f"{', '.join(MEMCPY_DIRECTIONS)}, got {c.nbytes}, {c.direction!r}")
+            # a copy into or out of the device's memory holds at most all of it (2^63 bytes ran)
+            if c.nbytes > hw.hbm.hbm_bytes:
+                raise ProgramError(f"{where}: nbytes {c.nbytes} must be 1 to {hw.hbm.hbm_bytes} (hbm.hbm_bytes: "
+                                   "the device memory it copies into or out of)")
         elif isinstance(c, LinkTransfer):
             bad = c.check() or (None if c.mode in LAUNCH_MODES else f"mode must be one of {', '.join(LAUNCH_MODES)}")
             if bad:
                 raise ProgramError(f"{where}: {bad}")
         elif isinstance(c, HostWork) and not 0 <= c.us < math.inf:  # (a number: _bad_field)
             raise ProgramError(f"{where}: us must be a finite number >= 0, got {c.us}")
+        elif isinstance(c, HostWork) and c.us * hw.chip.freq_hz / 1e6 > STEP_CYCLES_MAX:
+            # (1e30 us ran: a host clock the engine's int cycles no longer count exactly)
+            raise ProgramError(f"{where}: us {c.us:g} must be 0 to {STEP_CYCLES_MAX * 1e6 / hw.chip.freq_hz:.6g} "
+                               f"(hw.checks.STEP_CYCLES_MAX: the 2^40 cycles one step may take, at chip.freq_hz "
+                               f"{hw.chip.freq_hz:g})")
         elif not isinstance(c, (RecordEvent, WaitEvent, Synchronize, HostWork)):
             raise ProgramError(f"{where}: not a host call")
 
