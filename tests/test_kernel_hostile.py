@@ -438,3 +438,15 @@ def test_host_calls_at_their_bounds_run():
     from npusim.hw.checks import STEP_CYCLES_MAX
 
     _run([Memcpy(HW.hbm.hbm_bytes), HostWork(STEP_CYCLES_MAX * 1e6 / HW.chip.freq_hz * 0.999)])
+
+
+def test_the_interpreter_refuses_a_kernel_past_its_total_steps_before_running():
+    """60 blocks of 40000 instructions each (every core within the step limit) laid 2.4
+    million steps out and ran them for a minute (2000 blocks: hours); now refused from the
+    loop trips, before anything is unrolled."""
+    from npusim.isa.walk import TooLarge
+
+    with pytest.raises(TooLarge, match=r"^kernel 'k': its 60 cores run 2400000 instructions once unrolled, more "
+                                       r"than the 2097152 the interpreter runs of one kernel \(validate --kernels "
+                                       r"takes small shapes\)$"):
+        interpret(aiv([Loop("i", 200, [Loop("j", 200, [Scalar(1)])])], block_dim=60))

@@ -34,12 +34,17 @@ from npusim.isa.program import (
 from npusim.isa.verify import mem_capacity, verify
 from npusim.isa.verify_walk import short
 from npusim.isa.values import decode, encode
-from npusim.isa.walk import TooLarge, pipes_of, unroll
+from npusim.isa.walk import TooLarge, pipes_of, runs, unroll
 
 POISON = 0xFF  # the byte fresh local memory holds: fp16 / fp32 / bf16 NaN
 # The most instructions one core's program may run once unrolled: numpy works per
 # instruction, about 20 us each, so this is about a second per core at worst.
 STEP_LIMIT = 50_000
+# The most instructions all cores of one kernel may run once unrolled: at about 20 us each,
+# some 40 s. Each core's program is held to STEP_LIMIT, but a kernel of thousands of blocks
+# (as many as LOCAL_BYTES_MAX allows) each within it ran for hours; counted from the loop
+# trips (walk.runs) and refused before anything is unrolled.
+TOTAL_STEP_LIMIT = 1 << 21
 # The most local memory the interpreter allocates for one kernel (every core's whole L1,
 # L0A/B/C, BT, FB or UB): about 900 AIV cores of the 910B, 20 x its 48; a kernel of 65535
 # blocks asked for 12 GB.
@@ -105,6 +110,7 @@ def run_kernel(kernel: Kernel, hw: HwConfig, gm: Gm, step_limit: int = STEP_LIMI
         raise TooLarge(f"kernel {kernel.name!r}: its {kernel.block_dim} blocks hold {local} bytes of local memory, "
                        f"more than the {LOCAL_BYTES_MAX} the interpreter allocates (validate --kernels takes "
                        "small shapes)")
+    _check_total_steps(kernel, hw, step_limit)
     cores = _cores(kernel, hw, step_limit)
     by_block: dict[int, list[_Core]] = {}
     for c in cores:
@@ -118,6 +124,28 @@ def run_kernel(kernel: Kernel, hw: HwConfig, gm: Gm, step_limit: int = STEP_LIMI
             return
         if not moved:
             raise DeadlockError(_deadlock(kernel, cores))
+
+
+def _check_total_steps(kernel: Kernel, hw: HwConfig, step_limit: int) -> None:
+    """All cores together run at most TOTAL_STEP_LIMIT instructions, or a one-line TooLarge.
+    (A program past `step_limit` is left to unroll, which names it.)"""
+    counts: dict[int, int] = {}  # id(program) -> the instructions it runs
+    total = cores = 0
+    for kind in _sides(kernel):
+        for block in range(kernel.block_dim):
+            program = kernel.program(kind, block)
+            n = counts.get(id(program))
+            if n is None:
+                n = counts[id(program)] = runs(program.body)
+                if n > step_limit:
+                    return
+            subs = _subs(kernel, hw) if kind is CoreType.AIV else 1
+            total += n * subs
+            cores += subs
+    if total > TOTAL_STEP_LIMIT:
+        raise TooLarge(f"kernel {kernel.name!r}: its {cores} cores run {total} instructions once unrolled, more than "
+                       f"the {TOTAL_STEP_LIMIT} the interpreter runs of one kernel (validate --kernels takes small "
+                       "shapes)")
 
 
 def _sides(kernel: Kernel) -> list[CoreType]:

@@ -46,6 +46,12 @@ def _unrolled(body: tuple, scope: dict[str, int]) -> Iterator[tuple[object, dict
             yield instr, scope
 
 
+def runs(body: tuple) -> int:
+    """How many instructions `body` runs once unrolled, counted without unrolling it: a
+    loop's trips times its body's (a loop of nothing runs none)."""
+    return sum(item.count * runs(item.body) if item.__class__ is Loop else 1 for item in body)
+
+
 def executes(body: tuple) -> bool:
     """Does `body` hold an instruction other than loops?"""
     return any(item.__class__ is not Loop or executes(item.body) for item in body)
