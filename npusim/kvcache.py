@@ -19,6 +19,7 @@ tensor has is the caller's (npusim.ops.kv_cache.KvCache binds the tensors).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -40,6 +41,7 @@ CACHE_TENSORS = tuple(dict.fromkeys(name for names in KV_CACHE_NAMES.values() fo
 BLOCK_TABLE_DTYPE = "int32"
 
 
+@functools.cache  # a paged kernel's lowering asks it for every block load
 def scatter_step(num_blocks: int) -> int:
     """The stride of the paged layout's block permutation: logical block i (counted over
     every sequence) lives in physical block i * step mod num_blocks. The step is coprime

@@ -74,3 +74,14 @@ def test_bound_substitutes_some_vars_and_leaves_an_int_when_none_is_left():
     assert bound(a, {"@q": 0x1000}) == Affine(0x1100, (("block", 64), ("i", 8)))
     assert bound(Affine(4, (("@k", 2),)), {"@k": 10}) == 24  # a plain int, as addr() gives it
     assert bound(a, {"x": 1}) is a and bound(7, {"@q": 1}) == 7
+
+
+def test_paged_runs_share_a_template(monkeypatch):
+    """Paged: every block is a run of its own (its loads follow the table), yet the runs of
+    one structure are built once, their block loads' and table row's addresses bound per run."""
+    calls = []
+    real = flash._fa_programs
+    monkeypatch.setattr(flash, "_fa_programs", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    kernel = lower("flash_attention", SHAPES["paged"], HW).kernels[0]
+    runs = len({id(p) for p in kernel.aic})
+    assert runs == kernel.block_dim > 4 and len(calls) < runs

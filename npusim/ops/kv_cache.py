@@ -98,6 +98,10 @@ class KvCache:
     def head_stride(self) -> int:
         return self.layout.head_stride()
 
+    def table_addr(self, b: int, first: int) -> int:
+        """Paged: GM address of block-table entry `first` of sequence b (int32 entries)."""
+        return self.table.addr + (b * self.max_blocks + first) * 4
+
     def token_addr(self, which: str, b: int, h: int, pos: int) -> int:
         """GM address of K ('k') or V ('v') of sequence b, head h, position pos."""
         name, off = self.layout.token_offset(which, b, h, pos)
@@ -253,7 +257,7 @@ def lower_kv_cache_write(p: KvCacheWriteParams, hw: HwConfig, gm: GmArena, tilin
                 blks = [(start + u[1]) // p.block_tokens for u in mine if u[0] == b]
                 lo_b, hi_b = min(blks), max(blks)
                 nbytes = (hi_b - lo_b + 1) * 4
-                reads.append(Copy(Mem.GM, Mem.UB, cache.table.addr + (b * cache.max_blocks + lo_b) * 4, at, nbytes))
+                reads.append(Copy(Mem.GM, Mem.UB, cache.table_addr(b, lo_b), at, nbytes))
                 at += align_up(nbytes, UB_BLOCK)
             if at > table_ub + 2048:
                 raise ProgramError(f"op kv_cache_write: block-table slice needs {at - table_ub} bytes of UB, "

@@ -119,7 +119,7 @@ def _table_read(cache: KvCache, b: int, first: int, last: int, mem: Mem, dst: in
     the addresses of the block loads before MTE2 may issue them.
     # assumption: the scalar unit's table lookups cost the transfer and the hand-off only"""
     n = last - first + 1
-    return [Copy(GM, mem, cache.table.addr + (b * cache.max_blocks + first) * 4, dst, n * 4),
+    return [Copy(GM, mem, cache.table_addr(b, first), dst, n * 4),
             SetFlag(MTE2, Pipe.S, 0), WaitFlag(MTE2, Pipe.S, 0), SetFlag(Pipe.S, MTE2, 0), WaitFlag(Pipe.S, MTE2, 0)]
 
 

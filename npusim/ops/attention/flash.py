@@ -131,9 +131,10 @@ def _fa_programs(g: _FaGeometry, tiles: list[int], specs: list, q, kv: _KvRead, 
 # Build each distinct structure of a kernel's run programs once (_RunPrograms); False builds
 # every run's anew, as the tests compare.
 _SHARE_BUILDS = True
-# The variable standing for each GM input's base address in a template (_RunPrograms).
+# The variable standing for each GM input's base address in a template (_RunPrograms); a
+# template's variables all start with "@", which starts no loop variable of a lowering
+# (flash_cores' paged ones too: TABLE_VAR, page_var)
 _BASES = {"q": "@q", "k": "@k", "v": "@v", "o": "@o"}
-_BASE_VARS = frozenset(_BASES.values())
 
 
 class _RunPrograms:
@@ -149,17 +150,21 @@ class _RunPrograms:
     every other term dropped: a plain int from the run's inputs, which bound gives too.
     shift and moving drop no term, so an address has one left as long as its input has:
     an input without terms is not made a variable (a plain int from it could not be told
-    from an Affine without terms) but part of the structure. The structure, the key of a
-    template (_structure): the tiles, each input's terms (or the input itself, if it is
-    not a variable) and a paged block's sequence and head (its loads follow the table).
-    A structure only one run has is built as it is (a paged kernel's, mostly)."""
+    from an Affine without terms) but part of the structure. A paged cache's addresses are
+    data: a template reads each block load's, and its sequence's row of the block table,
+    as a variable of its own (_KvRead.pages), bound to the run's sequence and head
+    (_KvRead.page_values; its loads touch the same blocks of its own sequence, by
+    KvCache.runs, which depends on the positions alone). The structure, the key of a
+    template (_structure): the tiles and each input's terms (or the input itself, if it
+    is not a variable). A structure only one run has is built as it is."""
 
     def __init__(self, g: _FaGeometry, specs: list, w, loops: bool, runs: list[tuple]):
         """runs: the (tiles, q, kv, o) of each run the kernel will ask for."""
         self.g, self.specs, self.w, self.loops = g, specs, w, loops
         self.runs = Counter(_structure(*run)[0] for run in runs)  # runs of each structure
-        # structure -> per side (its template, where in its body the base variables are: _holes)
-        self.templates: dict[tuple, tuple[tuple[Program, list], ...]] = {}
+        # structure -> (per side (its template, where in its body the base variables are: _holes),
+        # a paged template's loads: _KvRead.pages)
+        self.templates: dict[tuple, tuple[tuple[tuple[Program, list], ...], list | None]] = {}
 
     def __call__(self, tiles: list[int], q, kv: _KvRead, o) -> tuple[Program, Program]:
         """The AIC and AIV programs of a run working through `tiles` (see _fa_programs)."""
@@ -170,17 +175,20 @@ class _RunPrograms:
         template = self.templates.get(key)
         if template is None:
             free = {**inputs, **{n: Affine(0, a.terms + ((_BASES[n], 1),)) for n, a in variable.items()}}
-            progs = _fa_programs(self.g, tiles, self.specs, free["q"], attrs.evolve(kv, k=free["k"], v=free["v"]),
-                                 free["o"], self.w, self.loops)
-            template = self.templates[key] = tuple((p, _holes(p.body)) for p in progs)
+            reads = attrs.evolve(kv, k=free["k"], v=free["v"], pages=[] if kv.cache.layout.layout == "paged" else None)
+            progs = _fa_programs(self.g, tiles, self.specs, free["q"], reads, free["o"], self.w, self.loops)
+            template = self.templates[key] = tuple((p, _holes(p.body)) for p in progs), reads.pages
+        sides, pages = template
         values = {_BASES[name]: a.base for name, a in variable.items()}
-        return tuple(Program(_bound_body(p.body, holes, values), p.buffers) for p, holes in template)
+        if pages is not None:
+            values.update(kv.page_values(pages))
+        return tuple(Program(_bound_body(p.body, holes, values), p.buffers) for p, holes in sides)
 
 
 def _structure(tiles: list[int], q, kv: _KvRead, o) -> tuple[tuple, dict]:
     """A run's structure (its template's key: see _RunPrograms) and its inputs by name."""
     inputs = {"q": q, "k": kv.k, "v": kv.v, "o": o}
-    return (tuple(tiles), kv.seq, kv.head, *(a.terms if _variable(a) else a for a in inputs.values())), inputs
+    return (tuple(tiles), *(a.terms if _variable(a) else a for a in inputs.values())), inputs
 
 
 def _variable(a) -> bool:
@@ -195,7 +203,7 @@ def _holes(body: tuple) -> list[tuple[int, list | None]]:
     # variable left anywhere else would fail verify (a var not in scope)"""
     out = []
     for i, x in enumerate(body):
-        if x.__class__ is Copy and any(a.__class__ is Affine and any(v in _BASE_VARS for v, _ in a.terms)
+        if x.__class__ is Copy and any(a.__class__ is Affine and any(v[0] == "@" for v, _ in a.terms)
                                        for a in (x.src_addr, x.dst_addr)):
             out.append((i, None))
         elif x.__class__ is Loop:

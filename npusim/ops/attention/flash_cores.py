@@ -8,7 +8,7 @@ from attrs import frozen
 
 from npusim.isa.instructions import l0b_block_bytes
 from npusim.isa.program import (
-    Copy, CrossSetFlag, CrossWaitFlag, Mmad, VecOp, moving, offset, set_flag, shift, wait_flag,
+    Affine, Copy, CrossSetFlag, CrossWaitFlag, Mmad, VecOp, moving, offset, set_flag, shift, wait_flag,
 )
 from npusim.ops.build import align_up, cdiv
 from npusim.ops.kv_cache import KvCache
@@ -28,14 +28,17 @@ class _KvRead:
     them separately, each a strided read of one head_dim piece per row (256 of 512
     bytes at head_dim 128 fp16); the rows' other half is in L2 by the time it is
     wanted. paged: one segment per block the step touches, at the physical block the
-    table names (addresses are data, so the block's program is its own: a concrete
-    sequence and head, no loops)."""
+    table names (addresses are data: no loops; the runs of blocks of one structure share
+    a template whose every such address is a variable of its own, flash._RunPrograms)."""
 
     cache: KvCache
     k: object = 0  # per_layer / contiguous: GM address of token 0 of the block's K head (int or Affine)
     v: object = 0
     seq: int = 0  # paged: the block's sequence and KV head
     head: int = 0
+    # paged, a template's: its loads so far, (which, k0, kt, run) each, the run's address the
+    # variable page_var(i) of its index i (bound by page_values); None: addresses as they are
+    pages: list | None = None
 
     def load(self, which: str, k0, kt: int, dst: int) -> list:
         """The loads of keys k0 .. k0+kt-1 of K or V, one segment a token (tokens back to
@@ -48,7 +51,7 @@ class _KvRead:
         if c.layout.layout == "paged":
             assert k0.__class__ is int, "paged steps are not looped: their blocks are data"
             out, first = [], 0
-            for a, n in c.runs(which, self.seq, self.head, k0, kt):
+            for a, n in self._page_runs(which, k0, kt):
                 if which == "v":  # rows first.. of V's fractal blocks (a tile of kt rows), from that row of block 0
                     at, part = dst + first * 16 * c.layout.elem_bytes, land if n == kt else f"{land}@{kt}"
                 else:  # columns first.. of K^T's: a conversion of its own from a block's start only
@@ -61,11 +64,47 @@ class _KvRead:
         return [Copy(GM, L1, offset(self.k if which == "k" else self.v, k0, pitch), dst, piece, kt, pitch,
                      align_up(piece, 32), land)]
 
+    def _page_runs(self, which: str, k0: int, kt: int) -> list[tuple]:
+        """Paged: keys k0 .. k0+kt-1 as (GM address, tokens) runs (KvCache.runs); a
+        template's addresses are variables, their loads kept in `pages`."""
+        runs = self.cache.runs(which, self.seq, self.head, k0, kt)
+        if self.pages is None:
+            return runs
+        out = []
+        for j, (_, n) in enumerate(runs):
+            out.append((Affine(0, ((page_var(len(self.pages)), 1),)), n))
+            self.pages.append((which, k0, kt, j))
+        return out
+
+    def page_values(self, pages: list) -> dict[str, int]:
+        """A template's paged variables (its `pages`, and TABLE_VAR) bound to this block's
+        sequence and head: the addresses its own build would have read."""
+        values = {TABLE_VAR: self.cache.table_addr(self.seq, 0)}
+        runs: dict[tuple, list] = {}  # a step's K or V is loaded by several q tiles
+        for i, (which, k0, kt, j) in enumerate(pages):
+            load = (which, k0, kt)
+            if load not in runs:
+                runs[load] = self.cache.runs(which, self.seq, self.head, k0, kt)
+            values[page_var(i)] = runs[load][j][0]
+        return values
+
     def start(self, g: _FaGeometry) -> list:
         """Paged: the sequence's block-table entries, once per block."""
         if self.cache.layout.layout != "paged":
             return []
-        return _table_read(self.cache, self.seq, 0, self.cache.max_blocks - 1, L1, g.l1["table"])
+        reads = _table_read(self.cache, self.seq, 0, self.cache.max_blocks - 1, L1, g.l1["table"])
+        if self.pages is not None:  # a template's: the sequence's row of the table a variable too
+            reads[0] = reads[0].moved(Affine(0, ((TABLE_VAR, 1),)), reads[0].dst_addr)
+        return reads
+
+
+# A template's variables for the paged addresses it reads (_KvRead.pages): the block table
+# row's, and each block load's; "@" starts no loop variable of a lowering (flash._BASES too)
+TABLE_VAR = "@table"
+
+
+def page_var(i: int) -> str:
+    return f"@page{i}"
 
 
 class _Cube:
