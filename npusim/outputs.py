@@ -23,6 +23,7 @@ import contextvars
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -312,6 +313,40 @@ def _probe(flag: str, path: Path, folder: Path) -> None:
         os.unlink(tmp)
 
 
+def _probe_in_place(flag: str, path: Path) -> None:
+    """Refuse a device or a pipe `path` (written in place, see atomic_write) that takes no
+    bytes: a block device (a disk: the report would overwrite it), a device that cannot be
+    opened (/dev/tty with no terminal, a socket) or that refuses a write (/dev/full: an
+    empty write is refused as a full one is; /dev/null and a terminal take it and show
+    nothing). A pipe is not opened (that waits for a reader, and closing it would end the
+    reader's input): only its permission is checked."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISBLK(mode):
+        raise OutputError(f"{flag} {path}: is a block device (expected a file path, a character device or a pipe)")
+    if stat.S_ISFIFO(mode):
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{flag} {path}: cannot be written: Permission denied")
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        try:
+            os.write(fd, b"")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot be written: {_reason(e)}") from None
+
+
+def _replaceable(flag: str, path: Path) -> None:
+    """Refuse an existing file `path` that is not to be replaced: one its owner made read-only
+    (chmod a-w; root may write it), or immutable (chattr +i: not even root may, and the
+    replacing rename failed after the run). atomic_write replaces a file whatever its mode,
+    but a file made read-only is one its owner wants kept."""
+    if not os.access(path, os.W_OK):
+        raise OutputError(f"{flag} {path}: cannot be written: the file is read-only "
+                          f"(give another path, or make it writable)")
+
+
 # the longest name one folder's entry may have (Linux: NAME_MAX; the longest path: PATH_MAX)
 NAME_MAX, PATH_MAX = 255, 4096
 # what a file's temporary name adds to its name (atomic_write: "." NAME "." + mkstemp's 8 random characters + ".tmp")
@@ -367,9 +402,10 @@ def check_writable(outputs: Mapping[str, str | os.PathLike | None],
         if p.is_dir():
             raise OutputError(f"{flag} {p}: is a directory (expected a file path)")
         if p.exists() and not p.is_file():  # written in place (atomic_write)
-            if not os.access(p, os.W_OK):
-                raise OutputError(f"{flag} {p}: cannot be written: Permission denied")
+            _probe_in_place(flag, p)
             continue
+        if p.is_file():
+            _replaceable(flag, p)
         _probe(flag, p, Path(os.path.realpath(p)).parent)  # a link's target is replaced: its folder takes it
     for flag, path in (folders or {}).items():
         if path is None:

@@ -388,9 +388,10 @@ def test_a_calibrated_config_by_name_beside_its_base_loads(lab, tmp_path, capsys
     (["--json", "/proc/x/c.json"], r"--json /proc/x/c\.json: cannot be written"),
     (["--plot", "/proc/x/p"], r"--plot \(calibration\.png\) /proc/x/p/calibration\.png: cannot be written"),
     (["--out", "/proc/x/my.yaml"], r"--out /proc/x/my\.yaml: cannot be written"),
+    (["--json", "/dev/full"], r"--json /dev/full: cannot be written: No space left on device"),
     (["--json", "p/calibration.svg", "--plot", "p"], r"--plot \(calibration\.svg\) p/calibration\.svg: the same file "
                                                      r"as the output of --json"),
-], ids=["json", "plot", "out", "json-in-plot"])
+], ids=["json", "plot", "out", "full", "json-in-plot"])
 def test_outputs_checked_before_the_fit(argv, expect, lab, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("npusim.calibrate.session.calibrate", lambda *a: pytest.fail("fitted before the check"))
     fails_cleanly(["calibrate", "--hccl", "h.txt", "--hw", "mylab", "--out", "my.yaml", *argv], capsys, expect,

@@ -47,6 +47,7 @@ def test_folds_and_fields_as_calibrate_checks_them(args, expect):
 @pytest.mark.parametrize("args, expect", [
     (["--json", "/proc/x/fidelity.json"], "fidelity.py: --json /proc/x/fidelity.json: cannot be written"),
     (["--json", "."], "fidelity.py: --json .: is a directory (expected a file path)"),
+    (["--json", "/dev/full"], "fidelity.py: --json /dev/full: cannot be written: No space left on device"),
     (["--json", str(ROOT / "npusim" / "data" / "measured" / "gemm.csv")],
      "gemm.csv: the same file as the input of the measurements' gemm.csv"),
     (["--json", str(ROOT / "hwconfigs" / "ascend910b2.yaml")], "ascend910b2.yaml: the same file as the input of --hw"),

@@ -29,7 +29,7 @@ import pytest
 
 from cli_check import interrupt_at_the_first_replace
 from npusim.cli import main
-from npusim.outputs import OutputError, atomic_write, check_paths
+from npusim.outputs import OutputError, atomic_write, check_paths, check_writable, write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]
@@ -293,7 +293,7 @@ def test_a_dash_is_not_taken_for_a_file_named_dash(argv, reason, tmp_path, capsy
 
 
 def test_a_full_disk_on_op_json(capsys):
-    refused([*OP, "--json", "/dev/full"], capsys, "cannot write /dev/full: No space left on device")
+    refused([*OP, "--json", "/dev/full"], capsys, "--json /dev/full: cannot be written: No space left on device")
 
 
 def test_a_full_disk_on_a_sweep_csv(capsys, tmp_path, monkeypatch):
@@ -307,9 +307,48 @@ def test_a_full_disk_on_a_sweep_csv(capsys, tmp_path, monkeypatch):
 
 
 def test_a_device_is_written_in_place_not_replaced(capsys):
-    code, _, err = cli([*OP, "--json", "/dev/null", "--trace", "/dev/full"], capsys)
-    assert code == 2 and "No space left" in err  # /dev/null took the JSON, /dev/full refused the trace
+    code, out, err = cli([*OP, "--json", "/dev/null"], capsys)
+    assert code == 0 and "wrote /dev/null" in out, err
+    with pytest.raises(OutputError, match="cannot write /dev/full: No space left on device"):
+        write_text("/dev/full", "x")  # had the check let it by
     assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()
+
+
+def _immutable(path: Path) -> bool:
+    """chattr +i `path` (root, on a file system that has the flag); False if it cannot be."""
+    try:
+        return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def test_an_output_that_takes_no_bytes_is_refused_before_the_run(tmp_path):
+    """A socket (no device behind it to open), a disk, a file made read-only or immutable:
+    the run, then the write failed (or, on a disk, overwrote it)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        with pytest.raises(OutputError, match=f"^--json {tmp_path}/sock: cannot be written: No such device"):
+            check_writable({"--json": tmp_path / "sock"})
+    disks = [p for p in Path("/dev").iterdir() if p.is_block_device()]
+    if disks:
+        with pytest.raises(OutputError, match=f"^--trace {disks[0]}: is a block device"):
+            check_writable({"--trace": disks[0]})
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    if _immutable(kept):
+        try:
+            with pytest.raises(OutputError, match=f"^--json {kept}: cannot be written: the file is read-only"):
+                check_writable({"--json": kept})
+        finally:
+            subprocess.run(["chattr", "-i", str(kept)])
+    if os.geteuid() != 0:  # root may write a file whatever its mode
+        kept.chmod(0o444)
+        with pytest.raises(OutputError, match="the file is read-only"):
+            check_writable({"--json": kept})
+        kept.chmod(0o644)
+    check_writable({"--json": kept, "--trace": "/dev/null", "--csv": tmp_path / "new" / "c.csv"})
 
 
 @pytest.mark.parametrize("argv", [[*RUN, "--json", "{d}/gone/a.json"], [*RUN, "--plot", "{d}/gone"],
@@ -360,6 +399,7 @@ def _no_simulation(monkeypatch) -> None:
 
 
 PROC = "cannot be written: no new file can be made in /proc"
+FULL = "cannot be written: No space left on device"
 BEFORE_RUNNING = [  # (argv, the message's start after "npusim: error: ")
     ([*RUN, "--json", "/proc/x/y.json"], f"--json /proc/x/y.json: {PROC}"),
     ([*RUN, "--trace", "{d}/a_file/t.json"], "--trace {d}/a_file/t.json: cannot be written: Not a directory"),
@@ -378,6 +418,13 @@ BEFORE_RUNNING = [  # (argv, the message's start after "npusim: error: ")
     (["compare", *RUN[1:], "--plans", "tp1", "tp2", "--json", "/proc/x/c.json"], f"--json /proc/x/c.json: {PROC}"),
     (["sweep", *RUN[1:], "--set", "chip.aic_count=16,20", "--out", "/proc/x/s"],
      f"--out (sweep.csv) /proc/x/s/sweep.csv: {PROC}"),
+    # a device that takes no byte: the run, then 'cannot write /dev/full' (issue: --json /dev/full)
+    ([*RUN, "--json", "/dev/full"], f"--json /dev/full: {FULL}"),
+    ([*RUN, "--trace", "/dev/full"], f"--trace /dev/full: {FULL}"),
+    ([*OP, "--json", "/dev/full"], f"--json /dev/full: {FULL}"),
+    (["compare", *RUN[1:], "--json", "/dev/full"], f"--json /dev/full: {FULL}"),
+    (["sweep", *RUN[1:], "--set", "chip.aic_count=16,20", "--out", "{d}/full", "--overwrite"],
+     f"--out (sweep.csv) {{d}}/full/sweep.csv: {FULL}"),
 ]
 
 
@@ -389,6 +436,8 @@ def test_an_unwritable_output_is_refused_before_anything_runs(argv, message, cac
     naming the flag, before anything is simulated, whether the cache is on or off."""
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "plots" / "timeline.svg").mkdir(parents=True)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "sweep.csv").symlink_to("/dev/full")
     _no_simulation(monkeypatch)
     argv = [a.format(d=tmp_path) for a in argv]
     argv += ["--no-cache"] if cache == "--no-cache" else ["--cache-dir", tmp_path / "cache"]

@@ -215,6 +215,8 @@ def _hw_without(tmp_path: Path, *dtypes: str) -> Path:
     (["--rate", "5", "--compare", "seed-optimized", "{d}/seed-optimized.yaml", "--json", "{d}/c.json"],
      r"--compare: both services are named 'seed-optimized', so their --json outputs would be one"),
     (["--rate", "5", "--json", "/proc/x/y.json"], r"--json /proc/x/y.json: cannot be written"),
+    (["--rate", "5", "--json", "/dev/full"], r"--json /dev/full: cannot be written: No space left on device"),
+    (["--rate", "5", "--csv", "/dev/full"], r"--csv /dev/full: cannot be written: No space left on device"),
     (["--rate", "5", "--csv", "{d}/t.csv/c.csv"], r"--csv .*: cannot be written: Not a directory"),
     (["--rate", "5", "--plot", "{d}/t.csv"], r"--plot .*t.csv: is a file"),
     # a plot's file as another output: the plot replaced the JSON, exit status 0
