@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import math
 import os
+import re
 import signal
 import stat
 import sys
@@ -103,6 +105,31 @@ def dangling_link(path: str | os.PathLike) -> str | None:
     return None
 
 
+# the folder of this process's open file descriptors, which /dev/fd, /dev/stdout and /dev/stderr are links into
+_FD_FOLDER = re.compile(r"/proc/(self|thread-self|\d+)(/task/\d+)?/fd")
+
+
+def descriptor(path: str | os.PathLike) -> int | None:
+    """The file descriptor of this process that `path` names (/dev/stdout: 1, /dev/fd/3: 3,
+    /proc/self/fd/1), itself or through links; None if it names none. Such a path is written
+    through the descriptor (atomic_write): the kernel's link names the open file, and a pipe's,
+    'pipe:[N]', is no path (realpath makes one to nothing), while a file's path is that of a
+    file the shell opened with the command's earlier output in it (replaced, or opened
+    anew, that output was lost or written over)."""
+    p = Path(os.path.abspath(path))
+    for _ in range(40):  # the links followed (a loop of links ends here: not a descriptor)
+        folder = os.path.realpath(p.parent)
+        match = _FD_FOLDER.fullmatch(folder)
+        if match:
+            ours = match.group(1) in ("self", "thread-self", str(os.getpid()))
+            return int(p.name) if ours and p.name.isdigit() else None
+        link = os.path.join(folder, p.name)
+        if not os.path.islink(link):
+            return None
+        p = Path(folder, os.readlink(link))
+    return None
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True, **open_args) -> Iterator[IO]:
     """Open a temporary file beside `path` for writing (mode "w" or "wb"); when the
@@ -117,6 +144,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", durable: bool = True,
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode {mode!r} (expected 'w' or 'wb')")
     path = Path(path)
+    fd = descriptor(path)
+    if fd is not None:  # /dev/stdout: written through the descriptor, after what it has had
+        try:
+            with os.fdopen(os.dup(fd), mode, **open_args) as f:
+                yield f
+        except OSError as e:
+            raise OutputError(f"cannot write {path}: {_reason(e)}") from None
+        return
     dangling = dangling_link(path)
     if dangling:
         raise OutputError(f"cannot write {path}: {dangling}")
@@ -320,7 +355,10 @@ def _probe_in_place(flag: str, path: Path) -> None:
     empty write is refused as a full one is; /dev/null and a terminal take it and show
     nothing). A pipe is not opened (that waits for a reader, and closing it would end the
     reader's input): only its permission is checked."""
-    mode = os.stat(path).st_mode
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:  # /dev/stdout with stdout closed
+        raise OutputError(f"{flag} {path}: cannot be written: {_reason(e)}") from None
     if stat.S_ISBLK(mode):
         raise OutputError(f"{flag} {path}: is a block device (expected a file path, a character device or a pipe)")
     if stat.S_ISFIFO(mode):
@@ -333,6 +371,17 @@ def _probe_in_place(flag: str, path: Path) -> None:
             os.write(fd, b"")
         finally:
             os.close(fd)
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot be written: {_reason(e)}") from None
+
+
+def _probe_descriptor(flag: str, path: Path, fd: int) -> None:
+    """Refuse a `path` naming descriptor `fd` (/dev/stdout) that is not open, is open for
+    reading only (3<file), or refuses an empty write (> /dev/full)."""
+    try:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OutputError(f"{flag} {path}: cannot be written: descriptor {fd} is open for reading only")
+        os.write(fd, b"")
     except OSError as e:
         raise OutputError(f"{flag} {path}: cannot be written: {_reason(e)}") from None
 
@@ -399,6 +448,10 @@ def check_writable(outputs: Mapping[str, str | os.PathLike | None],
         if path is None:
             continue
         p = _linked(flag, _named(flag, path, file=True))
+        fd = descriptor(p)
+        if fd is not None:  # written through the descriptor (atomic_write)
+            _probe_descriptor(flag, p, fd)
+            continue
         if p.is_dir():
             raise OutputError(f"{flag} {p}: is a directory (expected a file path)")
         if p.exists() and not p.is_file():  # written in place (atomic_write)
@@ -464,5 +517,5 @@ def err(text: str) -> None:
 
 
 __all__ = ["OutputError", "Terminated", "all_or_none", "atomic_write", "check_paths", "check_writable",
-           "dangling_link", "drop_stdout", "err", "interruption_note", "on_sigterm", "overlong", "plots_line", "say",
+           "dangling_link", "descriptor", "drop_stdout", "err", "interruption_note", "on_sigterm", "overlong", "plots_line", "say",
            "say_all", "tables_line", "write_json", "write_text", "wrote_line"]

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from npusim.outputs import say, write_json, wrote_line
+from npusim.outputs import descriptor, say, write_json, wrote_line
 
 # flags that name outputs or steer the cache and the terminal, not what is computed
 _NOT_INPUTS = frozenset({"json", "trace", "profile", "plot", "progress", "cache_dir", "no_cache", "argv", "func",
@@ -105,7 +105,7 @@ def replayed(command: Callable, check_outputs: Callable) -> Callable:
         if status == 0 and key:
             data = None
             if args.json:
-                if not os.path.isfile(args.json):  # written to a device (/dev/stdout): not kept
+                if descriptor(args.json) is not None or not os.path.isfile(args.json):  # a device, /dev/stdout: not kept
                     return status
                 with open(args.json) as f:
                     data = json.load(f)

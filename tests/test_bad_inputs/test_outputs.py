@@ -583,6 +583,40 @@ def test_a_closed_stdout_still_writes_the_files(argv, tmp_path):
     no_partial(tmp_path)
 
 
+@pytest.mark.parametrize("to", ["pipe", "file"])
+def test_json_to_dev_stdout_follows_the_summary(to, tmp_path):
+    """The advice for '--json -' is '--json /dev/stdout'. Into a pipe (`| jq`) it failed after
+    the run ('cannot write /dev/stdout: No such file or directory': realpath made the pipe's
+    'pipe:[N]' a path); into a file (`> out.txt`) the report replaced the file, the summary
+    printed before it lost, or (a cache hit) was read back as JSON: a JSONDecodeError."""
+    argv = [sys.executable, "-m", "npusim", *OP, "--json", "/dev/stdout", "--cache-dir", str(tmp_path / "cache")]
+    for _ in range(2):  # the second: a cache hit
+        if to == "pipe":
+            proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            out = proc.stdout
+        else:
+            with open(tmp_path / "out.txt", "w") as f:
+                proc = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.PIPE, text=True, timeout=120)
+            out = (tmp_path / "out.txt").read_text()
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        summary, report = out.split("\n{\n", 1)
+        assert summary.startswith("add on ascend910b2:")
+        report, last = ("{\n" + report).rsplit("\n", 2)[:2]
+        assert json.loads(report)["latency_us"] > 0 and last == "wrote /dev/stdout"
+
+
+def test_a_descriptor_that_takes_no_bytes_is_refused_before_the_run(tmp_path):
+    (tmp_path / "in.json").write_text("{}")
+    with open(tmp_path / "in.json") as f:
+        with pytest.raises(OutputError, match=f"^--json /dev/fd/{f.fileno()}: cannot be written: descriptor "
+                                              f"{f.fileno()} is open for reading only"):
+            check_writable({"--json": f"/dev/fd/{f.fileno()}"})
+    with open("/dev/full", "w") as f:
+        with pytest.raises(OutputError, match="No space left on device"):
+            check_writable({"--json": f"/proc/self/fd/{f.fileno()}"})
+    assert (tmp_path / "in.json").read_text() == "{}"
+
+
 def test_a_closed_stdout_in_a_sweep_still_writes_the_csv(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "npusim", "sweep", "--workload", "k3-tiny", "--jobs", "1",
                              "--set", f"hbm.hbm_bytes={TOO_SMALL},{2 * TOO_SMALL}", "--out", tmp_path / "s"],
