@@ -294,8 +294,12 @@ def test_memory_is_checked_per_card(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--cards", "3", "--tp", "2"], "--cards 3 is not a multiple of --tp 2"),
-    (["--cards", "2", "--router", "fastest"], "--router fastest: unknown router (expected one of kv-local, "
-                                              "least-loaded, round-robin, shortest-queue)"),
+    # kv-local is --pd-router's only: --router does not take it, so its list does not offer it
+    (["--cards", "2", "--router", "fastest"], "--router fastest: unknown router (expected one of least-loaded, "
+                                              "round-robin, shortest-queue)"),
+    (["--cards", "2", "--router", "kv-local"], "--router kv-local: picks the decode instance of a prefilled request; "
+                                               "give it to --pd-router (--router picks the replica an arriving request "
+                                               "goes to: one of least-loaded, round-robin, shortest-queue)"),
     (["--tp", "3", "--cards", "3"], "--tp 3 does not divide k3-tiny's heads 4"),
     (["--cards", "0"], "--cards: expected a whole number of cards"),
     (["--tp", "2", "--set", "topology.node_device_count=1"], "--tp 2 spans nodes"),
@@ -309,6 +313,17 @@ def test_bad_cluster_input_is_one_line(argv, match, capsys):
     assert main(["serve", "--workload", "k3-tiny", "--no-cache", "--requests", "5", "--rate", "10", *argv]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+def test_kv_local_routes_prefilled_requests_only():
+    """A colocated Cluster(router='kv-local') ran, every replica 'off' the node of a request
+    never prefilled (Seq.kv_node None): shortest-queue under another name, without a word."""
+    from npusim.errors import ConfigError
+    from npusim.serving.cluster import check_cluster
+
+    with pytest.raises(ConfigError, match=r"^--router kv-local: picks the decode instance of a prefilled request"):
+        check_cluster(2, 1, "kv-local")
+    check_cluster(2, 1, "kv-local", prefilled=True)
 
 
 class _Held:

@@ -118,7 +118,7 @@ def test_kv_local_prefers_the_node_of_the_kv_cache_among_the_least_busy():
     class Sent:
         kv_node = 1
 
-    route = make_router("kv-local").route
+    route = make_router("kv-local", prefilled=True).route
     assert route(Sent(), [Held(0, 2), Held(0, 1), Held(1, 1), Held(1, 3)], 0.0) == 2
     assert route(Sent(), [Held(0, 0), Held(1, 1)], 0.0) == 0  # a busier local one loses
 

@@ -42,14 +42,15 @@ def check_cards(flag: str, n) -> None:
         raise ConfigError(f"{flag}: expected a whole number of cards from 1 to {MAX_CARDS}, got {n!r}")
 
 
-def check_cluster(cards: int, tp: int, router: str | None = None) -> None:
-    """One-line ConfigError for cards and tp that do not make whole replicas, or an unknown router."""
+def check_cluster(cards: int, tp: int, router: str | None = None, prefilled: bool = False) -> None:
+    """One-line ConfigError for cards and tp that do not make whole replicas, or an unknown router
+    (`prefilled`: a decode side's, routing prefilled requests; see routers.make_router)."""
     for flag, n in (("--tp", tp), ("--cards", cards)):  # --tp first: the default --cards is --tp
         check_cards(flag, n)
     if cards % tp:
         raise ConfigError(f"--cards {cards} is not a multiple of --tp {tp}: each replica runs on --tp cards")
     if router is not None:
-        make_router(router)
+        make_router(router, prefilled=prefilled)
 
 
 def check_topology(flag: str, cards: int, hw) -> None:
@@ -86,7 +87,7 @@ class Cluster:
                  kv_arrival: KvArrival | None = None):
         tp = cost.tp
         cards = tp if cards is None else cards
-        check_cluster(cards, tp, router)
+        check_cluster(cards, tp, router, prefilled=role == "decode")
         check_plan(Plan(tp), cost.workload, cost.hw)  # tp divides the heads, within a node
         check_topology("cards", first_index * tp + cards, cost.hw)  # a decode side's cards follow the prefill's
         check_nodes(tp, first_index, cards // tp, cost.hw.topology.node_device_count)
@@ -104,7 +105,7 @@ class Cluster:
     def serve(self, seqs: Sequence[Seq], door: Callable[[Seq], float]) -> list[Replica]:
         """Route `seqs` to fresh replicas, each at its `door` time (its arrival; on a decode
         side, when its prefill instance starts sending its KV cache), and run them to the end."""
-        route = make_router(self.router_name).route
+        route = make_router(self.router_name, prefilled=self.role == "decode").route
         replicas = [Replica(self.first_index + k, self.service, self.cost, self.kv_capacity_tokens, self, self.role,
                             self.kv_arrival) for k in range(self.cards // self.cost.tp)]
         for s in sorted(seqs, key=door):  # stable: ties in their order in the load

@@ -137,12 +137,9 @@ def check_args(args) -> None:
     pd = pd_of(args)
     if pd is not None:
         check_pd(pd, args.cards, args.tp)
-    check_cluster(cards_of(args), args.tp, args.router)
-    if args.router == "kv-local":  # it reads where a prompt's KV cache was prefilled: a decode side's choice
-        raise ConfigError(f"--router {args.router}: picks the decode instance of a prefilled request; give it to "
-                          f"--pd-router (--router picks the replica an arriving request goes to)")
+    check_cluster(cards_of(args), args.tp, args.router)  # kv-local: a decode side's (--pd-router) only
     if pd is not None or args.plan:
-        make_router(args.pd_router, "--pd-router")
+        make_router(args.pd_router, "--pd-router", prefilled=True)
     elif args.pd_router != DEFAULT_PD_ROUTER:
         raise ConfigError(f"--pd-router {args.pd_router}: only --pd (and --plan's P:D splits) use it")
     if pd is not None:

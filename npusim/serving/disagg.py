@@ -132,7 +132,7 @@ class Disaggregated:
                  router: str = "round-robin", pd_router: str = DEFAULT_PD_ROUTER):
         p, d = pd
         check_pd(pd, None, cost.tp, service)
-        make_router(pd_router, "--pd-router")  # the decode side's cluster would name it --router
+        make_router(pd_router, "--pd-router", prefilled=True)  # the decode side's cluster would name it --router
         self.service, self.cost, self.pd = service, cost, pd
         self.router_name = f"{router}, then {pd_router}"
         self.transfer = KvTransfer.of(cost)

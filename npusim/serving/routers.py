@@ -43,13 +43,18 @@ class Router(Protocol):
 
 
 ROUTERS: dict[str, Callable[[], Router]] = {}
+# the routers that read where a request was prefilled (Seq.kv_node): a decode side's (--pd-router) only
+PREFILLED_ONLY: set[str] = set()
 
 
-def router(name: str):
-    """Register a router class under `name`."""
+def router(name: str, prefilled_only: bool = False):
+    """Register a router class under `name`; `prefilled_only`: it routes prefilled requests
+    to a decode side only (it reads Seq.kv_node, which an arriving request has not)."""
 
     def register(cls):
         ROUTERS[name] = cls
+        if prefilled_only:
+            PREFILLED_ONLY.add(name)
         return cls
 
     return register
@@ -78,18 +83,24 @@ class LeastLoaded:
         return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[1], k))
 
 
-@router("kv-local")
+@router("kv-local", prefilled_only=True)
 class KvLocal:
     def route(self, seq: Seq, replicas: Sequence[Loaded], now: float) -> int:
         return min(range(len(replicas)), key=lambda k: (replicas[k].outstanding(now)[0],
                                                         replicas[k].node != seq.kv_node, k))
 
 
-def make_router(name: str, flag: str = "--router") -> Router:
-    """The router called `name`; `flag`: the option that named it, for the error."""
-    if name not in ROUTERS:
-        raise ConfigError(f"{flag} {name}: unknown router (expected one of {', '.join(sorted(ROUTERS))})")
+def make_router(name: str, flag: str = "--router", prefilled: bool = False) -> Router:
+    """The router called `name`; `flag`: the option that named it, for the error. `prefilled`:
+    it routes prefilled requests to a decode side (any router may), else arriving requests
+    (one in PREFILLED_ONLY may not: the error lists those that may)."""
+    names = sorted(ROUTERS if prefilled else set(ROUTERS) - PREFILLED_ONLY)
+    if name in PREFILLED_ONLY and not prefilled:
+        raise ConfigError(f"{flag} {name}: picks the decode instance of a prefilled request; give it to "
+                          f"--pd-router ({flag} picks the replica an arriving request goes to: one of {', '.join(names)})")
+    if name not in names:
+        raise ConfigError(f"{flag} {name}: unknown router (expected one of {', '.join(names)})")
     return ROUTERS[name]()
 
 
-__all__ = ["ROUTERS", "Router", "make_router", "router"]
+__all__ = ["PREFILLED_ONLY", "ROUTERS", "Router", "make_router", "router"]
