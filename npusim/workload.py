@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -422,7 +423,19 @@ def load_workload(name_or_path: str | os.PathLike = DEFAULT_WORKLOAD,
             spelt_trace = None
     w = structure_workload(raw, where, nm)
     _check_trace_file(w, where, nm, spelt_trace)
+    _SOURCES[w] = (where, nm)
     return w
+
+
+# where each loaded workload was read (its file, '(--workload-set)' if changed) and how that
+# file spells its keys, for errors found once its graph is built (source_of)
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def source_of(w: Workload) -> tuple[str, Callable[[str], str]] | None:
+    """(the file `w` was loaded from, a field name -> the key that file spells it by), or None
+    for a workload made in code."""
+    return _SOURCES.get(w)
 
 
 def _check_trace_file(w: Workload, where: str, nm: Callable[[str], str], spelt: str | None) -> None:

@@ -117,6 +117,35 @@ def _short_lengths(lengths: Sequence[int]) -> str:
     return str(lengths[0]) if len(set(lengths)) == 1 else ",".join(map(str, lengths[:8]))
 
 
+# the workload fields that shape each node the builder makes (by its name in a layer, 'L3.'
+# and a pass's '.to_nz' or '+next' left off): a node whose kernel the config cannot run is
+# named by them (runtime.compile). Nodes whose shapes are the step's as much (qk, softmax:
+# the context length) are left out.
+NODE_KEYS = {
+    "embedding": ("hidden_size",), "last_token": ("hidden_size",), "attn_norm": ("hidden_size",),
+    "ffn_norm": ("hidden_size",), "final_norm": ("hidden_size",), "attn_residual": ("hidden_size",),
+    "ffn_residual": ("hidden_size",),
+    "q_proj": ("hidden_size", "heads", "head_dim"), "o_proj": ("hidden_size", "heads", "head_dim"),
+    "k_proj": ("hidden_size", "kv_heads", "head_dim"), "v_proj": ("hidden_size", "kv_heads", "head_dim"),
+    "qkv_proj": ("hidden_size", "heads", "kv_heads", "head_dim"),
+    "rope_q": ("heads", "head_dim"), "rope_k": ("kv_heads", "head_dim"), "kv_cache_write": ("kv_heads", "head_dim"),
+    "attention": ("heads", "head_dim"),
+    "gate_proj": ("hidden_size", "ffn_size"), "up_proj": ("hidden_size", "ffn_size"),
+    "down_proj": ("hidden_size", "ffn_size"), "gate_up_proj": ("hidden_size", "ffn_size"), "swiglu": ("ffn_size",),
+    "silu": ("ffn_size",), "mul": ("ffn_size",),
+    "experts_gate_proj": ("hidden_size", "expert_ffn_size"), "experts_up_proj": ("hidden_size", "expert_ffn_size"),
+    "experts_down_proj": ("hidden_size", "expert_ffn_size"), "experts_silu": ("expert_ffn_size",),
+    "experts_mul": ("expert_ffn_size",), "router": ("hidden_size", "experts"), "moe_gating": ("experts",),
+    "lm_head": ("hidden_size", "vocab_size"), "sample": ("vocab_size",),
+}
+
+
+def node_keys(name: str) -> tuple[str, ...]:
+    """The workload fields that shape the node called `name` (NODE_KEYS); () if not known."""
+    role = name.split(".", 1)[1] if name[:1] == "L" and name.split(".", 1)[0][1:].isdigit() and "." in name else name
+    return NODE_KEYS.get(role.split("+", 1)[0].removesuffix(".to_nz"), ())
+
+
 def build_decoder(workload: Workload | str, phase: str = "decode", batch: int = 1,
                   lengths: int | Sequence[int] | None = None, capacity: int | None = None,
                   new_tokens: Sequence[int] | None = None, tp: int = 1, sp: int = 1, ep: int = 1) -> Graph:
@@ -385,5 +414,5 @@ def node_params(node: Node):
     return node.args
 
 
-__all__ = ["MASK_VALUE", "TP_SPLIT_DIMS", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
-           "host_inputs", "node_params", "positions", "rope_tables", "shard_weight_shapes", "step_lengths"]
+__all__ = ["MASK_VALUE", "NODE_KEYS", "TP_SPLIT_DIMS", "attention_mask", "build_decoder", "check_ep", "check_sp", "check_tp",
+           "host_inputs", "node_keys", "node_params", "positions", "rope_tables", "shard_weight_shapes", "step_lengths"]

@@ -118,11 +118,29 @@ def lower_node(node: Node, graph: Graph, hw: HwConfig, addresses: dict[str, int]
         low = lower(node.op_type, node.params, hw, _PINNED.get().get(node.name),
                     gm=GmArena(_bound(node, addresses), base=workspace_base, align_bytes=gm_align_bytes(hw)))
     except (ValueError, TypeError) as e:
-        raise GraphError(f"node '{node.name}' ({node.op_type}): {e}") from None
+        raise GraphError(_by_workload(graph, node, hw, f"node '{node.name}' ({node.op_type}): {e}")) from None
     except NpusimError as e:
-        raise type(e)(f"node '{node.name}': {e}") from None
+        raise type(e)(_by_workload(graph, node, hw, f"node '{node.name}': {e}")) from None
     _check_binding(node, low, graph)
     return low
+
+
+def _by_workload(graph: Graph, node: Node, hw: HwConfig, message: str) -> str:
+    """`message` (a node the config cannot lower) led by the workload file and the keys that
+    shape the node (graph.build.node_keys), and the config: a hidden_size whose row does not
+    fit UB was 'node 'embedding': op embedding: ...', the file and key that gave it not named.
+    (What the config cannot do, and what it can, is the lowering's to say: the cause may be
+    the config's, as chip.aiv_per_aic 3 for flash_attention.)"""
+    from npusim.graph.build import node_keys
+    from npusim.workload import source_of
+
+    w = graph.workload
+    keys = node_keys(node.name) if w is not None else ()
+    if not keys:
+        return message
+    where, nm = source_of(w) or (f"workload {w.name}", lambda k: k)
+    values = ", ".join(f"'{nm(k)}' {getattr(w, k)}" for k in keys)
+    return f"{where}: key{'s' if len(keys) > 1 else ''} {values}, on {hw.name}: {message}"
 
 
 class LoweringCache:

@@ -234,6 +234,59 @@ def test_deep_model_that_cannot_fit_fails_before_building(tmp_path, capsys):
                   r"batch that fits at context 8192 is 0", seconds=10)
 
 
+# ---- values the loader takes whose kernels the config cannot run: the file and key named
+
+BUILD_LIMITS = {  # (the YAML's changed lines, the flags, what the message holds after the file)
+    "hidden_size 65536": ({"hidden_size": "65536"}, [],
+                          r"key 'hidden_size' 65536, on ascend910b2: node 'embedding': op embedding: one row of "
+                          r"hidden=65536 .* does not fit UB"),
+    "heads 256 x head_dim 128": ({"hidden_size": "32768", "heads": "256", "head_dim": "128", "kv_heads": "8"}, [],
+                                 r"keys 'heads' 256, 'head_dim' 128, on ascend910b2: node 'L0.rope_q': op rope: one "
+                                 r"row needs"),
+    "head_dim 2048": ({"head_dim": "2048"}, [],
+                      r"keys 'heads' 4, 'head_dim' 2048, on ascend910b2: node 'L0.attention': op "
+                      r"flash_attention: tiling does not fit L1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BUILD_LIMITS))
+def test_a_value_no_kernel_runs_names_the_file_and_key(case, tmp_path, capsys):
+    """Said as 'node 'embedding': op embedding: one row of hidden=65536 ... does not fit UB':
+    neither the workload file nor the key that made the row that long."""
+    lines, flags, expect = BUILD_LIMITS[case]
+    text = TINY
+    for key, value in lines.items():
+        text = re.sub(rf"^{key}:.*$", f"{key}: {value}", text, flags=re.M) if re.search(rf"^{key}:", text, re.M) \
+            else text + f"{key}: {value}\n"
+    p = tmp_path / "w.yaml"
+    p.write_text(text)
+    fails_cleanly(["run", "--workload", p, "--no-cache", *flags], capsys, "^npusim: error: " + re.escape(str(p))
+                  + ": " + expect)
+
+
+def test_a_value_no_kernel_runs_names_the_workload_set(capsys):
+    fails_cleanly(["run", "--workload", "k3-tiny", "--workload-set", "hidden_size=65536", "--no-cache"], capsys,
+                  r"k3-tiny\.yaml \(--workload-set\): key 'hidden_size' 65536, on ascend910b2: node 'embedding'")
+
+
+def test_node_keys_know_every_node_of_the_built_graphs():
+    """Every node the builder makes, under the passes, is known to node_keys but those whose
+    shapes the step's lengths set as much (qk, pv, softmax, scale, mask)."""
+    from npusim.graph.build import node_keys
+    from npusim.hw import load_hw
+    from npusim.runtime.decoder import step
+
+    hw = load_hw("ascend910b2")
+    unknown = set()
+    for name, phase in (("k3-tiny", "decode"), ("k3-tiny-moe", "prefill")):
+        for passes in ("baseline", "optimized"):
+            unknown |= {n.name.split(".", 1)[-1] for n in step(name, phase, 2, 64, passes).graph(hw=hw).nodes
+                        if not node_keys(n.name)}
+    assert unknown <= {"qk", "pv", "softmax", "scale", "mask", "moe_init_routing", "moe_finalize_routing",
+                       "shared_down_proj", "shared_gate_proj", "shared_up_proj", "shared_mul", "shared_silu",
+                       "shared_down_proj.to_nz", "shared_gate_proj.to_nz", "shared_up_proj.to_nz"}, unknown
+
+
 # ---- what must be accepted
 
 def test_hf_model_directory_is_a_workload(tmp_path, capsys):
