@@ -135,15 +135,17 @@ class _Worker:
 
 
 def run_tasks(fn: Callable, tasks: Sequence[tuple], jobs: int, done: Callable[[int, Any], None],
-              failed: Callable[[int, str], None]) -> None:
+              failed: Callable[[int, str], None], stop: Callable[[], bool] | None = None) -> None:
     """fn(*tasks[i]) for every i in `jobs` worker processes. `done(i, result)` or
     `failed(i, one-line reason)` is called in this process as each task ends, in the
-    order they end; a task whose worker died is failed with the signal that killed it."""
+    order they end; a task whose worker died is failed with the signal that killed it.
+    Tasks are given out in their order; once `stop()` is true no further one is (those
+    running end as usual)."""
     todo = deque(range(len(tasks)))
     workers: list[_Worker] = []
 
     def give(w: _Worker) -> None:
-        if todo:
+        if todo and not (stop is not None and stop()):
             w.task = todo.popleft()
             w.conn.send((w.task, tasks[w.task]))
 

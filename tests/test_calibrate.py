@@ -156,6 +156,37 @@ def test_worker_processes_give_what_one_process_gives(tmp_path):
     assert two.simulations == one.simulations
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_trial_stops_at_the_first_op_that_fails(jobs, tmp_path, monkeypatch):
+    """Model.log_times simulated every op the trial had not met before raising the first
+    error: with thousands of ops, minutes of simulation whose times were thrown away. It
+    now stops there, with the error and the simulations remembered one process's, however
+    many --jobs."""
+    import npusim.calibrate.model as model_module
+    from npusim.calibrate.model import Model
+    from npusim.errors import ConfigError
+
+    ran = tmp_path / "ran"  # a file: the workers' simulations are counted too
+
+    def op_time_us(key, hw):
+        with open(ran, "a") as f:
+            f.write(f"{key[0]}\n")
+        if key[0] in ("op3", "op5"):
+            raise ConfigError(f"{key[0]} does not simulate")
+        return 1.0 + int(key[0][2:])
+
+    monkeypatch.setattr(model_module, "op_time_us", op_time_us)
+    keys = [(f"op{i}", (), (), "kernel", None) for i in range(12)]
+    model = Model(load_hw("ascend910b2"), [], jobs=jobs)
+    with pytest.raises(ConfigError, match="^op3 does not simulate$"):
+        model.log_times(np.zeros(0), keys)
+    simulated = ran.read_text().split()
+    assert simulated[:4] == ["op0", "op1", "op2", "op3"] if jobs == 1 else set(simulated) >= {"op0", "op3"}
+    assert len(simulated) <= 4 + jobs - 1  # those already given to a worker end
+    assert model.simulations == 3  # op0 .. op2 remembered, as by one process
+    assert set(model.failures(keys)) == {keys[3], keys[5]}  # failures still names every op that fails
+
+
 def test_unmapped_rows_are_counted_and_listed(recovered):
     cal, _ = recovered
     counts = {u.op_type: u.count for u in cal.unmapped}

@@ -93,7 +93,9 @@ class Model:
         return m
 
     def log_times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> np.ndarray:
-        errors, times = self._times(theta, keys)
+        """log of the simulated time of each op of `keys` under theta; the error of the first
+        (in the order of `keys`) that does not simulate, the ops after it not simulated."""
+        errors, times = self._times(theta, keys, first_error=True)
         if errors:
             raise next(iter(errors.values()))
         return np.array([math.log(us) for us in times])
@@ -103,9 +105,12 @@ class Model:
         others are simulated (in self.jobs workers) and remembered."""
         return self._times(np.zeros(len(self.fields)), keys)[0]
 
-    def _times(self, theta: np.ndarray, keys: Sequence[OpKey]) -> tuple[dict[OpKey, NpusimError], list]:
+    def _times(self, theta: np.ndarray, keys: Sequence[OpKey],
+               first_error: bool = False) -> tuple[dict[OpKey, NpusimError], list]:
         """The simulated time of each op of `keys` under theta (None where it failed), and
-        the ops that failed, in the order of `keys`, with the error."""
+        the ops that failed, in the order of `keys`, with the error. `first_error`: stop at
+        the first op that fails (the ops the trial has not met after it are not simulated,
+        and their times are None)."""
         changed = [f for f, v in zip(self.fields, self.values(theta)) if v != value_of(self.base, f)]
         hw = self.config(theta)
         now: dict[str, object] = {}  # read path -> its value in hw (where theta may have moved it)
@@ -124,7 +129,7 @@ class Model:
         times = [known(key) for key in keys]
         missing = list(dict.fromkeys(key for key, us in zip(keys, times) if us is None))
         errors = {}
-        for key, result in zip(missing, self._simulate(missing, hw)):
+        for key, result in zip(missing, self._simulate(missing, hw, first_error)):
             if isinstance(result, NpusimError):
                 errors[key] = result
             else:
@@ -132,21 +137,36 @@ class Model:
                 self.cache[key].append((tuple((f, value_of(self.base, f), v) for f, v in reads), us))
         return errors, [known(key) if us is None else us for key, us in zip(keys, times)]
 
-    def _simulate(self, keys: Sequence[OpKey], hw: HwConfig) -> list:
+    def _simulate(self, keys: Sequence[OpKey], hw: HwConfig, first_error: bool = False) -> list:
         """For each op of `keys` (_traced_time): the config fields its simulation read and
-        its time, or the error; in self.jobs worker processes when there are two or more."""
+        its time, or the error; in self.jobs worker processes when there are two or more.
+        `first_error`: the list ends at the first error (in the order of `keys`), the ops
+        after it not simulated (in workers, those already running are left out), as one
+        process would."""
         if self.jobs < 2 or len(keys) < 2:
             tracking = tracked(hw) if keys else None
-            return [_traced_time(key, hw, tracking) for key in keys]
+            results = []
+            for key in keys:
+                results.append(_traced_time(key, hw, tracking))
+                if first_error and isinstance(results[-1], NpusimError):
+                    break
+            return results
         results: list = [None] * len(keys)
+        erred: list[int] = []
 
         def done(i: int, result) -> None:
             results[i] = result
+            if isinstance(result, NpusimError):
+                erred.append(i)
 
         def failed(i: int, reason: str) -> None:  # the worker died, or an error other than npusim's
             raise NpusimError(f"calibrate: simulating {keys[i][0]} in a worker process failed: {reason}")
 
-        run_tasks(_traced_time, [(key, hw) for key in keys], self.jobs, done, failed)
+        run_tasks(_traced_time, [(key, hw) for key in keys], self.jobs, done, failed,
+                  lambda: first_error and bool(erred))
+        if first_error:  # given out in order: every op before the first error has ended
+            first = next((i for i, r in enumerate(results) if isinstance(r, NpusimError)), len(results))
+            return results[:first + 1]
         return results
 
 
