@@ -5,6 +5,8 @@ Program objects between blocks, the same everything else."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from npusim.hw import load_hw
@@ -85,3 +87,24 @@ def test_paged_runs_share_a_template(monkeypatch):
     kernel = lower("flash_attention", SHAPES["paged"], HW).kernels[0]
     runs = len({id(p) for p in kernel.aic})
     assert runs == kernel.block_dim > 4 and len(calls) < runs
+
+
+@pytest.mark.parametrize("op, params", [
+    ("flash_attention", SHAPES["paged"]),
+    ("decode_attention", dict(batch=3, heads=2, kv_heads=2, head_dim=64, context=512, kv_layout="paged",
+                              block_tokens=128)),
+])
+def test_paged_programs_are_verified_as_one_walk_again(monkeypatch, op, params):
+    """Every block of a paged attention kernel has a program of its own (its loads follow the
+    table), but they share their buffers and every instruction but their copies, so verify
+    walks one program of each structure and checks the others as that walk again
+    (verify_alike.check_like): their differing copies only."""
+    verify_module = importlib.import_module("npusim.isa.verify")  # the module (the package names its function)
+    kernel = lower(op, params, HW).kernels[0]
+    progs = kernel.aic if op == "flash_attention" else kernel.aiv
+    walks = []
+    real = verify_module.walk_body
+    monkeypatch.setattr(verify_module, "walk_body", lambda *a: walks.append(1) or real(*a))
+    verify(kernel, HW)
+    assert len(progs) == kernel.block_dim > 4 and len({id(p) for p in progs}) == len(progs)
+    assert 0 < len(walks) <= 4

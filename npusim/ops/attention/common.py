@@ -7,7 +7,7 @@ from attrs import frozen, validators
 
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
-from npusim.isa.program import DTYPE_BYTES, Copy, Mem, Pipe, SetFlag, WaitFlag
+from npusim.isa.program import DTYPE_BYTES, Copy, Mem, Pipe, set_flag, wait_flag
 from npusim.kvcache import KV_LAYOUTS, KvLayout
 from npusim.ops.build import cdiv
 from npusim.ops.kv_cache import KvCache, kv_row_align_bytes
@@ -120,7 +120,8 @@ def _table_read(cache: KvCache, b: int, first: int, last: int, mem: Mem, dst: in
     # assumption: the scalar unit's table lookups cost the transfer and the hand-off only"""
     n = last - first + 1
     return [Copy(GM, mem, cache.table_addr(b, first), dst, n * 4),
-            SetFlag(MTE2, Pipe.S, 0), WaitFlag(MTE2, Pipe.S, 0), SetFlag(Pipe.S, MTE2, 0), WaitFlag(Pipe.S, MTE2, 0)]
+            set_flag(MTE2, Pipe.S, 0), wait_flag(MTE2, Pipe.S, 0), set_flag(Pipe.S, MTE2, 0),
+            wait_flag(Pipe.S, MTE2, 0)]
 
 
 def _table_bytes(p, context: int) -> int:

@@ -11,7 +11,7 @@ from attrs import frozen, validators
 from npusim.errors import ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import (
-    DTYPE_BYTES, Copy, CoreType, Kernel, Program, SetFlag, VecOp, WaitFlag, addr, moving, offset,
+    DTYPE_BYTES, Copy, CoreType, Kernel, Program, VecOp, addr, moving, offset, set_flag, wait_flag,
 )
 from npusim.kvcache import KV_LAYOUTS, KvLayout
 from npusim.ops.build import Buffers, align_up, cdiv, line_quantum, pingpong
@@ -189,6 +189,7 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     t = tiling or auto
     kc = t.kv_tile or auto.kv_tile
     buf, ub = _decode_buffers(p, kc, hw)
+    buffers = tuple(buf.buffers)  # one object for every program: verify checks alike programs as one (verify_alike)
     e, d, grp = DTYPE_BYTES[p.dtype], p.head_dim, p.group
     units = p.batch * p.kv_heads
     if t.splits > cdiv(p.context, kc):  # a split is at least one tile: more would run fewer, as printed
@@ -268,20 +269,20 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         head = _table_read(cache, b, c0 // p.block_tokens, (c0 + n_keys - 1) // p.block_tokens, UB,
                            ub["table"]) if paged else []
         body = head + [
-                SetFlag(V, MTE2, 0), SetFlag(V, MTE2, 1),
+                set_flag(V, MTE2, 0), set_flag(V, MTE2, 1),
                 Copy(GM, UB, moving(Q.addr + u * grp * d * e, grp * d * e), ub["q"], grp * d * e),
-                SetFlag(MTE2, V, 2),
+                set_flag(MTE2, V, 2),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["m"], flops_per_elem=0),
                 VecOp("dup", grp * STAT // 4, "fp32", ub["l"], flops_per_elem=0),
                 VecOp("dup", grp * d, "fp32", ub["o"], flops_per_elem=0),
-                WaitFlag(MTE2, V, 2)]
+                wait_flag(MTE2, V, 2)]
 
         def tile(nk: int, first: int, in_loop: bool):
             def make(x: int, j_off: int) -> list:
                 pos = c0 + first + j_off * nk
-                return [WaitFlag(V, MTE2, x), *loads(kv, b, h, x, pos, nk, 2 * nk if in_loop else 0),
-                        SetFlag(MTE2, V, x), WaitFlag(MTE2, V, x),
-                        *tile_work(nk, x), SetFlag(V, MTE2, x)]
+                return [wait_flag(V, MTE2, x), *loads(kv, b, h, x, pos, nk, 2 * nk if in_loop else 0),
+                        set_flag(MTE2, V, x), wait_flag(MTE2, V, x),
+                        *tile_work(nk, x), set_flag(V, MTE2, x)]
             return make
 
         if paged:  # every tile its own blocks: unrolled
@@ -292,13 +293,13 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
         if tail:
             body += tile(tail, full * kc, False)(full % 2, 0)
         part = u * grp * splits + sp  # partials [query head, split, ...]: the combine reads a head's in one row
-        body += [SetFlag(V, MTE3, 0), WaitFlag(V, MTE3, 0),
+        body += [set_flag(V, MTE3, 0), wait_flag(V, MTE3, 0),
                  Copy(UB, GM, ub["o"], moving(Wo.addr + part * d * 4, grp * splits * d * 4), d * 4, grp, d * 4,
                       splits * d * 4),
                  Copy(UB, GM, ub["m"], moving(Ws.addr + part * STAT, grp * splits * STAT), STAT, grp, STAT,
                       splits * STAT),
-                 WaitFlag(V, MTE2, 0), WaitFlag(V, MTE2, 1)]
-        return Program(body, buf.buffers)
+                 wait_flag(V, MTE2, 0), wait_flag(V, MTE2, 1)]
+        return Program(body, buffers)
 
     # Block order: the splits of a few units at a time (split 0 of units u .. u+g-1, then
     # split 1, ...): a run of a split's blocks moves by one unit per block in every
