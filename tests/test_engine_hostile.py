@@ -747,3 +747,44 @@ def test_a_flag_latency_that_is_negative_or_not_finite_is_refused_by_the_walker(
         with pytest.raises(ValueError) as e:
             built()
         assert one_line(e.value) == f"pipe Walker: {what} of {latency!r} cycles, expected a finite number >= 0"
+
+
+# ------------------------------------------------------------------ a walker's own arguments (_pipe.c)
+
+WALKER = """
+        from npusim.engine import _pipe
+        from npusim.engine.cycles import whole_cycles
+        from npusim.engine.events import Environment, Signal, after
+
+        def walker(code, env=None, flags=None, signal=Signal, intervals=None):
+            \"\"\"A Walker of `code` on one core of its own, started.\"\"\"
+            env = env or Environment()
+            flags = _pipe.Flags() if flags is None else flags
+            walk = _pipe.Walker(code, {}, flags, 1, 0, intervals, ("core0",), "V", 0, env, print, signal, after,
+                                whole_cycles, {}, ("core0", "V"), [0], 1, None, RuntimeError, print,
+                                lambda walk: None, (_pipe.Flags(), (), 0, 1, 1, 1), 1)
+            walk.start()
+            return walk
+"""
+
+
+def test_a_code_half_built_is_not_walked():
+    """A Code's build converts a fixed entry's flops by their __float__: Python code that
+    made a Walker of the Code half built and walked it read the entries not built yet (no
+    name: a crash as its trace took it). The Walker refuses it, as a loop does."""
+    out = isolated(WALKER + """
+        class Flops:
+            def __float__(self):
+                try:
+                    walker(code, intervals=[]).resume(None)
+                except TypeError as e:
+                    print(e)
+                return 0.0
+
+        code = _pipe.Code.__new__(_pipe.Code)
+        code.__init__(((0, None, "add", 1, Flops(), (), ()), (0, None, "add", 1, 0.0, (), ())), 0)
+        intervals = []
+        walker(code, intervals=intervals).resume(None)
+        print(len(intervals))
+    """)
+    assert out.splitlines() == ["pipe Walker: its Code is not initialised (Code(ops, n_mems))", "2"], out

@@ -178,7 +178,8 @@ struct Code {
     Op *ops;
     Py_ssize_t n;
     Py_ssize_t n_mems;   /* local buffers the whole stream writes into (indices 0..n_mems) */
-    int building;        /* __init__ is under way: not a loop's body yet (it could become its own) */
+    int building;        /* __init__ is under way: not a loop's body yet (it could become its own), nor a
+                            Walker's (its ops past the one being built are zeros: no name, no entry) */
 };
 
 static PyTypeObject CodeType;
@@ -686,7 +687,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
     }
     if (cycles_of(cross_latency, &w->cross_latency, -1, "a cross-core flag latency") < 0) return -1;
     if (!PyType_Check(signal)) { PyErr_SetString(PyExc_TypeError, "pipe Walker: Signal must be a type"); return -1; }
-    if (!((Code *)code)->ops) {
+    if (!((Code *)code)->ops || ((Code *)code)->building) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: its Code is not initialised (Code(ops, n_mems))");
         return -1;
     }
