@@ -788,3 +788,38 @@ def test_a_code_half_built_is_not_walked():
         print(len(intervals))
     """)
     assert out.splitlines() == ["pipe Walker: its Code is not initialised (Code(ops, n_mems))", "2"], out
+
+
+def test_a_signal_made_for_a_wait_that_moves_or_sets_its_flag_is_refused():
+    """A wait whose flag is not set makes a Signal, then queues it on the flag: a Signal type
+    of Python's that walked another pipe of the core there, setting a flag far past the
+    core's flags so far, moved them (a use after free of the flag it then queued on). The
+    flag is found again after; had that walk set this very flag, the wait would wait behind
+    a set no one takes: refused."""
+    out = isolated(WALKER + """
+        def one_wait(flag_set_meanwhile):
+            env, flags, meanwhile = Environment(), _pipe.Flags(), []
+
+            class Made:  # a Signal of Python's: resumes the other pipe while the wait makes it
+                def __init__(self, env):
+                    self.env, self.callbacks, self._value = env, [], None
+                    if meanwhile:
+                        meanwhile.pop().resume(None)
+
+                def fire(self, value=None):
+                    self._value = value
+
+            setter = walker(_pipe.Code(((2, None, "set", flag_set_meanwhile),), 0), env, flags)
+            waiter = walker(_pipe.Code(((3, None, "wait", 0),), 0), env, flags, Made)
+            meanwhile.append(setter)
+            try:
+                waiter.resume(None)
+                print("waits")
+            except RuntimeError as e:
+                print(e)
+
+        one_wait(1 << 20)
+        one_wait(0)
+    """)
+    assert out.splitlines() == ["waits", "pipe walk: flag 0 was set while its wait's Signal was made (a callback it "
+                                          "called)"], out

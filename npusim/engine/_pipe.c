@@ -1062,13 +1062,21 @@ static int end_copy(Walker *w) {
     return 0;
 }
 
-/* a wait whose flag is not set yet: a Signal queued behind the flag's earlier waiters,
-   which its setter fires with the cycle the set is visible at; the pipe is blocked on
-   `op` (for the deadlock message) until it fires */
-static PyObject *begin_wait(Walker *w, Op *op, Flag *f) {
+/* a wait whose flag (number `at` of core flags `g`) is not set yet: a Signal queued behind
+   the flag's earlier waiters, which its setter fires with the cycle the set is visible at;
+   the pipe is blocked on `op` (for the deadlock message) until it fires. The flag is found
+   again once the Signal is made: making it may run Python (a Signal type of Python's) that
+   walks another pipe of the core, whose sets may grow the flags (moving them) or set this one */
+static PyObject *begin_wait(Walker *w, Op *op, Flags *g, Py_ssize_t at) {
     PyObject *sig = PyObject_CallOneArg(w->signal, w->env);
     if (!sig) return NULL;
-    if (fifo_push(&f->waiters, sig) < 0 || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
+    Flag *f = flag_at(g, at);
+    if (f && f->sets.n) {  /* its waiter would wait behind a set no one takes */
+        PyErr_Format(PyExc_RuntimeError, "pipe walk: flag %zd was set while its wait's Signal was made (a callback "
+                     "it called)", at);
+        f = NULL;
+    }
+    if (!f || fifo_push(&f->waiters, sig) < 0 || PyDict_SetItem(w->blocked, w->blocked_key, op->name) < 0) {
         Py_DECREF(sig);
         return NULL;
     }
@@ -1086,17 +1094,24 @@ static int end_wait(Walker *w) {
     return bad;
 }
 
-/* the cross-core flag `id` from `source` on core flags `g`: flag id * AIVs per AIC + source */
-static Flag *cross_flag(Walker *w, Flags *g, Py_ssize_t id, Py_ssize_t source) {
+/* the number of the cross-core flag `id` from `source` in a core's flags: flag id * AIVs
+   per AIC + source (-1 with a ValueError past what a core keeps) */
+static Py_ssize_t cross_number(Walker *w, Py_ssize_t id, Py_ssize_t source) {
     Py_ssize_t at;
     if (id < 0 || id >= FLAG_ID_MAX || __builtin_mul_overflow(id, w->cross_per, &at) ||
         __builtin_add_overflow(at, source, &at) || at >= FLAGS_MAX) {
         PyErr_Format(PyExc_ValueError, "pipe walk: cross-core flag id %zd from source %zd with %zd AIVs per AIC: "
                      "expected an id below %d and id x AIVs per AIC below %zd", id, source, w->cross_per,
                      FLAG_ID_MAX, FLAGS_MAX);
-        return NULL;
+        return -1;
     }
-    return flag_at(g, at);
+    return at;
+}
+
+/* the cross-core flag `id` from `source` on core flags `g` */
+static Flag *cross_flag(Walker *w, Flags *g, Py_ssize_t id, Py_ssize_t source) {
+    Py_ssize_t at = cross_number(w, id, source);
+    return at < 0 ? NULL : flag_at(g, at);
 }
 
 /* a CrossSetFlag posted now (its clock has been reached) to each target core, visible
@@ -1136,9 +1151,10 @@ static PyObject *begin_cross_set(Walker *w, Op *op) {
    then moves to the latest), NULL on error */
 static PyObject *cross_wait(Walker *w, Op *op) {
     for (; w->cross_k < w->cross_sources; w->cross_k++) {
-        Flag *f = cross_flag(w, w->cross, op->flag, w->cross_k);
+        Py_ssize_t at = cross_number(w, op->flag, w->cross_k);
+        Flag *f = at < 0 ? NULL : flag_at(w->cross, at);
         if (!f) return NULL;
-        if (!f->sets.n) return begin_wait(w, op, f);  /* not set yet: wait for it */
+        if (!f->sets.n) return begin_wait(w, op, w->cross, at);  /* not set yet: wait for it */
         PyObject *v_obj = fifo_pop(&f->sets);
         Num v;
         int bad = num_from(v_obj, &v);
@@ -1222,7 +1238,7 @@ static PyObject *walk_on(Walker *w) {
         case K_WAIT: {
             Flag *g = flag_at(w->flags, op->flag);
             if (!g) return NULL;
-            if (!g->sets.n) return begin_wait(w, op, g);  /* not set yet: the pipe waits for it */
+            if (!g->sets.n) return begin_wait(w, op, w->flags, op->flag);  /* not set yet: the pipe waits for it */
             PyObject *visible = fifo_pop(&g->sets);
             int bad = arrive(w, visible, op->name);
             Py_DECREF(visible);
