@@ -823,3 +823,24 @@ def test_a_signal_made_for_a_wait_that_moves_or_sets_its_flag_is_refused():
     """)
     assert out.splitlines() == ["waits", "pipe walk: flag 0 was set while its wait's Signal was made (a callback it "
                                           "called)"], out
+
+
+@pytest.mark.parametrize("op, named", [
+    ((2**32 + 2, None, "set", 0), "unknown kind 4294967298"),  # cut to 2: a SetFlag of flag 0
+    ((-1, None, "x"), "unknown kind -1"),
+    ((0, None, "add", 1, math.nan, (), ()), "flops of nan, expected a finite number >= 0"),  # the kernel's: NaN
+    ((0, None, "add", 1, math.inf, (), ()), "flops of inf, expected a finite number >= 0"),
+    ((1, None, "run", 1, -16.0, (), ()), "flops of -16.0, expected a finite number >= 0"),  # counted negative
+    ((0, None, "add", 1, 0.0, ((0, -64),), ()), "a local write of -64 bytes, expected >= 0"),  # taken off
+    ((4, None, "", "i", -5, Code((), 1)), "a loop count of -5, expected >= 0"),
+    ((6, None, "GM->UB", 0, 64.0, False, 0, (), -64, 1, 64, 0, 0), "a copy of 1 segments of -64 bytes"),
+    ((6, None, "GM->UB", 0, 64.0, False, 0, (), 64, -1, 64, 0, 0), "a copy of -1 segments of 64 bytes"),
+    ((6, None, "GM->UB", 0, 64.0, False, 0, (), 0, 1, 64, 0, 0), "a copy of 1 segments of 0 bytes"),
+])
+def test_a_code_entry_of_an_unknown_kind_or_a_negative_or_nan_size_is_refused(op, named):
+    """Each was taken: the kind cut to an int, flops and local bytes and a copy's sizes
+    added into the kernel's counters as they were (NaN, negative), a negative loop count
+    a loop of no trips. verify() refuses such instructions; the Code does too."""
+    with pytest.raises(ValueError) as e:
+        Code((op,), 1)
+    assert one_line(e.value).startswith(f"pipe Code: op 0: {named}")

@@ -269,6 +269,10 @@ static int take_local(Op *op, PyObject *pairs, Py_ssize_t n_mems, Py_ssize_t i) 
         long long nbytes;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(pairs, k), "nL", &mem, &nbytes)) return -1;
         if (mem < 0 || mem >= n_mems) return bad_op(i, "local buffer index out of range");
+        if (nbytes < 0) {  /* the kernel's bytes written into the buffer: taken off them */
+            PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: a local write of %lld bytes, expected >= 0", i, nbytes);
+            return -1;
+        }
         op->local_mem[k] = mem;
         op->local_bytes[k] = nbytes;
     }
@@ -294,9 +298,14 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
         PyObject *t = PyTuple_GET_ITEM(ops, i);
         Op *op = &c->ops[i];
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) return bad_op(i, "expected (kind, entry, name, ...)");
-        int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        /* read whole: a kind past an int (2^32 + 2) was cut to one of the kinds (2: a SetFlag) */
+        long long kind = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
         if (kind == -1 && PyErr_Occurred()) return -1;
-        op->kind = kind;
+        if (kind < K_FIXED || kind > K_CROSS_WAIT) {
+            PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: unknown kind %lld", i, kind);
+            return -1;
+        }
+        op->kind = (int)kind;
         op->entry = Py_NewRef(PyTuple_GET_ITEM(t, 1));
         op->name = Py_NewRef(PyTuple_GET_ITEM(t, 2));
         Py_ssize_t size = PyTuple_GET_SIZE(t);
@@ -307,6 +316,11 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
             if (cycles_of(PyTuple_GET_ITEM(t, 3), &op->cost, i, "a cost") < 0) return -1;
             op->flops = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 4));
             if (op->flops == -1.0 && PyErr_Occurred()) return -1;
+            if (!(op->flops >= 0.0 && op->flops < INFINITY)) {  /* the kernel's flops: a NaN or -1 would reach them */
+                PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: flops of %R, expected a finite number >= 0", i,
+                             PyTuple_GET_ITEM(t, 4));
+                return -1;
+            }
             if (take_local(op, PyTuple_GET_ITEM(t, 5), n_mems, i) < 0) return -1;
             PyObject *parts = PyTuple_GET_ITEM(t, 6);
             if (!PyTuple_Check(parts)) return bad_op(i, "parts must be a tuple");
@@ -335,6 +349,11 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
             op->var = Py_NewRef(PyTuple_GET_ITEM(t, 3));
             op->count = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 4));
             if (op->count == -1 && PyErr_Occurred()) return -1;
+            if (op->count < 0) {  /* a count of trips (0: the body never runs) */
+                PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: a loop count of %lld, expected >= 0", i,
+                             (long long)op->count);
+                return -1;
+            }
             PyObject *body = PyTuple_GET_ITEM(t, 5);
             if (!PyObject_TypeCheck(body, &CodeType)) return bad_op(i, "a loop's body must be a Code");
             if (body == (PyObject *)c) return bad_op(i, "a loop's body must not be its own Code");
@@ -383,6 +402,13 @@ static int code_build(Code *c, PyObject *ops, Py_ssize_t n_mems) {
             op->local = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 12));
             if (PyErr_Occurred()) return -1;
             if (op->local < 0 || op->local >= n_mems) return bad_op(i, "local buffer index out of range");
+            /* as verify's: a copy of no bytes or fewer moved its negative into the counters (bytes
+               written, segments) and the transfer */
+            if (op->nbytes_i < 1 || op->segments_i < 1) {
+                PyErr_Format(PyExc_ValueError, "pipe Code: op %zd: a copy of %lld segments of %lld bytes, expected "
+                             "each >= 1", i, (long long)op->segments_i, (long long)op->nbytes_i);
+                return -1;
+            }
             break;
         }
         case K_OTHER:
