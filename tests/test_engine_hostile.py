@@ -844,3 +844,28 @@ def test_a_code_entry_of_an_unknown_kind_or_a_negative_or_nan_size_is_refused(op
     with pytest.raises(ValueError) as e:
         Code((op,), 1)
     assert one_line(e.value).startswith(f"pipe Code: op 0: {named}")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -5.0, -5])
+def test_a_walker_clock_or_counter_that_is_nan_infinite_or_negative_is_refused(monkeypatch, value):
+    """A Walker's clock (made with it, or set: meet sets it after a barrier) and its counters
+    (meet adds into them) took a NaN, inf or negative value as it was: a NaN clock's
+    comparisons are all false (a flag's wait, a copy's start), and the counters go into
+    the kernel's."""
+    made = []
+    monkeypatch.setattr(pipe, "Walker", lambda *args: made.append(args) or Walker(*args))
+    simulate_on_device(cross_kernel(HW, 0), HW)
+    args = made[0]
+    with pytest.raises(ValueError) as e:
+        Walker(*args[:4], value, *args[5:])
+    assert one_line(e.value) == f"pipe Walker: a clock of {value!r} cycles, expected a finite number >= 0"
+    walk = Walker(*args)
+    with pytest.raises(ValueError) as e:
+        walk.t = value
+    assert one_line(e.value) == f"pipe Walker: a clock of {value!r} cycles, expected a finite number >= 0"
+    assert walk.t == args[4]
+    for counter in ("busy", "waited", "flops", "data_wait") if isinstance(value, float) else ():
+        with pytest.raises(ValueError) as e:
+            setattr(walk, counter, value)
+        assert one_line(e.value) == f"pipe Walker: {counter} of {value!r}, expected a finite number >= 0"
+        assert getattr(walk, counter) == 0.0

@@ -721,7 +721,7 @@ static int walker_init(Walker *w, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "pipe Walker: a run's weight of %lld blocks, expected at least 1", weight);
         return -1;
     }
-    if (cycles_of(latency, &w->latency, -1, "a flag latency") < 0 || num_from(t, &w->t) < 0) return -1;
+    if (cycles_of(latency, &w->latency, -1, "a flag latency") < 0 || cycles_of(t, &w->t, -1, "a clock") < 0) return -1;
     if (intervals != Py_None && !PyList_Check(intervals)) {
         PyErr_SetString(PyExc_TypeError, "pipe Walker: intervals must be a list or None");
         return -1;
@@ -1463,11 +1463,18 @@ static PyObject *walker_get_local(Walker *w, void *closure) {
     return out;
 }
 
+/* the clock, as __init__ takes it: a NaN would reach the event queue far from here, and
+   its comparisons (a flag's visible cycle, a copy's start) would all be false */
 static int walker_set_t(Walker *w, PyObject *v, void *closure) {
     if (!v) { PyErr_SetString(PyExc_TypeError, "t cannot be deleted"); return -1; }
-    return num_from(v, &w->t);
+    Num t;
+    if (cycles_of(v, &t, -1, "a clock") < 0) return -1;
+    w->t = t;
+    return 0;
 }
 
+/* busy, waited, flops, data_wait: floats (meet adds its waits into them); the kernel's
+   counters take them at the end, so a NaN, inf or negative one is refused */
 #define DOUBLE_FIELD(field)                                                              \
     static PyObject *walker_get_##field(Walker *w, void *closure) {                     \
         return PyFloat_FromDouble(w->field);                                             \
@@ -1477,7 +1484,13 @@ static int walker_set_t(Walker *w, PyObject *v, void *closure) {
             PyErr_SetString(PyExc_TypeError, #field " must be a float");                 \
             return -1;                                                                   \
         }                                                                                \
-        w->field = PyFloat_AS_DOUBLE(v);                                                 \
+        double d = PyFloat_AS_DOUBLE(v);                                                 \
+        if (!(d >= 0.0 && d < INFINITY)) {                                               \
+            PyErr_Format(PyExc_ValueError, "pipe Walker: " #field " of %R, expected a "  \
+                         "finite number >= 0", v);                                      \
+            return -1;                                                                   \
+        }                                                                                \
+        w->field = d;                                                                    \
         return 0;                                                                        \
     }
 
