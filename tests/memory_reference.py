@@ -13,6 +13,8 @@ from functools import partial
 
 def burst_cost(addr: int, nbytes: int, segments: int, stride: int, burst: int) -> tuple[int, int]:
     """(bytes moved after rounding every segment out to bursts, misaligned segments)."""
+    if nbytes < 0 or segments < 0:
+        raise ValueError(f"burst_cost: {segments} segments of {nbytes} bytes, expected each >= 0")
     # The rounding of a segment depends only on its start address modulo the burst;
     # those residues repeat with period burst / gcd(stride, burst).
     period = burst // math.gcd(stride % burst or burst, burst)

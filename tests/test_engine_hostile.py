@@ -869,3 +869,19 @@ def test_a_walker_clock_or_counter_that_is_nan_infinite_or_negative_is_refused(m
             setattr(walk, counter, value)
         assert one_line(e.value) == f"pipe Walker: {counter} of {value!r}, expected a finite number >= 0"
         assert getattr(walk, counter) == 0.0
+
+
+def test_a_burst_rounding_of_a_negative_size_is_refused():
+    """A segment of -1000 bytes was rounded to -960 bytes moved (its end before its start),
+    by the C and the Python rule alike; now each refuses a negative size. No segments, or
+    segments of no bytes, round as they did."""
+    from memory_reference import burst_cost as rule
+
+    for args, named in (((0, -1000, 1, 0, 64), "1 segments of -1000 bytes"),
+                        ((0, 64, -3, 64, 64), "-3 segments of 64 bytes")):
+        for cost in (burst_cost, rule):
+            with pytest.raises(ValueError) as e:
+                cost(*args)
+            assert one_line(e.value) == f"burst_cost: {named}, expected each >= 0"
+    for args in ((0, 64, 0, 64, 64), (3, 0, 2, 100, 64)):
+        assert burst_cost(*args) == rule(*args)

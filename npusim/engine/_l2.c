@@ -667,9 +667,16 @@ static int64_t gcd(int64_t a, int64_t b) {
 /* burst_cost: (bytes moved after rounding every segment out to bursts, misaligned
    segments), as memory.burst_cost states it, for a burst b of 1 to UNIT_MAX bytes.
    0, or -1 with an OverflowError where a count would leave int64 (Python's ints would
-   not wrap: neither does this) */
+   not wrap: neither does this), or a ValueError for a negative size */
 static int bursts(int64_t addr, int64_t nbytes, int64_t segments, int64_t stride, int64_t b, int64_t *moved,
                   int64_t *misaligned) {
+    /* a segment of -1000 bytes was rounded to -960 moved (a segment's end before its start),
+       and the counters took it; none (0 segments, or 0 bytes each) rounds as it always did */
+    if (nbytes < 0 || segments < 0) {
+        PyErr_Format(PyExc_ValueError, "burst_cost: %lld segments of %lld bytes, expected each >= 0",
+                     (long long)segments, (long long)nbytes);
+        return -1;
+    }
     /* the rounding of a segment depends only on its start modulo the burst, and those
        residues repeat with period burst / gcd(stride, burst) */
     int64_t r = floor_mod(stride, b);
