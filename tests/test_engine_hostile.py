@@ -885,3 +885,18 @@ def test_a_burst_rounding_of_a_negative_size_is_refused():
             assert one_line(e.value) == f"burst_cost: {named}, expected each >= 0"
     for args in ((0, 64, 0, 64, 64), (3, 0, 2, 100, 64)):
         assert burst_cost(*args) == rule(*args)
+
+
+@pytest.mark.parametrize("nbytes, cap, capacity", [(1e10, 5e-324, 100.0), (1e308, 10.0, 1e-300)])
+def test_a_flow_that_alone_would_take_more_cycles_than_a_double_holds_is_refused(nbytes, cap, capacity):
+    """Its time to end was inf: its end was never found (as at a cap of 0), and it stayed
+    in flight for ever with no word of it."""
+    env, flows = flows_link(capacity)
+    with pytest.raises(ValueError) as e:
+        flows.start(nbytes, cap, print)
+    assert one_line(e.value) == (f"Flows.start: nbytes {nbytes!r} at cap {cap!r} on a link of {capacity!r} bytes per "
+                                 "cycle: more cycles than a double holds (it would never end)")
+    assert flows.active == 0
+    flows.start(100, 10.0, print)  # one that ends still does
+    env.run()
+    assert flows.active == 0

@@ -230,6 +230,16 @@ static PyObject *add_flow(Flows *f, PyObject *now_obj, PyObject *nbytes_obj, PyO
         PyErr_Format(PyExc_ValueError, "Flows.start: cap %R bytes per cycle, expected a number > 0 (or inf)", cap_obj);
         return NULL;
     }
+    /* nor one that alone on the link would take longer than a double holds (1e10 bytes at
+       5e-324 bytes per cycle): its end is never found, as at a rate of 0 */
+    if (!(nbytes / (cap < f->capacity ? cap : f->capacity) < INFINITY)) {
+        PyObject *capacity = PyFloat_FromDouble(f->capacity);
+        if (capacity)
+            PyErr_Format(PyExc_ValueError, "Flows.start: nbytes %R at cap %R on a link of %R bytes per cycle: more "
+                         "cycles than a double holds (it would never end)", nbytes_obj, cap_obj, capacity);
+        Py_XDECREF(capacity);
+        return NULL;
+    }
     int64_t total = 0;
     for (Py_ssize_t k = 0; k < f->n_classes; k++) total += f->classes[k].count;
     if (weight < 1 || __builtin_add_overflow(total, weight, &total)) {
