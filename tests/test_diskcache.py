@@ -66,6 +66,17 @@ def test_flipped_byte_is_detected(tmp_path):
     assert store.get("b" * 64) is None and store.dropped == 1
 
 
+def test_a_header_nested_past_the_json_parsers_depth_is_a_miss(tmp_path):
+    """A header line of 1500 nested lists (within the 4096 bytes a header may have) was
+    a RecursionError traceback from json.loads on every run that read the key."""
+    store = DiskCache(tmp_path)
+    store.put("d" * 64, "a value")
+    path = store.entry_path("d" * 64)
+    data = path.read_bytes()
+    path.write_bytes(b"NPUSIM-CACHE " + b"[" * 1500 + b"]" * 1500 + data[data.index(b"\n"):])
+    assert store.get("d" * 64) is None and store.dropped == 1 and not path.exists()
+
+
 def test_entry_of_another_version_is_recomputed(tmp_path):
     DiskCache(tmp_path, version="0.0.1+someothersource").put("c" * 64, "old answer")
     store = DiskCache(tmp_path)

@@ -167,7 +167,7 @@ class DiskCache:
             return None, None
         try:
             head = json.loads(data[len(MAGIC) + 1:end])
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return None, None
         payload = data[end + 1:]
         expected = {"format": FORMAT, "key": key, "version": self.version, "bytes": len(payload)}
