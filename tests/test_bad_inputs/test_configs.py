@@ -240,7 +240,7 @@ def test_flash_attention_refuses_other_than_two_aivs_per_aic(aivs, capsys):
     short step), three wrote past O (a verify error naming an instruction)."""
     fails_cleanly(["run", "--workload", "k3-tiny", "--batch", "1", "--context", "16", "--set",
                    f"chip.aiv_per_aic={aivs}"], capsys,
-                  r"node 'L0.attention': op flash_attention: its MIX kernel splits each q tile's rows between 2 AIVs "
+                  r"node 'L0.attention': op decode_attention \(run as flash_attention on the cube\): its MIX kernel splits each q tile's rows between 2 AIVs "
                   rf"per AIC, and chip.aiv_per_aic is {aivs}$")
 
 
