@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 
 from cli_check import fails_cleanly
+from kernels import deadline
+
+from npusim.ops.attention.common import page_loads
 
 # ---- op: decode attention on the cube
 
@@ -24,3 +27,48 @@ CUBE_DECODES = [
 @pytest.mark.parametrize(("argv", "expect"), CUBE_DECODES, ids=[" ".join(a) for a, _ in CUBE_DECODES])
 def test_a_decode_on_the_cube_names_the_op_asked_for(argv, expect, capsys):
     fails_cleanly(["op", *argv, "--no-cache"], capsys, expect)
+
+
+# ---- op: a paged KV cache of tiny blocks
+
+# Paged reads are unrolled, one load per block a tile touches: decode of 8 x 32 heads x
+# 8192 tokens in blocks of one token was 4 million loads (two minutes, 4 GB) before a word;
+# longer contexts ran out of memory.
+PAGED = [
+    (["decode_attention", "kv_layout=paged", "block_tokens=1", "context=4097"],
+     r"op decode_attention: batch=8 x kv_heads=32 x context=4097 read in blocks of block_tokens=1 is 2097664 block "
+     r"loads of K and V, more than the 2097152 \(2\^21\) npusim simulates \(about a minute\)$"),
+    (["flash_attention", "kv_layout=paged", "block_tokens=3"],
+     r"op flash_attention: batch=1 x heads=32 x seq_q=4096 x seq_kv=4096 read in blocks of block_tokens=3 is "
+     r"2818048 block loads of K and V, more than the 2097152"),
+    (["decode_attention", "kv_layout=paged", "block_tokens=1", "context=8192", "dtype=bf16"],
+     r"op decode_attention \(run as flash_attention on the cube\): batch=8 x heads=32 x seq_q=1 x seq_kv=8192 read "
+     r"in blocks of block_tokens=1 is 4194304 block loads"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expect"), PAGED, ids=[" ".join(a) for a, _ in PAGED])
+def test_a_paged_read_of_too_many_blocks_is_one_line(argv, expect, capsys):
+    with deadline(30):
+        fails_cleanly(["op", *argv, "--no-cache"], capsys, expect, seconds=10)
+
+
+@pytest.mark.parametrize("block_tokens", [1, 3, 64, 100, 128, 5000])
+@pytest.mark.parametrize("step", [16, 64, 128, 256])
+@pytest.mark.parametrize("keys", [1, 127, 1000, 4096])
+def test_page_loads_count_the_blocks_each_step_touches(keys, step, block_tokens):
+    assert page_loads(keys, step, block_tokens) == sum(
+        (k0 + min(step, keys - k0) - 1) // block_tokens - k0 // block_tokens + 1 for k0 in range(0, keys, step))
+
+
+def test_page_loads_are_the_loads_a_paged_decode_issues(monkeypatch):
+    """The bound counts what the lowering builds: one segment per run KvCache.runs gives."""
+    from npusim.hw import load_hw
+    from npusim.ops import lower
+    from npusim.ops.kv_cache import KvCache
+
+    runs, seen = KvCache.runs, []
+    monkeypatch.setattr(KvCache, "runs", lambda self, *a: seen.append(len(r := runs(self, *a))) or r)
+    p = dict(batch=2, heads=2, kv_heads=2, context=1000, kv_layout="paged", block_tokens=3)
+    low = lower("decode_attention", p, load_hw())
+    assert sum(seen) == 2 * 2 * 2 * page_loads(1000, low.tiling.kv_tile, 3)

@@ -3,9 +3,11 @@ reads and the operand lists profiling shows."""
 
 from __future__ import annotations
 
+import math
+
 from attrs import frozen, validators
 
-from npusim.errors import ProgramError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import HwConfig
 from npusim.isa.program import DTYPE_BYTES, Copy, Mem, Pipe, set_flag, wait_flag
 from npusim.kvcache import KV_LAYOUTS, KvLayout
@@ -122,6 +124,28 @@ def _table_read(cache: KvCache, b: int, first: int, last: int, mem: Mem, dst: in
     return [Copy(GM, mem, cache.table_addr(b, first), dst, n * 4),
             set_flag(MTE2, Pipe.S, 0), wait_flag(MTE2, Pipe.S, 0), set_flag(Pipe.S, MTE2, 0),
             wait_flag(Pipe.S, MTE2, 0)]
+
+
+# The most block loads (a segment of K or of V per paged block a tile or key step
+# touches; paged reads are unrolled, one instruction each) a paged reader may issue:
+# decode of 8 sequences x 32 KV heads x 4096 tokens in blocks of one token is 2^21,
+# about a minute and 2 GB to simulate; past it, minutes and gigabytes more.
+PAGE_LOADS_MAX = 1 << 21
+
+
+def page_loads(keys: int, step: int, block_tokens: int) -> int:
+    """Paged segments of one read of keys 0..keys-1 of K (or V) in steps of `step` keys:
+    every block once, and once more for each step boundary that falls inside a block."""
+    inner = cdiv(keys, step) - 1  # boundaries at step, 2 step, ...
+    return cdiv(keys, block_tokens) + inner - inner // (math.lcm(step, block_tokens) // step)
+
+
+def check_page_loads(op: str, shape: str, loads: int, block_tokens: int) -> None:
+    """Refuse, in one line, a paged read of more than PAGE_LOADS_MAX block loads, before
+    its programs are built (the unrolled loads alone take minutes and gigabytes)."""
+    if loads > PAGE_LOADS_MAX:
+        raise ConfigError(f"op {op}: {shape} read in blocks of block_tokens={block_tokens} is {loads} block loads "
+                          f"of K and V, more than the {PAGE_LOADS_MAX} (2^21) npusim simulates (about a minute)")
 
 
 def _table_bytes(p, context: int) -> int:

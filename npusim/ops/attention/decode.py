@@ -21,8 +21,9 @@ from npusim.ops.registry import GmArena, Lowered, TensorInfo, param, register
 from npusim.ops.vector import UB_BLOCK
 from npusim.ops.vector_kernels import Stream, streaming_kernel
 from npusim.ops.attention.common import (
-    FlashAttentionParams, _below_layers, _BLOCK_HELP, _divides_heads, _DTYPES, GM, _kv_cache, _kv_inputs, _KV_LAYOUT_HELP, _LAYER_HELP,
-    _LAYERS_HELP, MTE2, MTE3, _pos, STAT, _table_bytes, _table_read, UB, V,
+    check_page_loads, FlashAttentionParams, _below_layers, _BLOCK_HELP, _divides_heads, _DTYPES, GM, _kv_cache,
+    _kv_inputs, _KV_LAYOUT_HELP, _LAYER_HELP, _LAYERS_HELP, MTE2, MTE3, page_loads, _pos, STAT, _table_bytes,
+    _table_read, UB, V,
 )
 from npusim.ops.attention.online_softmax import online_softmax
 
@@ -209,6 +210,9 @@ def lower_decode_attention(p: DecodeAttentionParams, hw: HwConfig, gm: GmArena,
     cache = _kv_cache(p, hw, gm, "decode_attention")
     O = gm.tensor("o", p.batch * p.heads * d * e)
     paged, together = p.kv_layout == "paged", p.kv_layout == "contiguous"
+    if paged:  # every split's tiles start kc keys apart
+        check_page_loads("decode_attention", f"batch={p.batch} x kv_heads={p.kv_heads} x context={p.context}",
+                         2 * units * page_loads(p.context, kc, p.block_tokens), p.block_tokens)
     pitch = cache.token_pitch()
     Wo = gm.tensor("partial_o", units * grp * splits * d * 4)
     Ws = gm.tensor("partial_stats", units * grp * splits * STAT)

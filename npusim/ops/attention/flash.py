@@ -13,11 +13,13 @@ from npusim.isa.program import Affine, Copy, CoreType, CrossWaitFlag, Kernel, Lo
 from npusim.ops.build import cdiv
 from npusim.ops.reference import attention, batches_to, bsnd_to_batches, group_heads
 from npusim.ops.registry import GmArena, Lowered, register
-from npusim.ops.attention.common import FIX, FlashAttentionParams, _io, _kv_cache, _kv_inputs
+from npusim.ops.attention.common import (
+    check_page_loads, FIX, FlashAttentionParams, _io, _kv_cache, _kv_inputs, page_loads,
+)
 from npusim.ops.attention.flash_cores import _Cube, _KvRead, _Vec
 from npusim.ops.attention.flash_tiling import (
     check_steps, choose_flash_tiling, _fa_geometry, _FaGeometry, FlashAttentionTiling, _partition, _S_FREE, _splits,
-    _Step, _Tile, _tile_steps,
+    _Step, _Tile, _tile_keys, _tile_steps,
 )
 
 # The AIVs per block the AIV program is written for: `sub` 0 or 1 picks one half of a q
@@ -309,6 +311,10 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
     paged = p.kv_layout == "paged"
     n_tiles = cdiv(p.seq_q, g.qt)
     check_steps(g, n_tiles)
+    if paged:  # each q tile reads its keys in steps of kv_tile from key 0
+        check_page_loads("flash_attention", f"batch={p.batch} x heads={p.heads} x seq_q={p.seq_q} x seq_kv={p.seq_kv}",
+                         2 * p.batch * p.heads * sum(page_loads(_tile_keys(g, t)[3], g.kt, p.block_tokens)
+                                                     for t in range(n_tiles)), p.block_tokens)
     specs = [_tile_steps(g, i) for i in range(n_tiles)]
     work = [len(s[1]) + 1 for s in specs]
     uniform = len(set(work)) == 1
