@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from attrs import field, frozen
 
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
+from npusim.hw.parse import short
 from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel
 
 # GM allocations of a standalone op start here (an address, not a hardware fact: any
@@ -227,7 +229,7 @@ def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
     """Parameters from the CLI arrive as strings; convert by the field's default type."""
     kind = type(f.default) if f.default is not None else str
     if not isinstance(value, str):
-        return value
+        return _typed(op_type, f, kind, value)
     try:
         if kind is bool:
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
@@ -242,6 +244,27 @@ def _coerce(op_type: str, f: attrs.Attribute, value: Any) -> Any:
     if kind is float and not math.isfinite(number):  # nan, inf, 1e400: no scalar a kernel takes (nor JSON)
         raise ConfigError(f"op {op_type}: parameter '{f.name}' expects a finite number, got '{value}'")
     return number
+
+
+def _typed(op_type: str, f: attrs.Attribute, kind: type, value: Any) -> Any:
+    """A parameter given as a Python value (the API, a fusion rule's params): of the
+    field's type, as the CLI's text must be. An int field took 1.0 (an AttributeError
+    deep in the lowering) and True (run as 1); a float field nan, inf or True."""
+    if kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif kind is float:
+        try:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        except OverflowError:  # an int past a float's range
+            ok = False
+    elif kind is tuple:
+        ok = not isinstance(value, (tuple, list)) or not any(isinstance(x, bool) for x in value)
+    else:
+        return value
+    if not ok:
+        expected = {int: "an int", float: "a finite number", tuple: "a tuple of ints (e.g. (8, 4096))"}[kind]
+        raise ConfigError(f"op {op_type}: parameter '{f.name}' expects {expected}, got {short(value)}")
+    return int(value) if kind is int else value
 
 
 def make_record(op_type: str, cls: type, values: Mapping[str, Any], what: str = "parameter", base=None):
@@ -262,6 +285,12 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
           gm: GmArena | None = None) -> Lowered:
     """Lower one operator. `params` / `tiling` may be records or plain mappings."""
     s = spec(op_type)
+    if not isinstance(hw, HwConfig):
+        raise TypeError(f"lower {op_type}: hw: expected an HwConfig (npusim.load_hw(name)), got {short(hw)}")
+    for name, value, cls in (("params", params, s.params), ("tiling", tiling, s.tiling)):
+        if value is not None and not isinstance(value, Mapping) and (cls is None or not isinstance(value, cls)):
+            raise TypeError(f"lower {op_type}: {name}: expected a mapping of field names to values or its record "
+                            f"({cls.__name__ if cls else 'none: the op has no tiling'}), got {short(value)}")
     if not isinstance(params, s.params):
         params = make_record(op_type, s.params, params or {})
     if tiling and s.tiling is None:

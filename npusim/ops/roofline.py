@@ -8,6 +8,7 @@ from npusim.engine import Launch, RunResult, Synchronize, run
 from npusim.engine.device import KernelRecord
 from npusim.engine.stats import KernelStats
 from npusim.hw import HwConfig
+from npusim.hw.parse import short
 from npusim.hw.derived import cube_peak_flops_per_s, vector_peak_ops_per_s
 from npusim.isa.program import DTYPE_BYTES
 from npusim.ops.registry import Lowered
@@ -167,6 +168,10 @@ def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: 
     """Launch the op's kernels in order on one stream (graph mode) and synchronize.
     counters=False: no bandwidth samples in the trace (engine.run; only a Chrome trace shows them).
     exact=True: no kernel fast-forwarded (engine.run)."""
+    if not isinstance(lowered, Lowered):
+        raise TypeError(f"simulate_op: lowered: expected what npusim.ops.lower returns (a Lowered), got {short(lowered)}")
+    if not isinstance(hw, HwConfig):
+        raise TypeError(f"simulate_op: hw: expected an HwConfig (npusim.load_hw(name)), got {short(hw)}")
     calls = [Launch(k, 0, "graph") for k in lowered.kernels] + [Synchronize()]
     result = run(calls, hw, trace, counters=counters, exact=exact)
     ks = result.kernels

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from cli_check import fails_cleanly
+from cli_check import fails_cleanly, one_line_error
 from kernels import deadline
 
+from npusim.errors import ConfigError
+from npusim.hw import load_hw
+from npusim.ops import lower, simulate_op
 from npusim.ops.attention.common import page_loads
 
 # ---- op: decode attention on the cube
@@ -72,3 +75,55 @@ def test_page_loads_are_the_loads_a_paged_decode_issues(monkeypatch):
     p = dict(batch=2, heads=2, kv_heads=2, context=1000, kv_layout="paged", block_tokens=3)
     low = lower("decode_attention", p, load_hw())
     assert sum(seen) == 2 * 2 * 2 * page_loads(1000, low.tiling.kv_tile, 3)
+
+
+# ---- the Python API: lower and simulate_op
+
+# The CLI's text was checked, a Python value not: m=1.0 was an AttributeError in the
+# lowering, True ran as 1, scale nan / inf and cap inf were lowered and simulated.
+API_PARAMS = [
+    ("matmul", dict(m=1.0), None, r"^op matmul: parameter 'm' expects an int, got 1\.0$"),
+    ("matmul", dict(m=True), None, r"^op matmul: parameter 'm' expects an int, got True$"),
+    ("matmul", {}, dict(base_m=16.0), r"^op matmul: parameter 'base_m' expects an int, got 16\.0$"),
+    ("add", dict(shape=(True, 4096)), None,
+     r"^op add: parameter 'shape' expects a tuple of ints \(e\.g\. \(8, 4096\)\), got \(True, 4096\)$"),
+    ("scale", dict(scale=float("nan")), None, r"^op scale: parameter 'scale' expects a finite number, got nan$"),
+    ("scale", dict(scale=10 ** 400), None, r"^op scale: parameter 'scale' expects a finite number, got 1000"),
+    ("exp", dict(base=float("inf")), None, r"^op exp: parameter 'base' expects a finite number, got inf$"),
+    ("logit_softcap", dict(cap=float("inf")), None, r"^op logit_softcap: parameter 'cap' expects a finite number"),
+    ("scale", dict(scale=False), None, r"^op scale: parameter 'scale' expects a finite number, got False$"),
+]
+
+
+@pytest.mark.parametrize(("op", "params", "tiling", "expect"), API_PARAMS, ids=repr)
+def test_lower_checks_python_values_as_the_cli_checks_text(op, params, tiling, expect):
+    one_line_error(lambda: lower(op, params, load_hw(), tiling), ConfigError, expect)
+
+
+def test_lower_takes_python_values_of_the_fields_type():
+    """What it took before and still does: ints for int fields (numpy's too), ints for floats."""
+    import numpy as np
+
+    hw = load_hw()
+    assert lower("matmul", dict(m=np.int64(64)), hw).params.m == 64
+    assert lower("scale", dict(scale=2), hw).params.scale == 2
+    assert lower("matmul", dict(m=64), hw, dict(base_m=np.int32(16))).tiling.base_m == 16
+
+
+# They were AttributeErrors ('NoneType' object has no attribute 'hbm') or 'int' object is not iterable.
+API_ARGUMENTS = [
+    (lambda hw: lower("add", {}, None), r"^lower add: hw: expected an HwConfig \(npusim.load_hw\(name\)\), got None$"),
+    (lambda hw: lower("add", {}, "ascend910b2"), r"^lower add: hw: .* got 'ascend910b2'$"),
+    (lambda hw: lower("add", 5, hw), r"^lower add: params: expected a mapping of field names to values or its "
+                                     r"record \(EltwiseParams\), got 5$"),
+    (lambda hw: lower("matmul", {}, hw, 5), r"^lower matmul: tiling: .* \(MatmulTiling\), got 5$"),
+    (lambda hw: simulate_op(None, hw), r"^simulate_op: lowered: expected what npusim.ops.lower returns \(a Lowered\), "
+                                       r"got None$"),
+    (lambda hw: simulate_op(lower("add", {}, hw), None), r"^simulate_op: hw: expected an HwConfig"),
+]
+
+
+@pytest.mark.parametrize(("call", "expect"), API_ARGUMENTS, ids=[e for _, e in API_ARGUMENTS])
+def test_lower_and_simulate_op_check_their_arguments(call, expect):
+    hw = load_hw()
+    one_line_error(lambda: call(hw), TypeError, expect)
