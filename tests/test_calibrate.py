@@ -2,6 +2,7 @@
 config values from a synthetic profile made by npusim itself (ground truth)."""
 
 import functools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,7 @@ def test_a_trial_stops_at_the_first_op_that_fails(jobs, tmp_path, monkeypatch):
             f.write(f"{key[0]}\n")
         if key[0] in ("op3", "op5"):
             raise ConfigError(f"{key[0]} does not simulate")
+        time.sleep(0.1)  # the others take a while: a worker's failure is back before many more end
         return 1.0 + int(key[0][2:])
 
     monkeypatch.setattr(model_module, "op_time_us", op_time_us)
@@ -181,8 +183,11 @@ def test_a_trial_stops_at_the_first_op_that_fails(jobs, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="^op3 does not simulate$"):
         model.log_times(np.zeros(0), keys)
     simulated = ran.read_text().split()
-    assert simulated[:4] == ["op0", "op1", "op2", "op3"] if jobs == 1 else set(simulated) >= {"op0", "op3"}
-    assert len(simulated) <= 4 + jobs - 1  # those already given to a worker end
+    if jobs == 1:
+        assert simulated == ["op0", "op1", "op2", "op3"]
+    else:  # those already given to a worker end; how many more the other worker ends before the
+        # failure is back is the machine's timing: far fewer than all of them
+        assert set(simulated) >= {"op0", "op3"} and len(simulated) < len(keys) - 2
     assert model.simulations == 3  # op0 .. op2 remembered, as by one process
     assert set(model.failures(keys)) == {keys[3], keys[5]}  # failures still names every op that fails
 
