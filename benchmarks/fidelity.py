@@ -25,7 +25,8 @@ from npusim.calibrate.fidelity import by_family, measured_files, run, table, wri
 from npusim.calibrate.report import summary, to_json
 from npusim.errors import NpusimError
 from npusim.hw.load import find_file
-from npusim.outputs import check_paths, check_writable, write_json
+from npusim.outputs import write_json
+from npusim.outputs_check import check_paths, check_writable
 from npusim.pool import check_jobs
 
 

@@ -1,6 +1,6 @@
 """`npusim op`: one operator simulated, checked on numpy data (--check) or, for a
 collective, priced as hccl_test prints it. Its flags are npusim.cli's (shared with
-run); its outputs follow npusim.outputs' policy (checked before the run, all or none)."""
+run); its outputs follow npusim.outputs' policy (checked before the run by npusim.outputs_check, all or none)."""
 
 from __future__ import annotations
 

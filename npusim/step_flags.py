@@ -388,11 +388,11 @@ def _workload_files(args) -> dict:
 def check_outputs(args, extra: dict | None = None, plots: tuple[str, ...] = (),
                   tables: tuple[str, ...] | None = None) -> None:
     """Before running: no output on an input, no two outputs on one path, none that
-    cannot be written (outputs.check_paths, check_writable). `extra`: the command's
+    cannot be written (outputs_check.check_paths, check_writable). `extra`: the command's
     further files, by the flag that asks for them; `plots`: the files --plot DIR will
     hold (no other output may be one of them: the plot would replace it); `tables`: those
     --profile DIR will hold (default report.tables.TABLE_FILES)."""
-    from npusim.outputs import check_paths, check_writable
+    from npusim.outputs_check import check_paths, check_writable
 
     files = {"--json": getattr(args, "json", None), "--trace": getattr(args, "trace", None)}
     folders = {"--profile": getattr(args, "profile", None), "--plot": getattr(args, "plot", None)}

@@ -46,7 +46,8 @@ def add_arguments(p, progress_help: str) -> None:
 def check_out(args, check_outputs) -> None:
     """--out is a new or empty folder, or --overwrite / --resume was given; no output on
     an input; every sweep file can be written there."""
-    from npusim.outputs import OutputError, check_paths
+    from npusim.outputs import OutputError
+    from npusim.outputs_check import check_paths
 
     check_paths({}, {}, {"--out": args.out})  # ('-' is no folder)
     if args.resume and args.overwrite:

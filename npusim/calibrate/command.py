@@ -1,8 +1,8 @@
 """`npusim calibrate`: fit a config's assumed fields to a user's msprof profile and/or
 hccl_test output.
 
-Its outputs follow npusim.outputs' policy: checked before the fit (not an input,
-not each other, writable), written all or none. The config written (`base: --hw`)
+Its outputs follow npusim.outputs' policy: checked before the fit (npusim.outputs_check:
+not an input, not each other, writable), written all or none. The config written (`base: --hw`)
 never replaces --hw's file or one of its `base:` chain, whether --hw is a path or a
 name, nor becomes the file a name of that chain finds first: it would load itself."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.hw.parse import first_repeated
-from npusim.outputs import OutputError, all_or_none, check_paths, check_writable, say, write_json
+from npusim.outputs import OutputError, all_or_none, say, write_json
+from npusim.outputs_check import check_paths, check_writable
 from npusim.pool import check_jobs
 
 PLOT_NAMES = ("calibration.png", "calibration.svg")  # what --plot DIR holds (report.plot)

@@ -51,7 +51,8 @@ from typing import Any
 import attrs
 
 from npusim.hw.parse import plain
-from npusim.outputs import OutputError, atomic_write, err, overlong
+from npusim.outputs import OutputError, atomic_write, err
+from npusim.outputs_check import overlong
 
 MAGIC = b"NPUSIM-CACHE"
 FORMAT = 2  # bump when the entry layout changes (2: the layout of the payload's classes)

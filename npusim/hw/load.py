@@ -30,7 +30,7 @@ from npusim.hw.checks import inconsistency
 from npusim.hw.compat import upgrade
 from npusim.hw.config import HwConfig
 from npusim.hw.parse import clipped, did_you_mean, input_file, parse_yaml, read_yaml, short, strict_converter
-from npusim.outputs import overlong
+from npusim.outputs_check import overlong
 
 __all__ = ["DEFAULT_HW", "find_file", "known_names", "leaf_errors", "load_hw", "parse_set_args", "parse_yaml",
            "possible_path", "raw_config", "read_yaml", "search_dirs"]

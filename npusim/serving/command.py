@@ -21,9 +21,8 @@ from npusim.step_flags import add_fast_forward_flag, add_workload_set, workload_
 from npusim.errors import ConfigError
 from npusim.hw import load_hw
 from npusim.hw.load import parse_set_args
-from npusim.outputs import (
-    all_or_none, check_paths, check_writable, plots_line, say, say_all, write_json, write_text, wrote_line,
-)
+from npusim.outputs import all_or_none, plots_line, say, say_all, write_json, write_text, wrote_line
+from npusim.outputs_check import check_paths, check_writable
 from npusim.pool import check_jobs
 from npusim.serving.arrivals import (CV_RANGE, MAX_REQUESTS, MAX_SPAN_S, MAX_TOKENS, check_rate, check_requests,
                                      check_seed, load_trace, parse_ramp, synthetic)

@@ -29,7 +29,8 @@ import pytest
 
 from cli_check import interrupt_at_the_first_replace
 from npusim.cli import main
-from npusim.outputs import OutputError, atomic_write, check_paths, check_writable, write_text
+from npusim.outputs import OutputError, atomic_write, write_text
+from npusim.outputs_check import check_paths, check_writable
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["run", "--workload", "k3-tiny", "--batch", "2", "--context", "64"]
