@@ -106,6 +106,10 @@ class Lowered:
     inputs: tuple[TensorInfo, ...] = field(converter=tuple)
     outputs: tuple[TensorInfo, ...] = field(converter=tuple)
     workspace_bytes: int = 0
+    # the config lower() built it for (None: built by hand): simulate_op refuses another,
+    # whose cores, buffers or lines the kernels were not tiled for. Not compared: two
+    # lowerings are alike by what they hold.
+    hw: HwConfig | None = field(default=None, eq=False, repr=False)
 
 
 KV_ROLES = (None, "read", "write")
@@ -297,9 +301,9 @@ def lower(op_type: str, params: Mapping[str, Any] | Any, hw: HwConfig, tiling: M
         raise ConfigError(f"op {op_type}: has no tiling to set (got '{next(iter(tiling))}')")
     if tiling is not None and not isinstance(tiling, s.tiling):  # fields not given: the op's choice
         tiling = make_record(op_type, s.tiling, tiling, "tiling field", s.choose(params, hw) if s.choose else None)
-    if gm is not None:  # a memory plan placed the tensors (and checked that they fit)
-        return s.lower(params, hw, gm, tiling)
-    # tensors past the HBM are refused as they are allocated (the simulation would walk
-    # every line of them, and the lowering build programs for them first)
-    arena = GmArena(align_bytes=gm_align_bytes(hw), capacity=hw.hbm.hbm_bytes, op_type=op_type)
-    return s.lower(params, hw, arena, tiling)
+    if gm is None:
+        # tensors past the HBM are refused as they are allocated (the simulation would walk
+        # every line of them, and the lowering build programs for them first); a memory
+        # plan's arena placed its tensors and checked that they fit
+        gm = GmArena(align_bytes=gm_align_bytes(hw), capacity=hw.hbm.hbm_bytes, op_type=op_type)
+    return attrs.evolve(s.lower(params, hw, gm, tiling), hw=hw)

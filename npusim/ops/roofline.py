@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import attrs
 from attrs import frozen
 
 from npusim.engine import Launch, RunResult, Synchronize, run
 from npusim.engine.device import KernelRecord
 from npusim.engine.stats import KernelStats
+from npusim.errors import ConfigError
 from npusim.hw import HwConfig
 from npusim.hw.parse import short
 from npusim.hw.derived import cube_peak_flops_per_s, vector_peak_ops_per_s
@@ -163,6 +167,22 @@ class OpReport:
         return {p: self.stats.utilisation(p) for p in sorted(self.stats.busy_cycles)}
 
 
+def _first_difference(a, b, path: str = "") -> str:
+    """The first field in which two configs (attrs records, mappings inside) differ, as
+    `key (X, then Y)`; "" when they are equal."""
+    if attrs.has(type(a)) and type(a) is type(b):
+        keys, get = [f.name for f in attrs.fields(type(a))], getattr
+    elif isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys, get = sorted(set(a) | set(b), key=str), lambda m, k: m.get(k)
+    else:
+        return "" if a == b else f"{path.rstrip('.')} ({short(a)}, then {short(b)})"
+    for key in keys:
+        found = _first_difference(get(a, key), get(b, key), f"{path}{key}.")
+        if found:
+            return found
+    return ""
+
+
 def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: bool = True,
                 exact: bool = True) -> OpReport:
     """Launch the op's kernels in order on one stream (graph mode) and synchronize.
@@ -172,6 +192,10 @@ def simulate_op(lowered: Lowered, hw: HwConfig, trace: str = "instr", counters: 
         raise TypeError(f"simulate_op: lowered: expected what npusim.ops.lower returns (a Lowered), got {short(lowered)}")
     if not isinstance(hw, HwConfig):
         raise TypeError(f"simulate_op: hw: expected an HwConfig (npusim.load_hw(name)), got {short(hw)}")
+    if lowered.hw is not None and lowered.hw is not hw and lowered.hw != hw:
+        raise ConfigError(f"simulate_op: op {lowered.op_type} was lowered for hw '{lowered.hw.name}' and is simulated "
+                          f"on '{hw.name}', which differs in {_first_difference(lowered.hw, hw)}: lower it with the "
+                          f"hw it runs on")
     calls = [Launch(k, 0, "graph") for k in lowered.kernels] + [Synchronize()]
     result = run(calls, hw, trace, counters=counters, exact=exact)
     ks = result.kernels

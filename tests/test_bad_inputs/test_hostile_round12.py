@@ -127,3 +127,29 @@ API_ARGUMENTS = [
 def test_lower_and_simulate_op_check_their_arguments(call, expect):
     hw = load_hw()
     one_line_error(lambda: call(hw), TypeError, expect)
+
+
+# A Lowered simulated on another config than the one it was lowered for returned a
+# number: kernels tiled for 48 vector cores, a 192 KB UB or 512-byte lines ran as they were.
+OTHER_HW = [
+    ({"chip.aic_count": 20}, r"differs in chip.aic_count \(24, then 20\)"),
+    ({"aiv.ub_bytes": 131072}, r"differs in aiv.ub_bytes \(196608, then 131072\)"),
+    ({"l2.line_bytes": 256}, r"differs in l2.line_bytes \(512, then 256\)"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expect"), OTHER_HW, ids=[e for _, e in OTHER_HW])
+def test_simulate_op_refuses_a_lowering_for_another_config(overrides, expect):
+    lowered = lower("add", {}, load_hw("ascend910b2"))
+    one_line_error(lambda: simulate_op(lowered, load_hw("ascend910b2", overrides)), ConfigError,
+                   r"^simulate_op: op add was lowered for hw 'ascend910b2' and is simulated on 'ascend910b2', which "
+                   + expect + ": lower it with the hw it runs on$")
+
+
+def test_simulate_op_takes_an_equal_config_and_a_lowering_built_by_hand():
+    import attrs
+
+    lowered = lower("add", {}, load_hw("ascend910b2"))
+    same = simulate_op(lowered, load_hw("ascend910b2"), trace="kernel")  # loaded again: equal, not the same object
+    assert simulate_op(attrs.evolve(lowered, hw=None), load_hw("ascend910b2", {"chip.aic_count": 20}),
+                       trace="kernel").cycles > 0 and same.cycles > 0
