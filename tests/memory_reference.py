@@ -49,6 +49,8 @@ def transfer(
     """MemorySystem.transfer's start, in Python: the burst rounding, the line pattern, the
     L2 walk and the stats, then the L2 flow of a transfer that leaves nothing behind, or
     memory.py's _finish for the rest."""
+    if nbytes < 1 or segments < 1:  # a copy moves at least a byte (verify() refuses a Copy of none)
+        raise ValueError(f"transfer: {segments} segments of {nbytes} bytes, expected each >= 1")
     w = len(addrs)
     st = TransferStats()
     moved, misaligned = burst_cost(addrs[0], nbytes, segments, stride, self.burst)

@@ -900,3 +900,23 @@ def test_a_flow_that_alone_would_take_more_cycles_than_a_double_holds_is_refused
     flows.start(100, 10.0, print)  # one that ends still does
     env.run()
     assert flows.active == 0
+
+
+def test_a_transfer_of_no_bytes_is_refused():
+    """A transfer of 0 bytes (or no segments) touched no L2 line and divided its hit share
+    0 / 0: a ZeroDivisionError (an IndexError for no segments). A lowered Copy cannot ask
+    for one (verify() refuses nbytes or segments below 1), so the C and its Python
+    statement refuse it alike, in one line."""
+    import memory_reference
+
+    from npusim.engine import memory
+    from npusim.engine.memory import MemorySystem
+
+    for mover in (memory.Mover, memory_reference.Mover):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(memory, "Mover", mover)
+            mem = MemorySystem(Environment(), HW, record=False)
+        for nbytes, segments in ((0, 1), (64, 0)):
+            with pytest.raises(ValueError) as e:
+                mem.transfer([0x1000_0000], nbytes, segments, 64, False, 64.0, print)
+            assert one_line(e.value) == f"transfer: {segments} segments of {nbytes} bytes, expected each >= 1"

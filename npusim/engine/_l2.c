@@ -1023,6 +1023,12 @@ static PyObject *mover_transfer(Mover *m, PyObject *const *args, Py_ssize_t narg
     long long stride = PyLong_AsLongLong(args[3]);
     int write = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred() || write < 0) return NULL;
+    /* a copy moves at least a byte (verify() refuses a Copy of none): one of no bytes
+       touched no line, and its hit share was 0 / 0 */
+    if (nbytes < 1 || segments < 1) {
+        PyErr_Format(PyExc_ValueError, "transfer: %lld segments of %lld bytes, expected each >= 1", segments, nbytes);
+        return NULL;
+    }
 
     /* the line pattern: memory.py's, by shape and members' offsets */
     PyObject *key = PyTuple_New(w > 1 ? 4 + w : 4);
