@@ -38,6 +38,12 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5  # without prctl: how often a worker checks its parent is alive
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 STOP_GRACE_S = 1.0  # how long a worker told to stop (SIGTERM) may take before SIGKILL
+# The most --jobs takes. Each local worker is a forked process whose pipe and sentinel
+# the parent holds open: past about 500 workers the usual open-file limit (ulimit -n
+# 1024) runs out, and long before that memory does (each worker holds its own engine).
+# 1024 is more CPUs than any one host npusim runs on or Ray instance it starts; a
+# larger value is a typo (an extra digit), not a machine, and forked thousands of workers.
+JOBS_MAX = 1024
 
 
 def _die_with_parent(parent: int) -> None:
@@ -79,9 +85,11 @@ def _serve(conn, fn: Callable, parent: int) -> None:
 
 
 def check_jobs(jobs: int | None) -> int | None:
-    """--jobs: a positive number of workers, or None (not given: the command's default)."""
+    """--jobs: a number of workers from 1 to JOBS_MAX, or None (not given: the command's default)."""
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"--jobs: expected a positive integer, got {jobs}")
+    if jobs is not None and jobs > JOBS_MAX:
+        raise ConfigError(f"--jobs: expected at most {JOBS_MAX} workers, got {jobs}")
     return jobs
 
 

@@ -186,6 +186,8 @@ def test_cli_sweep_writes_csv_and_plot(tmp_path, capsys):
     (["--set", "chip.aic_count=20,abc"], "chip.aic_count"),
     ([], "sweep: nothing to sweep"),
     (["--set", "batch=1,2", "--jobs", "0"], "--jobs: expected a positive integer, got 0"),
+    # 10**9 forked a worker per point (thousands, past the open-file limit)
+    (["--set", "batch=1,2", "--jobs", str(10**9)], "--jobs: expected at most 1024 workers, got 1000000000"),
 ])
 def test_cli_sweep_errors_are_one_line(argv, message, tmp_path, capsys):
     assert main(["sweep", "--workload", "k3-tiny", "--out", str(tmp_path), *argv]) == 2
