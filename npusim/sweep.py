@@ -59,14 +59,20 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def parse_values(item: str) -> tuple[str, list]:
     """'key.path=v1,v2,...' (the CLI's --set in a sweep) -> (key, [v1, v2, ...]),
-    each value read as a YAML scalar (1.6e12 is a number, 24 an integer)."""
+    each value read as a YAML scalar (1.6e12 is a number, 24 an integer). The list may be
+    enclosed in brackets, as `npusim op`'s tuples may: [v1,v2] or (v1,v2)."""
     from npusim.hw.load import parse_yaml
+    from npusim.hw.parse import unbracketed
 
     key, eq, text = item.partition("=")
     key = key.strip()
     if not eq or not key:
         raise ConfigError(f"--set {item}: expected key.path=value[,value...]")
-    raws = text.split(",")
+    try:
+        raws = unbracketed(text).split(",")
+    except ValueError:
+        raise ConfigError(f"--set {key}: '{text[:80]}' has a bracket not closed or not opened (expected v1,v2,... "
+                          "or [v1,v2,...])") from None
     if len(raws) > MAX_POINTS:
         raise ConfigError(f"--set {key}: {len(raws)} values, more than the {MAX_POINTS} points a sweep takes "
                           "(split it over several sweeps)")

@@ -25,7 +25,8 @@ def add_arguments(p, progress_help: str) -> None:
 
     p.add_argument("--hw", default="ascend910b2", help="hardware config name (hwconfigs/) or path")
     p.add_argument("--set", action="append", metavar="KEY=V1,V2,...", help="a swept hardware field (key.path) or "
-                   "step knob (batch, context) and its LIST of values; the grid is the product of all")
+                   "step knob (batch, context) and its LIST of values (V1,V2 or [V1,V2]); the grid is the product "
+                   "of all")
     p.add_argument("--out", metavar="DIR", required=True, help=f"write DIR/{CSV_NAME} (growing as points finish), "
                    f"DIR/{SETTINGS_NAME} and DIR/sweep.png, .svg (a new or empty folder, unless --overwrite "
                    "or --resume)")

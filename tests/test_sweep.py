@@ -44,11 +44,21 @@ def test_parse_values_reads_numbers():
     assert parse_values(" chip.aic_count = 20,24 ") == ("chip.aic_count", [20, 24])
 
 
+def test_parse_values_reads_a_bracketed_list_as_its_values():
+    """As `npusim op` reads [8,4096]: the list was split into '[1' (a YAML error) and '2]',
+    and (1,2) into the words '(1' and '2)'."""
+    for text in ("[1,2]", "[1, 2]", "(1,2)", " [1,2] "):
+        assert parse_values(f"batch={text}") == ("batch", [1, 2])
+    assert parse_values("batch=(4,)") == ("batch", [4])
+
+
 @pytest.mark.parametrize(("items", "message"), [
     (["chip.aic_count=20,,32"], "--set chip.aic_count: value 2 of '20,,32' is empty"),
     (["chip.aic_count"], "--set chip.aic_count: expected key.path=value[,value...]"),
     (["chip.aic_count=20", "chip.aic_count=24"], "--set chip.aic_count: given twice"),
-    (["chip.aic_count=[1, 2]"], "not valid YAML"),
+    (["chip.aic_count=[1, 2"], "--set chip.aic_count: '[1, 2' has a bracket not closed or not opened"),
+    (["batch=1,2]"], "--set batch: '1,2]' has a bracket not closed"),
+    (["batch=[1,[2]]"], "--set batch: value '[2]' is not a number or a word"),
 ])
 def test_parse_grid_errors_name_the_key(items, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):

@@ -81,6 +81,26 @@ def plain(kind: type, text: str):
     return kind(text)
 
 
+BRACKETS = {"(": ")", "[": "]"}  # the pairs a list on the command line may be enclosed in
+
+
+def unbracketed(text: str) -> str:
+    """A list as the command line spells it, without its one enclosing pair of brackets:
+    [8,4096], (8, 4096) and (64,) (Python's one-tuple) read as 8,4096 and 64 do. A
+    bracket not closed, or closed without being opened, is a ValueError: splitting on
+    the commas would read '[8' and '4096]' as items."""
+    inner = text.strip()
+    opened, closed = inner[:1] in BRACKETS, inner[-1:] in BRACKETS.values()
+    if not opened and not closed:
+        return inner
+    if not opened or inner[-1] != BRACKETS[inner[0]]:
+        raise ValueError(text)
+    inner = inner[1:-1].strip()
+    if inner.endswith(",") and "," not in inner[:-1]:  # (64,): Python's one-tuple
+        inner = inner[:-1]
+    return inner
+
+
 def odd_number(text: str) -> bool:
     """Whether text (or an item of its list: 32,32 or 2x16) is a number spelt with '_' or
     other scripts' digits ('1_6', '１６'), which int() and float() would read."""

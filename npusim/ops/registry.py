@@ -20,7 +20,7 @@ from attrs import field, frozen
 
 from npusim.errors import ConfigError
 from npusim.hw import HwConfig
-from npusim.hw.parse import short
+from npusim.hw.parse import short, unbracketed
 from npusim.isa.program import DTYPE_BYTES, GmTensor, Kernel
 
 # GM allocations of a standalone op start here (an address, not a hardware fact: any
@@ -217,13 +217,7 @@ def _tuple(text: str) -> tuple[int, ...]:
     """A tuple of ints as the CLI spells it: 8,4096, 8x4096, [8,4096], (8, 4096), (64,)
     or () for none. An empty item (1,,2 or a stray comma) or an unbalanced bracket is a
     ValueError: dropping it would simulate another shape than the one meant."""
-    inner = text.strip()
-    if inner[:1] in "([" and inner:
-        if inner[-1:] != {"(": ")", "[": "]"}[inner[0]]:
-            raise ValueError
-        inner = inner[1:-1].strip()
-        if inner.endswith(",") and "," not in inner[:-1]:  # (64,): Python's one-tuple
-            inner = inner[:-1]
+    inner = unbracketed(text)
     if not inner:
         return ()
     return tuple(int(x) for x in inner.replace("x", ",").split(","))  # int('') raises
