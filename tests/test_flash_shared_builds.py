@@ -108,3 +108,12 @@ def test_paged_programs_are_verified_as_one_walk_again(monkeypatch, op, params):
     verify(kernel, HW)
     assert len(progs) == kernel.block_dim > 4 and len({id(p) for p in progs}) == len(progs)
     assert 0 < len(walks) <= 4
+
+
+def test_a_template_hole_is_found_by_its_prefix_and_an_empty_variable_name_is_none():
+    """_holes read a term's name by its first character: a term of the empty name ("")
+    was an IndexError, not a Copy without a base variable."""
+    from npusim.isa import Copy, Loop, Mem
+
+    copies = [Copy(Mem.GM, Mem.UB, Affine(0, ((var, 64),)), 0, 64) for var in ("", "@q", "i")]
+    assert flash._holes((*copies, Loop("i", 2, (copies[1],)))) == [(1, None), (3, [(0, None)])]

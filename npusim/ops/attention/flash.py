@@ -205,7 +205,7 @@ def _holes(body: tuple) -> list[tuple[int, list | None]]:
     # variable left anywhere else would fail verify (a var not in scope)"""
     out = []
     for i, x in enumerate(body):
-        if x.__class__ is Copy and any(a.__class__ is Affine and any(v[0] == "@" for v, _ in a.terms)
+        if x.__class__ is Copy and any(a.__class__ is Affine and any(v.startswith("@") for v, _ in a.terms)
                                        for a in (x.src_addr, x.dst_addr)):
             out.append((i, None))
         elif x.__class__ is Loop:
