@@ -119,7 +119,8 @@ def _kv_tiling(p: KvCacheWriteParams, hw: HwConfig, row_bytes: int) -> tuple[int
     layout (K and V tiles in, a [heads, tokens, row] tile out, ping and pong) must
     fit; least estimated time per core (as _trans_tiling)."""
     e, d, h = DTYPE_BYTES[p.dtype], p.head_dim, p.kv_heads
-    budget = hw.aiv.ub_bytes - UB_RESERVE - 2048  # block-table slices
+    reserved = UB_RESERVE + 2048  # and block-table slices
+    budget = hw.aiv.ub_bytes - reserved
     n = p.new_tokens
     best = None
     tcs = sorted({min(n, 1 << i) for i in range(n.bit_length() + 1)} | {n})
@@ -136,9 +137,10 @@ def _kv_tiling(p: KvCacheWriteParams, hw: HwConfig, row_bytes: int) -> tuple[int
             cost = cdiv(tiles, hw.aiv_count) * per_tile
             if best is None or cost < best[0]:
                 best = (cost, tc, hg)
-    if best is None:
-        raise ProgramError(f"op kv_cache_write: one token of one head (head_dim={d}) does not fit "
-                           f"{capacity_text(hw, Mem.UB)}")
+    if best is None:  # the least tile, one token of one head, does not fit (kv_heads sets no part of it)
+        raise ProgramError(f"op kv_cache_write: one token of one head of head_dim={d} in dtype={p.dtype} (its K and "
+                           f"V in and their row out, twice over: {2 * (2 * d * e + row_bytes)} bytes, and {reserved} "
+                           f"reserved) does not fit {capacity_text(hw, Mem.UB)}")
     return best[1], best[2]
 
 

@@ -114,6 +114,12 @@ SMALL_MEMORIES = [  # a local memory set too small for an op's buffers: the mess
     (["flash_attention", "--set", "aiv.ub_bytes=1024"],
      r"op flash_attention: tiling does not fit UB: .* UB \(1024 bytes, aiv.ub_bytes\)$"),
     (["embedding", "--set", "aiv.ub_bytes=1024"], r"op embedding: .* does not fit UB \(1024 bytes, aiv.ub_bytes\)$"),
+    # it named head_dim alone: not the dtype, nor the bytes a tile needs against the UB's
+    (["kv_cache_write", "--set", "aiv.ub_bytes=1024"],
+     r"^npusim: error: op kv_cache_write: one token of one head of head_dim=128 in dtype=fp16 \(its K and V in and "
+     r"their row out, twice over: 2048 bytes, and 3072 reserved\) does not fit UB \(1024 bytes, aiv.ub_bytes\)$"),
+    (["kv_cache_write", "head_dim=16384", "dtype=fp32", "batch=1", "context=64", "--set", "aiv.ub_bytes=262144"],
+     r"head_dim=16384 in dtype=fp32 \(.*: 524288 bytes, and 3072 reserved\) does not fit UB \(262144 bytes"),
     (["argmax", "shape=2,64000", "--set", "aiv.ub_bytes=64"],
      r"op argmax: .* fit UB \(64 bytes, aiv.ub_bytes\) at \d+ bytes per element$"),
     (["transpose", "shape=64,64", "--set", "aiv.ub_bytes=64"],
