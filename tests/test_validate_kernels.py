@@ -177,7 +177,7 @@ def test_packed_rows_see_what_their_own_query_sees(monkeypatch):
     from npusim.ops.attention import flash
 
     lower_flash = flash._lower_flash
-    monkeypatch.setattr(flash, "_lower_flash", lambda *a, period=0: lower_flash(*a))
+    monkeypatch.setattr(flash, "_lower_flash", lambda *a, period=0, **kw: lower_flash(*a, **kw))
     c = check_op("flash_attention", dict(batch=2, heads=4, kv_heads=2, head_dim=64, seq_q=16, seq_kv=64, causal=True),
                  HW)
     assert c.failed and "off by" in c.reason, c.row()

@@ -9,7 +9,7 @@ import pytest
 from cli_check import fails_cleanly, one_line_error
 from kernels import deadline
 
-from npusim.errors import ConfigError
+from npusim.errors import ConfigError, ProgramError
 from npusim.hw import load_hw
 from npusim.ops import lower, simulate_op
 from npusim.ops.attention.common import page_loads
@@ -30,6 +30,21 @@ CUBE_DECODES = [
 @pytest.mark.parametrize(("argv", "expect"), CUBE_DECODES, ids=[" ".join(a) for a, _ in CUBE_DECODES])
 def test_a_decode_on_the_cube_names_the_op_asked_for(argv, expect, capsys):
     fails_cleanly(["op", *argv, "--no-cache"], capsys, expect)
+
+
+def test_the_flash_lowering_builds_its_messages_with_the_op_name_given():
+    """Decode on the cube rewrote FlashAttention's message text (str.replace); the op name
+    is now given to the lowering, whose every message starts with it."""
+    from npusim.ops.attention import FlashAttentionParams
+    from npusim.ops.attention.flash import lower_flash_attention
+    from npusim.ops.registry import GmArena
+
+    params = FlashAttentionParams(batch=1, heads=8, kv_heads=8, head_dim=128, seq_q=4, seq_kv=64)
+    for overrides, expect in (({"aiv.ub_bytes": 1024}, r"tiling does not fit UB"),
+                              ({"chip.aiv_per_aic": 1}, r"its MIX kernel splits each q tile's rows between 2 AIVs")):
+        one_line_error(lambda: lower_flash_attention(params, load_hw("ascend910b2", overrides), GmArena(), None,
+                                                     op_name="decode_attention (run as flash_attention on the cube)"),
+                       ProgramError, r"^op decode_attention \(run as flash_attention on the cube\): " + expect)
 
 
 # ---- op: a paged KV cache of tiny blocks

@@ -250,7 +250,7 @@ PACKED_ROWS = 128
 @register("flash_attention", FlashAttentionParams, FlashAttentionTiling, reference=reference_flash_attention,
           ins=("q",), outs=("o",), kv="read")
 def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
-                          tiling: FlashAttentionTiling | None) -> Lowered:
+                          tiling: FlashAttentionTiling | None, op_name: str = "flash_attention") -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel
     (_lower_flash). Under GQA, when a KV head's whole group of query heads holds at
     most PACKED_ROWS query rows (decode, a few speculative tokens) and no tiling is
@@ -258,19 +258,21 @@ def lower_flash_attention(p: FlashAttentionParams, hw: HwConfig, gm: GmArena,
     are consecutive, so their rows are too, and each KV head is read once for the
     group instead of once per query head. Causal: packed row i is query i % seq_q of
     its head and sees the keys that query sees (a key step is skipped only when no row
-    sees it; the masks hold each row's query index, _FaGeometry.period)."""
+    sees it; the masks hold each row's query index, _FaGeometry.period).
+    op_name: the op its errors name, 'op NAME: ...' (decode attention on the cube names
+    itself, not the kernel it runs as)."""
     packed_rows = p.seq_q * p.group
     if tiling is None and p.group > 1 and packed_rows <= PACKED_ROWS and (not p.causal or packed_rows <= p.seq_kv):
         low = _lower_flash(attrs.evolve(p, heads=p.kv_heads, seq_q=packed_rows), hw, gm, None,
-                           period=p.seq_q if p.causal else 0)
+                           period=p.seq_q if p.causal else 0, op_name=op_name)
         ins, outs = _io(p)
         return attrs.evolve(low, params=p, flops=4.0 * p.batch * p.heads * p.head_dim * p.visible_pairs(),
                             inputs=[ins[0], *low.inputs[1:]], outputs=outs)
-    return _lower_flash(p, hw, gm, tiling)
+    return _lower_flash(p, hw, gm, tiling, op_name=op_name)
 
 
 def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: FlashAttentionTiling | None,
-                 period: int = 0) -> Lowered:
+                 period: int = 0, op_name: str = "flash_attention") -> Lowered:
     """FlashAttention: Q K^T, scale, mask, online softmax and P V in one MIX kernel.
 
     A block (1 AIC + 2 AIVs) takes q tiles of one head. For each step of keys
@@ -296,23 +298,23 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
     K and V come from the KV cache in kv_layout (seq_kv = its capacity, `layer` of
     `layers`); see _KvRead for what each layout's loads are."""
     if hw.chip.aiv_per_aic != FLASH_AIVS:  # fewer would leave rows undone, more would write past O
-        raise ProgramError(f"op flash_attention: its MIX kernel splits each q tile's rows between {FLASH_AIVS} AIVs "
+        raise ProgramError(f"op {op_name}: its MIX kernel splits each q tile's rows between {FLASH_AIVS} AIVs "
                            f"per AIC, and chip.aiv_per_aic is {hw.chip.aiv_per_aic}")
     t = tiling or FlashAttentionTiling()
     if not (t.q_tile and t.kv_tile and t.sub_tile and t.d_chunk):
-        t = choose_flash_tiling(p, hw, t, period)
-    g = _fa_geometry(p, t, hw, period)
+        t = choose_flash_tiling(p, hw, t, period, op_name)
+    g = _fa_geometry(p, t, hw, period, op_name)
     e, d, grp = g.e, p.head_dim, p.group
     bkv = p.batch * p.kv_heads
     hs = p.seq_q * d * e
     Q = gm.tensor("q", p.batch * p.heads * hs)
-    cache = _kv_cache(p, hw, gm, "flash_attention")
+    cache = _kv_cache(p, hw, gm, op_name)
     O = gm.tensor("o", p.batch * p.heads * hs)
     paged = p.kv_layout == "paged"
     n_tiles = cdiv(p.seq_q, g.qt)
-    check_steps(g, n_tiles)
+    check_steps(g, n_tiles, op_name)
     if paged:  # each q tile reads its keys in steps of kv_tile from key 0
-        check_page_loads("flash_attention", f"batch={p.batch} x heads={p.heads} x seq_q={p.seq_q} x seq_kv={p.seq_kv}",
+        check_page_loads(op_name, f"batch={p.batch} x heads={p.heads} x seq_q={p.seq_q} x seq_kv={p.seq_kv}",
                          2 * p.batch * p.heads * sum(page_loads(_tile_keys(g, t)[3], g.kt, p.block_tokens)
                                                      for t in range(n_tiles)), p.block_tokens)
     specs = [_tile_steps(g, i) for i in range(n_tiles)]
@@ -326,7 +328,7 @@ def _lower_flash(p: FlashAttentionParams, hw: HwConfig, gm: GmArena, tiling: Fla
     parts = []
     if left:
         if t.q_splits > n_tiles:  # it would run as n_tiles: the tiling printed would not be the one run
-            raise ProgramError(f"op flash_attention: tiling q_splits={t.q_splits} exceeds the {n_tiles} q tiles "
+            raise ProgramError(f"op {op_name}: tiling q_splits={t.q_splits} exceeds the {n_tiles} q tiles "
                                f"of a head (q_tile {g.qt}) it splits")
         n_parts = t.q_splits or _splits(left, cores, work, uniform)
         parts = _partition(work, n_parts, uniform)

@@ -100,22 +100,24 @@ class _FaGeometry:
         return [(c0, min(self.dc, d - c0)) for c0 in range(0, d, self.dc)]
 
 
-def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, period: int = 0) -> _FaGeometry:
+def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, period: int = 0,
+                 op_name: str = "flash_attention") -> _FaGeometry:
     """Allocate every local buffer (L0 first: it is what a large head_dim runs out of
     unless tiling.d_chunk splits the head there; L1 and UB hold it whole).
-    period: see _FaGeometry (a causal packed kernel keeps each row's query index in UB)."""
+    period: see _FaGeometry (a causal packed kernel keeps each row's query index in UB).
+    op_name: the op its errors name ('op NAME: ...'; see flash.lower_flash_attention)."""
     f = mmad_fractal(hw, p.dtype)
     for name, v in (("q_tile", t.q_tile), ("kv_tile", t.kv_tile), ("sub_tile", t.sub_tile)):
         if v % 16 or not v:
-            raise ProgramError(f"op flash_attention: tiling {name}={v} is not a positive multiple of 16")
+            raise ProgramError(f"op {op_name}: tiling {name}={v} is not a positive multiple of 16")
     if t.kv_tile % t.sub_tile:
-        raise ProgramError(f"op flash_attention: tiling sub_tile={t.sub_tile} does not divide kv_tile={t.kv_tile}")
+        raise ProgramError(f"op {op_name}: tiling sub_tile={t.sub_tile} does not divide kv_tile={t.kv_tile}")
     e, d = DTYPE_BYTES[p.dtype], p.head_dim
     qt = min(t.q_tile, align_up(p.seq_q, f.m0))
     nb = min(t.sub_tile, align_up(p.seq_kv, 16))
     kt = min(t.kv_tile, align_up(p.seq_kv, nb))  # whole sub-tiles: a short step's padding stays inside
-    dc = _chunk_cols(p, t.d_chunk)
-    cube = Buffers(hw, "flash_attention")
+    dc = _chunk_cols(p, t.d_chunk, op_name)
+    cube = Buffers(hw, op_name)
     l0 = _l0_buffers(cube, p, qt, nb, dc)
     # L1 holds the whole head (Q and V as whole 16-column fractal blocks, dp columns)
     dp = align_up(d, 16)
@@ -131,7 +133,7 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
     r = cdiv(qt, 2)  # rows per AIV
 
     def vec_buffers(rc: int) -> tuple[Buffers, dict]:
-        vec = Buffers(hw, "flash_attention")
+        vec = Buffers(hw, op_name)
         ub = {
             "s": [vec.alloc(f"s_ub_{i}", UB, rc * kt * 4) for i in (0, 1)],
             "p": [vec.alloc(f"p_ub_{i}", UB, rc * kt * e) for i in (0, 1)],
@@ -151,7 +153,7 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
 
     if t.vec_rows:
         if t.vec_rows > r:  # it would run as r: the tiling printed would not be the one run
-            raise ProgramError(f"op flash_attention: tiling vec_rows={t.vec_rows} exceeds the rows each AIV takes "
+            raise ProgramError(f"op {op_name}: tiling vec_rows={t.vec_rows} exceeds the rows each AIV takes "
                                f"of a q tile (half of it: {r} of q_tile {qt})")
         rc = t.vec_rows
     else:  # the most rows per chunk that fit, then chunks of equal size
@@ -165,7 +167,7 @@ def _fa_geometry(p: AttentionParams, t: FlashAttentionTiling, hw: HwConfig, peri
                        ws, period)
 
 
-def _chunk_cols(p: AttentionParams, d_chunk: int) -> int:
+def _chunk_cols(p: AttentionParams, d_chunk: int, op_name: str) -> int:
     """The head_dim columns of a cube pass for tiling.d_chunk: the whole head (padded to
     fractal blocks) when it is 0 or not narrower than the head, else d_chunk, which
     must be whole 16-column fractal blocks (a chunk's Q and V slices are whole blocks
@@ -174,7 +176,7 @@ def _chunk_cols(p: AttentionParams, d_chunk: int) -> int:
     if not d_chunk or d_chunk >= d:
         return align_up(d, 16)
     if d_chunk % 16:
-        raise ProgramError(f"op flash_attention: tiling d_chunk={d_chunk} is not a multiple of 16 "
+        raise ProgramError(f"op {op_name}: tiling d_chunk={d_chunk} is not a multiple of 16 "
                            f"(nor >= head_dim={d})")
     return d_chunk
 
@@ -239,39 +241,41 @@ def _candidates(given: FlashAttentionTiling):
 
 
 def choose_flash_tiling(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling = FlashAttentionTiling(),
-                        period: int = 0) -> FlashAttentionTiling:
+                        period: int = 0, op_name: str = "flash_attention") -> FlashAttentionTiling:
     """The tiles (of those not `given`) whose buffers fit twice over (ping-pong) in L1,
     L0 and UB. A head whose L0 tiles fit whole at the largest tiles (head_dim <= 128),
     or a given d_chunk: the largest tiles that fit, q_tile 128 x kv_tile 256 for
     head_dim <= 128 (_largest). A larger head is split over head_dim in L0 (the widest
     chunk that fits), so that L1 and UB, which hold it whole, set the tiles rather than
     L0; of the tiles that then fit, the least GM traffic (_least_traffic). A head too
-    large for even the smallest tiles raises the error naming the buffer."""
+    large for even the smallest tiles raises the error naming the buffer (and op_name)."""
     whole = align_up(p.head_dim, 16)
     if given.d_chunk or _l0_fits(p, hw, given.q_tile or Q_TILES[0], given.sub_tile or SUB_TILES[0], whole):
-        return _largest(p, hw, attrs.evolve(given, d_chunk=given.d_chunk or whole), period)
-    return _least_traffic(p, hw, given, period)
+        return _largest(p, hw, attrs.evolve(given, d_chunk=given.d_chunk or whole), period, op_name)
+    return _least_traffic(p, hw, given, period, op_name)
 
 
-def _no_tiling(given: FlashAttentionTiling) -> ProgramError:
-    return ProgramError(f"op flash_attention: tiling sub_tile={given.sub_tile} does not divide "
+def _no_tiling(given: FlashAttentionTiling, op_name: str) -> ProgramError:
+    return ProgramError(f"op {op_name}: tiling sub_tile={given.sub_tile} does not divide "
                         f"kv_tile={given.kv_tile}")
 
 
-def _largest(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int) -> FlashAttentionTiling:
+def _largest(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int,
+             op_name: str) -> FlashAttentionTiling:
     """The first tiles (largest q_tile, then kv_tile, then sub_tile) that fit, d_chunk given."""
     err = None
     for qt, kt, nb in _candidates(given):
         t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb)
         try:
-            _fa_geometry(p, t, hw, period)
+            _fa_geometry(p, t, hw, period, op_name)
             return t
         except ProgramError as e:
             err = e
-    raise err or _no_tiling(given)
+    raise err or _no_tiling(given, op_name)
 
 
-def _least_traffic(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int) -> FlashAttentionTiling:
+def _least_traffic(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling, period: int,
+                   op_name: str) -> FlashAttentionTiling:
     """A split head's tiles, each with its widest fitting head_dim chunk: of those that
     fit, the ones whose AIVs take a step's rows in one UB chunk (a q tile larger than
     that adds vector instructions, and their start-ups, to every step: UB holds the
@@ -282,7 +286,7 @@ def _least_traffic(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling
     for qt, kt, nb in _candidates(given):
         t = attrs.evolve(given, q_tile=qt, kv_tile=kt, sub_tile=nb, d_chunk=_widest_chunk(p, hw, qt, nb))
         try:
-            g = _fa_geometry(p, t, hw, period)
+            g = _fa_geometry(p, t, hw, period, op_name)
         except ProgramError as e:
             err = e
             continue
@@ -290,7 +294,7 @@ def _least_traffic(p: AttentionParams, hw: HwConfig, given: FlashAttentionTiling
         if best is None or key < best[0]:
             best = (key, t)
     if best is None:
-        raise err or _no_tiling(given)
+        raise err or _no_tiling(given, op_name)
     return best[1]
 
 
@@ -343,14 +347,14 @@ def _tile_steps(g: _FaGeometry, t: int) -> tuple[int, list[tuple[int, int, bool]
 STEPS_MAX = 1 << 22
 
 
-def check_steps(g: _FaGeometry, n_tiles: int) -> None:
+def check_steps(g: _FaGeometry, n_tiles: int, op_name: str) -> None:
     """Refuse, in one line, a kernel of more than STEPS_MAX key steps, before its q tiles'
     steps are listed (the listing alone takes minutes past it)."""
     p = g.p
     steps = p.batch * p.heads * sum(cdiv(_tile_keys(g, t)[3], g.kt) for t in range(n_tiles))
     if steps > STEPS_MAX:
         shape = f"batch={p.batch} x heads={p.heads} x seq_q={p.seq_q} x seq_kv={p.seq_kv}" + " causal" * p.causal
-        raise ConfigError(f"op flash_attention: {shape} is {steps} key steps of {g.qt} queries x {g.kt} keys, more "
+        raise ConfigError(f"op {op_name}: {shape} is {steps} key steps of {g.qt} queries x {g.kt} keys, more "
                           f"than the {STEPS_MAX} (2^22) npusim simulates (minutes)")
 
 
