@@ -18,6 +18,6 @@ and graph the step-cost model gives a grid point) is versioned by
 npusim.serving.stepcost.POINT_SCHEME as well.
 """
 
-MODEL_VERSION = 11
+MODEL_VERSION = 12
 
 __all__ = ["MODEL_VERSION"]

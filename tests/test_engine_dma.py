@@ -19,6 +19,7 @@ from kernels import (
     MTE2,
     S,
     UB,
+    aic_kernel,
     aiv_kernel,
     aiv_kernel_per_block,
     ceil_div,
@@ -243,6 +244,35 @@ def test_water_filling_gives_a_capped_flow_its_cap_and_the_rest_to_others():
     for iv in [c, *v]:
         assert iv[4] - iv[3] == span
     assert max(rate for _, rate in r.trace.counters["L2"]) == pytest.approx(l2)
+
+
+@pytest.mark.parametrize("core, pitch, rows, held", [
+    ("AIC", 2046, 64, True),  # ND rows of 1023 fp16: a pitch off 256-byte blocks
+    ("AIC", 2046, 1, False),  # one row: nothing converted row by row
+    ("AIC", 2048, 64, False),  # a pitch of whole 256-byte blocks
+    ("AIC", 200, 64, False),  # short rows move whole
+    ("AIV", 2046, 64, False),  # the vector cores' copies into UB convert nothing
+])
+def test_nd_rows_off_the_conversion_alignment_move_at_the_nd2nz_rate(core, pitch, rows, held):
+    """A cube core's GM -> L1 copy of ND rows (converted to NZ on the way) whose GM pitch is
+    longer than 256 bytes and not a whole number of 256-byte blocks moves at
+    dma.nd2nz_unaligned_bytes_per_cycle (hw.config.Dma.nd2nz_cap); rows back to back count
+    as rows (the pitch is theirs), the same copy on a vector core or of aligned rows does not."""
+    rate = 13
+    hw = hw_with(**{"dma.nd2nz_unaligned_bytes_per_cycle": rate, "dma.segment_cycles": 0,
+                    "dma.vector_segment_cycles": 0})
+    nbytes = min(pitch // 32 * 32, 1024)  # each row's share copied (a tile's columns), rows `pitch` apart
+    copy = Copy(GM, Mem.L1 if core == "AIC" else UB, GM_A, 0, nbytes, rows, pitch, nbytes)
+    port = (hw.aic if core == "AIC" else hw.aiv).gm_read_bytes_per_cycle
+    assert rate < min(port, hw.hbm_bytes_per_cycle, hw.l2_bytes_per_cycle)
+    r = simulate(aic_kernel(hw, [copy]) if core == "AIC" else aiv_kernel(hw, [copy]), hw)
+    (iv,) = intervals(r, f"{core}0", "MTE2")
+    took = iv[4] - iv[3] - hw.dma.startup_cycles
+    if held:  # the bursts each row moves (rows off a burst move the bursts they touch)
+        moved = sum(rounded(GM_A + i * pitch, nbytes, hw.dma.burst_bytes) for i in range(rows))
+        assert took == pytest.approx(moved / rate, abs=1)
+    else:
+        assert took < rows * nbytes / (2 * rate)
 
 
 def test_hbm_fill_is_not_capped_by_the_port():

@@ -175,6 +175,12 @@ def _copy(c: Copy, core: CoreType, hw: HwConfig) -> Fixed | GmCopy:
         # segments starting off an L2 line cost the port more (Dma.off_line_scale)
         cap *= hw.dma.off_line_scale(nbytes, off_line_share(c.dst_addr if write else c.src_addr, segments, stride,
                                                             hw.l2.line_bytes))
+        # ND rows converted to NZ on the way, their GM pitch off the conversion's alignment, move
+        # at Dma.nd2nz_cap's rate, rows off a line included (the rate was measured on such rows);
+        # counted before back-to-back rows are merged: they are still rows to convert
+        held = hw.dma.nd2nz_cap(c.segments, c.stride(Mem.GM)) if core is CoreType.AIC and c.dst is Mem.L1 else 0.0
+        if held:
+            cap = min(cap, held)
         if pipe is Pipe.FIX:
             cap = min(cap, hw.aic.fixpipe_bytes_per_cycle)
             startup += hw.aic.fixpipe_startup_cycles

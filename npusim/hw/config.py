@@ -105,6 +105,12 @@ def _at_most(bound: int, said: str = ""):
     return check
 
 
+# A cube core's MTE2 converts ND rows to NZ on the way at its full rate only when the rows'
+# GM pitch is a whole number of these (Ascend C best practices, "ND2NZ on the AIV cores":
+# an inner axis not 256-byte aligned makes the on-the-way conversion use little of the
+# bandwidth; CANN's MatMulV3 tiling converts such operands on the vector cores instead:
+# npusim.ops.matmul_nd2nz); rows of at most this many bytes move whole
+ND2NZ_ALIGN_BYTES = 256
 # the smallest L2 line (l2.line_bytes; the 910B's is 512): GM transfers move 32-byte blocks
 # (UB and L1 alignment), and a smaller line only multiplies the lines every transfer walks
 # (with 1-byte lines, 512 x the 910B's: a collective of a few GiB no longer finishes)
@@ -235,6 +241,9 @@ class Dma:
     off_line_cost_bytes: float = field(default=0.0, validator=_non_negative, metadata={"help": (
         "bytes more a segment costs at the core's port when its GM start is not on an L2 line (one more line "
         "request; 0: alignment beyond the burst costs nothing)")})
+    nd2nz_unaligned_bytes_per_cycle: float = field(default=0.0, validator=_non_negative, metadata={"help": (
+        "a cube core's rate for a GM -> L1 copy of ND rows (converted to NZ on the way) whose GM pitch is not a "
+        f"whole number of {ND2NZ_ALIGN_BYTES}-byte blocks (0: such copies run at the port's rate)")})
 
     def off_line_scale(self, seg_bytes: int, share: float) -> float:
         """The factor a copy's flow is slowed by when `share` of its segments (of
@@ -244,6 +253,18 @@ class Dma:
             return 1.0
         rounded = -(-seg_bytes // self.burst_bytes) * self.burst_bytes
         return rounded / (rounded + share * self.off_line_cost_bytes)
+
+    def nd2nz_cap(self, segments: int, pitch: int) -> float:
+        """The rate (bytes per cycle; 0: none) a cube core's GM -> L1 copy of `segments`
+        rows `pitch` bytes apart in GM is held to: ND rows whose pitch is longer than
+        ND2NZ_ALIGN_BYTES and not a whole number of them (an NZ operand's blocks are whole
+        512-byte fractals: never held).
+        # assumption: rows of 384 bytes, which MatMulV3 leaves on the DMA as it does the
+        #   whole ones (matmul_nd2nz.ON_THE_WAY_BYTES), are held like any other off the
+        #   alignment: no such row is measured"""
+        if segments < 2 or pitch <= ND2NZ_ALIGN_BYTES or pitch % ND2NZ_ALIGN_BYTES == 0:
+            return 0.0
+        return self.nd2nz_unaligned_bytes_per_cycle
 
     def segment_cycles_of(self, cube: bool) -> float:
         """The DMA time per segment of a cube core's (`cube`) or a vector core's transfer."""

@@ -28,6 +28,7 @@ per 16-column block into the workspace.
 from __future__ import annotations
 
 from npusim.hw import HwConfig
+from npusim.hw.config import ND2NZ_ALIGN_BYTES
 from npusim.isa.program import (
     DTYPE_BYTES, Copy, GmTensor, Loop, Mem, Pipe, Program, SyncAll, VecOp, addr,
 )
@@ -35,18 +36,18 @@ from npusim.ops.build import Buffers, align_up, cdiv
 from npusim.ops.matmul_msd import _after, _split
 
 # Inner axes the DMA converts on the way whatever their alignment (GetMoreArgs'
-# SUPPORT_ND2NZ_GM2L0, bytes), the longest it converts at all (ND2NZ_ON_THE_FLY_LIMIT,
-# elements) and the alignment it needs (bytes)
+# SUPPORT_ND2NZ_GM2L0, bytes) and the longest it converts at all (ND2NZ_ON_THE_FLY_LIMIT,
+# elements); the alignment it needs: hw.config.ND2NZ_ALIGN_BYTES
 ON_THE_WAY_BYTES = (32, 64, 96, 128, 160, 192, 224, 256, 384)
 ON_THE_FLY_LIMIT = 65535
-INNER_ALIGN = 256
 FRACTAL = 16  # columns of an NZ block
 
 
 def _needs(inner: int, elem: int, dtype: str) -> bool:
     if dtype == "fp32" and inner < ON_THE_FLY_LIMIT:
         return False
-    return ((inner * elem) % INNER_ALIGN != 0 or inner > ON_THE_FLY_LIMIT) and inner * elem not in ON_THE_WAY_BYTES
+    off = (inner * elem) % ND2NZ_ALIGN_BYTES != 0
+    return (off or inner > ON_THE_FLY_LIMIT) and inner * elem not in ON_THE_WAY_BYTES
 
 
 def nd2nz_operands(p) -> tuple[bool, bool]:
