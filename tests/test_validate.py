@@ -50,7 +50,9 @@ def test_a_flip_the_baselines_own_rounding_could_make_passes():
     error in that row (0.0023): a near tie, not a failure of the passes."""
     v = validate(build_decoder(TINY, "decode", 8, 64), lambda g: apply(g, "optimized"), seed=19)
     ids = next(c for c in v.checks if c.name == "next_tokens")
-    assert ids.differing == ids.ties == (5,) and ids.passed and v.passed
+    # the flip depends on the host's float rounding (numpy's build): where row 5 does not
+    # flip, nothing differs; where it does, it is the tie and still passes
+    assert ids.differing == ids.ties and set(ids.ties) <= {5} and ids.passed and v.passed
 
 
 def test_ids_that_change_fail_validation():
